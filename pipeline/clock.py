@@ -1,0 +1,47 @@
+"""Timestamps as the jobs table stores them: ISO 8601 UTC text with milliseconds.
+
+The format is the one SQLite's ``strftime('%Y-%m-%dT%H:%M:%fZ', 'now')`` produces, so
+that rows written by the host application's own SQL (the outbox pattern) and rows
+written here compare correctly as text, and the claim index can range-scan them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+
+UTC = dt.timezone.utc
+SQL_NOW = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
+
+
+def format_ts(epoch: float) -> str:
+    seconds = int(epoch // 1)
+    millis = int((epoch - seconds) * 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
+
+
+def now_ts() -> str:
+    return format_ts(time.time())
+
+
+def parse_ts(text: str) -> dt.datetime:
+    """Parse an ISO 8601 timestamp; naive values are taken as UTC."""
+    value = dt.datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value
+
+
+def to_ts(value: dt.datetime | str | float) -> str:
+    """Normalise a datetime, ISO string or epoch seconds to the stored format."""
+    if isinstance(value, str):
+        value = parse_ts(value)
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return format_ts(value.timestamp())
+    return format_ts(float(value))
+
+
+def to_epoch(text: str) -> float:
+    return parse_ts(text).timestamp()

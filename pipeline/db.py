@@ -1,0 +1,102 @@
+"""A small trio adapter for sqlite3: blocking calls run in threads, never on the trio loop.
+
+Two kinds of access:
+
+* the **writer**: one connection, one thread at a time (a CapacityLimiter of 1), used
+  only by the Ledger for job state;
+* **readers** (and handlers' own content writes): a few pooled connections behind their
+  own limiter, so a slow admin query or image handler cannot hold up the Ledger.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import trio
+
+from . import migrations, store
+from .errors import DatabaseUnavailable, StoreError
+
+T = TypeVar("T")
+
+
+def describe(exc: sqlite3.Error, path: Path) -> StoreError:
+    """A sqlite3 error as a StoreError that names the file and what to do."""
+    text = str(exc)
+    if "full" in text:
+        return StoreError(f"database {path} is full ({text}); free disk space (or raise max_page_count) and retry")
+    if "locked" in text or "busy" in text:
+        return StoreError(f"database {path} is locked by another writer ({text}); retry later")
+    if isinstance(exc, sqlite3.DatabaseError) and ("malformed" in text or "not a database" in text):
+        return DatabaseUnavailable(f"database {path} is corrupt or not a SQLite database: {text}")
+    return StoreError(f"database {path}: {text}")
+
+
+class Database:
+    def __init__(self, path: Path, *, busy_timeout_ms: int, synchronous: str, readers: int = 4) -> None:
+        self.path = path
+        self._busy_timeout_ms = busy_timeout_ms
+        self._synchronous = synchronous
+        self._writer: sqlite3.Connection | None = None
+        self._write_limiter = trio.CapacityLimiter(1)  # one thread at a time on the writing connection
+        self._read_limiter = trio.CapacityLimiter(readers)
+        self._idle_readers: list[sqlite3.Connection] = []
+        self._all: list[sqlite3.Connection] = []
+
+    def connect(self) -> sqlite3.Connection:
+        conn = store.connect(self.path, busy_timeout_ms=self._busy_timeout_ms, synchronous=self._synchronous)
+        self._all.append(conn)
+        return conn
+
+    async def open(self) -> None:
+        def setup() -> sqlite3.Connection:
+            conn = self.connect()
+            try:
+                migrations.migrate(conn, self.path)
+            except sqlite3.Error as exc:
+                raise describe(exc, self.path) from None
+            return conn
+
+        self._writer = await trio.to_thread.run_sync(setup, limiter=self._write_limiter)
+
+    async def write(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(conn, *args)`` on the writing connection (the Ledger's)."""
+        assert self._writer is not None, "Database.open() first"
+        return await trio.to_thread.run_sync(fn, self._writer, *args, limiter=self._write_limiter)
+
+    async def read(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(conn, *args)`` on a pooled connection; sqlite3 errors become StoreError."""
+
+        def call() -> T:
+            conn = self._idle_readers.pop() if self._idle_readers else self.connect()
+            try:
+                return fn(conn, *args)
+            except sqlite3.Error as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise describe(exc, self.path) from None
+            finally:
+                self._idle_readers.append(conn)
+
+        return await trio.to_thread.run_sync(call, limiter=self._read_limiter)
+
+    def close(self) -> None:
+        for conn in self._all:
+            conn.close()
+        self._all.clear()
+        self._idle_readers.clear()
+        self._writer = None
+
+
+@asynccontextmanager
+async def open_database(path: Path | str, *, busy_timeout_ms: int = 5000, synchronous: str = "full") -> AsyncIterator[Database]:
+    db = Database(Path(path), busy_timeout_ms=busy_timeout_ms, synchronous=synchronous)
+    try:
+        await db.open()
+        yield db
+    finally:
+        db.close()

@@ -1,0 +1,81 @@
+"""Every exception the pipeline raises on purpose.
+
+    PipelineError                  base of everything below
+    ├── ConfigError                a setting is missing or malformed (CLI exit 2)
+    ├── UsageError                 bad input from a caller: unknown job type or event,
+    │   │                          payload that does not fit, bad option (CLI exit 2)
+    │   ├── UnknownJobType
+    │   ├── UnknownEvent
+    │   └── InvalidPayload
+    ├── StoreError                 the database refused or failed (CLI exit 1)
+    │   ├── SchemaTooNew           the file was migrated by a newer pipeline
+    │   └── DatabaseUnavailable    the file cannot be opened or is not a database
+    ├── PipelineClosed             enqueue/emit after the pipeline began shutting down
+    └── JobError                   raised by handlers to steer what happens to a job
+        ├── PermanentError         dead at once, no retry
+        └── RetryLater             retry after a given delay instead of the backoff
+
+A handler's other exceptions are not special: any ``Exception`` a handler raises is
+recorded on the job as its error and retried with backoff. ``trio.Cancelled`` and
+``KeyboardInterrupt`` are never caught.
+"""
+
+from __future__ import annotations
+
+
+class PipelineError(Exception):
+    """Base class of the pipeline's own exceptions."""
+
+
+class ConfigError(PipelineError):
+    """A configuration value is missing or malformed; the message names the variable."""
+
+
+class UsageError(PipelineError):
+    """A caller asked for something that cannot be done as asked."""
+
+
+class UnknownJobType(UsageError):
+    pass
+
+
+class UnknownEvent(UsageError):
+    pass
+
+
+class InvalidPayload(UsageError):
+    pass
+
+
+class StoreError(PipelineError):
+    """The job store failed (disk full, locked for too long, I/O error)."""
+
+
+class SchemaTooNew(StoreError):
+    pass
+
+
+class DatabaseUnavailable(StoreError):
+    pass
+
+
+class PipelineClosed(PipelineError):
+    """The pipeline is shutting down and takes no new work."""
+
+
+class JobError(Exception):
+    """Raised by a handler to say how the job should be settled."""
+
+
+class PermanentError(JobError):
+    """The job can never succeed: it goes dead at once, with this message as its error."""
+
+
+class RetryLater(JobError):
+    """Retry this job after ``delay`` seconds (counts as a failed attempt)."""
+
+    def __init__(self, message: str, *, delay: float) -> None:
+        super().__init__(message)
+        if delay < 0:
+            raise ValueError(f"RetryLater delay must be >= 0, got {delay!r}")
+        self.delay = float(delay)

@@ -1,0 +1,200 @@
+"""Per-type handler pools: bounded concurrency, a per-job timeout, outcomes as data.
+
+Each job type with a handler gets a :class:`Pool`: ``concurrency`` worker tasks reading
+one bounded channel that the Poller fills. A handler's result becomes an outcome the
+queue writes through the Ledger:
+
+* returns            → completed
+* raises PermanentError → dead at once, no retry
+* raises RetryLater  → pending again after the delay it asked for (or dead if out of attempts)
+* raises anything else, or runs past its timeout → pending after backoff, or dead
+* cancelled by graceful shutdown → pending, the attempt not counted
+
+A payload that no longer decodes goes dead with an error that says why; the pool carries on.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from .errors import InvalidPayload, PermanentError, PipelineError, RetryLater, StoreError
+from .queue import Lease
+from .registry import JobSpec
+
+if TYPE_CHECKING:
+    from .app import Pipeline
+
+log = logging.getLogger("pipeline.jobs")
+
+SETTLE_RETRY_MAX = 5.0  # seconds between tries to write an outcome the database refused
+
+
+@attrs.frozen
+class JobContext:
+    """What a handler gets besides its job: who it is, and the pipeline it runs in."""
+
+    id: str
+    job_type: str
+    attempt: int
+    max_attempts: int
+    pipeline: Pipeline
+
+    async def emit(self, event: Any) -> list[str]:
+        """Emit a follow-up event (e.g. scheduled_publish emits PostPublished)."""
+        return await self.pipeline.emit(event)
+
+
+@attrs.define(eq=False)
+class Pool:
+    """One job type's workers. Single-threaded trio state; the comments say who writes what."""
+
+    spec: JobSpec
+    concurrency: int
+    capacity: int  # concurrency + prefetch: the most claimed-but-unsettled jobs at once
+    timeout: float
+    send: trio.MemorySendChannel[Lease]  # Poller's end
+    recv: trio.MemoryReceiveChannel[Lease]  # workers' end
+    outstanding: int = 0  # Poller +1 per claim, worker −1 per settle
+    held: dict[str, Lease] = attrs.field(factory=dict)  # claimed, unsettled: the lease keeper renews these
+    running: dict[str, trio.CancelScope] = attrs.field(factory=dict)  # worker-owned; the wiring sets deadlines on stop
+    stopping: bool = False  # set by the wiring at shutdown: release, don't start
+    lost: set[str] = attrs.field(factory=set)  # lease keeper: leases another process now holds
+
+    @property
+    def free(self) -> int:
+        return self.capacity - self.outstanding
+
+    def stop(self, grace: float) -> None:
+        """Stop starting jobs; give the running ones ``grace`` seconds, then cancel them."""
+        self.stopping = True
+        deadline = trio.current_time() + grace
+        for scope in self.running.values():
+            scope.deadline = min(scope.deadline, deadline)
+
+
+@attrs.frozen
+class Outcome:
+    kind: str  # "ok", "error", "permanent", "retry_later", "timeout", "released", "lost"
+    error: str | None = None
+    delay: float | None = None
+
+    @classmethod
+    def failed(cls, exc: BaseException) -> Outcome:
+        if isinstance(exc, PermanentError):
+            return cls("permanent", f"permanent error: {exc}")
+        if isinstance(exc, RetryLater):
+            return cls("retry_later", str(exc), exc.delay)
+        tb = "".join(traceback.format_exception(exc, limit=-3)).strip()
+        return cls("error", f"{type(exc).__name__}: {exc}\n{tb}")
+
+
+async def _invoke(handler: Callable[..., Awaitable[None]], job: Any, ctx: JobContext) -> Outcome:
+    try:
+        await handler(job, ctx)
+    except Exception as exc:  # handler exceptions are data; Cancelled is not an Exception
+        return Outcome.failed(exc)
+    return Outcome("ok")
+
+
+async def run_one(pipeline: Pipeline, pool: Pool, lease: Lease) -> None:
+    """Run one claimed job and write its outcome."""
+    queue = pipeline.queue
+    spec = pool.spec
+    started = time.monotonic()
+    if pool.stopping:
+        outcome = Outcome("released")
+    else:
+        try:
+            job = pipeline.registry.decode(lease.job_type, lease.payload)
+        except InvalidPayload as exc:
+            outcome = Outcome("permanent", f"payload no longer decodes: {exc}")
+        else:
+            ctx = JobContext(lease.id, lease.job_type, lease.attempts, lease.max_attempts, pipeline)
+            scope = trio.CancelScope()
+            pool.running[lease.id] = scope
+            outcome = Outcome("released")  # what a cancellation (shutdown) leaves
+            try:
+                with scope:
+                    with trio.move_on_after(pool.timeout) as timer:
+                        try:
+                            outcome = await _invoke(spec.handler, job, ctx)  # type: ignore[arg-type]
+                        except Exception as exc:  # an ExceptionGroup left after trio removed a Cancelled
+                            outcome = Outcome.failed(exc)
+                    if timer.cancelled_caught:
+                        outcome = Outcome("timeout", f"timed out after {pool.timeout:g} s (attempt {lease.attempts})")
+            finally:
+                del pool.running[lease.id]
+            if lease.id in pool.lost:
+                outcome = Outcome("lost")
+    await _settle(pipeline, pool, lease, outcome, time.monotonic() - started)
+
+
+async def _settle(pipeline: Pipeline, pool: Pool, lease: Lease, outcome: Outcome, duration: float) -> None:
+    queue = pipeline.queue
+    delay = 0.05
+    result: Any = None
+    while True:
+        try:
+            if outcome.kind == "ok":
+                result = "completed" if await queue.complete(lease) else None
+            elif outcome.kind == "released":
+                result = "released" if await queue.release(lease) else None
+            elif outcome.kind == "lost":
+                result = None
+            else:
+                transition = await queue.fail(
+                    lease,
+                    outcome.error or outcome.kind,
+                    permanent=outcome.kind == "permanent",
+                    retry_delay=outcome.delay,
+                )
+                result = None if transition is None else ("dead" if transition.name == "BURY" else "retry")
+            break
+        except StoreError as exc:
+            # the outcome is not written yet: keep it and try again; the lease keeps the
+            # job ours meanwhile (and if we die, rescue takes over)
+            log.warning("job %s: could not record outcome %s yet: %s", lease.id, outcome.kind, exc)
+            await trio.sleep(delay)
+            delay = min(delay * 2, SETTLE_RETRY_MAX)
+        except PipelineError:
+            break  # shut down under us: the lease will expire and rescue the job
+    pool.held.pop(lease.id, None)
+    pool.lost.discard(lease.id)
+    was_full = pool.free <= 0
+    pool.outstanding -= 1
+    pipeline.observe(lease, outcome, result, duration)
+    if was_full:
+        pipeline.wake_poller()
+
+
+async def run_worker(
+    pipeline: Pipeline, pool: Pool, recv: trio.MemoryReceiveChannel[Lease], *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """One of a pool's ``concurrency`` tasks; ends when the Poller closes the pool's channel."""
+    with recv:
+        task_status.started()
+        async for lease in recv:
+            await run_one(pipeline, pool, lease)
+
+
+def describe_outcome(lease: Lease, outcome: Outcome, result: str | None, duration: float) -> dict[str, Any]:
+    """The fields of the one log line per job outcome."""
+    first_line = (outcome.error or "").splitlines()[0] if outcome.error else None
+    return {
+        "job_id": lease.id,
+        "job_type": lease.job_type,
+        "attempt": lease.attempts,
+        "max_attempts": lease.max_attempts,
+        "outcome": outcome.kind,
+        "status": result or "stale",
+        "duration_ms": round(duration * 1000, 3) if math.isfinite(duration) else None,
+        "error": first_line,
+    }

@@ -1,0 +1,101 @@
+"""The built-in job types (seed 4.1) as frozen attrs classes.
+
+Each is stored as ``job_type`` + a JSON payload of its fields; the names used in the
+``job_type`` column are given in :data:`BUILTIN_JOB_TYPES`. ``ImageOperation`` keeps
+the seed's externally tagged shape: ``{"Resize": {"width": 800, "height": 600}}`` and
+``{"Compress": {"quality": 80}}`` (see ``Registry`` for the converter hooks).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+from attrs import validators as v
+
+_positive = [v.instance_of(int), v.gt(0)]
+
+
+@attrs.frozen
+class SendEmail:
+    to: str
+    subject: str
+    body: str
+
+
+@attrs.frozen
+class SendWelcomeEmail:
+    user_id: str
+    email: str
+    username: str
+
+
+@attrs.frozen
+class Resize:
+    width: int = attrs.field(validator=_positive)
+    height: int = attrs.field(validator=_positive)
+
+
+@attrs.frozen
+class Compress:
+    quality: int = attrs.field(validator=[v.instance_of(int), v.ge(1), v.le(100)])
+
+
+ImageOperation = Resize | Compress
+
+
+@attrs.frozen
+class ProcessImage:
+    media_id: str
+    operations: tuple[ImageOperation, ...] = attrs.field(converter=tuple)
+
+
+@attrs.frozen
+class GenerateThumbnail:
+    media_id: str
+    size: int = attrs.field(validator=_positive)
+
+
+@attrs.frozen
+class ConvertWebP:
+    media_id: str
+
+
+@attrs.frozen
+class ScheduledPublish:
+    post_id: str
+
+
+@attrs.frozen
+class WebhookNotify:
+    url: str
+    payload: Any
+
+
+@attrs.frozen
+class RebuildSearchIndex:
+    post_ids: tuple[str, ...] = attrs.field(converter=tuple, factory=tuple)
+
+
+@attrs.frozen
+class InvalidateCache:
+    keys: tuple[str, ...] = attrs.field(converter=tuple)
+
+
+@attrs.frozen
+class GenerateSitemap:
+    pass
+
+
+BUILTIN_JOB_TYPES: dict[str, type] = {
+    "send_email": SendEmail,
+    "send_welcome_email": SendWelcomeEmail,
+    "process_image": ProcessImage,
+    "generate_thumbnail": GenerateThumbnail,
+    "convert_webp": ConvertWebP,
+    "scheduled_publish": ScheduledPublish,
+    "webhook_notify": WebhookNotify,
+    "rebuild_search_index": RebuildSearchIndex,
+    "invalidate_cache": InvalidateCache,
+    "generate_sitemap": GenerateSitemap,
+}

@@ -1,0 +1,150 @@
+"""The Ledger: the only writer of job state. River's batch completer, in trio terms.
+
+It waits for the first command, drains whatever else is already waiting (up to
+``batch_limit``), crosses to the database thread once, and runs the whole batch in one
+``BEGIN IMMEDIATE ... COMMIT``: inserts, claims, outcomes, lease renewals and operator
+actions together, so a burst of N jobs costs far fewer than N commits. Each command
+runs under its own SAVEPOINT, so one that fails (a duplicate id, a dead job that is no
+longer dead) is rolled back alone and its caller gets the error; the rest commit.
+
+Its inbox is bounded: that bound is the backpressure for everyone who writes. The loop
+ends only when every sender has closed its end, so the last batch is always written.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import trio
+
+from .clock import now_ts
+from .db import Database, describe
+
+log = logging.getLogger("pipeline.ledger")
+
+BATCH_LIMIT = 1024
+
+
+@attrs.define(eq=False)
+class Reply:
+    """A one-shot answer slot. (A trio.Event plus a value: lighter than a memory channel
+    pair per call on the hot path, and like a size-1 reply channel it can never block
+    the Ledger: setting it never waits.)"""
+
+    _done: trio.Event = attrs.field(factory=trio.Event)
+    _value: Any = None
+    _error: BaseException | None = None
+
+    def set(self, value: Any) -> None:
+        self._value = value
+        self._done.set()
+
+    def fail(self, error: BaseException) -> None:
+        self._error = error
+        self._done.set()
+
+    async def wait(self) -> Any:
+        await self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+@attrs.frozen
+class Command:
+    """One unit of work for the Ledger: ``fn(conn, now)`` inside the batch's transaction.
+
+    ``kind`` names it in logs and metrics; ``wakes_poller`` says that committing it may
+    have made jobs due (an insert, a revive), so the Poller should look at once.
+    """
+
+    kind: str
+    fn: Callable[[sqlite3.Connection, str], Any]
+    reply: Reply
+    wakes_poller: bool = False
+
+
+def _apply_batch(conn: sqlite3.Connection, batch: list[Command]) -> list[tuple[bool, Any]]:
+    """Runs in the database thread: one transaction, one savepoint per command."""
+    now = now_ts()
+    results: list[tuple[bool, Any]] = []
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for command in batch:
+            conn.execute("SAVEPOINT command")
+            try:
+                value = command.fn(conn, now)
+            except Exception as exc:  # the command's own failure: undo it alone
+                conn.execute("ROLLBACK TO command")
+                conn.execute("RELEASE command")
+                results.append((False, exc))
+            else:
+                conn.execute("RELEASE command")
+                results.append((True, value))
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return results
+
+
+@attrs.define
+class LedgerStats:
+    """Written by the Ledger only; read by benchmarks and /metrics."""
+
+    batches: int = 0
+    commands: int = 0
+    failed_batches: int = 0
+
+
+async def run_ledger(
+    db: Database,
+    inbox_recv: trio.MemoryReceiveChannel[Command],
+    wake_send: trio.MemorySendChannel[None],
+    stats: LedgerStats,
+    *,
+    batch_limit: int = BATCH_LIMIT,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    with inbox_recv, wake_send:
+        task_status.started()
+        async for first in inbox_recv:
+            batch = [first]
+            while len(batch) < batch_limit:
+                try:
+                    batch.append(inbox_recv.receive_nowait())
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+            try:
+                results = await db.write(_apply_batch, batch)
+            except sqlite3.Error as exc:
+                # the transaction as a whole failed (locked past busy_timeout, disk full at
+                # COMMIT, I/O error): nothing of it was written; every caller hears so and
+                # decides (an enqueue raises, a worker retries its outcome)
+                stats.failed_batches += 1
+                error = describe(exc, db.path)
+                log.warning("ledger batch of %d commands not written: %s", len(batch), error)
+                for command in batch:
+                    command.reply.fail(error)
+                continue
+            stats.batches += 1
+            stats.commands += len(batch)
+            wake = False
+            for command, (ok, value) in zip(batch, results):
+                if ok:
+                    command.reply.set(value)
+                    wake = wake or command.wakes_poller
+                else:
+                    if isinstance(value, sqlite3.Error):
+                        value = describe(value, db.path)
+                    command.reply.fail(value)
+            if wake:
+                try:
+                    wake_send.send_nowait(None)
+                except trio.WouldBlock:
+                    pass  # already nudged; the Poller will look anyway

@@ -1,0 +1,244 @@
+"""What this process knows: job types (class, handler, limits) and events (class, route).
+
+A new job type is one attrs class plus one handler, registered at runtime::
+
+    registry = pipeline.Registry.with_builtins()
+    registry.register("resize_avatar", ResizeAvatar, handle_resize_avatar, concurrency=4)
+
+The registry owns the one cattrs converter, used only at the edges (database rows,
+HTTP, CLI). Structuring is strict: a string where an int is expected, a missing field
+or an unknown key is refused with a message that names the field.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import cattrs
+from cattrs.gen import make_dict_structure_fn
+
+from . import events as events_mod
+from . import jobs as jobs_mod
+from .errors import InvalidPayload, UnknownEvent, UnknownJobType
+
+if TYPE_CHECKING:
+    from .config import Config
+    from .handlers import JobContext
+
+Handler = Callable[[Any, "JobContext"], Awaitable[None]]
+Route = Callable[[Any, "Config"], list[events_mod.Routed]]
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,99}$")
+
+
+@attrs.frozen
+class JobSpec:
+    name: str
+    cls: type
+    handler: Handler | None = None  # None: known (can be enqueued, validated) but not run here
+    concurrency: int | None = None  # None: WORKER_CONCURRENCY
+    timeout: float | None = None  # None: WORKER_JOB_TIMEOUT_SECONDS
+    max_attempts: int | None = None  # None: WORKER_DEFAULT_MAX_ATTEMPTS
+
+
+@attrs.frozen
+class EventSpec:
+    name: str
+    cls: type
+    route: Route
+
+
+def _strict(kind: type | tuple[type, ...], label: str) -> Callable[[Any, Any], Any]:
+    def structure(value: Any, _type: Any) -> Any:
+        if isinstance(value, bool) and kind is not bool:
+            raise TypeError(f"expected {label}, got a boolean")
+        if not isinstance(value, kind):
+            raise TypeError(f"expected {label}, got {type(value).__name__}")
+        return value
+
+    return structure
+
+
+def _make_converter() -> cattrs.Converter:
+    conv = cattrs.Converter(forbid_extra_keys=True)
+    conv.register_structure_hook(str, _strict(str, "a string"))
+    conv.register_structure_hook(int, _strict(int, "an integer"))
+    conv.register_structure_hook(bool, _strict(bool, "a boolean"))
+    conv.register_structure_hook(float, lambda v, _: float(_strict((int, float), "a number")(v, _)))
+    conv.register_structure_hook(Any, lambda v, _: v)
+
+    # The seed's externally tagged ImageOperation: {"Resize": {...}} | {"Compress": {...}}.
+    ops = {"Resize": jobs_mod.Resize, "Compress": jobs_mod.Compress}
+    resize_fn = make_dict_structure_fn(jobs_mod.Resize, conv, _cattrs_forbid_extra_keys=True)
+    compress_fn = make_dict_structure_fn(jobs_mod.Compress, conv, _cattrs_forbid_extra_keys=True)
+    fns = {"Resize": resize_fn, "Compress": compress_fn}
+
+    def structure_op(value: Any, _type: Any) -> Any:
+        if not isinstance(value, dict) or len(value) != 1:
+            raise TypeError('an image operation is {"Resize": {"width", "height"}} or {"Compress": {"quality"}}')
+        (tag, body), = value.items()
+        if tag not in ops:
+            raise TypeError(f"unknown image operation {tag!r}; expected Resize or Compress")
+        return fns[tag](body, ops[tag])
+
+    conv.register_structure_hook(jobs_mod.ImageOperation, structure_op)
+    for tag, cls in ops.items():
+        conv.register_unstructure_hook(cls, lambda op, tag=tag: {tag: attrs.asdict(op)})
+    return conv
+
+
+def _explain(exc: BaseException, type_: Any) -> str:
+    if isinstance(exc, (TypeError, ValueError)) and str(exc) and not isinstance(exc, cattrs.BaseValidationError):
+        return str(exc)
+    return cattrs.v.format_exception(exc, type_)
+
+
+class Registry:
+    """Job types and events known to one pipeline. Build it before ``open_pipeline``."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, JobSpec] = {}
+        self._names_by_cls: dict[type, str] = {}
+        self._events: dict[str, EventSpec] = {}
+        self._event_names_by_cls: dict[type, str] = {}
+        self.converter = _make_converter()
+
+    @classmethod
+    def with_builtins(cls) -> Registry:
+        """The ten job types and five events of the design, no handlers attached."""
+        registry = cls()
+        for name, job_cls in jobs_mod.BUILTIN_JOB_TYPES.items():
+            registry.register(name, job_cls)
+        for name, (event_cls, route) in events_mod.BUILTIN_EVENTS.items():
+            registry.add_event(name, event_cls, route)
+        return registry
+
+    # -- job types -----------------------------------------------------------------------
+
+    def register(
+        self,
+        name: str,
+        cls: type,
+        handler: Handler | None = None,
+        *,
+        concurrency: int | None = None,
+        timeout: float | None = None,
+        max_attempts: int | None = None,
+    ) -> JobSpec:
+        """Declare a job type (or attach a handler to one already declared with the same class)."""
+        if not _NAME.match(name):
+            raise ValueError(f"job type name {name!r} must match {_NAME.pattern}")
+        if not attrs.has(cls):
+            raise TypeError(f"job type {name!r}: {cls!r} is not an attrs class")
+        if concurrency is not None and concurrency < 1:
+            raise ValueError(f"job type {name!r}: concurrency must be >= 1")
+        if timeout is not None and timeout <= 0:
+            raise ValueError(f"job type {name!r}: timeout must be > 0")
+        if max_attempts is not None and max_attempts < 1:
+            raise ValueError(f"job type {name!r}: max_attempts must be >= 1")
+        existing = self._jobs.get(name)
+        if existing is not None and existing.cls is not cls:
+            raise ValueError(f"job type {name!r} is already registered with {existing.cls.__name__}")
+        spec = JobSpec(name, cls, handler, concurrency, timeout, max_attempts)
+        self._jobs[name] = spec
+        self._names_by_cls[cls] = name
+        return spec
+
+    def handle(self, name: str, **options: Any) -> Callable[[Handler], Handler]:
+        """Decorator form: attach a handler to an already declared job type."""
+
+        def decorate(fn: Handler) -> Handler:
+            self.register(name, self.spec(name).cls, fn, **options)
+            return fn
+
+        return decorate
+
+    def spec(self, name: str) -> JobSpec:
+        try:
+            return self._jobs[name]
+        except KeyError:
+            known = ", ".join(sorted(self._jobs)) or "none"
+            raise UnknownJobType(f"unknown job type {name!r} (known: {known})") from None
+
+    def job_types(self) -> list[str]:
+        return sorted(self._jobs)
+
+    def handled(self) -> dict[str, JobSpec]:
+        """The job types this process runs: those with a handler."""
+        return {name: spec for name, spec in self._jobs.items() if spec.handler is not None}
+
+    def name_of(self, job: Any) -> str:
+        try:
+            return self._names_by_cls[type(job)]
+        except KeyError:
+            raise UnknownJobType(f"{type(job).__name__} is not a registered job type; register it first") from None
+
+    def encode(self, job: Any) -> tuple[str, str]:
+        """A job object to (job_type, payload JSON)."""
+        name = self.name_of(job)
+        return name, json.dumps(self.converter.unstructure(job), separators=(",", ":"), ensure_ascii=False)
+
+    def decode(self, name: str, payload: str | Mapping[str, Any]) -> Any:
+        """(job_type, payload) to a job object; UnknownJobType or InvalidPayload when it does not fit."""
+        spec = self.spec(name)
+        if isinstance(payload, str):
+            try:
+                payload = json.loads(payload)
+            except ValueError as exc:
+                raise InvalidPayload(f"payload of {name!r} is not valid JSON: {exc}") from None
+        if not isinstance(payload, Mapping):
+            raise InvalidPayload(f"payload of {name!r} must be a JSON object, got {type(payload).__name__}")
+        return self._structure(spec.cls, payload, f"payload of {name!r}")
+
+    def validate(self, name: str, payload: str | Mapping[str, Any]) -> str:
+        """Check a raw payload against its type; return the canonical JSON to store."""
+        return self.encode_as(name, self.decode(name, payload))
+
+    def encode_as(self, name: str, job: Any) -> str:
+        return json.dumps(self.converter.unstructure(job), separators=(",", ":"), ensure_ascii=False)
+
+    def _structure(self, cls: type, data: Mapping[str, Any], what: str) -> Any:
+        try:
+            return self.converter.structure(dict(data), cls)
+        except cattrs.BaseValidationError as exc:
+            details = "; ".join(cattrs.transform_error(exc, path="$", format_exception=_explain))
+            raise InvalidPayload(f"{what} does not fit {cls.__name__}: {details}") from None
+        except (TypeError, ValueError) as exc:
+            raise InvalidPayload(f"{what} does not fit {cls.__name__}: {exc}") from None
+
+    # -- events ---------------------------------------------------------------------------
+
+    def add_event(self, name: str, cls: type, route: Route) -> None:
+        if not attrs.has(cls):
+            raise TypeError(f"event {name!r}: {cls!r} is not an attrs class")
+        self._events[name] = EventSpec(name, cls, route)
+        self._event_names_by_cls[cls] = name
+
+    def event_names(self) -> list[str]:
+        return sorted(self._events)
+
+    def event_spec(self, name: str) -> EventSpec:
+        try:
+            return self._events[name]
+        except KeyError:
+            known = ", ".join(sorted(self._events)) or "none"
+            raise UnknownEvent(f"unknown event {name!r} (known: {known})") from None
+
+    def event_name_of(self, event: Any) -> str:
+        try:
+            return self._event_names_by_cls[type(event)]
+        except KeyError:
+            raise UnknownEvent(f"{type(event).__name__} is not a registered event") from None
+
+    def decode_event(self, name: str, data: Any) -> Any:
+        spec = self.event_spec(name)
+        if not isinstance(data, Mapping):
+            raise InvalidPayload(f"data of event {name!r} must be a JSON object, got {type(data).__name__}")
+        return self._structure(spec.cls, data, f"data of event {name!r}")
+
+    def route(self, event: Any, config: Config) -> list[events_mod.Routed]:
+        return self.event_spec(self.event_name_of(event)).route(event, config)

@@ -1,0 +1,100 @@
+"""The job state machine: one pure table, applied by the Ledger, drawn in diagrams/.
+
+This module imports neither trio nor sqlite3. The store turns each transition into
+a guarded UPDATE; the hypothesis model in tests/test_store_model.py checks the store
+against :func:`settle_failure` and :data:`TRANSITIONS`.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from typing import Final
+
+import attrs
+
+
+class Status(enum.StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    DEAD = "dead"
+
+
+class Transition(enum.StrEnum):
+    """Every way a job changes status. The value is the label drawn on the diagram."""
+
+    CLAIM = "claim (attempts + 1)"
+    SUCCEED = "ok"
+    RETRY = "error, attempts < max_attempts: run_after = now + backoff"
+    BURY = "error, attempts >= max_attempts, or permanent error"
+    RESCUE = "lease expired, attempts < max_attempts: backoff"
+    RESCUE_BURY = "lease expired, out of attempts"
+    RELEASE = "graceful shutdown, unfinished (attempt not counted)"
+    REVIVE = "admin retry (attempts reset)"
+
+
+TRANSITIONS: Final[dict[Transition, tuple[Status, Status]]] = {
+    Transition.CLAIM: (Status.PENDING, Status.RUNNING),
+    Transition.SUCCEED: (Status.RUNNING, Status.COMPLETED),
+    Transition.RETRY: (Status.RUNNING, Status.PENDING),
+    Transition.BURY: (Status.RUNNING, Status.DEAD),
+    Transition.RESCUE: (Status.RUNNING, Status.PENDING),
+    Transition.RESCUE_BURY: (Status.RUNNING, Status.DEAD),
+    Transition.RELEASE: (Status.RUNNING, Status.PENDING),
+    Transition.REVIVE: (Status.DEAD, Status.PENDING),
+}
+
+TERMINAL: Final = frozenset({Status.COMPLETED, Status.DEAD})
+
+
+def source(transition: Transition) -> Status:
+    return TRANSITIONS[transition][0]
+
+
+def target(transition: Transition) -> Status:
+    return TRANSITIONS[transition][1]
+
+
+JITTER: Final = (0.85, 1.15)
+
+
+def backoff_seconds(attempts: int, base_seconds: float, rng: random.Random | None = None) -> float:
+    """Delay before the next try, after the attempt numbered ``attempts`` failed.
+
+    base × 2^(attempts−1) × jitter, jitter uniform in [0.85, 1.15]: with a 10 s base,
+    ~10 s after the first failure, ~20 s after the second, ~40 s after the third.
+    The exponent is capped so a large max_attempts cannot overflow.
+    """
+    exponent = min(max(attempts - 1, 0), 30)
+    jitter = (rng or random).uniform(*JITTER)
+    return base_seconds * (2**exponent) * jitter
+
+
+@attrs.frozen
+class FailureDecision:
+    transition: Transition
+    delay: float  # seconds until run_after; 0 when buried
+
+
+def settle_failure(
+    *,
+    attempts: int,
+    max_attempts: int,
+    permanent: bool,
+    base_seconds: float,
+    retry_delay: float | None = None,
+    rng: random.Random | None = None,
+) -> FailureDecision:
+    """What a failed attempt leads to. ``attempts`` counts the attempt that just failed."""
+    if permanent or attempts >= max_attempts:
+        return FailureDecision(Transition.BURY, 0.0)
+    delay = retry_delay if retry_delay is not None else backoff_seconds(attempts, base_seconds, rng)
+    return FailureDecision(Transition.RETRY, delay)
+
+
+def rescue(*, attempts: int, max_attempts: int, base_seconds: float, rng: random.Random | None = None) -> FailureDecision:
+    """What an expired lease leads to: the attempt it held counts as failed."""
+    if attempts >= max_attempts:
+        return FailureDecision(Transition.RESCUE_BURY, 0.0)
+    return FailureDecision(Transition.RESCUE, backoff_seconds(attempts, base_seconds, rng))

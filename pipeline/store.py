@@ -1,0 +1,376 @@
+"""The SQLite job store: every SQL statement on the jobs table, as named synchronous functions.
+
+Nothing here knows about trio. Functions take an open ``sqlite3.Connection`` (autocommit
+mode, see :func:`connect`); the ones that write expect the caller to hold a write
+transaction (:func:`write_transaction`), so the Ledger can group many of them into one
+commit. Every update of a running job is fenced by its lease token: an outcome from a
+worker that lost its lease matches no row and changes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import sqlite3
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from . import states
+from .clock import format_ts, to_epoch
+from .errors import DatabaseUnavailable, UsageError
+from .states import Status
+
+# -- connections ----------------------------------------------------------------------------
+
+
+def connect(path: Path | str, *, busy_timeout_ms: int = 5000, synchronous: str = "full") -> sqlite3.Connection:
+    """Open the database in autocommit mode with WAL and a busy timeout; say clearly what is wrong."""
+    path = Path(path)
+    if path.is_dir():
+        raise DatabaseUnavailable(f"database {path} is a directory, not a SQLite file")
+    if not path.parent.exists() and str(path.parent) != "":
+        raise DatabaseUnavailable(f"cannot create database {path}: folder {path.parent} does not exist")
+    try:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_ms / 1000)
+    except sqlite3.Error as exc:
+        raise DatabaseUnavailable(f"cannot open database {path}: {exc}") from None
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if mode.lower() != "wal":
+            raise DatabaseUnavailable(f"database {path} cannot use WAL mode (journal_mode is {mode})")
+        conn.execute(f"PRAGMA synchronous = {'FULL' if synchronous == 'full' else 'NORMAL'}")
+        conn.execute("PRAGMA foreign_keys = ON")
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        raise DatabaseUnavailable(f"database {path} is unreadable or not a SQLite database: {exc}") from None
+    return conn
+
+
+@contextlib.contextmanager
+def write_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """BEGIN IMMEDIATE ... COMMIT: take the write lock up front, so no upgrade can deadlock."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+# -- records --------------------------------------------------------------------------------
+
+COLUMNS = (
+    "id, job_type, payload, status, attempts, max_attempts, run_after, error, "
+    "created_at, updated_at, priority, lease_owner, lease_expires_at"
+)
+
+
+@attrs.frozen
+class JobRecord:
+    """One row of the jobs table, as operators see it."""
+
+    id: str
+    job_type: str
+    payload: str
+    status: str
+    attempts: int
+    max_attempts: int
+    run_after: str
+    error: str | None
+    created_at: str
+    updated_at: str
+    priority: int
+    lease_owner: str | None = None
+    lease_expires_at: str | None = None
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> JobRecord:
+        return cls(*row)
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields of ``--json`` and the admin API; payload as an object."""
+        try:
+            payload: Any = json.loads(self.payload)
+        except ValueError:
+            payload = self.payload  # a malformed row still shows what it holds
+        return {
+            "id": self.id,
+            "job_type": self.job_type,
+            "payload": payload,
+            "status": self.status,
+            "attempts": self.attempts,
+            "max_attempts": self.max_attempts,
+            "run_after": self.run_after,
+            "error": self.error,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+            "priority": self.priority,
+        }
+
+
+@attrs.frozen
+class NewJobRow:
+    id: str
+    job_type: str
+    payload: str
+    max_attempts: int
+    run_after: str
+    priority: int
+    created_at: str
+
+
+@attrs.frozen
+class ClaimedRow:
+    """A job just claimed: what the handler needs, and the lease that fences its outcome."""
+
+    id: str
+    job_type: str
+    payload: str
+    attempts: int
+    max_attempts: int
+    lease_token: int
+    priority: int
+    run_after: str
+    created_at: str
+
+
+# -- inserts --------------------------------------------------------------------------------
+
+_INSERT = (
+    "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, "
+    "created_at, updated_at, priority) VALUES (?, ?, ?, 'pending', 0, ?, ?, ?, ?, ?)"
+)
+
+
+def insert_jobs(conn: sqlite3.Connection, rows: Iterable[NewJobRow]) -> None:
+    conn.executemany(
+        _INSERT,
+        [(r.id, r.job_type, r.payload, r.max_attempts, r.run_after, r.created_at, r.created_at, r.priority) for r in rows],
+    )
+
+
+# -- claim and settle -------------------------------------------------------------------------
+
+_CLAIM = """
+UPDATE jobs
+   SET status = 'running', attempts = attempts + 1, lease_token = lease_token + 1,
+       lease_owner = :owner, lease_expires_at = :expires, updated_at = :now
+ WHERE id IN (SELECT id FROM jobs
+               WHERE status = 'pending' AND job_type = :job_type AND run_after <= :now
+               ORDER BY priority, run_after
+               LIMIT :limit)
+RETURNING id, job_type, payload, attempts, max_attempts, lease_token, priority, run_after, created_at
+"""
+
+
+def claim(conn: sqlite3.Connection, job_type: str, limit: int, *, now: str, owner: str, expires: str) -> list[ClaimedRow]:
+    """pending → running for up to ``limit`` due jobs of one type, in priority then due order."""
+    rows = conn.execute(
+        _CLAIM, {"owner": owner, "expires": expires, "now": now, "job_type": job_type, "limit": limit}
+    ).fetchall()
+    rows.sort(key=lambda r: (r[6], r[7], r[0]))  # RETURNING's order is unspecified
+    return [ClaimedRow(*r) for r in rows]
+
+
+_FENCE = "WHERE id = ? AND status = 'running' AND lease_token = ?"
+_SUCCEED = f"UPDATE jobs SET status = 'completed', updated_at = ?, lease_owner = NULL, lease_expires_at = NULL {_FENCE}"
+_RETRY = (
+    "UPDATE jobs SET status = 'pending', run_after = ?, error = ?, updated_at = ?, "
+    f"lease_owner = NULL, lease_expires_at = NULL {_FENCE}"
+)
+_BURY = f"UPDATE jobs SET status = 'dead', error = ?, updated_at = ?, lease_owner = NULL, lease_expires_at = NULL {_FENCE}"
+_RELEASE = (
+    "UPDATE jobs SET status = 'pending', attempts = max(attempts - 1, 0), run_after = ?, updated_at = ?, "
+    f"lease_owner = NULL, lease_expires_at = NULL {_FENCE}"
+)
+_RENEW = f"UPDATE jobs SET lease_expires_at = ? {_FENCE}"
+
+
+@attrs.frozen
+class Settlement:
+    """One outcome to write. ``transition`` is one of SUCCEED, RETRY, BURY, RELEASE."""
+
+    id: str
+    lease_token: int
+    transition: states.Transition
+    error: str | None = None
+    run_after: str | None = None  # RETRY and RELEASE
+
+
+def settle(conn: sqlite3.Connection, items: Sequence[Settlement], *, now: str) -> int:
+    """Apply outcomes, grouped by kind (one executemany each). Returns how many rows changed;
+    fewer than ``len(items)`` means some leases were stale and were ignored."""
+    by_kind: dict[states.Transition, list[tuple[Any, ...]]] = {}
+    for s in items:
+        if s.transition is states.Transition.SUCCEED:
+            params: tuple[Any, ...] = (now, s.id, s.lease_token)
+        elif s.transition is states.Transition.RETRY:
+            params = (s.run_after, s.error, now, s.id, s.lease_token)
+        elif s.transition is states.Transition.BURY:
+            params = (s.error, now, s.id, s.lease_token)
+        elif s.transition is states.Transition.RELEASE:
+            params = (s.run_after or now, now, s.id, s.lease_token)
+        else:
+            raise ValueError(f"{s.transition!r} is not an outcome")
+        by_kind.setdefault(s.transition, []).append(params)
+    sql = {
+        states.Transition.SUCCEED: _SUCCEED,
+        states.Transition.RETRY: _RETRY,
+        states.Transition.BURY: _BURY,
+        states.Transition.RELEASE: _RELEASE,
+    }
+    changed = 0
+    for kind, params_list in by_kind.items():
+        changed += conn.executemany(sql[kind], params_list).rowcount
+    return changed
+
+
+def renew(conn: sqlite3.Connection, leases: Iterable[tuple[str, int]], *, expires: str) -> list[str]:
+    """Push the expiry of held leases forward; return the ids whose lease is no longer held."""
+    lost = []
+    for job_id, token in leases:
+        if conn.execute(_RENEW, (expires, job_id, token)).rowcount == 0:
+            lost.append(job_id)
+    return lost
+
+
+_EXPIRED = (
+    "SELECT id, lease_token, attempts, max_attempts, lease_owner FROM jobs "
+    "WHERE status = 'running' AND lease_expires_at < ?"
+)
+
+
+def rescue_expired(conn: sqlite3.Connection, *, now: str, base_seconds: float, rng: random.Random | None = None) -> list[tuple[str, states.Transition]]:
+    """running jobs whose lease ran out (their worker died) → pending with backoff, or dead."""
+    done = []
+    now_epoch = to_epoch(now)
+    for job_id, token, attempts, max_attempts, owner in conn.execute(_EXPIRED, (now,)).fetchall():
+        decision = states.rescue(attempts=attempts, max_attempts=max_attempts, base_seconds=base_seconds, rng=rng)
+        error = f"lease expired: worker {owner or '?'} stopped renewing it during attempt {attempts}"
+        if decision.transition is states.Transition.RESCUE:
+            conn.execute(_RETRY, (format_ts(now_epoch + decision.delay), error, now, job_id, token))
+        else:
+            conn.execute(_BURY, (error, now, job_id, token))
+        done.append((job_id, decision.transition))
+    return done
+
+
+def pending_job_types(conn: sqlite3.Connection) -> list[str]:
+    """Distinct job types with pending rows, by seeking the claim index once per type."""
+    found: list[str] = []
+    last = ""
+    while True:
+        (job_type,) = conn.execute(
+            "SELECT min(job_type) FROM jobs WHERE status = 'pending' AND job_type > ?", (last,)
+        ).fetchone()
+        if job_type is None:
+            return found
+        found.append(job_type)
+        last = job_type
+
+
+def bury_unknown_types(conn: sqlite3.Connection, job_types: Iterable[str], *, now: str) -> int:
+    """Due pending jobs of types no code here knows → dead, with an error that says why."""
+    n = 0
+    for job_type in job_types:
+        n += conn.execute(
+            "UPDATE jobs SET status = 'dead', error = ?, updated_at = ? "
+            "WHERE status = 'pending' AND job_type = ? AND run_after <= ?",
+            (f"unknown job type {job_type!r}: no job class is registered for it in this application", now, job_type, now),
+        ).rowcount
+    return n
+
+
+def bury_malformed(conn: sqlite3.Connection, job_id: str, token: int, error: str, *, now: str) -> int:
+    return conn.execute(_BURY, (error, now, job_id, token)).rowcount
+
+
+# -- operator actions -----------------------------------------------------------------------
+
+
+def revive(conn: sqlite3.Connection, job_id: str, *, now: str) -> JobRecord:
+    """Admin retry: dead → pending, attempts reset, due now. UsageError if not dead."""
+    job = get_job(conn, job_id)
+    if job is None:
+        raise LookupError(f"no job with id {job_id!r}")
+    if job.status != Status.DEAD:
+        raise UsageError(f"job {job_id} is {job.status}, only dead jobs can be retried")
+    conn.execute(
+        "UPDATE jobs SET status = 'pending', attempts = 0, run_after = ?, updated_at = ? WHERE id = ? AND status = 'dead'",
+        (now, now, job_id),
+    )
+    return get_job(conn, job_id)  # type: ignore[return-value]
+
+
+def delete_job(conn: sqlite3.Connection, job_id: str) -> None:
+    """Delete a job record; LookupError if unknown, UsageError if it is running."""
+    job = get_job(conn, job_id)
+    if job is None:
+        raise LookupError(f"no job with id {job_id!r}")
+    if job.status == Status.RUNNING:
+        raise UsageError(f"job {job_id} is running; wait for it to finish before deleting it")
+    conn.execute("DELETE FROM jobs WHERE id = ? AND status != 'running'", (job_id,))
+
+
+def cleanup(conn: sqlite3.Connection, *, statuses: Sequence[str] = ("completed", "dead"), older_than: str | None = None) -> int:
+    """Delete finished records (completed/dead), optionally only those last updated before ``older_than``."""
+    bad = [s for s in statuses if s not in states.TERMINAL]
+    if bad or not statuses:
+        raise UsageError(f"cleanup deletes only completed or dead jobs, not {bad or 'nothing'}")
+    marks = ",".join("?" for _ in statuses)
+    if older_than is None:
+        return conn.execute(f"DELETE FROM jobs WHERE status IN ({marks})", tuple(statuses)).rowcount
+    return conn.execute(
+        f"DELETE FROM jobs WHERE status IN ({marks}) AND updated_at < ?", (*statuses, older_than)
+    ).rowcount
+
+
+# -- reads ------------------------------------------------------------------------------------
+
+
+def get_job(conn: sqlite3.Connection, job_id: str) -> JobRecord | None:
+    row = conn.execute(f"SELECT {COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+    return JobRecord.from_row(row) if row else None
+
+
+def list_jobs(
+    conn: sqlite3.Connection, *, status: str | None = None, job_type: str | None = None, limit: int = 50, offset: int = 0
+) -> tuple[list[JobRecord], int]:
+    """Newest first (ids are time-ordered), with the total that matches the filters."""
+    if status is not None and status not in set(Status):
+        raise UsageError(f"unknown status {status!r}; expected one of {', '.join(Status)}")
+    where, params = [], []
+    if status is not None:
+        where.append("status = ?")
+        params.append(status)
+    if job_type is not None:
+        where.append("job_type = ?")
+        params.append(job_type)
+    clause = f"WHERE {' AND '.join(where)}" if where else ""
+    (total,) = conn.execute(f"SELECT count(*) FROM jobs {clause}", params).fetchone()
+    rows = conn.execute(
+        f"SELECT {COLUMNS} FROM jobs {clause} ORDER BY id DESC LIMIT ? OFFSET ?", (*params, limit, offset)
+    ).fetchall()
+    return [JobRecord.from_row(r) for r in rows], int(total)
+
+
+def count_by_status(conn: sqlite3.Connection, status: str) -> int:
+    (n,) = conn.execute("SELECT count(*) FROM jobs WHERE status = ?", (status,)).fetchone()
+    return int(n)
+
+
+def stats(conn: sqlite3.Connection) -> dict[str, Any]:
+    """Counts by status, and by type and status."""
+    by_status = {s.value: 0 for s in Status}
+    for status, n in conn.execute("SELECT status, count(*) FROM jobs GROUP BY status"):
+        by_status[status] = n
+    by_type: dict[str, dict[str, int]] = {}
+    for job_type, status, n in conn.execute("SELECT job_type, status, count(*) FROM jobs GROUP BY job_type, status"):
+        by_type.setdefault(job_type, {s.value: 0 for s in Status})[status] = n
+    return {"by_status": by_status, "by_type": by_type, "total": sum(by_status.values())}
