@@ -15,6 +15,7 @@ so writes the last batch.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -57,6 +58,7 @@ class Pipeline:
         self._bus_send: trio.MemorySendChannel[Envelope] | None = None  # set by the wiring
         self._wake_send: trio.MemorySendChannel[None] | None = None
         self._observers: list[Callable[[dict[str, Any]], None]] = []
+        self.resources: dict[str, Any] = {}  # entered by open_pipeline from registry.resources()
 
     # -- producing work -------------------------------------------------------------------
 
@@ -177,7 +179,9 @@ async def open_pipeline(config: Config | None = None, registry: Registry | None 
             new_id=UUID7Factory(),
         )
         pipeline = Pipeline(config, registry, queue, ledger_stats, wiring)
-        async with trio.open_nursery() as ledger_tn:
+        async with contextlib.AsyncExitStack() as resources, trio.open_nursery() as ledger_tn:
+            for name, factory in registry.resources().items():
+                pipeline.resources[name] = await resources.enter_async_context(factory(pipeline))
             await ledger_tn.start(run_ledger, db, ledger_recv, wake_send.clone(), ledger_stats)
             pipeline._wake_send = wake_send
             try:

@@ -86,6 +86,59 @@ def _database_url(text: str) -> str:
     raise ValueError("sqlite:///RELATIVE/PATH.db, sqlite:////ABSOLUTE/PATH.db or redis://HOST:PORT/DB")
 
 
+def _text(text: str) -> str:
+    return text.strip()
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise ValueError("a TCP port 1-65535") from None
+    if not 1 <= value <= 65535:
+        raise ValueError("a TCP port 1-65535")
+    return value
+
+
+def _port_or_zero(text: str) -> int:
+    if text.strip() == "0":
+        return 0
+    try:
+        return _port(text)
+    except ValueError:
+        raise ValueError("a TCP port 1-65535 (or 0: any free port)") from None
+
+
+def _site_url(text: str) -> str:
+    text = text.strip().rstrip("/")
+    if not (text.startswith("http://") or text.startswith("https://")):
+        raise ValueError("an http(s) URL such as https://example.com")
+    return text
+
+
+def _cache_url(text: str) -> str:
+    text = text.strip()
+    if text not in ("", "memory://") and not text.startswith(("redis://", "rediss://", "unix://")):
+        raise ValueError("memory:// or redis://HOST:PORT/DB")
+    return text
+
+
+def _webhook_secret(text: str) -> str:
+    import base64
+    import binascii
+
+    text = text.strip()
+    if not text.startswith("whsec_"):
+        raise ValueError("whsec_ followed by the base64 of the key bytes (Standard Webhooks)")
+    try:
+        key = base64.b64decode(text[len("whsec_") :], validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("whsec_ followed by valid base64 of the key bytes") from None
+    if len(key) < 16:
+        raise ValueError("a key of at least 16 bytes after whsec_")
+    return text
+
+
 # variable -> (attribute, parser). The attribute's default is the documented default.
 _PARSERS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "DATABASE_URL": ("database_url", _database_url),
@@ -101,6 +154,26 @@ _PARSERS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "SQLITE_SYNCHRONOUS": ("sqlite_synchronous", _choice("full", "normal")),
     "SQLITE_BUSY_TIMEOUT_MS": ("sqlite_busy_timeout_ms", _int_at_least(0)),
     "WEBHOOK_URLS": ("webhook_urls", _url_list),
+    "WEBHOOK_SECRET": ("webhook_secret", _webhook_secret),
+    "WEBHOOK_TIMEOUT_SECONDS": ("webhook_timeout_seconds", _positive_seconds),
+    "WEBHOOK_ALLOW_PRIVATE_NETWORKS": ("webhook_allow_private_networks", _parse_bool),
+    "SMTP_HOST": ("smtp_host", _text),
+    "SMTP_PORT": ("smtp_port", _port),
+    "SMTP_USERNAME": ("smtp_username", _text),
+    "SMTP_PASSWORD": ("smtp_password", _text),
+    "SMTP_SECURITY": ("smtp_security", _choice("none", "starttls", "tls")),
+    "SMTP_TIMEOUT": ("smtp_timeout", _positive_seconds),
+    "MAIL_FROM": ("mail_from", _text),
+    "MEDIA_DIR": ("media_dir", _text),
+    "PUBLIC_DIR": ("public_dir", _text),
+    "SITE_URL": ("site_url", _site_url),
+    "IMAGE_MAX_PIXELS": ("image_max_pixels", _int_at_least(1)),
+    "CACHE_URL": ("cache_url", _cache_url),
+    "ADMIN_ENABLED": ("admin_enabled", _parse_bool),
+    "ADMIN_HOST": ("admin_host", _text),
+    "ADMIN_PORT": ("admin_port", _port_or_zero),
+    "ADMIN_TOKEN": ("admin_token", _text),
+    "ADMIN_MAX_BODY_BYTES": ("admin_max_body_bytes", _int_at_least(1)),
     "LOG_LEVEL": ("log_level", _choice("debug", "info", "warning", "error")),
     "LOG_FORMAT": ("log_format", _choice("text", "json")),
 }
@@ -123,6 +196,26 @@ class Config:
     sqlite_synchronous: str = "full"  # full: a commit survives power loss; normal: faster, WAL may lose the last commits
     sqlite_busy_timeout_ms: int = 5_000
     webhook_urls: tuple[str, ...] = ()
+    webhook_secret: str = ""  # whsec_<base64 key>; empty: requests are not signed
+    webhook_timeout_seconds: float = 10.0
+    webhook_allow_private_networks: bool = False
+    smtp_host: str = ""  # empty: mail handlers fail permanently, naming SMTP_HOST
+    smtp_port: int = 25
+    smtp_username: str = ""
+    smtp_password: str = ""
+    smtp_security: str = "none"  # none | starttls | tls
+    smtp_timeout: float = 30.0
+    mail_from: str = ""
+    media_dir: str = "media"
+    public_dir: str = "public"
+    site_url: str = "http://localhost:8000"
+    image_max_pixels: int = 50_000_000  # decompression-bomb limit for uploaded images
+    cache_url: str = ""  # empty or memory://: in-process cache; redis://...: Redis
+    admin_enabled: bool = True
+    admin_host: str = "127.0.0.1"
+    admin_port: int = 8000
+    admin_token: str = ""  # empty: no auth, and the admin server binds to loopback only
+    admin_max_body_bytes: int = 1_048_576
     log_level: str = "info"
     log_format: str = "text"
 

@@ -148,3 +148,5 @@ async def run_ledger(
                     wake_send.send_nowait(None)
                 except trio.WouldBlock:
                     pass  # already nudged; the Poller will look anyway
+                except trio.BrokenResourceError:
+                    pass  # the Poller has stopped (shutdown, or workers disabled)

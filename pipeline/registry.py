@@ -105,6 +105,7 @@ class Registry:
         self._names_by_cls: dict[type, str] = {}
         self._events: dict[str, EventSpec] = {}
         self._event_names_by_cls: dict[type, str] = {}
+        self._resources: dict[str, Callable[[Any], Any]] = {}
         self.converter = _make_converter()
 
     @classmethod
@@ -209,6 +210,20 @@ class Registry:
             raise InvalidPayload(f"{what} does not fit {cls.__name__}: {details}") from None
         except (TypeError, ValueError) as exc:
             raise InvalidPayload(f"{what} does not fit {cls.__name__}: {exc}") from None
+
+    # -- resources --------------------------------------------------------------------------
+
+    def add_resource(self, name: str, factory: Callable[[Any], Any]) -> None:
+        """Declare a resource handlers share (an HTTP client, a cache connection).
+
+        ``factory(pipeline)`` returns an async context manager; ``open_pipeline`` enters it
+        before any actor starts and exits it after the last one stopped. Handlers reach
+        the value as ``ctx.pipeline.resources[name]``.
+        """
+        self._resources[name] = factory
+
+    def resources(self) -> dict[str, Callable[[Any], Any]]:
+        return dict(self._resources)
 
     # -- events ---------------------------------------------------------------------------
 

@@ -1,0 +1,56 @@
+"""Shared test fixtures. Tests use real SQLite files in pytest's tmp_path; no mock of the store."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from pipeline import Config
+
+REQUIRE_SERVICES = os.environ.get("PIPELINE_REQUIRE_SERVICES") == "1"
+
+
+def fast_config(db_path: Path, **overrides: object) -> Config:
+    """A config with short timings, so retries and polls happen within a test."""
+    values: dict[str, object] = dict(
+        database_url=f"sqlite:///{db_path}",
+        worker_poll_interval_ms=20,
+        worker_backoff_base_ms=10,
+        worker_lease_seconds=2.0,
+        worker_shutdown_timeout=2.0,
+        worker_concurrency=4,
+        sqlite_synchronous="normal",
+    )
+    values.update(overrides)
+    return Config(**values)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "pipeline.db"
+
+
+@pytest.fixture
+def config(db_path: Path) -> Config:
+    return fast_config(db_path)
+
+
+def service_available(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def require_service(name: str, host: str, port: int) -> None:
+    """Skip with a clear reason when a service does not answer, unless CI demands it."""
+    if service_available(host, port):
+        return
+    message = f"{name} does not answer on {host}:{port}"
+    if REQUIRE_SERVICES:
+        pytest.fail(f"{message}, and PIPELINE_REQUIRE_SERVICES=1 says it must")
+    pytest.skip(f"{message}; start it to run this test (CI sets PIPELINE_REQUIRE_SERVICES=1)")
