@@ -24,7 +24,7 @@ from .errors import (
     UsageError,
 )
 from .events import MediaUploaded, PostCreated, PostPublished, PostScheduled, Routed, UserRegistered
-from .handlers import JobContext
+from .pools import JobContext
 from .jobs import (
     Compress,
     ConvertWebP,

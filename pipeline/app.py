@@ -32,7 +32,7 @@ from .db import open_database
 from .diagrams import Wiring
 from .enqueuer import run_enqueuer
 from .errors import ConfigError, PipelineClosed, UsageError
-from .handlers import Outcome, Pool, describe_outcome, run_worker
+from .pools import Outcome, Pool, describe_outcome, run_worker
 from .ids import UUID7Factory
 from .ledger import LedgerStats, Reply, run_ledger
 from .poller import run_lease_keeper, run_poller
@@ -157,7 +157,7 @@ async def open_pipeline(config: Config | None = None, registry: Registry | None 
     """
     config = config or Config.from_env()
     if registry is None:
-        from .builtin import default_registry
+        from .handlers import default_registry
 
         registry = default_registry(config)
     if config.backend != "sqlite":

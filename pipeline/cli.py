@@ -161,7 +161,7 @@ def _open(config: Config) -> sqlite3.Connection:
 def _registry(config: Config, registry: Registry | None) -> Registry:
     if registry is not None:
         return registry
-    from .builtin import default_registry
+    from .handlers import default_registry
 
     return default_registry(config)
 

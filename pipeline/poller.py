@@ -21,7 +21,7 @@ from .errors import PipelineError, StoreError
 
 if TYPE_CHECKING:
     from .app import Pipeline
-    from .handlers import Pool
+    from .pools import Pool
 
 log = logging.getLogger("pipeline.poller")
 

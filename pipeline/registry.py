@@ -27,7 +27,7 @@ from .errors import InvalidPayload, UnknownEvent, UnknownJobType
 
 if TYPE_CHECKING:
     from .config import Config
-    from .handlers import JobContext
+    from .pools import JobContext
 
 Handler = Callable[[Any, "JobContext"], Awaitable[None]]
 Route = Callable[[Any, "Config"], list[events_mod.Routed]]
