@@ -8,9 +8,13 @@ from __future__ import annotations
 
 from ..config import Config
 from ..registry import Registry
+from . import cache
+from . import mail
 
 
 def default_registry(config: Config) -> Registry:
     registry = Registry.with_builtins()
     # each built-in handler module attaches itself here, one line each
+    mail.install(registry, config)
+    cache.install(registry, config)
     return registry
