@@ -1,0 +1,71 @@
+"""Job types, handlers and waits shared by the core tests and the worker subprocess."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+import pipeline
+from pipeline import Registry
+
+
+@attrs.frozen
+class Echo:
+    """An application-defined job type: one attrs class..."""
+
+    text: str
+    sleep: float = 0.0
+    fail_times: int = 0  # raise on the first N attempts
+    mode: str = "ok"  # ok | permanent | retry_later | hang | record
+
+
+async def echo(job: Echo, ctx: pipeline.JobContext) -> None:
+    """...plus one handler."""
+    log = os.environ.get("PIPELINE_TEST_LOG")
+    if log:
+        with open(log, "a") as f:  # O_APPEND: whole lines, even from several processes
+            f.write(f"start {ctx.id} {ctx.attempt} {os.getpid()} {time.time():.6f}\n")
+    if job.sleep:
+        await trio.sleep(job.sleep)
+    if job.mode == "hang":
+        await trio.sleep_forever()
+    if ctx.attempt <= job.fail_times:
+        raise RuntimeError(f"failing on purpose, attempt {ctx.attempt}")
+    if job.mode == "permanent":
+        raise pipeline.PermanentError("this can never work")
+    if job.mode == "retry_later":
+        raise pipeline.RetryLater("come back later", delay=60)
+    if log:
+        with open(log, "a") as f:
+            f.write(f"end {ctx.id} {ctx.attempt} {os.getpid()} {time.time():.6f}\n")
+
+
+def registry(**options: Any) -> Registry:
+    reg = Registry.with_builtins()
+    reg.register("echo", Echo, echo, **options)
+    return reg
+
+
+async def wait_status(p: pipeline.Pipeline, job_id: str, *statuses: str, timeout: float = 10.0) -> Any:
+    with trio.fail_after(timeout):
+        while True:
+            job = await p.queue.get(job_id)
+            if job is not None and job.status in statuses:
+                return job
+            await trio.sleep(0.01)
+
+
+def wait_file_line(path: Path, prefix: str, timeout: float = 10.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            for line in path.read_text().splitlines():
+                if line.startswith(prefix):
+                    return line
+        time.sleep(0.02)
+    raise TimeoutError(f"no line starting {prefix!r} in {path}")

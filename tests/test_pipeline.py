@@ -1,0 +1,281 @@
+"""The actors end to end, embedded in a trio program, on a real SQLite file."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+
+import pytest
+import trio
+
+import pipeline
+from pipeline import Config, UserRegistered
+from pipeline.clock import now_ts, to_epoch
+from pipeline.queue import NewJob
+
+from conftest import fast_config
+from jobkit import Echo, registry, wait_status
+
+
+async def test_enqueue_returns_once_committed(config: Config, db_path) -> None:
+    async with pipeline.open_pipeline(config, registry()) as p:
+        job_id = await p.enqueue(Echo("hi"), run_after=time.time() + 3600)
+        # another connection, as another process would see it
+        row = sqlite3.connect(db_path).execute("SELECT job_type, payload, status FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        assert row == ("echo", json.dumps({"text": "hi", "sleep": 0.0, "fail_times": 0, "mode": "ok"}, separators=(",", ":")), "pending")
+
+
+async def test_application_job_type_runs_to_completion(config: Config) -> None:
+    async with pipeline.open_pipeline(config, registry()) as p:
+        job_id = await p.enqueue(Echo("hello"))
+        job = await wait_status(p, job_id, "completed")
+        assert (job.attempts, job.error) == (1, None)
+
+
+async def test_failures_retry_with_backoff_then_succeed(config: Config) -> None:
+    async with pipeline.open_pipeline(config, registry()) as p:
+        job_id = await p.enqueue(Echo("flaky", fail_times=2), max_attempts=3)
+        job = await wait_status(p, job_id, "completed")
+        assert job.attempts == 3
+        assert "failing on purpose, attempt 2" in job.error  # the last error is kept
+
+
+async def test_out_of_attempts_goes_dead(config: Config) -> None:
+    async with pipeline.open_pipeline(config, registry()) as p:
+        job_id = await p.enqueue(Echo("doomed", fail_times=99), max_attempts=2)
+        job = await wait_status(p, job_id, "dead")
+        assert job.attempts == 2 and "RuntimeError: failing on purpose, attempt 2" in job.error
+
+
+async def test_backoff_delay_is_recorded_in_run_after(db_path) -> None:
+    config = fast_config(db_path, worker_backoff_base_ms=60_000)
+    async with pipeline.open_pipeline(config, registry()) as p:
+        job_id = await p.enqueue(Echo("flaky", fail_times=1))
+        with trio.fail_after(10):
+            while (job := await p.queue.get(job_id)).error is None:
+                await trio.sleep(0.01)
+        assert job.status == "pending" and job.attempts == 1
+        delay = to_epoch(job.run_after) - to_epoch(job.updated_at)
+        assert 60 * 0.85 - 0.01 <= delay <= 60 * 1.15 + 0.01
+
+
+async def test_permanent_error_is_dead_at_once(config: Config) -> None:
+    async with pipeline.open_pipeline(config, registry()) as p:
+        job_id = await p.enqueue(Echo("x", mode="permanent"), max_attempts=5)
+        job = await wait_status(p, job_id, "dead")
+        assert job.attempts == 1 and job.error == "permanent error: this can never work"
+
+
+async def test_retry_later_uses_the_delay_asked_for(config: Config) -> None:
+    async with pipeline.open_pipeline(config, registry()) as p:
+        job_id = await p.enqueue(Echo("x", mode="retry_later"), max_attempts=5)
+        with trio.fail_after(10):
+            while (job := await p.queue.get(job_id)).error is None:
+                await trio.sleep(0.01)
+        assert job.status == "pending" and job.error == "come back later"
+        assert 59.9 <= to_epoch(job.run_after) - to_epoch(job.updated_at) <= 60.1
+
+
+async def test_timeout_fails_the_job_and_others_keep_moving(db_path) -> None:
+    config = fast_config(db_path, worker_job_timeout_seconds=0.2)
+    async with pipeline.open_pipeline(config, registry(concurrency=1)) as p:
+        slow = await p.enqueue(Echo("slow", mode="hang"), max_attempts=1)
+        fast = await p.enqueue(Echo("fast"))
+        job = await wait_status(p, slow, "dead")
+        assert job.error.startswith("timed out after 0.2 s")
+        await wait_status(p, fast, "completed")
+
+
+async def test_malformed_row_goes_dead_and_the_worker_carries_on(config: Config, db_path) -> None:
+    async with pipeline.open_pipeline(config, registry(concurrency=1)) as p:
+        conn = sqlite3.connect(db_path)
+        conn.execute("INSERT INTO jobs (id, job_type, payload) VALUES ('bad-json', 'echo', '{not json')")
+        conn.execute("INSERT INTO jobs (id, job_type, payload) VALUES ('bad-shape', 'echo', '{\"text\": 5}')")
+        conn.commit()
+        good = await p.enqueue(Echo("fine"))
+        bad_json = await wait_status(p, "bad-json", "dead")
+        bad_shape = await wait_status(p, "bad-shape", "dead")
+        assert "payload no longer decodes" in bad_json.error and "not valid JSON" in bad_json.error
+        assert "expected a string, got int @ $.text" in bad_shape.error
+        await wait_status(p, good, "completed")
+
+
+async def test_unknown_job_type_goes_dead_with_the_reason(config: Config, db_path) -> None:
+    async with pipeline.open_pipeline(config, registry()) as p:
+        conn = sqlite3.connect(db_path)
+        conn.execute("INSERT INTO jobs (id, job_type, payload) VALUES ('ghost', 'no_such_type', '{}')")
+        conn.commit()
+        job = await wait_status(p, "ghost", "dead", timeout=15)
+        assert "unknown job type 'no_such_type'" in job.error
+
+
+async def test_types_without_a_handler_here_are_not_claimed(config: Config) -> None:
+    async with pipeline.open_pipeline(config, registry()) as p:
+        mail = await p.enqueue(pipeline.SendEmail(to="a@example.com", subject="s", body="b"))
+        done = await p.enqueue(Echo("x"))
+        await wait_status(p, done, "completed")
+        await trio.sleep(config.poll_interval * 5)
+        assert (await p.queue.get(mail)).status == "pending"  # another process may run it
+
+
+async def test_outbox_insert_in_the_applications_transaction(config: Config, db_path) -> None:
+    reg = registry()
+    async with pipeline.open_pipeline(config, reg) as p:
+        conn = sqlite3.connect(db_path, isolation_level=None)
+        conn.execute("CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY)")
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("INSERT INTO orders (id) VALUES (1)")
+        kept = pipeline.enqueue_in_transaction(conn, Echo("kept"), registry=reg)
+        conn.execute("COMMIT")
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("INSERT INTO orders (id) VALUES (2)")
+        dropped = pipeline.enqueue_in_transaction(conn, Echo("dropped"), registry=reg)
+        conn.execute("ROLLBACK")
+        await wait_status(p, kept, "completed")  # found by polling: another connection wrote it
+        assert await p.queue.get(dropped) is None
+        assert conn.execute("SELECT id FROM orders").fetchall() == [(1,)]
+
+
+async def test_emit_returns_the_committed_ids_of_the_routed_jobs(config: Config, db_path) -> None:
+    async with pipeline.open_pipeline(config, registry()) as p:
+        ids = await p.emit(UserRegistered(user_id="u1", email="ann@example.com", username="ann"))
+        assert len(ids) == 1
+        job = await p.queue.get(ids[0])
+        assert job.job_type == "send_welcome_email"
+        assert json.loads(job.payload) == {"user_id": "u1", "email": "ann@example.com", "username": "ann"}
+        media = await p.emit(pipeline.MediaUploaded(id="m1"))
+        types = sorted([(await p.queue.get(i)).job_type for i in media])
+        assert types == ["convert_webp", "generate_thumbnail"]
+
+
+async def test_many_concurrent_emits_are_all_committed(config: Config) -> None:
+    async with pipeline.open_pipeline(config, registry()) as p:
+        results: list[list[str]] = []
+
+        async def one(i: int) -> None:
+            results.append(await p.emit(pipeline.MediaUploaded(id=f"m{i}")))
+
+        async with trio.open_nursery() as tn:
+            for i in range(200):
+                tn.start_soon(one, i)
+        assert len(results) == 200 and all(len(r) == 2 for r in results)
+        stats = await p.queue.stats()
+        assert stats["by_type"]["generate_thumbnail"]["pending"] == 200
+
+
+async def test_priority_then_due_time_orders_the_claims(db_path) -> None:
+    order: list[str] = []
+
+    async def record(job: Echo, ctx: pipeline.JobContext) -> None:
+        order.append(job.text)
+
+    reg = pipeline.Registry.with_builtins()
+    reg.register("echo", Echo, record, concurrency=1)
+    config = fast_config(db_path, worker_prefetch=0)
+    async with pipeline.open_pipeline(config, reg) as p:
+        p.queue  # insert all in one transaction, so the Poller sees them together
+        jobs = [NewJob("echo", json.dumps({"text": t}), 3, None, prio) for t, prio in [("low", 9), ("mid", 5), ("high", 1), ("mid2", 5)]]
+        ids = await p.queue.enqueue_many(jobs)
+        for job_id in ids:
+            await wait_status(p, job_id, "completed")
+    assert order == ["high", "mid", "mid2", "low"]
+
+
+async def test_delayed_job_waits_for_its_time(config: Config) -> None:
+    async with pipeline.open_pipeline(config, registry()) as p:
+        job_id = await p.enqueue(Echo("later"), run_after=time.time() + 0.5)
+        await trio.sleep(0.25)
+        assert (await p.queue.get(job_id)).status == "pending"
+        job = await wait_status(p, job_id, "completed")
+        assert to_epoch(job.updated_at) >= to_epoch(job.run_after)
+
+
+async def test_concurrency_is_bounded_per_type(config: Config) -> None:
+    running = 0
+    peak = 0
+
+    async def track(job: Echo, ctx: pipeline.JobContext) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await trio.sleep(0.02)
+        running -= 1
+
+    reg = pipeline.Registry.with_builtins()
+    reg.register("echo", Echo, track, concurrency=3)
+    async with pipeline.open_pipeline(config, reg) as p:
+        ids = await p.enqueue_many([Echo(str(i)) for i in range(30)])
+        for job_id in ids:
+            await wait_status(p, job_id, "completed")
+    assert peak == 3
+
+
+async def test_ledger_groups_a_burst_into_few_transactions(db_path) -> None:
+    config = fast_config(db_path, worker_concurrency=64)
+    async with pipeline.open_pipeline(config, registry()) as p:
+        ids = await p.enqueue_many([Echo(str(i)) for i in range(2000)])
+        await wait_status(p, ids[-1], "completed")
+        with trio.fail_after(10):
+            while (await p.queue.stats())["by_status"]["completed"] < 2000:
+                await trio.sleep(0.01)
+        # 2000 claims + 2000 outcomes + the insert: grouped, far fewer commits than jobs
+        assert p.ledger_stats.commands >= 2000
+        assert p.ledger_stats.batches < 2000 / 4, p.ledger_stats
+
+
+async def test_long_job_keeps_its_lease_while_it_runs(db_path) -> None:
+    config = fast_config(db_path, worker_lease_seconds=0.6)
+    async with pipeline.open_pipeline(config, registry()) as p:
+        job_id = await p.enqueue(Echo("long", sleep=2.0))
+        job = await wait_status(p, job_id, "completed")
+        assert job.attempts == 1 and job.error is None  # renewed, never rescued
+
+
+async def test_graceful_shutdown_returns_unfinished_jobs_uncounted(db_path) -> None:
+    config = fast_config(db_path, worker_shutdown_timeout=0.3)
+    async with pipeline.open_pipeline(config, registry(concurrency=2)) as p:
+        hung = await p.enqueue(Echo("hung", mode="hang"))
+        quick = await p.enqueue(Echo("quick", sleep=0.1))
+        await wait_status(p, hung, "running")
+        await wait_status(p, quick, "running")
+        started = trio.current_time()
+    assert trio.current_time() - started < 0.3 + 1.0
+    conn = sqlite3.connect(db_path)
+    rows = dict(conn.execute("SELECT id, status || '/' || attempts FROM jobs"))
+    assert rows[hung] == "pending/0"  # returned, attempt not counted
+    assert rows[quick] == "completed/1"  # finished within the grace period
+
+
+async def test_no_new_work_after_shutdown(config: Config) -> None:
+    async with pipeline.open_pipeline(config, registry()) as p:
+        pass
+    with pytest.raises(pipeline.PipelineClosed):
+        await p.enqueue(Echo("late"))
+    with pytest.raises(pipeline.PipelineClosed):
+        await p.emit(UserRegistered(user_id="u", email="e@example.com", username="u"))
+
+
+async def test_bad_input_is_refused_and_nothing_is_written(config: Config, db_path) -> None:
+    async with pipeline.open_pipeline(config, registry()) as p:
+        with pytest.raises(pipeline.UnknownJobType):
+            await p.enqueue(object())
+        with pytest.raises(pipeline.UsageError, match="max_attempts"):
+            await p.enqueue(Echo("x"), max_attempts=0)
+        with pytest.raises(pipeline.InvalidPayload, match="sleep"):
+            await p.enqueue(Echo("x", sleep="soon"))  # type: ignore[arg-type]
+        with pytest.raises(pipeline.UnknownEvent):
+            await p.emit(Echo("not an event"))
+        assert (await p.queue.stats())["total"] == 0
+
+
+async def test_worker_disabled_runs_nothing(db_path) -> None:
+    config = fast_config(db_path, worker_enabled=False)
+    async with pipeline.open_pipeline(config, registry()) as p:
+        job_id = await p.enqueue(Echo("x"))
+        await trio.sleep(config.poll_interval * 5)
+        assert (await p.queue.get(job_id)).status == "pending"
+
+
+def test_run_after_is_stored_in_the_sql_format() -> None:
+    assert now_ts()[-1] == "Z" and len(now_ts()) == len("2026-01-01T00:00:00.000Z")
