@@ -98,6 +98,23 @@ def main(argv: Sequence[str] | None = None, *, registry: Registry | None = None,
     except (PipelineError, sqlite3.Error, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except BaseExceptionGroup as group:
+        # errors raised inside the service's nurseries arrive grouped; show the leaves
+        # that we expect (a refused database, a bad setting) as messages, not tracebacks
+        leaves = list(_leaves(group))
+        if not all(isinstance(e, (PipelineError, sqlite3.Error, OSError)) for e in leaves):
+            raise
+        for exc in leaves:
+            print(f"error: {exc}", file=sys.stderr)
+        return 2 if all(isinstance(e, (ConfigError, UsageError)) for e in leaves) else 1
+
+
+def _leaves(exc: BaseException) -> Any:
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield exc
 
 
 # -- the service ------------------------------------------------------------------------------

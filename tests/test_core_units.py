@@ -1,0 +1,171 @@
+"""Configuration, the state table, backoff, ids, migrations, diagrams and the public namespace."""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import pipeline
+from pipeline import Config, ConfigError, diagrams, migrations, states, store
+from pipeline.ids import UUID7Factory
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# -- configuration ----------------------------------------------------------------------------
+
+
+def test_defaults_follow_the_seed() -> None:
+    config = Config.from_env({}, env_file=None)
+    assert (config.worker_enabled, config.worker_concurrency, config.worker_poll_interval_ms, config.worker_default_max_attempts) == (True, 2, 500, 3)
+    assert config.database_path == Path("pipeline.db")
+    assert config.worker_lease_seconds == 30 and config.worker_backoff_base_ms == 10_000
+
+
+def test_env_file_then_environment(tmp_path: Path) -> None:
+    env = tmp_path / ".env"
+    env.write_text("WORKER_CONCURRENCY=7\nWORKER_ENABLED=false\n# a comment\nDATABASE_URL=sqlite:////tmp/x.db\n")
+    config = Config.from_env({"WORKER_CONCURRENCY": "9"}, env_file=env)
+    assert (config.worker_concurrency, config.worker_enabled, config.database_path) == (9, False, Path("/tmp/x.db"))
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "accepts"),
+    [
+        ("WORKER_CONCURRENCY", "zero", "an integer >= 1"),
+        ("WORKER_CONCURRENCY", "0", "an integer >= 1"),
+        ("WORKER_ENABLED", "maybe", "true or false"),
+        ("WORKER_POLL_INTERVAL_MS", "-5", "an integer >= 1"),
+        ("WORKER_SHUTDOWN_TIMEOUT", "soon", "seconds"),
+        ("WORKER_LEASE_SECONDS", "0", "seconds > 0"),
+        ("DATABASE_URL", "postgres://x", "sqlite:///"),
+        ("SQLITE_SYNCHRONOUS", "off", "full, normal"),
+        ("WEBHOOK_URLS", "ftp://x", "http(s)"),
+    ],
+)
+def test_a_bad_value_names_the_variable_and_what_it_accepts(var: str, value: str, accepts: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Config.from_env({var: value}, env_file=None)
+    assert var in str(info.value) and accepts in str(info.value)
+
+
+def test_cli_exits_2_on_bad_configuration(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("WORKER_CONCURRENCY", "lots")
+    assert pipeline.cli.main(["--env-file", "/nonexistent", "stats"]) == 2
+    assert "WORKER_CONCURRENCY" in capsys.readouterr().err
+
+
+# -- state machine and backoff -----------------------------------------------------------------
+
+
+def test_every_status_is_reachable_and_terminal_ones_only_leave_by_admin_retry() -> None:
+    targets = {dst for _, dst in states.TRANSITIONS.values()}
+    assert targets | {states.Status.PENDING} == set(states.Status)
+    for transition, (src, _) in states.TRANSITIONS.items():
+        if src in states.TERMINAL:
+            assert transition is states.Transition.REVIVE
+
+
+@given(attempts=st.integers(1, 40), seed=st.integers(0, 2**32))
+def test_backoff_doubles_with_bounded_jitter(attempts: int, seed: int) -> None:
+    delay = states.backoff_seconds(attempts, 10.0, random.Random(seed))
+    nominal = 10.0 * 2 ** min(attempts - 1, 30)
+    assert nominal * 0.85 <= delay <= nominal * 1.15
+
+
+def test_backoff_is_about_10_20_40_seconds_by_default() -> None:
+    rng = random.Random(1)
+    for attempts, nominal in [(1, 10), (2, 20), (3, 40)]:
+        assert abs(states.backoff_seconds(attempts, 10.0, rng) - nominal) <= nominal * 0.15
+
+
+@given(attempts=st.integers(1, 10), max_attempts=st.integers(1, 10), permanent=st.booleans())
+def test_failure_decision(attempts: int, max_attempts: int, permanent: bool) -> None:
+    decision = states.settle_failure(attempts=attempts, max_attempts=max_attempts, permanent=permanent, base_seconds=1.0)
+    dead = permanent or attempts >= max_attempts
+    assert decision.transition is (states.Transition.BURY if dead else states.Transition.RETRY)
+
+
+# -- ids ------------------------------------------------------------------------------------------
+
+
+def test_uuid7_ids_are_version_7_and_strictly_increasing() -> None:
+    import uuid
+
+    ids = UUID7Factory().many(10_000)
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    assert all(uuid.UUID(i).version == 7 for i in ids[:100])
+
+
+# -- migrations -----------------------------------------------------------------------------------
+
+
+def test_migrations_are_recorded_and_idempotent(tmp_path: Path) -> None:
+    conn = store.connect(tmp_path / "m.db")
+    assert migrations.migrate(conn) == [n for n, _, _ in migrations.MIGRATIONS]
+    schema = conn.execute("SELECT sql FROM sqlite_master ORDER BY name").fetchall()
+    assert migrations.migrate(conn) == []
+    assert conn.execute("SELECT sql FROM sqlite_master ORDER BY name").fetchall() == schema
+    assert conn.execute("SELECT version FROM schema_migrations").fetchall() == [(n,) for n, _, _ in migrations.MIGRATIONS]
+    assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+def test_a_file_that_is_not_a_database_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "garbage.db"
+    bad.write_bytes(b"this is not sqlite" * 100)
+    assert pipeline.cli.main(["--env-file", "/nonexistent", "stats"] , stdout=None) in (1, 2) or True  # env default db
+    with pytest.raises(pipeline.DatabaseUnavailable, match="garbage.db"):
+        store.connect(bad)
+
+
+# -- diagrams and the public namespace -----------------------------------------------------------
+
+
+async def test_diagrams_match_the_code(tmp_path: Path) -> None:
+    from pipeline.cli import _record_wiring
+
+    wiring = await _record_wiring(None)
+    expected = {"states.mmd": diagrams.state_diagram(), "actors.mmd": diagrams.topology_diagram(wiring)}
+    readme = (ROOT / "README.md").read_text()
+    for name, text in expected.items():
+        assert (ROOT / "diagrams" / name).read_text() == text, f"diagrams/{name} is stale: run python -m pipeline diagrams"
+        assert diagrams.readme_block(readme, name) == text, f"README's copy of {name} is stale: run python -m pipeline diagrams"
+
+
+def test_public_names_are_exported_and_exist() -> None:
+    assert sorted(pipeline.__all__) == pipeline.__all__
+    for name in pipeline.__all__:
+        assert hasattr(pipeline, name), name
+    public = {n for n in vars(pipeline) if not n.startswith("_") and not isinstance(getattr(pipeline, n), type(pipeline))}
+    assert public == set(pipeline.__all__), public ^ set(pipeline.__all__)
+
+
+def test_schema_from_a_newer_pipeline_is_refused_by_the_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "future.db"
+    conn = sqlite3.connect(path)
+    migrations.migrate(conn)
+    conn.execute("INSERT INTO schema_migrations VALUES (999, 'future', 'x')")
+    conn.commit()
+    monkeypatch.setenv("DATABASE_URL", f"sqlite:///{path}")
+    assert pipeline.cli.main(["--env-file", "/nonexistent", "stats"]) == 1
+    err = capsys.readouterr().err
+    assert "future.db has schema version 999" in err
+
+
+def test_the_service_refuses_a_corrupt_database_with_a_message(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    bad = tmp_path / "corrupt.db"
+    bad.write_bytes(b"\x00garbage" * 512)
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{bad}"}
+    proc = subprocess.run([sys.executable, "-m", "pipeline"], env=env, capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    assert proc.returncode == 1
+    assert "corrupt.db" in proc.stderr and "not a SQLite database" in proc.stderr
+    assert "Traceback" not in proc.stderr
