@@ -160,6 +160,10 @@ async def open_redis_store(url: str, *, prefix: str = "", connections: int = RED
     so retries the invalidations), not the pipeline's start."""
     import redis  # only needed when CACHE_URL points at Redis
 
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme in ("redis", "rediss") and parts.path.strip("/") and not parts.path.strip("/").isdigit():
+        # redis-py would silently fall back to database 0 here
+        raise ConfigError(f"CACHE_URL={redacted(url)!r}: the path must be a database number, as in redis://HOST:PORT/0")
     try:
         client = redis.Redis.from_url(
             url,
