@@ -151,6 +151,7 @@ _PARSERS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "WORKER_LEASE_SECONDS": ("worker_lease_seconds", _positive_seconds),
     "WORKER_JOB_TIMEOUT_SECONDS": ("worker_job_timeout_seconds", _positive_seconds),
     "WORKER_PREFETCH": ("worker_prefetch", _int_at_least(0)),
+    "WORKER_UNKNOWN_TYPE_GRACE_SECONDS": ("worker_unknown_type_grace_seconds", _seconds),
     "SQLITE_SYNCHRONOUS": ("sqlite_synchronous", _choice("full", "normal")),
     "SQLITE_BUSY_TIMEOUT_MS": ("sqlite_busy_timeout_ms", _int_at_least(0)),
     "WEBHOOK_URLS": ("webhook_urls", _url_list),
@@ -193,6 +194,9 @@ class Config:
     worker_lease_seconds: float = 30.0  # renewed every third of this while a job runs
     worker_job_timeout_seconds: float = 300.0
     worker_prefetch: int | None = None  # jobs claimed ahead per type; None: one pool's worth
+    # a pending job of a type no code here knows goes dead once it has been due this long
+    # unclaimed (another process may know the type; a rolling deploy may be under way)
+    worker_unknown_type_grace_seconds: float = 300.0
     sqlite_synchronous: str = "full"  # full: a commit survives power loss; normal: faster, WAL may lose the last commits
     sqlite_busy_timeout_ms: int = 5_000
     webhook_urls: tuple[str, ...] = ()

@@ -122,7 +122,10 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 
 
 def current_version(conn: sqlite3.Connection) -> int:
-    conn.execute(_CREATE_TABLE)
+    """The highest version recorded; 0 for a new file. Reads only."""
+    exists = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'").fetchone()
+    if not exists:
+        return 0
     (version,) = conn.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()
     return int(version)
 
@@ -141,6 +144,7 @@ def migrate(conn: sqlite3.Connection, path: Path | str = "<database>") -> list[i
             continue
         conn.execute("BEGIN IMMEDIATE")
         try:
+            conn.execute(_CREATE_TABLE)
             # re-check inside the write lock: another process may have just applied it
             if conn.execute("SELECT 1 FROM schema_migrations WHERE version = ?", (number,)).fetchone():
                 conn.execute("COMMIT")

@@ -99,7 +99,7 @@ async def run_lease_keeper(
                 rescued = await queue.rescue_expired()
                 if rescued:
                     log.warning("rescued %d jobs whose lease expired", rescued)
-                buried = await queue.bury_unknown_types(known)
+                buried = await queue.bury_unknown_types(known, grace_seconds=pipeline.config.worker_unknown_type_grace_seconds)
                 if buried:
                     log.error("%d pending jobs have a job type no code here knows; moved to dead", buried)
             except StoreError as exc:

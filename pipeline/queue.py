@@ -206,10 +206,12 @@ class SqliteJobQueue:
         )
         return len(rescued)
 
-    async def bury_unknown_types(self, known: set[str]) -> int:
+    async def bury_unknown_types(self, known: set[str], *, grace_seconds: float) -> int:
         def write(conn: Any, now: str) -> int:
             unknown = [t for t in store.pending_job_types(conn) if t not in known]
-            return store.bury_unknown_types(conn, unknown, now=now) if unknown else 0
+            if not unknown:
+                return 0
+            return store.bury_unknown_types(conn, unknown, now=now, due_before=format_ts(to_epoch(now) - grace_seconds))
 
         return await self._call("bury_unknown", write)
 

@@ -275,14 +275,19 @@ def pending_job_types(conn: sqlite3.Connection) -> list[str]:
         last = job_type
 
 
-def bury_unknown_types(conn: sqlite3.Connection, job_types: Iterable[str], *, now: str) -> int:
-    """Due pending jobs of types no code here knows → dead, with an error that says why."""
+def bury_unknown_types(conn: sqlite3.Connection, job_types: Iterable[str], *, now: str, due_before: str) -> int:
+    """Pending jobs of types no code here knows, due since before ``due_before`` (nobody
+    claimed them meanwhile) → dead, with an error that says why."""
     n = 0
     for job_type in job_types:
         n += conn.execute(
             "UPDATE jobs SET status = 'dead', error = ?, updated_at = ? "
             "WHERE status = 'pending' AND job_type = ? AND run_after <= ?",
-            (f"unknown job type {job_type!r}: no job class is registered for it in this application", now, job_type, now),
+            (
+                f"unknown job type {job_type!r}: no job class is registered for it in this application "
+                "(and no other process claimed it); register the type, then retry the job",
+                now, job_type, due_before,
+            ),
         ).rowcount
     return n
 

@@ -101,11 +101,14 @@ async def test_malformed_row_goes_dead_and_the_worker_carries_on(config: Config,
         await wait_status(p, good, "completed")
 
 
-async def test_unknown_job_type_goes_dead_with_the_reason(config: Config, db_path) -> None:
+async def test_unknown_job_type_goes_dead_with_the_reason_after_a_grace_period(db_path) -> None:
+    config = fast_config(db_path, worker_unknown_type_grace_seconds=1.5)
     async with pipeline.open_pipeline(config, registry()) as p:
         conn = sqlite3.connect(db_path)
         conn.execute("INSERT INTO jobs (id, job_type, payload) VALUES ('ghost', 'no_such_type', '{}')")
         conn.commit()
+        await trio.sleep(1.0)
+        assert (await p.queue.get("ghost")).status == "pending"  # another process may still take it
         job = await wait_status(p, "ghost", "dead", timeout=15)
         assert "unknown job type 'no_such_type'" in job.error
 
