@@ -9,7 +9,10 @@ from __future__ import annotations
 from ..config import Config
 from ..registry import Registry
 from . import cache
+from . import content
+from . import images
 from . import mail
+from . import webhook
 
 
 def default_registry(config: Config) -> Registry:
@@ -17,4 +20,7 @@ def default_registry(config: Config) -> Registry:
     # each built-in handler module attaches itself here, one line each
     mail.install(registry, config)
     cache.install(registry, config)
+    images.install(registry, config)
+    webhook.install(registry, config)
+    content.install(registry, config)
     return registry
