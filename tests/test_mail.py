@@ -172,7 +172,7 @@ async def test_user_registered_sends_a_welcome_mail_with_text_and_html(db_path: 
     inbox, port = smtp_server()
     config = mail_config(db_path, port, site_url="https://blog.example.com")
     async with pipeline.open_pipeline(config, default_registry(config)) as p:
-        (job_id,) = await p.emit(UserRegistered(user_id="u-1", email="bob@example.org", username='Bob <b>"&'))
+        (job_id,) = await p.emit(UserRegistered(user_id="u-1", email="bob@example.org", username='Zoë <b>"&'))
         record = await settled(p, job_id)
 
     assert (record.job_type, record.status) == ("send_welcome_email", "completed"), record.error
@@ -183,9 +183,9 @@ async def test_user_registered_sends_a_welcome_mail_with_text_and_html(db_path: 
     assert msg.get_content_type() == "multipart/alternative"
     text = msg.get_body(("plain",)).get_content()
     markup = msg.get_body(("html",)).get_content()
-    assert 'Hello Bob <b>"&,' in text
+    assert 'Hello Zoë <b>"&,' in text
     assert "https://blog.example.com" in text
-    assert "Hello <strong>Bob &lt;b&gt;&quot;&amp;</strong>" in markup  # the name is escaped in HTML
+    assert "Hello <strong>Zoë &lt;b&gt;&quot;&amp;</strong>" in markup  # the name is escaped in HTML
     assert "<b>" not in markup
     assert '<a href="https://blog.example.com">' in markup
 
@@ -349,3 +349,17 @@ async def test_starttls_asked_but_not_offered_is_dead(db_path: Path, smtp_server
     assert (record.status, record.attempts) == ("dead", 1)
     assert "(SMTP_SECURITY=starttls) does not support" in record.error
     assert "STARTTLS" in record.error
+
+
+async def test_ssl_cert_file_points_the_default_check_at_a_private_ca(
+    db_path: Path, tmp_path: Path, smtp_server: Any, server_tls: ssl.SSLContext, ca: trustme.CA, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No ssl_context given: the system's default verification, which honours SSL_CERT_FILE."""
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))
+    inbox, port = smtp_server(ssl_context=server_tls)
+    config = mail_config(db_path, port, smtp_security="tls")
+    record = await run_job(config, mail_registry(config), SendEmail(to="i@example.org", subject="x", body="x"))
+
+    assert record.status == "completed", record.error
+    assert len(inbox.messages) == 1
