@@ -93,6 +93,26 @@ def _apply_batch(conn: sqlite3.Connection, batch: list[Command]) -> list[tuple[b
     return results
 
 
+LOCK_PATIENCE = 30.0  # seconds the Ledger keeps retrying a batch while another process holds the lock
+
+
+async def _write_patiently(db: Database, batch: list[Command]) -> list[tuple[bool, Any]]:
+    """Run the batch; while another process holds the write lock past busy_timeout, try
+    again (the batch was rolled back whole) rather than failing every caller at once."""
+    waited = 0.0
+    delay = 0.05
+    while True:
+        try:
+            return await db.write(_apply_batch, batch)
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc) or waited >= LOCK_PATIENCE:
+                raise
+            log.warning("database %s is locked by another writer; retrying the batch of %d in %.2f s", db.path, len(batch), delay)
+            await trio.sleep(delay)
+            waited += delay
+            delay = min(delay * 2, 1.0)
+
+
 @attrs.define
 class LedgerStats:
     """Written by the Ledger only; read by benchmarks and /metrics."""
@@ -121,7 +141,7 @@ async def run_ledger(
                 except (trio.WouldBlock, trio.EndOfChannel):
                     break
             try:
-                results = await db.write(_apply_batch, batch)
+                results = await _write_patiently(db, batch)
             except sqlite3.Error as exc:
                 # the transaction as a whole failed (locked past busy_timeout, disk full at
                 # COMMIT, I/O error): nothing of it was written; every caller hears so and

@@ -47,7 +47,10 @@ async def run_poller(
                     more = False
                     if wants:
                         try:
-                            leases = await queue.dequeue(wants)
+                            # shielded: a claim cancelled half-way would commit rows as ours
+                            # that no worker holds, stranded as running until their lease ran out
+                            with trio.CancelScope(shield=True):
+                                leases = await queue.dequeue(wants)
                         except StoreError as exc:
                             failures += 1
                             log.warning("claim failed (%s); retrying", exc)

@@ -282,3 +282,24 @@ async def test_worker_disabled_runs_nothing(db_path) -> None:
 
 def test_run_after_is_stored_in_the_sql_format() -> None:
     assert now_ts()[-1] == "Z" and len(now_ts()) == len("2026-01-01T00:00:00.000Z")
+
+
+async def test_a_writer_holding_the_lock_delays_but_loses_nothing(db_path) -> None:
+    config = fast_config(db_path, sqlite_busy_timeout_ms=200)  # much shorter than the lock is held
+    async with pipeline.open_pipeline(config, registry()) as p:
+        first = await p.enqueue(Echo("before"))
+        await wait_status(p, first, "completed")
+        other = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
+        other.execute("BEGIN IMMEDIATE")  # another process's long write transaction
+
+        async def release_later() -> None:
+            await trio.sleep(1.5)
+            other.execute("COMMIT")
+
+        async with trio.open_nursery() as tn:
+            tn.start_soon(release_later)
+            started = trio.current_time()
+            during = await p.enqueue(Echo("during"))  # waits for the lock, then commits
+            assert trio.current_time() - started >= 1.0
+        job = await wait_status(p, during, "completed")
+        assert job.attempts == 1
