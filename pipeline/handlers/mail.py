@@ -99,7 +99,7 @@ class Mailer:
     host: str
     port: int
     username: str
-    password: str
+    password: str = attrs.field(repr=False)  # kept out of logs and tracebacks
     security: str  # none | starttls | tls
     timeout: float  # per socket operation; also bounds how long a shutdown waits for a send
     mail_from: str
