@@ -1,0 +1,182 @@
+"""Chaos on one SQLite file: kill -9 workers at random while a producer enqueues, then check the books.
+
+    python benchmarks/chaos.py [--jobs 20000] [--workers 3] [--duration 60] [--kill-every 2]
+
+One producer enqueues the jobs (in small committed batches, spread over the run) while
+``--workers`` worker processes run them. Every ``--kill-every`` seconds a random worker
+gets SIGKILL and is started again. Each job's handler appends ``start``/``end`` lines with
+its id, attempt and pid to a side file (O_APPEND). At the end every job must be
+completed (none lost, none stuck running, none dead), and every duplicate execution must
+be one whose worker was killed after the run started. Prints a one-line summary; exit 0
+when the books balance, 1 when they do not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import attrs
+import trio
+
+import pipeline
+
+LEASE_SECONDS = 2.0
+MAX_ATTEMPTS = 10  # a job can be hit by several kills in a row; dead would be correct, just not what we test
+
+
+@attrs.frozen
+class Chaos:
+    n: int
+
+
+def registry() -> pipeline.Registry:
+    async def run(job: Chaos, ctx: pipeline.JobContext) -> None:
+        log = os.environ["CHAOS_LOG"]
+        with open(log, "a") as f:
+            f.write(f"start {ctx.id} {ctx.attempt} {os.getpid()} {time.time():.6f}\n")
+        await trio.sleep(random.uniform(0.001, 0.02))
+        with open(log, "a") as f:
+            f.write(f"end {ctx.id} {ctx.attempt} {os.getpid()} {time.time():.6f}\n")
+
+    reg = pipeline.Registry()
+    reg.register("chaos", Chaos, run, concurrency=16, max_attempts=MAX_ATTEMPTS)
+    return reg
+
+
+def worker_main(db: str) -> None:
+    config = pipeline.Config(
+        database_url=f"sqlite:///{db}", worker_lease_seconds=LEASE_SECONDS, worker_poll_interval_ms=50,
+        worker_backoff_base_ms=50, worker_shutdown_timeout=5.0, sqlite_synchronous="full", log_level="error",
+    )
+    trio.run(functools.partial(pipeline.serve, config, registry(), ready=lambda p: print("ready", flush=True)))
+
+
+def start_worker(db: Path, log: Path) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--role", "worker", "--db", str(db)],
+        env={**os.environ, "CHAOS_LOG": str(log)}, stdout=subprocess.PIPE, text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def produce(db: Path, ids: list[str], n: int, reg: pipeline.Registry) -> None:
+    conn = sqlite3.connect(db, isolation_level=None, timeout=30)
+    conn.execute("BEGIN IMMEDIATE")
+    for _ in range(n):
+        ids.append(pipeline.enqueue_in_transaction(conn, Chaos(len(ids)), registry=reg, max_attempts=MAX_ATTEMPTS))
+    conn.execute("COMMIT")
+    conn.close()
+
+
+def run_chaos(jobs: int, workers: int, duration: float, kill_every: float, folder: Path, out=sys.stdout) -> dict[str, int]:
+    db, log = folder / "chaos.db", folder / "runs.log"
+    sqlite3.connect(db).close()
+    procs = [start_worker(db, log) for _ in range(workers)]
+    killed: list[tuple[int, float]] = []  # (pid, when)
+    ids: list[str] = []
+    reg = registry()
+    rng = random.Random()
+    started = time.monotonic()
+    next_kill = started + kill_every
+    batch = max(1, int(jobs / (duration / 0.05)))  # spread the enqueues over the run
+    try:
+        while time.monotonic() - started < duration:
+            if len(ids) < jobs:
+                produce(db, ids, min(batch, jobs - len(ids)), reg)
+            if time.monotonic() >= next_kill:
+                i = rng.randrange(len(procs))
+                procs[i].send_signal(signal.SIGKILL)
+                procs[i].wait()
+                killed.append((procs[i].pid, time.time()))
+                procs[i] = start_worker(db, log)
+                next_kill += kill_every * rng.uniform(0.5, 1.5)
+            time.sleep(0.05)
+        if len(ids) < jobs:
+            produce(db, ids, jobs - len(ids), reg)
+        # no more kills: wait for leases to expire and the backlog to drain
+        conn = sqlite3.connect(db, timeout=30)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            (left,) = conn.execute("SELECT count(*) FROM jobs WHERE status != 'completed'").fetchone()
+            if left == 0:
+                break
+            time.sleep(0.2)
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    return check(db, log, ids, killed, time.monotonic() - started, out)
+
+
+def check(db: Path, log: Path, ids: list[str], killed: list[tuple[int, float]], elapsed: float, out) -> dict[str, int]:
+    conn = sqlite3.connect(db)
+    rows = dict(conn.execute("SELECT id, status FROM jobs"))
+    lost = [i for i in ids if i not in rows]
+    not_done = {i: s for i, s in rows.items() if s != "completed"}
+    runs: dict[str, list[tuple[int, float, bool]]] = {}  # id -> [(pid, start time, ended)]
+    for line in log.read_text().splitlines():
+        kind, job_id, _attempt, pid, when = line.split()
+        if kind == "start":
+            runs.setdefault(job_id, []).append((int(pid), float(when), False))
+        else:
+            entries = runs[job_id]
+            for k in range(len(entries) - 1, -1, -1):
+                if entries[k][0] == int(pid):
+                    entries[k] = (entries[k][0], entries[k][1], True)
+                    break
+    kill_time = dict(killed)
+    duplicates = unexplained = 0
+    for job_id, entries in runs.items():
+        for pid, when, _ended in entries[:-1]:  # every run but the last was repeated
+            duplicates += 1
+            if not (pid in kill_time and kill_time[pid] >= when):
+                unexplained += 1
+    never_ran = [i for i in ids if i not in runs]
+    result = {
+        "jobs": len(ids), "kills": len(killed), "lost": len(lost), "not_completed": len(not_done),
+        "never_ran": len(never_ran), "duplicates": duplicates, "unexplained_duplicates": unexplained,
+    }
+    print(
+        f"chaos: {result['jobs']} jobs, {len(killed)} SIGKILLs in {elapsed:.0f} s: "
+        f"{result['lost']} lost, {result['not_completed']} not completed, {result['never_ran']} never ran, "
+        f"{duplicates} duplicate executions, all from killed workers: {'yes' if unexplained == 0 else f'NO ({unexplained} not)'}",
+        file=out,
+    )
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--role", choices=["chaos", "worker"], default="chaos")
+    parser.add_argument("--db")
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=60.0)
+    parser.add_argument("--kill-every", type=float, default=2.0)
+    args = parser.parse_args(argv)
+    if args.role == "worker":
+        worker_main(args.db)
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        r = run_chaos(args.jobs, args.workers, args.duration, args.kill_every, Path(tmp))
+    ok = r["lost"] == r["not_completed"] == r["never_ran"] == r["unexplained_duplicates"] == 0
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
