@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import struct
 import zlib
@@ -18,7 +17,7 @@ from PIL import Image
 
 import pipeline
 from pipeline import Compress, ConvertWebP, GenerateThumbnail, MediaUploaded, ProcessImage, Resize
-from pipeline.handlers import default_registry
+from pipeline.handlers import default_registry, images
 from pipeline.handlers.images import derived_dir_name, fit_within, operations_hash
 from pipeline.store import JobRecord, write_transaction
 
@@ -26,20 +25,6 @@ from conftest import fast_config
 
 RED, BLUE, GREEN = (220, 20, 20), (20, 20, 220), (20, 200, 20)
 ORIENTATION = 0x0112
-
-# The media table as the content-schema migration plans it. Created here only when the
-# migrations have not created it (IF NOT EXISTS), so the tests run before and after it lands.
-MEDIA_DDL = """
-CREATE TABLE IF NOT EXISTS media (
-    id         TEXT PRIMARY KEY,
-    path       TEXT NOT NULL,
-    mime_type  TEXT,
-    size       INTEGER,
-    derived    TEXT NOT NULL DEFAULT '{}',
-    created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
-    updated_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
-)
-"""
 
 
 # -- image files ----------------------------------------------------------------------------------
@@ -144,8 +129,7 @@ class Images:
 
 @asynccontextmanager
 async def running_images(config: pipeline.Config) -> AsyncIterator[Images]:
-    async with pipeline.open_pipeline(config, default_registry(config)) as p:
-        await p.queue.db.read(lambda conn: conn.execute(MEDIA_DDL))
+    async with pipeline.open_pipeline(config, default_registry(config)) as p:  # migration 2 made the media table
         yield Images(p, Path(config.media_dir))
 
 
@@ -425,6 +409,15 @@ async def test_media_dir_missing_names_the_setting(db_path: Path, tmp_path: Path
         await im.p.queue.db.read(lambda conn: conn.execute("INSERT INTO media (id, path) VALUES ('m', 'a.jpg')"))
         record = await im.run_one(GenerateThumbnail("m", 10))
     assert record.status == "dead" and "MEDIA_DIR" in record.error and "is not a directory" in record.error
+
+
+async def test_thread_count_can_be_chosen(image_config: pipeline.Config) -> None:
+    registry = default_registry(image_config)
+    images.install(registry, image_config, threads=1)
+    async with pipeline.open_pipeline(image_config, registry) as p:
+        assert p.resources["images"].limiter.total_tokens == 1
+    with pytest.raises(ValueError, match="image threads must be >= 1"):
+        images.install(registry, image_config, threads=0)
 
 
 # -- the pure parts ------------------------------------------------------------------------------------

@@ -106,9 +106,9 @@ class ImageWorker:
 
 
 @asynccontextmanager
-async def open_image_worker(pipeline: Pipeline) -> AsyncIterator[ImageWorker]:
+async def open_image_worker(pipeline: Pipeline, *, threads: int | None = None) -> AsyncIterator[ImageWorker]:
     config = pipeline.config
-    yield ImageWorker(Path(config.media_dir), config.image_max_pixels, trio.CapacityLimiter(os.cpu_count() or 1))
+    yield ImageWorker(Path(config.media_dir), config.image_max_pixels, trio.CapacityLimiter(threads or os.cpu_count() or 1))
 
 
 # -- the media row ------------------------------------------------------------------------
@@ -179,7 +179,8 @@ def thumbnail_recipe(size: int) -> Recipe:
 
 
 def webp_recipe(source_path: str) -> Recipe:
-    stem = re.sub(r"[^\w.-]", "_", PurePosixPath(source_path).stem).lstrip(".") or "image"
+    # the upload's own name, made safe and short enough for any filesystem's name limit
+    stem = re.sub(r"[^\w.-]", "_", PurePosixPath(source_path).stem).lstrip(".")[:100] or "image"
     return Recipe("webp", stem, lambda img, _max: img, format="WEBP", quality=WEBP_QUALITY)
 
 
@@ -407,9 +408,19 @@ async def process_image(job: ProcessImage, ctx: JobContext) -> None:
     await _make(ctx, job.media_id, lambda media: process_recipe(media.id, job.operations))
 
 
-def install(registry: Registry, config: Config) -> None:
-    """Attach the three image handlers and the ``"images"`` resource."""
-    registry.add_resource(RESOURCE, open_image_worker)
+def install(registry: Registry, config: Config, *, threads: int | None = None) -> None:
+    """Attach the three image handlers and the ``"images"`` resource.
+
+    ``threads``: how many images are decoded and encoded at once, across the three job
+    types (default: one per CPU). Each holds up to ~4 bytes x IMAGE_MAX_PIXELS of memory.
+    """
+    if threads is not None and threads < 1:
+        raise ValueError(f"image threads must be >= 1, got {threads!r}")
+
+    def factory(pipeline: Pipeline) -> Any:
+        return open_image_worker(pipeline, threads=threads)
+
+    registry.add_resource(RESOURCE, factory)
     registry.register("generate_thumbnail", GenerateThumbnail, generate_thumbnail)
     registry.register("convert_webp", ConvertWebP, convert_webp)
     registry.register("process_image", ProcessImage, process_image)
