@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
+from .clock import to_epoch
 from .errors import InvalidPayload, PermanentError, PipelineError, RetryLater, StoreError
 from .queue import Lease
 from .registry import JobSpec
@@ -196,5 +197,16 @@ def describe_outcome(lease: Lease, outcome: Outcome, result: str | None, duratio
         "outcome": outcome.kind,
         "status": result or "stale",
         "duration_ms": round(duration * 1000, 3) if math.isfinite(duration) else None,
+        "waited_ms": _waited_ms(lease, duration),
         "error": first_line,
     }
+
+
+def _waited_ms(lease: Lease, duration: float) -> float | None:
+    """Queue wait: from the job being due (run_after) to its run starting. The start is
+    taken as now − duration, so it includes the few ms the outcome took to commit."""
+    try:
+        waited = time.time() - duration - to_epoch(lease.run_after)
+    except ValueError:  # a run_after written by other SQL that is not ISO 8601
+        return None
+    return round(max(waited, 0.0) * 1000, 3) if math.isfinite(waited) else None

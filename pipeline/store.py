@@ -379,3 +379,51 @@ def stats(conn: sqlite3.Connection) -> dict[str, Any]:
     for job_type, status, n in conn.execute("SELECT job_type, status, count(*) FROM jobs GROUP BY job_type, status"):
         by_type.setdefault(job_type, {s.value: 0 for s in Status})[status] = n
     return {"by_status": by_status, "by_type": by_type, "total": sum(by_status.values())}
+
+
+# -- operator views (the admin API, the dashboard, `stats`, /metrics) ---------------------------
+
+_FINISHED_PER_MINUTE = (
+    "SELECT substr(updated_at, 1, 16) AS minute, status, count(*) FROM jobs "
+    "WHERE status IN ('completed', 'dead') AND updated_at >= ? GROUP BY minute, status"
+)
+
+
+def finished_per_minute(conn: sqlite3.Connection, *, now: str, minutes: int = 60) -> list[dict[str, Any]]:
+    """Jobs that reached completed or dead in each of the last ``minutes`` minutes, oldest first.
+
+    Counted from the rows still in the table (``updated_at`` of a final row is when it
+    finished), so records removed by cleanup are no longer counted.
+    """
+    end = int(to_epoch(now) // 60) * 60  # start of the current minute
+    first = end - (minutes - 1) * 60
+    buckets = {format_ts(first + i * 60)[:16]: {"completed": 0, "dead": 0} for i in range(minutes)}
+    for minute, status, n in conn.execute(_FINISHED_PER_MINUTE, (format_ts(first),)):
+        if minute in buckets:  # a clock set back can leave rows "in the future"
+            buckets[minute][status] = n
+    return [{"minute": f"{minute}:00Z", **counts} for minute, counts in buckets.items()]
+
+
+def oldest_due_pending(conn: sqlite3.Connection, *, now: str) -> str | None:
+    """``run_after`` of the pending job that has been due the longest (None: nothing is due)."""
+    (oldest,) = conn.execute("SELECT min(run_after) FROM jobs WHERE status = 'pending' AND run_after <= ?", (now,)).fetchone()
+    return oldest
+
+
+def operator_stats(conn: sqlite3.Connection, *, now: str) -> dict[str, Any]:
+    """:func:`stats` plus throughput over the last hour and how late the queue is running."""
+    out = stats(conn)
+    out["finished_per_minute"] = finished_per_minute(conn, now=now)
+    oldest = oldest_due_pending(conn, now=now)
+    try:
+        age = None if oldest is None else round(max(to_epoch(now) - to_epoch(oldest), 0.0), 3)
+    except ValueError:  # a row written by other SQL with a run_after that is not ISO 8601
+        age = None
+    out["oldest_due_pending_age_seconds"] = age
+    out["now"] = now
+    return out
+
+
+def ping(conn: sqlite3.Connection) -> None:
+    """Health check: the file opens and the jobs table can be read."""
+    conn.execute("SELECT 1 FROM jobs LIMIT 1").fetchall()

@@ -1,0 +1,261 @@
+"""The admin HTTP API: JSON endpoints over the job store (DESIGN 7, issue 4).
+
+Reads go to the store's pooled reading connections; every write (retry, delete,
+cleanup, new jobs, events) goes through the pipeline's Ledger like any other write.
+Errors are ``{"error": {"code", "message"}}``:
+
+    400 bad_request        malformed query parameter or body (not JSON, not UTF-8 text)
+    401 unauthorized       ADMIN_TOKEN is set and the request's Bearer token is missing or wrong
+    403 forbidden          a cross-origin write, or a foreign Host header on a token-less server
+    404 not_found          no such job (or route)
+    409 conflict           retry of a job that is not dead; delete of a running job
+    413 payload_too_large  body over ADMIN_MAX_BODY_BYTES
+    422 invalid            well-formed JSON that does not fit (unknown job type, bad payload)
+    503 unavailable        the database refused, or the pipeline is shutting down
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from .. import store
+from ..clock import now_ts
+from ..errors import PipelineClosed, PipelineError, StoreError, UsageError
+from ..outbox import prepare_rows
+from ..states import TERMINAL, Status
+from . import inputs
+from .metrics import CONTENT_TYPE, Metrics
+
+if TYPE_CHECKING:
+    from ..app import Pipeline
+
+log = logging.getLogger("pipeline.admin")
+
+MAX_PER_PAGE = 200
+DEFAULT_PER_PAGE = 50
+MAX_PAGE = 10_000_000  # page × per_page stays far inside SQLite's 64-bit OFFSET
+
+CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "payload_too_large",
+    422: "invalid",
+    500: "internal",
+    503: "unavailable",
+}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers
+
+
+def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"code": CODES.get(status, "error"), "message": message}}, status, headers=headers)
+
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def _answers_errors(fn: Endpoint) -> Endpoint:
+    """Turn the pipeline's exceptions into the API's error responses."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await fn(request)
+        except ApiError as exc:
+            return error_response(exc.status, exc.message, exc.headers)
+        except UsageError as exc:
+            return error_response(422, str(exc))
+        except PipelineClosed as exc:
+            return error_response(503, str(exc))
+        except StoreError as exc:
+            return error_response(503, str(exc))
+
+    endpoint.__name__ = fn.__name__
+    endpoint.__doc__ = fn.__doc__
+    return endpoint
+
+
+class AdminApi:
+    """The endpoints of one pipeline's admin API."""
+
+    def __init__(self, pipeline: Pipeline, metrics: Metrics) -> None:
+        self.pipeline = pipeline
+        self.queue = pipeline.queue
+        self.metrics = metrics
+        self.max_body = pipeline.config.admin_max_body_bytes
+
+    def routes(self) -> list[tuple[str, str, Endpoint]]:
+        """(method, path, endpoint); the order matters where paths overlap."""
+        e = _answers_errors
+        return [
+            ("GET", "/healthz", e(self.healthz)),
+            ("GET", "/metrics", e(self.metrics_text)),
+            ("GET", "/admin/jobs", e(self.list_jobs)),
+            ("POST", "/admin/jobs", e(self.create_job)),
+            ("POST", "/admin/jobs/cleanup", e(self.cleanup)),
+            ("GET", "/admin/jobs/{job_id}", e(self.get_job)),
+            ("DELETE", "/admin/jobs/{job_id}", e(self.delete_job)),
+            ("POST", "/admin/jobs/{job_id}/retry", e(self.retry_job)),
+            ("POST", "/admin/events", e(self.emit_event)),
+            ("GET", "/admin/stats", e(self.stats)),
+        ]
+
+    # -- jobs ------------------------------------------------------------------------------
+
+    async def list_jobs(self, request: Request) -> Response:
+        """GET /admin/jobs?status=&job_type=&page=&per_page= — newest first."""
+        params = request.query_params
+        status = params.get("status") or None
+        if status is not None and status not in set(Status):
+            raise ApiError(400, f"status must be one of {', '.join(Status)}, got {status!r}")
+        job_type = params.get("job_type") or None
+        page = _int_param(params.get("page"), "page", 1, 1, MAX_PAGE)
+        per_page = _int_param(params.get("per_page"), "per_page", DEFAULT_PER_PAGE, 1, MAX_PER_PAGE)
+        records, total = await self.queue.list(status=status, job_type=job_type, limit=per_page, offset=(page - 1) * per_page)
+        return JSONResponse({"items": [r.to_json() for r in records], "total": total, "page": page, "per_page": per_page})
+
+    async def get_job(self, request: Request) -> Response:
+        """GET /admin/jobs/{id}"""
+        return JSONResponse((await self._job(request.path_params["job_id"])).to_json())
+
+    async def retry_job(self, request: Request) -> Response:
+        """POST /admin/jobs/{id}/retry — dead → pending, attempts reset, due now."""
+        job_id = request.path_params["job_id"]
+        await self._job(job_id)
+        try:
+            record = await self.queue.revive(job_id)
+        except LookupError:  # deleted meanwhile
+            raise ApiError(404, f"no job with id {_clip(job_id)!r}") from None
+        except UsageError as exc:  # not dead (any more)
+            raise ApiError(409, str(exc)) from None
+        log.info("admin: job %s retried (dead → pending)", job_id)
+        return JSONResponse(record.to_json())
+
+    async def delete_job(self, request: Request) -> Response:
+        """DELETE /admin/jobs/{id} — 204; 409 while it runs."""
+        job_id = request.path_params["job_id"]
+        await self._job(job_id)
+        try:
+            await self.queue.delete(job_id)
+        except LookupError:  # deleted meanwhile
+            raise ApiError(404, f"no job with id {_clip(job_id)!r}") from None
+        except UsageError as exc:  # running
+            raise ApiError(409, str(exc)) from None
+        log.info("admin: job %s deleted", job_id)
+        return Response(status_code=204)
+
+    async def cleanup(self, request: Request) -> Response:
+        """POST /admin/jobs/cleanup — body (optional): {"statuses": [...], "older_than_seconds": n}."""
+        body = await self._body(request, required=False)
+        body = {} if body is None else inputs.object_of(body, "the request body")
+        unknown = [k for k in body if k not in ("statuses", "older_than_seconds")]
+        if unknown:
+            raise UsageError(f"unknown field {unknown[0]!r}; expected statuses, older_than_seconds")
+        statuses = body.get("statuses", ["completed", "dead"])
+        if not isinstance(statuses, list) or not statuses or not all(isinstance(s, str) and s in TERMINAL for s in statuses):
+            raise UsageError(f"statuses must be a non-empty array of \"completed\" and \"dead\", got {statuses!r}")
+        older = body.get("older_than_seconds")
+        if older is not None:
+            older = inputs.seconds(older, "older_than_seconds")
+        deleted = await self.queue.cleanup(statuses=tuple(dict.fromkeys(statuses)), older_than_seconds=older)
+        log.info("admin: cleanup deleted %d %s jobs%s", deleted, "/".join(statuses),
+                 "" if older is None else f" older than {older:g} s")
+        return JSONResponse({"deleted": deleted})
+
+    async def create_job(self, request: Request) -> Response:
+        """POST /admin/jobs — {"job_type", "payload", "priority"?, "max_attempts"?, "run_after"?} → 201."""
+        request_ = inputs.job_request(await self._body(request, required=True), "the request body")
+        rows = prepare_rows(self.pipeline.registry, [request_], default_max_attempts=self.pipeline.config.worker_default_max_attempts)
+        (job_id,) = await self.queue.enqueue_rows(rows)
+        record = await self._job(job_id)
+        return JSONResponse(record.to_json(), 201, headers={"Location": f"/admin/jobs/{job_id}"})
+
+    async def emit_event(self, request: Request) -> Response:
+        """POST /admin/events — {"event": "UserRegistered", "data": {...}} → 201 {"job_ids": [...]}."""
+        event_request = inputs.event_request(await self._body(request, required=True), "the request body")
+        event = self.pipeline.registry.decode_event(event_request.event, event_request.data)
+        try:
+            job_ids = await self.pipeline.emit(event)
+        except (UsageError, PipelineClosed, StoreError):
+            raise
+        except PipelineError as exc:  # a route function failed: a bug in the application's routing
+            log.error("admin: routing event %s failed: %s", event_request.event, exc)
+            raise ApiError(500, f"routing event {event_request.event} failed: {exc}") from None
+        return JSONResponse({"job_ids": job_ids}, 201)
+
+    # -- overview ----------------------------------------------------------------------------
+
+    async def stats(self, request: Request) -> Response:
+        """GET /admin/stats"""
+        return JSONResponse(await self._stats())
+
+    async def healthz(self, request: Request) -> Response:
+        """GET /healthz — 200 while the database answers and the pipeline takes work."""
+        await self.queue.db.read(store.ping)
+        if self.pipeline.closed:
+            raise ApiError(503, "the pipeline is shutting down")
+        return JSONResponse({"status": "ok", "workers": self.pipeline.config.worker_enabled})
+
+    async def metrics_text(self, request: Request) -> Response:
+        """GET /metrics — Prometheus text format."""
+        text = self.metrics.render(await self._stats(), self.pipeline.ledger_stats)
+        return Response(text, media_type=CONTENT_TYPE)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    async def _stats(self) -> dict[str, Any]:
+        return await self.queue.db.read(lambda conn: store.operator_stats(conn, now=now_ts()))
+
+    async def _job(self, job_id: str) -> store.JobRecord:
+        record = await self.queue.get(job_id)
+        if record is None:
+            raise ApiError(404, f"no job with id {_clip(job_id)!r}")
+        return record
+
+    async def _body(self, request: Request, *, required: bool) -> Any:
+        """The JSON body, read up to ADMIN_MAX_BODY_BYTES (413 beyond); None if empty and optional."""
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body:
+                raise ApiError(413, f"request body is larger than {self.max_body} bytes (ADMIN_MAX_BODY_BYTES)")
+            chunks.append(chunk)
+        raw = b"".join(chunks)
+        if not raw.strip():
+            if required:
+                raise ApiError(400, "a JSON body is required")
+            return None
+        try:
+            return inputs.loads(raw, "the request body")
+        except UsageError as exc:
+            raise ApiError(400, str(exc)) from None
+
+
+def _int_param(text: str | None, name: str, default: int, lo: int, hi: int) -> int:
+    if text is None or text == "":
+        return default
+    text = text.strip()
+    if not (text.isascii() and text.isdigit()) or len(text) > 12:
+        raise ApiError(400, f"{name} must be an integer from {lo} to {hi}, got {_clip(text)!r}")
+    value = int(text)
+    if not lo <= value <= hi:
+        raise ApiError(400, f"{name} must be an integer from {lo} to {hi}, got {value}")
+    return value
+
+
+def _clip(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"

@@ -1,0 +1,126 @@
+"""What operators send, checked once for the admin API and the CLI alike.
+
+A job arrives as a JSON object ``{"job_type", "payload", "priority"?, "max_attempts"?,
+"run_after"?}`` (a POST body, one line of ``enqueue --from-file``, or the CLI's flags); an
+event as ``{"event", "data"}``. These functions check the *shape* and bounds and raise
+UsageError naming the field; ``outbox.prepare_rows`` then checks the payload against the
+job's class. Integers are bounded so that SQLite can store them (a Python int has no
+limit, an SQLite INTEGER has 64 bits).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from ..errors import UsageError
+from ..outbox import JobRequest
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+JOB_FIELDS = ("job_type", "payload", "priority", "max_attempts", "run_after")
+EVENT_FIELDS = ("event", "data")
+MAX_OLDER_THAN_SECONDS = 100 * 366 * 86400  # a century: anything older is "all of them"
+
+
+def loads(text: str | bytes, what: str) -> Any:
+    """Strict JSON: no NaN or Infinity, no unpaired surrogates (SQLite cannot store them)."""
+    try:
+        value = json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise UsageError(f"{what} is nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, int too long
+        raise UsageError(f"{what} is not valid JSON: {exc}") from None
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(f"{what} contains an unpaired UTF-16 surrogate (\\ud800-\\udfff), which is not text") from None
+    except RecursionError:
+        raise UsageError(f"{what} is nested too deeply") from None
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def object_of(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise UsageError(f"{what} must be a JSON object, got {_kind(value)}")
+    return value
+
+
+def job_request(value: Any, what: str = "the job") -> JobRequest:
+    """A job object as operators write it, shape-checked (the payload is checked later)."""
+    obj = object_of(value, what)
+    _no_unknown(obj, JOB_FIELDS, what)
+    job_type = obj.get("job_type")
+    if not isinstance(job_type, str) or not job_type:
+        raise UsageError(f"{what}: job_type must be a non-empty string, got {_kind(job_type)}")
+    payload = obj.get("payload", {})
+    if not isinstance(payload, Mapping):
+        raise UsageError(f"{what}: payload must be a JSON object, got {_kind(payload)}")
+    priority = integer(obj.get("priority", 5), f"{what}: priority", INT32_MIN, INT32_MAX)
+    max_attempts = obj.get("max_attempts")
+    if max_attempts is not None:
+        max_attempts = integer(max_attempts, f"{what}: max_attempts", 1, INT32_MAX)
+    run_after = obj.get("run_after")
+    if run_after is not None and not isinstance(run_after, str):
+        raise UsageError(f"{what}: run_after must be an ISO 8601 time as a string, got {_kind(run_after)}")
+    return JobRequest(job_type, payload, max_attempts, run_after, priority)
+
+
+def with_bounds(request: JobRequest, what: str = "the job") -> JobRequest:
+    """Check the integers of a request built from CLI flags."""
+    integer(request.priority, f"{what}: priority", INT32_MIN, INT32_MAX)
+    if request.max_attempts is not None:
+        integer(request.max_attempts, f"{what}: max_attempts", 1, INT32_MAX)
+    return request
+
+
+@attrs.frozen
+class EventRequest:
+    event: str
+    data: dict[str, Any]
+
+
+def event_request(value: Any, what: str = "the request") -> EventRequest:
+    obj = object_of(value, what)
+    _no_unknown(obj, EVENT_FIELDS, what)
+    name = obj.get("event")
+    if not isinstance(name, str) or not name:
+        raise UsageError(f"{what}: event must be a non-empty string such as \"UserRegistered\", got {_kind(name)}")
+    data = obj.get("data", {})
+    return EventRequest(name, object_of(data, f"{what}: data"))
+
+
+def integer(value: Any, what: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UsageError(f"{what} must be an integer, got {_kind(value)}")
+    if not lo <= value <= hi:
+        raise UsageError(f"{what} must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def seconds(value: Any, what: str) -> float:
+    """A non-negative number of seconds, at most a century."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UsageError(f"{what} must be a number of seconds, got {_kind(value)}")
+    if not 0 <= value <= MAX_OLDER_THAN_SECONDS:
+        raise UsageError(f"{what} must be between 0 and {MAX_OLDER_THAN_SECONDS} seconds, got {value}")
+    return float(value)
+
+
+def _no_unknown(obj: Mapping[str, Any], fields: tuple[str, ...], what: str) -> None:
+    unknown = [key for key in obj if key not in fields]
+    if unknown:
+        raise UsageError(f"{what}: unknown field {unknown[0]!r}; expected {', '.join(fields)}")
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "an integer",
+            float: "a number"}.get(type(value), type(value).__name__)

@@ -1,0 +1,149 @@
+"""Prometheus metrics: what this process did (counters, histograms) and what the store holds.
+
+Two sources:
+
+* job outcomes, counted as they happen: :meth:`Metrics.observe` is registered with
+  ``Pipeline.add_observer`` and runs synchronously on the worker's task, so it only
+  bumps numbers (no I/O, no allocation beyond a first sighting of a label pair);
+* the store, read at scrape time: jobs by status and type, and how long the oldest due
+  job has waited (``/metrics`` reads them on a pooled connection, never the Ledger's).
+
+The text exposition format (version 0.0.4) is small enough to write here, which keeps the
+counters on the pipeline object instead of in a process-global registry.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+# seconds; job run times go from sub-millisecond cache deletes to minutes of image work
+DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+# seconds from "due" to "a worker started it": near zero when idle, minutes when backed up
+WAIT_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class Histogram:
+    """Cumulative buckets as Prometheus wants them; ``observe`` is a bisect and two adds."""
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        out, running = [], 0
+        for bound, n in zip((*map(_number, self.bounds), "+Inf"), self.counts):
+            running += n
+            out.append((bound, running))
+        return out
+
+
+class Metrics:
+    """The counters of one pipeline. Written by worker tasks (through ``observe``), read by
+    ``/metrics``; both on the trio thread, so no lock is needed."""
+
+    def __init__(self) -> None:
+        self.processed: dict[tuple[str, str], int] = {}  # (job_type, outcome) -> attempts
+        self.durations: dict[str, Histogram] = {}  # job_type -> run time
+        self.waits: dict[str, Histogram] = {}  # job_type -> queue wait
+
+    def observe(self, fields: Mapping[str, Any]) -> None:
+        """An observer for ``Pipeline.add_observer``: one job outcome."""
+        job_type, outcome = fields["job_type"], fields["outcome"]
+        key = (job_type, outcome)
+        self.processed[key] = self.processed.get(key, 0) + 1
+        if outcome == "released":
+            return  # shutdown handed the job back before or while it ran: not a run
+        duration_ms = fields.get("duration_ms")
+        if duration_ms is not None:
+            self._histogram(self.durations, job_type, DURATION_BUCKETS).observe(duration_ms / 1000)
+        waited_ms = fields.get("waited_ms")
+        if waited_ms is not None:
+            self._histogram(self.waits, job_type, WAIT_BUCKETS).observe(waited_ms / 1000)
+
+    @staticmethod
+    def _histogram(table: dict[str, Histogram], job_type: str, bounds: Sequence[float]) -> Histogram:
+        found = table.get(job_type)
+        if found is None:
+            found = table[job_type] = Histogram(bounds)
+        return found
+
+    def render(self, store_stats: Mapping[str, Any], ledger: Any = None) -> str:
+        """The exposition text: the counters above plus ``store_stats`` (``store.operator_stats``)."""
+        lines: list[str] = []
+        family = _family(lines)
+        family("pipeline_jobs", "gauge", "Jobs in the store by status.",
+               ((({"status": s}), n) for s, n in store_stats["by_status"].items()))
+        family("pipeline_jobs_by_type", "gauge", "Jobs in the store by type and status.",
+               (({"job_type": t, "status": s}, n) for t, counts in sorted(store_stats["by_type"].items())
+                for s, n in counts.items()))
+        age = store_stats.get("oldest_due_pending_age_seconds")
+        family("pipeline_oldest_due_pending_age_seconds", "gauge",
+               "How long the pending job that has been due the longest has waited (0: none is due).",
+               [({}, age or 0)])
+        family("pipeline_jobs_processed_total", "counter",
+               "Job attempts this process finished, by type and outcome "
+               "(ok, error, permanent, retry_later, timeout, released, lost).",
+               (({"job_type": t, "outcome": o}, n) for (t, o), n in sorted(self.processed.items())))
+        _histograms(lines, "pipeline_job_duration_seconds", "Run time of job attempts in this process, by type.", self.durations)
+        _histograms(lines, "pipeline_job_queue_wait_seconds",
+                    "Time from a job being due to a worker of this process starting it, by type.", self.waits)
+        if ledger is not None:
+            family("pipeline_ledger_batches_total", "counter", "Transactions the Ledger committed.", [({}, ledger.batches)])
+            family("pipeline_ledger_commands_total", "counter", "Commands (inserts, claims, outcomes, ...) the Ledger committed.",
+                   [({}, ledger.commands)])
+            family("pipeline_ledger_failed_batches_total", "counter", "Ledger transactions the database refused.",
+                   [({}, ledger.failed_batches)])
+        return "\n".join(lines) + "\n"
+
+
+def _family(lines: list[str]) -> Any:
+    def add(name: str, kind: str, help_text: str, samples: Iterable[tuple[Mapping[str, str], float]]) -> None:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} {kind}")
+        for labels, value in samples:
+            lines.append(f"{name}{_labels(labels)} {_number(value)}")
+
+    return add
+
+
+def _histograms(lines: list[str], name: str, help_text: str, table: Mapping[str, Histogram]) -> None:
+    lines.append(f"# HELP {name} {help_text}")
+    lines.append(f"# TYPE {name} histogram")
+    for job_type, hist in sorted(table.items()):
+        for bound, n in hist.cumulative():
+            lines.append(f"{name}_bucket{_labels({'job_type': job_type, 'le': bound})} {n}")
+        lines.append(f"{name}_sum{_labels({'job_type': job_type})} {_number(hist.sum)}")
+        lines.append(f"{name}_count{_labels({'job_type': job_type})} {hist.count}")
+
+
+def _labels(labels: Mapping[str, str]) -> str:
+    if not labels:
+        return ""
+    inner = ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items())
+    return "{" + inner + "}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value: float) -> str:
+    if isinstance(value, int):
+        return str(value)
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if math.isnan(value):
+        return "NaN"
+    return repr(float(value))

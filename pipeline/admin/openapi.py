@@ -1,0 +1,257 @@
+"""The admin API's OpenAPI 3.0 document, served at ``/openapi.json``.
+
+Written out rather than derived: it is the contract that the schemathesis fuzz test
+holds the server to (every status code, content type and response body it can send).
+Job types and events are enumerated from the pipeline's registry, so a client sees
+what this process accepts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..registry import Registry
+from ..states import Status
+from .api import MAX_PAGE, MAX_PER_PAGE, CODES
+from .inputs import INT32_MAX, INT32_MIN, MAX_OLDER_THAN_SECONDS
+
+_REF = "#/components/schemas/"
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": _REF + name}
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": _ref("Error")}}}
+
+
+_ERRORS = {
+    400: "Malformed query parameter or body.",
+    401: "ADMIN_TOKEN is set and the Bearer token is missing or wrong.",
+    403: "Cross-origin write, or a foreign Host header on a server without ADMIN_TOKEN.",
+    404: "No such job.",
+    409: "The job is not in a state that allows this.",
+    413: "Body larger than ADMIN_MAX_BODY_BYTES.",
+    422: "Well-formed JSON that does not fit (unknown job type or event, payload that does not fit its class).",
+    503: "The database refused, or the pipeline is shutting down.",
+}
+
+
+def _responses(ok: dict[str, Any], *codes: int) -> dict[str, Any]:
+    out: dict[str, Any] = dict(ok)
+    for code in sorted({401, 403, 503, *codes}):
+        out[str(code)] = _error(_ERRORS[code])
+    return out
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+_JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}, "description": "The job's id (a UUID v7)."}
+
+
+def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
+    """The document; ``auth``: whether ADMIN_TOKEN is set (Bearer auth and 401s are listed then)."""
+    statuses = [s.value for s in Status]
+    job_types = registry.job_types()
+    events = registry.event_names()
+    count = {"type": "integer", "minimum": 0}
+    schemas: dict[str, Any] = {
+        "Error": {
+            "type": "object",
+            "required": ["error"],
+            "properties": {
+                "error": {
+                    "type": "object",
+                    "required": ["code", "message"],
+                    "properties": {"code": {"type": "string", "enum": sorted(set(CODES.values()))}, "message": {"type": "string"}},
+                }
+            },
+        },
+        "Job": {
+            "type": "object",
+            "required": ["id", "job_type", "payload", "status", "attempts", "max_attempts", "run_after", "error",
+                         "created_at", "updated_at", "priority"],
+            "properties": {
+                "id": {"type": "string"},
+                "job_type": {"type": "string"},
+                "payload": {"description": "The job's fields, as stored (JSON)."},
+                "status": {"type": "string", "enum": statuses},
+                "attempts": count,
+                "max_attempts": {"type": "integer", "minimum": 1},
+                "run_after": {"type": "string", "description": "ISO 8601 UTC: not run before this time."},
+                "error": {"type": "string", "nullable": True, "description": "The last attempt's error."},
+                "created_at": {"type": "string"},
+                "updated_at": {"type": "string"},
+                "priority": {"type": "integer", "description": "Lower runs first."},
+            },
+        },
+        "JobList": {
+            "type": "object",
+            "required": ["items", "total", "page", "per_page"],
+            "properties": {"items": {"type": "array", "items": _ref("Job")}, "total": count,
+                           "page": {"type": "integer", "minimum": 1}, "per_page": {"type": "integer", "minimum": 1}},
+        },
+        "NewJob": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["job_type"],
+            "properties": {
+                "job_type": {"type": "string", "enum": job_types},
+                "payload": {"type": "object", "description": "The job's fields; checked against its class."},
+                "priority": {"type": "integer", "minimum": INT32_MIN, "maximum": INT32_MAX, "default": 5},
+                "max_attempts": {"type": "integer", "minimum": 1, "maximum": INT32_MAX,
+                                 "description": "Default: the type's own, else WORKER_DEFAULT_MAX_ATTEMPTS."},
+                "run_after": {"type": "string", "nullable": True, "description": "ISO 8601; UTC when no offset is given."},
+            },
+        },
+        "Event": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["event"],
+            "properties": {"event": {"type": "string", "enum": events}, "data": {"type": "object"}},
+        },
+        "JobIds": {"type": "object", "required": ["job_ids"],
+                   "properties": {"job_ids": {"type": "array", "items": {"type": "string"}}}},
+        "Cleanup": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "statuses": {"type": "array", "minItems": 1, "items": {"type": "string", "enum": ["completed", "dead"]},
+                             "default": ["completed", "dead"]},
+                "older_than_seconds": {"type": "number", "minimum": 0, "maximum": MAX_OLDER_THAN_SECONDS,
+                                       "description": "Only records last updated longer ago than this."},
+            },
+        },
+        "Deleted": {"type": "object", "required": ["deleted"], "properties": {"deleted": count}},
+        "Stats": {
+            "type": "object",
+            "required": ["by_status", "by_type", "total", "finished_per_minute", "oldest_due_pending_age_seconds", "now"],
+            "properties": {
+                "by_status": {"type": "object", "additionalProperties": count},
+                "by_type": {"type": "object", "additionalProperties": {"type": "object", "additionalProperties": count}},
+                "total": count,
+                "finished_per_minute": {
+                    "type": "array",
+                    "description": "The last 60 minutes, oldest first.",
+                    "items": {"type": "object", "required": ["minute", "completed", "dead"],
+                              "properties": {"minute": {"type": "string"}, "completed": count, "dead": count}},
+                },
+                "oldest_due_pending_age_seconds": {"type": "number", "nullable": True, "minimum": 0},
+                "now": {"type": "string"},
+            },
+        },
+        "Health": {"type": "object", "required": ["status", "workers"],
+                   "properties": {"status": {"type": "string", "enum": ["ok"]}, "workers": {"type": "boolean"}}},
+    }
+    public: list[dict[str, Any]] = []
+    paths: dict[str, Any] = {
+        "/admin/jobs": {
+            "get": {
+                "operationId": "listJobs",
+                "summary": "List jobs, newest first",
+                "parameters": [
+                    {"name": "status", "in": "query", "schema": {"type": "string", "enum": statuses}},
+                    {"name": "job_type", "in": "query", "schema": {"type": "string"}},
+                    {"name": "page", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": 1}},
+                    {"name": "per_page", "in": "query",
+                     "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PER_PAGE, "default": 50}},
+                ],
+                "responses": _responses({"200": _json(_ref("JobList"), "A page of jobs.")}, 400),
+            },
+            "post": {
+                "operationId": "createJob",
+                "summary": "Enqueue one job",
+                "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("NewJob")}}},
+                "responses": _responses({"201": _json(_ref("Job"), "The new job.")}, 400, 413, 422),
+            },
+        },
+        "/admin/jobs/cleanup": {
+            "post": {
+                "operationId": "cleanupJobs",
+                "summary": "Delete completed and dead job records",
+                "requestBody": {"required": False, "content": {"application/json": {"schema": _ref("Cleanup")}}},
+                "responses": _responses({"200": _json(_ref("Deleted"), "How many records were deleted.")}, 400, 413, 422),
+            }
+        },
+        "/admin/jobs/{job_id}": {
+            "parameters": [_JOB_ID],
+            "get": {
+                "operationId": "getJob",
+                "summary": "One job with its payload and error",
+                "responses": _responses({"200": _json(_ref("Job"), "The job.")}, 404),
+            },
+            "delete": {
+                "operationId": "deleteJob",
+                "summary": "Delete a job record (not while it runs)",
+                "responses": _responses({"204": {"description": "Deleted."}}, 404, 409),
+            },
+        },
+        "/admin/jobs/{job_id}/retry": {
+            "parameters": [_JOB_ID],
+            "post": {
+                "operationId": "retryJob",
+                "summary": "A dead job back to pending: attempts reset, due now",
+                "responses": _responses({"200": _json(_ref("Job"), "The job, now pending.")}, 404, 409),
+            },
+        },
+        "/admin/events": {
+            "post": {
+                "operationId": "emitEvent",
+                "summary": "Emit a domain event: insert the jobs it routes to",
+                "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("Event")}}},
+                "responses": _responses({"201": _json(_ref("JobIds"), "The ids of the jobs the event routed to.")}, 400, 413, 422),
+            }
+        },
+        "/admin/stats": {
+            "get": {
+                "operationId": "stats",
+                "summary": "Counts by status and type, throughput over the last hour, queue lag",
+                "responses": _responses({"200": _json(_ref("Stats"), "The numbers.")}),
+            }
+        },
+        "/metrics": {
+            "get": {
+                "operationId": "metrics",
+                "summary": "Prometheus metrics (text format 0.0.4)",
+                "responses": _responses(
+                    {"200": {"description": "Metrics.", "content": {"text/plain": {"schema": {"type": "string"}}}}}
+                ),
+            }
+        },
+        "/healthz": {
+            "get": {
+                "operationId": "health",
+                "summary": "200 while the database answers and the pipeline takes work",
+                "security": public,
+                "responses": {
+                    "200": _json(_ref("Health"), "Healthy."),
+                    "403": _error(_ERRORS[403]),
+                    "503": _error("The database does not answer, or the pipeline is shutting down."),
+                },
+            }
+        },
+    }
+    if not auth:
+        for item in paths.values():
+            for operation in item.values():
+                if isinstance(operation, dict):
+                    operation.get("responses", {}).pop("401", None)
+    return {
+        "openapi": "3.0.3",
+        "info": {
+            "title": "pipeline admin API",
+            "version": "1",
+            "description": "Operate the job store of a running pipeline: list, inspect, retry, delete, clean up, "
+            "enqueue, emit events. When ADMIN_TOKEN is set, every /admin route and /metrics need "
+            "`Authorization: Bearer <token>`.",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearer": []}] if auth else [],
+    }

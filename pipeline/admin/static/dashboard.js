@@ -1,0 +1,399 @@
+// The pipeline dashboard: reads the admin JSON API and redraws. No framework, no build step.
+// Job data is always inserted as text (textContent), never as HTML.
+"use strict";
+
+(() => {
+  const REFRESH_MS = 5000;
+  const STATUSES = ["pending", "running", "completed", "dead"];
+  const SVG = "http://www.w3.org/2000/svg";
+  const $ = (id) => document.getElementById(id);
+
+  const state = { status: "", type: "", page: 1, perPage: 50, open: null, total: 0 };
+  let timer = null;
+  let busy = false;
+  let again = false;
+
+  // -- the address bar holds the filters, so a view can be shared or reloaded -------------
+
+  function readHash() {
+    const p = new URLSearchParams(location.hash.slice(1));
+    state.status = STATUSES.includes(p.get("status")) ? p.get("status") : "";
+    state.type = p.get("type") || "";
+    state.page = Math.max(1, parseInt(p.get("page") || "1", 10) || 1);
+    const pp = parseInt(p.get("per_page") || "50", 10);
+    state.perPage = [25, 50, 100, 200].includes(pp) ? pp : 50;
+    state.open = p.get("job") || null;
+  }
+
+  function writeHash() {
+    const p = new URLSearchParams();
+    if (state.status) p.set("status", state.status);
+    if (state.type) p.set("type", state.type);
+    if (state.page > 1) p.set("page", String(state.page));
+    if (state.perPage !== 50) p.set("per_page", String(state.perPage));
+    if (state.open) p.set("job", state.open);
+    const text = p.toString();
+    history.replaceState(null, "", text ? "#" + text : location.pathname);
+  }
+
+  // -- talking to the API ------------------------------------------------------------------
+
+  class ApiError extends Error {
+    constructor(status, message) { super(message); this.status = status; }
+  }
+
+  async function api(method, path, body) {
+    const headers = { Accept: "application/json" };
+    const token = sessionStorage.getItem("pipeline-admin-token");
+    if (token) headers.Authorization = "Bearer " + token;
+    if (body !== undefined) headers["Content-Type"] = "application/json";
+    const response = await fetch(path, {
+      method, headers, body: body === undefined ? undefined : JSON.stringify(body), cache: "no-store",
+    });
+    if (response.status === 401) {
+      $("auth").hidden = false;
+      throw new ApiError(401, "this server needs its admin token");
+    }
+    if (response.status === 204) return null;
+    let data = null;
+    try { data = await response.json(); } catch (e) { /* not JSON */ }
+    if (!response.ok) {
+      const message = data && data.error ? data.error.message : response.status + " " + response.statusText;
+      throw new ApiError(response.status, message);
+    }
+    return data;
+  }
+
+  function showProblem(error) {
+    const box = $("problem");
+    if (!error || error.status === 401) { box.hidden = true; return; }
+    box.textContent = "Could not load: " + error.message;
+    box.hidden = false;
+  }
+
+  // -- drawing -----------------------------------------------------------------------------
+
+  function el(tag, attrs, text) {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
+    if (text !== undefined && text !== null) node.textContent = String(text);
+    return node;
+  }
+
+  function shortTime(iso) {
+    if (!iso) return "";
+    const d = new Date(iso);
+    if (isNaN(d)) return iso;
+    const now = new Date();
+    const sameDay = d.toDateString() === now.toDateString();
+    return sameDay ? d.toLocaleTimeString() : d.toLocaleString();
+  }
+
+  function duration(seconds) {
+    if (seconds === null || seconds === undefined) return "nothing is waiting";
+    if (seconds < 1) return Math.round(seconds * 1000) + " ms";
+    if (seconds < 120) return seconds.toFixed(1) + " s";
+    if (seconds < 7200) return Math.round(seconds / 60) + " min";
+    return (seconds / 3600).toFixed(1) + " h";
+  }
+
+  function badge(status) {
+    return el("span", { class: "badge " + status }, status);
+  }
+
+  function drawCounts(stats) {
+    for (const s of STATUSES) $("count-" + s).textContent = stats.by_status[s] ?? 0;
+    $("count-total").textContent = stats.total;
+    for (const button of document.querySelectorAll("#counts .count")) {
+      button.classList.toggle("selected", button.dataset.status === state.status);
+      button.setAttribute("aria-pressed", button.dataset.status === state.status ? "true" : "false");
+    }
+    $("lag").textContent = duration(stats.oldest_due_pending_age_seconds);
+  }
+
+  function drawTypes(stats) {
+    const body = $("types-body");
+    const types = Object.keys(stats.by_type).sort();
+    body.replaceChildren();
+    if (!types.length) {
+      const row = el("tr");
+      row.append(el("td", { colspan: "5", class: "muted" }, "no jobs yet"));
+      body.append(row);
+    }
+    for (const t of types) {
+      const row = el("tr", { class: "clickable" });
+      row.append(el("td", {}, t));
+      for (const s of STATUSES) {
+        const n = stats.by_type[t][s] || 0;
+        row.append(el("td", { class: "num" + (n ? " " + s : " zero") }, n));
+      }
+      row.addEventListener("click", () => setFilter({ type: t }));
+      body.append(row);
+    }
+    // the type filter offers every type the store has, plus the current choice
+    const select = $("f-type");
+    const wanted = new Set(types);
+    if (state.type) wanted.add(state.type);
+    const have = Array.from(select.options).slice(1).map((o) => o.value);
+    const list = Array.from(wanted).sort();
+    if (have.join("\n") !== list.join("\n")) {
+      select.replaceChildren(el("option", { value: "" }, "any"), ...list.map((t) => el("option", { value: t }, t)));
+    }
+    select.value = state.type;
+  }
+
+  function drawChart(stats) {
+    const svg = $("chart");
+    const W = 640, H = 180, left = 36, bottom = 22, top = 10, right = 6;
+    const minutes = stats.finished_per_minute;
+    const max = Math.max(1, ...minutes.map((m) => m.completed + m.dead));
+    const scale = niceMax(max);
+    const plotW = W - left - right, plotH = H - top - bottom;
+    const bw = plotW / minutes.length;
+    svg.replaceChildren();
+    // grid and y labels
+    for (const frac of [0, 0.5, 1]) {
+      const y = top + plotH - frac * plotH;
+      svg.append(svgEl("line", { x1: left, x2: W - right, y1: y, y2: y, class: "grid" }));
+      const label = svgEl("text", { x: left - 6, y: y + 4, class: "axis", "text-anchor": "end" });
+      label.textContent = String(Math.round(frac * scale));
+      svg.append(label);
+    }
+    let total = 0;
+    minutes.forEach((m, i) => {
+      total += m.completed + m.dead;
+      const x = left + i * bw + 1;
+      const hc = (m.completed / scale) * plotH;
+      const hd = (m.dead / scale) * plotH;
+      const g = svgEl("g", { class: "bar" });
+      const title = svgEl("title", {});
+      title.textContent = `${new Date(m.minute).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })}: ` +
+        `${m.completed} completed, ${m.dead} dead`;
+      g.append(title);
+      // an invisible full-height rect makes thin bars easy to hover
+      g.append(svgEl("rect", { x, y: top, width: Math.max(bw - 2, 1), height: plotH, class: "hover" }));
+      if (hc > 0) g.append(svgEl("rect", { x, y: top + plotH - hc, width: Math.max(bw - 2, 1), height: hc, class: "completed" }));
+      if (hd > 0) g.append(svgEl("rect", { x, y: top + plotH - hc - hd, width: Math.max(bw - 2, 1), height: hd, class: "dead" }));
+      svg.append(g);
+    });
+    for (const [i, text] of [[0, "−60 min"], [30, "−30 min"], [59, "now"]]) {
+      const label = svgEl("text", { x: left + i * bw + bw / 2, y: H - 6, class: "axis", "text-anchor": i === 0 ? "start" : i === 59 ? "end" : "middle" });
+      label.textContent = text;
+      svg.append(label);
+    }
+    $("finished-hour").textContent = `${total} in the last hour`;
+  }
+
+  function niceMax(n) {
+    const steps = [1, 2, 5, 10];
+    let base = 1;
+    while (true) {
+      for (const s of steps) if (s * base >= n) return s * base;
+      base *= 10;
+    }
+  }
+
+  function svgEl(tag, attrs) {
+    const node = document.createElementNS(SVG, tag);
+    for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, String(v));
+    return node;
+  }
+
+  function drawJobs(list) {
+    state.total = list.total;
+    const body = $("job-rows");
+    body.replaceChildren();
+    if (!list.items.length) {
+      const row = el("tr");
+      row.append(el("td", { colspan: "7", class: "muted empty" }, "no jobs match"));
+      body.append(row);
+    }
+    for (const job of list.items) {
+      const row = el("tr", { class: "clickable", "data-id": job.id, tabindex: "0" });
+      row.append(el("td", { class: "id" }, job.id));
+      row.append(el("td", {}, job.job_type));
+      const statusCell = el("td");
+      statusCell.append(badge(job.status));
+      row.append(statusCell);
+      row.append(el("td", { class: "num" }, `${job.attempts}/${job.max_attempts}`));
+      row.append(el("td", { title: job.run_after }, shortTime(job.run_after)));
+      row.append(el("td", { title: job.updated_at }, shortTime(job.updated_at)));
+      row.append(el("td", { class: "error-cell", title: job.error || "" }, (job.error || "").split("\n")[0]));
+      row.addEventListener("click", () => openJob(job.id));
+      row.addEventListener("keydown", (e) => { if (e.key === "Enter") openJob(job.id); });
+      body.append(row);
+    }
+    const pages = Math.max(1, Math.ceil(list.total / list.per_page));
+    const first = list.total ? (list.page - 1) * list.per_page + 1 : 0;
+    const last = Math.min(list.total, list.page * list.per_page);
+    $("page-info").textContent = `${first}–${last} of ${list.total} · page ${list.page} of ${pages}`;
+    $("prev").disabled = list.page <= 1;
+    $("next").disabled = list.page >= pages;
+    $("f-status").value = state.status;
+    $("f-per-page").value = String(state.perPage);
+  }
+
+  function drawDetail(job) {
+    $("d-id").textContent = job.id;
+    const status = $("d-status");
+    status.textContent = job.status;
+    status.className = "badge " + job.status;
+    $("d-type").textContent = job.job_type;
+    $("d-attempts").textContent = `${job.attempts} of ${job.max_attempts}`;
+    $("d-priority").textContent = job.priority;
+    $("d-run-after").textContent = job.run_after;
+    $("d-created").textContent = job.created_at;
+    $("d-updated").textContent = job.updated_at;
+    $("d-payload").textContent = JSON.stringify(job.payload, null, 2);
+    $("d-error").textContent = job.error || "—";
+    $("d-retry").disabled = job.status !== "dead";
+    $("d-retry").title = job.status === "dead" ? "back to pending, attempts reset, due now" : "only dead jobs can be retried";
+    $("d-delete").disabled = job.status === "running";
+    $("d-delete").title = job.status === "running" ? "a running job cannot be deleted" : "delete this job record";
+    $("detail").hidden = false;
+    $("backdrop").hidden = false;
+  }
+
+  // -- actions -------------------------------------------------------------------------------
+
+  function jobsQuery() {
+    const q = new URLSearchParams({ page: String(state.page), per_page: String(state.perPage) });
+    if (state.status) q.set("status", state.status);
+    if (state.type) q.set("job_type", state.type);
+    return "/admin/jobs?" + q;
+  }
+
+  // One refresh at a time; a request for another while one runs (a filter changed) is
+  // remembered and run right after, so no change waits for the next tick.
+  async function refresh() {
+    if (busy) { again = true; return; }
+    busy = true;
+    try {
+      do {
+        again = false;
+        await refreshOnce();
+      } while (again);
+    } finally {
+      busy = false;
+    }
+  }
+
+  async function refreshOnce() {
+    try {
+      const [stats, first] = await Promise.all([api("GET", "/admin/stats"), api("GET", jobsQuery())]);
+      let list = first;
+      if (list.page > 1 && !list.items.length && list.total) {  // the page emptied under us
+        state.page = Math.max(1, Math.ceil(list.total / list.per_page));
+        writeHash();
+        list = await api("GET", jobsQuery());
+      }
+      drawCounts(stats);
+      drawTypes(stats);
+      drawChart(stats);
+      drawJobs(list);
+      if (state.open && !$("detail").hidden) await reloadDetail();
+      $("refreshed").textContent = "updated " + new Date().toLocaleTimeString();
+      showProblem(null);
+      $("auth").hidden = true;
+    } catch (error) {
+      showProblem(error);
+    }
+  }
+
+  async function reloadDetail() {
+    try {
+      drawDetail(await api("GET", "/admin/jobs/" + encodeURIComponent(state.open)));
+    } catch (error) {
+      if (error.status === 404) { $("d-message").textContent = "this job no longer exists"; closeDetail(); }
+      else throw error;
+    }
+  }
+
+  async function openJob(id) {
+    state.open = id;
+    writeHash();
+    $("d-message").textContent = "";
+    try {
+      drawDetail(await api("GET", "/admin/jobs/" + encodeURIComponent(id)));
+    } catch (error) {
+      showProblem(error);
+      closeDetail();
+    }
+  }
+
+  function closeDetail() {
+    state.open = null;
+    writeHash();
+    $("detail").hidden = true;
+    $("backdrop").hidden = true;
+  }
+
+  async function act(kind) {
+    const id = state.open;
+    if (!id) return;
+    if (kind === "delete" && !confirm(`Delete job ${id}? This cannot be undone.`)) return;
+    const message = $("d-message");
+    message.textContent = kind === "retry" ? "retrying…" : "deleting…";
+    try {
+      if (kind === "retry") {
+        const job = await api("POST", `/admin/jobs/${encodeURIComponent(id)}/retry`);
+        drawDetail(job);
+        message.textContent = "back to pending";
+      } else {
+        await api("DELETE", "/admin/jobs/" + encodeURIComponent(id));
+        closeDetail();
+      }
+    } catch (error) {
+      message.textContent = error.message;
+    }
+    await refresh();
+  }
+
+  function setFilter(changes) {
+    Object.assign(state, changes);
+    if (!("page" in changes)) state.page = 1;
+    writeHash();
+    refresh();
+  }
+
+  function schedule() {
+    clearInterval(timer);
+    timer = null;
+    if ($("auto").checked) {
+      timer = setInterval(() => { if (document.visibilityState === "visible") refresh(); }, REFRESH_MS);
+    }
+  }
+
+  // -- wiring ----------------------------------------------------------------------------------
+
+  document.addEventListener("DOMContentLoaded", () => {
+    readHash();
+    for (const button of document.querySelectorAll("#counts .count")) {
+      button.addEventListener("click", () => setFilter({ status: button.dataset.status }));
+    }
+    $("f-status").addEventListener("change", (e) => setFilter({ status: e.target.value }));
+    $("f-type").addEventListener("change", (e) => setFilter({ type: e.target.value }));
+    $("f-per-page").addEventListener("change", (e) => setFilter({ perPage: parseInt(e.target.value, 10) }));
+    $("filters").addEventListener("submit", (e) => e.preventDefault());
+    $("prev").addEventListener("click", () => setFilter({ page: Math.max(1, state.page - 1) }));
+    $("next").addEventListener("click", () => setFilter({ page: state.page + 1 }));
+    $("refresh").addEventListener("click", refresh);
+    $("auto").addEventListener("change", schedule);
+    $("d-close").addEventListener("click", closeDetail);
+    $("backdrop").addEventListener("click", closeDetail);
+    document.addEventListener("keydown", (e) => { if (e.key === "Escape" && !$("detail").hidden) closeDetail(); });
+    $("d-retry").addEventListener("click", () => act("retry"));
+    $("d-delete").addEventListener("click", () => act("delete"));
+    $("auth").addEventListener("submit", (e) => {
+      e.preventDefault();
+      sessionStorage.setItem("pipeline-admin-token", $("token").value);
+      $("token").value = "";
+      refresh();
+    });
+    document.addEventListener("visibilitychange", () => { if (document.visibilityState === "visible") refresh(); });
+    window.addEventListener("hashchange", () => { readHash(); refresh(); if (state.open) openJob(state.open); });
+    schedule();
+    refresh();
+    if (state.open) openJob(state.open);
+  });
+})();
