@@ -75,6 +75,7 @@ class Received:
     verified: str  # "yes", "unsigned", or the verifier's complaint
     at: float  # time.monotonic()
     sni: str | None
+    client: tuple[str, int]  # the connection's source address: the same one means a reused connection
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -109,7 +110,7 @@ class Receiver:
                         verified = f"no: {exc}"
                 with receiver.lock:
                     path = self.path
-                    receiver.received.append(Received(self.command, path, headers, body, verified, time.monotonic(), receiver.sni))
+                    receiver.received.append(Received(self.command, path, headers, body, verified, time.monotonic(), receiver.sni, self.client_address))
                     replies = receiver.script.get(path, [])
                     reply = replies.pop(0) if len(replies) > 1 else (replies[0] if replies else Reply())
                 if reply.delay:
@@ -201,6 +202,14 @@ async def test_signed_body_arrives_and_verifies(db_path: Path, receiver: Receive
     assert request.headers["webhook-id"] == job_id
     assert abs(int(request.headers["webhook-timestamp"]) - time.time()) < 60
     assert request.headers["webhook-signature"].startswith("v1,")
+
+
+async def test_connections_are_pooled_across_jobs(db_path: Path, receiver: Receiver) -> None:
+    async with running(webhook_config(db_path)) as p:
+        for n in range(3):
+            job_id = await p.enqueue(WebhookNotify(url=receiver.url(), payload={"n": n}))
+            assert (await wait_status(p, job_id, "completed", "dead")).status == "completed"
+    assert len({r.client for r in receiver.requests()}) == 1  # one keep-alive connection, three requests
 
 
 async def test_without_a_secret_nothing_is_signed(db_path: Path, receiver: Receiver) -> None:

@@ -1,9 +1,10 @@
 """``webhook_notify``: POST a JSON payload to a URL, signed, without reaching inside the network.
 
 One pooled ``httpx.AsyncClient`` is shared by every webhook job (the ``"http"`` resource,
-closed when the pipeline stops). It never follows redirects and ignores proxy variables
-from the environment. Each request has WEBHOOK_TIMEOUT_SECONDS for each phase and, as a
-whole, the same again (a server dripping bytes cannot hold a worker longer).
+closed when the pipeline stops): keep-alive connections are reused across jobs. It never
+follows redirects and ignores proxy variables from the environment. Each request, from
+resolving the name to the end of the answer, has WEBHOOK_TIMEOUT_SECONDS in all (a server
+dripping bytes cannot hold a worker longer).
 
 Signing (Standard Webhooks, https://www.standardwebhooks.com): when WEBHOOK_SECRET is
 ``whsec_<base64 key>``, every request carries ``webhook-id`` (the job id: the same on
@@ -95,6 +96,7 @@ if TYPE_CHECKING:
 RESOURCE = "http"
 RETRY_AFTER_CAP = 3600.0  # seconds: a receiver asking for more is retried after an hour anyway
 USER_AGENT = "pipeline-webhooks/0.1"
+DRAIN_LIMIT_BYTES = 65_536  # a 2xx body up to this is read so that its connection can be reused
 ERROR_SNIPPET_BYTES = 512  # of a refusing receiver's body, quoted in the job's error
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -465,7 +467,8 @@ def _checked_url(raw: str, *, allow_private: bool) -> httpx.URL:
 
 
 def _literal_refusal(host: str, literal: IPAddress, reason: str) -> str:
-    what = host if host == str(literal) else f"{host} (that is {literal})"
+    plain = isinstance(literal, ipaddress.IPv6Address) or host.rstrip(".") == str(literal)
+    what = host if plain else f"{host} (that is {literal})"  # 0x7f.1, 2130706433: say what they mean
     return f"{what} is {reason} (set WEBHOOK_ALLOW_PRIVATE_NETWORKS=true to allow it)"
 
 
@@ -488,6 +491,15 @@ def _cause(exc: BaseException) -> str:
         current = current.__cause__ or current.__context__
         seen += 1
     return "(no detail)"
+
+
+async def _drain(response: httpx.Response) -> None:
+    """Read a small answer to its end, so that its connection goes back to the pool."""
+    size = 0
+    async for chunk in response.aiter_raw():
+        size += len(chunk)
+        if size > DRAIN_LIMIT_BYTES:
+            break  # a big body is not worth reading: the connection is closed instead
 
 
 async def _snippet(response: httpx.Response) -> str:
@@ -518,6 +530,7 @@ async def webhook_notify(job: WebhookNotify, ctx: JobContext) -> None:
             async with client.stream("POST", url, content=body, headers=headers) as response:
                 status = response.status_code
                 if 200 <= status < 300:
+                    await _drain(response)
                     return
                 label = f"POST {shown} answered {status} {response.reason_phrase}".rstrip()
                 detail = "" if 300 <= status < 400 else await _snippet(response)
