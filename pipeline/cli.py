@@ -75,6 +75,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("stats", help="counts by status and by type")
     p.add_argument("--json", action="store_true")
 
+    p = sub.add_parser("search", help="full-text search of the published posts (the index rebuild_search_index keeps)")
+    p.add_argument("query", help='FTS5 query: words (all must match), "a phrase", prefix*, a OR b, NOT c')
+    p.add_argument("--limit", type=int, default=20, metavar="N", help="show at most N hits (default 20)")
+
+    p = sub.add_parser("demo", help="seed demo content in a folder of its own, run every handler on it, print a report")
+    p.add_argument("--dir", default="pipeline-demo", help="where the demo's database, media and sitemap go (default ./pipeline-demo)")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="give up waiting for the jobs after this long")
+    p.add_argument("--verbose", action="store_true", help="also print the pipeline's log (stderr)")
+
     p = sub.add_parser("diagrams", help="redraw diagrams/*.mmd and the README's copies from the code")
     p.add_argument("--out", default="diagrams")
     p.add_argument("--readme", default="README.md")
@@ -298,6 +307,24 @@ async def _noop(job: Any, ctx: Any) -> None:
     return None
 
 
+def cmd_search(args: argparse.Namespace, config: Config, registry: Registry | None, out: TextIO) -> int:
+    from .handlers.search import print_search
+
+    if args.limit < 1:
+        raise UsageError(f"--limit must be >= 1, got {args.limit}")
+    conn = _open(config)
+    try:
+        return print_search(conn, args.query, limit=args.limit, out=out)
+    finally:
+        conn.close()
+
+
+def cmd_demo(args: argparse.Namespace, config: Config, registry: Registry | None, out: TextIO) -> int:
+    from .demo import run_demo
+
+    return run_demo(config, Path(args.dir), registry=registry, timeout=args.timeout, verbose=args.verbose, out=out)
+
+
 def _table(out: TextIO, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
     print("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip(), file=out)
@@ -312,4 +339,6 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Config, Registry | None, TextI
     "jobs": cmd_jobs,
     "stats": cmd_stats,
     "diagrams": cmd_diagrams,
+    "search": cmd_search,
+    "demo": cmd_demo,
 }
