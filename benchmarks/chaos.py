@@ -57,6 +57,7 @@ def worker_main(db: str) -> None:
     config = pipeline.Config(
         database_url=f"sqlite:///{db}", worker_lease_seconds=LEASE_SECONDS, worker_poll_interval_ms=50,
         worker_backoff_base_ms=50, worker_shutdown_timeout=5.0, sqlite_synchronous="full", log_level="error",
+        admin_enabled=False,
     )
     trio.run(functools.partial(pipeline.serve, config, registry(), ready=lambda p: print("ready", flush=True)))
 

@@ -28,7 +28,7 @@ def main() -> None:
         key, value = arg.split("=", 1)
         overrides[key] = float(value) if "." in value else int(value)
     logging.basicConfig(level=logging.WARNING, format=f"[worker {db_path.name}] %(levelname)s %(message)s")
-    config = fast_config(db_path, **overrides)
+    config = fast_config(db_path, admin_enabled=False, **overrides)
     trio.run(functools.partial(pipeline.serve, config, registry(), ready=lambda p: print("ready", flush=True)))
 
 
