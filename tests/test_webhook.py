@@ -206,10 +206,13 @@ async def test_signed_body_arrives_and_verifies(db_path: Path, receiver: Receive
 
 async def test_connections_are_pooled_across_jobs(db_path: Path, receiver: Receiver) -> None:
     async with running(webhook_config(db_path)) as p:
+        client = p.resources["http"]
         for n in range(3):
             job_id = await p.enqueue(WebhookNotify(url=receiver.url(), payload={"n": n}))
             assert (await wait_status(p, job_id, "completed", "dead")).status == "completed"
+        assert not client.is_closed
     assert len({r.client for r in receiver.requests()}) == 1  # one keep-alive connection, three requests
+    assert client.is_closed  # the resource is closed when the pipeline stops
 
 
 async def test_without_a_secret_nothing_is_signed(db_path: Path, receiver: Receiver) -> None:
