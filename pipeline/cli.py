@@ -42,38 +42,105 @@ class _Parser(argparse.ArgumentParser):
         raise CliError(f"{self.prog}: {message}", 2)
 
 
+ENQUEUE_EXAMPLES = """\
+examples:
+  python -m pipeline enqueue send_email --payload '{"to": "a@example.com", "subject": "Hi", "body": "Hello"}'
+  python -m pipeline enqueue generate_sitemap --delay 60 --priority 1
+  python -m pipeline enqueue --from-file jobs.jsonl
+
+a jobs.jsonl line:
+  {"job_type": "invalidate_cache", "payload": {"keys": ["post:1"]}, "priority": 3}
+"""
+
+JOBS_EXAMPLES = """\
+examples:
+  python -m pipeline jobs --status dead            # the same as: jobs list --status dead
+  python -m pipeline jobs show 01920c1e-...        # payload, error, attempts, times
+  python -m pipeline jobs retry 01920c1e-...       # dead → pending, attempts reset
+  python -m pipeline jobs cleanup --older-than 604800 --status completed
+"""
+
+MAIN_EPILOG = """\
+Settings come from the environment and a .env file (DATABASE_URL=sqlite:///pipeline.db by
+default, WORKER_*, ADMIN_*, LOG_FORMAT=json, ...; see the README). The job commands work on
+the database file directly: no running service is needed.
+
+exit status: 0 success; 2 bad usage or configuration; 1 runtime failure (the database
+refused, a file is unreadable, no such job).
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="python -m pipeline",
         description="Durable background jobs for trio applications, on SQLite. "
         "With no command, runs the service (same as `run`).",
+        epilog=MAIN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--env-file", default=".env", help="read settings from this file too (default: .env)")
+    parser.add_argument("--json", action="store_true", default=False, help="print JSON instead of text for people")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
-    sub.add_parser("run", help="run every actor until SIGINT/SIGTERM (the default)")
+    sub.add_parser("run", help="run the workers and the admin API until SIGINT/SIGTERM (the default)",
+                   description="Run the service: the workers (WORKER_ENABLED) and the admin API and dashboard on "
+                   "ADMIN_HOST:ADMIN_PORT (ADMIN_ENABLED), until SIGINT/SIGTERM; then stop gracefully.")
 
-    p = sub.add_parser("enqueue", help="insert one job; prints its id")
-    p.add_argument("job_type")
-    p.add_argument("--payload", default="{}", help="the job's fields as a JSON object (default {})")
+    as_json = _Parser(add_help=False)  # --json after any command; it is also accepted before the command
+    as_json.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON instead of text for people")
+
+    p = sub.add_parser(
+        "enqueue", parents=[as_json], formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="insert a job (prints its id), or many from a JSON-lines file",
+        description="Insert one job from flags, or every job of a JSON-lines file in one transaction.",
+        epilog=ENQUEUE_EXAMPLES,
+    )
+    p.add_argument("job_type", nargs="?", help="e.g. send_email (omit with --from-file)")
+    p.add_argument("--payload", help="the job's fields as a JSON object (default {})")
+    p.add_argument("--from-file", metavar="FILE",
+                   help='one job per line: {"job_type": ..., "payload": {...}} with optional priority, max_attempts, '
+                   "run_after; all or nothing; - reads standard input")
     when = p.add_mutually_exclusive_group()
     when.add_argument("--delay", type=float, metavar="SECONDS", help="run no sooner than this many seconds from now")
     when.add_argument("--run-after", metavar="ISO8601", help="run no sooner than this time (UTC if no offset)")
-    p.add_argument("--max-attempts", type=int, metavar="N")
-    p.add_argument("--priority", type=int, default=5, metavar="N", help="lower runs first (default 5)")
+    p.add_argument("--max-attempts", type=int, metavar="N", help="default: the type's own, else WORKER_DEFAULT_MAX_ATTEMPTS")
+    p.add_argument("--priority", type=int, metavar="N", help="lower runs first (default 5)")
 
-    p = sub.add_parser("emit", help="emit an event: insert the jobs it routes to; prints their ids")
+    p = sub.add_parser("emit", parents=[as_json], help="emit an event: insert the jobs it routes to; prints their ids",
+                       description="Emit a domain event: the jobs its route gives are inserted in one transaction.")
     p.add_argument("event", help="e.g. UserRegistered")
     p.add_argument("--data", default="{}", help="the event's fields as a JSON object")
 
-    p = sub.add_parser("jobs", help="list jobs, newest first")
-    p.add_argument("--status", choices=[s.value for s in Status])
-    p.add_argument("--type", dest="job_type", metavar="JOB_TYPE")
-    p.add_argument("--limit", type=int, default=50, metavar="N")
-    p.add_argument("--json", action="store_true", help="one JSON array of job objects")
+    p = sub.add_parser(
+        "jobs", parents=[as_json], formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="list, show, retry, delete and clean up jobs (bare `jobs` lists)",
+        description="Work on the jobs table directly; no running service is needed. "
+        "Without an action, lists jobs (same as `jobs list`).",
+        epilog=JOBS_EXAMPLES,
+    )
+    _list_flags(p, suppress=False)
+    actions = p.add_subparsers(dest="jobs_command", parser_class=_Parser, metavar="ACTION")
+    a = actions.add_parser("list", parents=[as_json], help="list jobs, newest first (the default)",
+                           description="List jobs, newest first, filtered by status and type.")
+    _list_flags(a, suppress=True)
+    a = actions.add_parser("show", parents=[as_json], help="one job with its payload and error",
+                           description="Show one job: its fields, payload and last error.")
+    a.add_argument("id")
+    a = actions.add_parser("retry", parents=[as_json], help="a dead job back to pending (attempts reset, due now)",
+                           description="Put a dead job back to pending, attempts reset, due now.")
+    a.add_argument("id")
+    a = actions.add_parser("delete", parents=[as_json], help="delete a job record (not while it runs)",
+                           description="Delete one job record; a running job cannot be deleted.")
+    a.add_argument("id")
+    a = actions.add_parser("cleanup", parents=[as_json], help="delete completed and dead job records",
+                           description="Delete finished job records: completed and dead (or only --status).")
+    a.add_argument("--older-than", type=float, metavar="SECONDS", help="only records last updated more than this long ago")
+    a.add_argument("--status", dest="statuses", action="append", choices=["completed", "dead"],
+                   help="only this status (repeat for both; default both)")
 
-    p = sub.add_parser("stats", help="counts by status and by type")
-    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("stats", parents=[as_json], help="counts by status and type, throughput, queue lag",
+                       description="Counts by status and type, jobs finished per minute over the last hour, "
+                       "and how long the oldest due pending job has waited.")
 
     p = sub.add_parser("search", help="full-text search of the published posts (the index rebuild_search_index keeps)")
     p.add_argument("query", help='FTS5 query: words (all must match), "a phrase", prefix*, a OR b, NOT c')
@@ -104,6 +171,9 @@ def main(argv: Sequence[str] | None = None, *, registry: Registry | None = None,
     except (ConfigError, UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (`... | head`): not worth a message
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - so the interpreter's final flush stays quiet
+        return 1
     except (PipelineError, sqlite3.Error, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -138,7 +208,26 @@ def cmd_run(args: argparse.Namespace, config: Config, registry: Registry | None,
 
 
 async def serve(config: Config, registry: Registry | None = None, *, ready: Callable[[Any], None] | None = None) -> None:
-    """Run until SIGINT/SIGTERM, then shut down gracefully; a second signal exits at once."""
+    """Run until SIGINT/SIGTERM, then shut down gracefully; a second signal exits at once.
+
+    With ADMIN_ENABLED the admin API is served next to the workers (WORKER_ENABLED=false:
+    the API alone). Its socket is bound before anything starts, so a busy port or a
+    token-less non-loopback ADMIN_HOST fails at once; on shutdown it stops taking
+    requests first, then the pipeline drains.
+    """
+    listener = None
+    if config.admin_enabled:
+        from .admin.server import open_admin_listener
+
+        listener = open_admin_listener(config)
+    try:
+        await _serve(config, registry, listener, ready)
+    finally:
+        if listener is not None:
+            listener.close()
+
+
+async def _serve(config: Config, registry: Registry | None, listener: Any, ready: Callable[[Any], None] | None) -> None:
     from .app import open_pipeline
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -154,12 +243,18 @@ async def serve(config: Config, registry: Registry | None = None, *, ready: Call
 
         async with trio.open_nursery() as tn:
             tn.start_soon(watch)
-            async with open_pipeline(config, registry) as pipeline:
+            # the admin server's nursery is inside the pipeline's block: it stops first
+            async with open_pipeline(config, registry) as pipeline, trio.open_nursery() as admin_tn:
+                admin = "off"
+                if listener is not None:
+                    from .admin.server import run_admin_server
+
+                    admin = await admin_tn.start(run_admin_server, pipeline, listener, stop.wait)
                 handled = sorted(pipeline.registry.handled()) if config.worker_enabled else []
                 log.info(
-                    "pipeline running on %s (owner %s); workers %s; handling: %s",
+                    "pipeline running on %s (owner %s); workers %s; admin API %s; handling: %s",
                     config.database_url, pipeline.queue.owner,
-                    "on" if config.worker_enabled else "off", ", ".join(handled) or "no job types",
+                    "on" if config.worker_enabled else "off", admin, ", ".join(handled) or "no job types",
                 )
                 if ready is not None:
                     ready(pipeline)
@@ -193,30 +288,82 @@ def _registry(config: Config, registry: Registry | None) -> Registry:
 
 
 def _json_object(text: str, what: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise UsageError(f"{what} is not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise UsageError(f"{what} must be a JSON object, got {type(value).__name__}")
-    return value
+    from .admin import inputs
+
+    return inputs.object_of(inputs.loads(text, what), what)
+
+
+def _emit_json(out: TextIO, value: Any) -> None:
+    json.dump(value, out, indent=2, ensure_ascii=False)
+    out.write("\n")
 
 
 def cmd_enqueue(args: argparse.Namespace, config: Config, registry: Registry | None, out: TextIO) -> int:
+    if args.from_file is not None:
+        return _enqueue_file(args, config, registry, out)
+    from .admin import inputs
+
+    if args.job_type is None:
+        raise UsageError("enqueue needs a JOB_TYPE (or --from-file FILE)")
     reg = _registry(config, registry)
-    payload = _json_object(args.payload, "--payload")
+    payload = _json_object("{}" if args.payload is None else args.payload, "--payload")
     if args.delay is not None and not (0 <= args.delay < 10**9):
         raise UsageError(f"--delay must be a number of seconds >= 0, got {args.delay}")
     run_after = format_ts(to_epoch(now_ts()) + args.delay) if args.delay is not None else args.run_after
-    request = JobRequest(args.job_type, payload, args.max_attempts, run_after, args.priority)
+    request = JobRequest(args.job_type, payload, args.max_attempts, run_after, 5 if args.priority is None else args.priority)
+    inputs.with_bounds(request, "the job")
     (row,) = prepare_rows(reg, [request], default_max_attempts=config.worker_default_max_attempts)  # validates before opening
     conn = _open(config)
     try:
         with store.write_transaction(conn):
             store.insert_jobs(conn, [row])
+        record = store.get_job(conn, row.id)
     finally:
         conn.close()
-    print(row.id, file=out)
+    if args.json:
+        _emit_json(out, record.to_json() if record else {"id": row.id})
+    else:
+        print(row.id, file=out)
+    return 0
+
+
+def _enqueue_file(args: argparse.Namespace, config: Config, registry: Registry | None, out: TextIO) -> int:
+    """All or nothing: check every line first (no lock held), then insert them in one transaction."""
+    from .admin import console, inputs
+
+    extra = [flag for flag, value in (("JOB_TYPE", args.job_type), ("--payload", args.payload), ("--delay", args.delay),
+                                      ("--run-after", args.run_after), ("--max-attempts", args.max_attempts),
+                                      ("--priority", args.priority)) if value is not None]
+    if extra:
+        raise UsageError(f"--from-file takes each job's fields from the file; drop {', '.join(extra)}")
+    reg = _registry(config, registry)
+    name = "standard input" if args.from_file == "-" else args.from_file
+    with console.progress_bar(sys.stderr) as bar:
+        if args.from_file == "-":
+            checking = bar.task(f"checking {name}", None)
+            rows = inputs.read_jobs(sys.stdin.buffer, name, reg, default_max_attempts=config.worker_default_max_attempts,
+                                    on_line=lambda: bar.advance(checking, 1))
+        else:
+            with open(args.from_file, "rb") as f:
+                lines = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+                f.seek(0)
+                checking = bar.task(f"checking {name}", lines)
+                rows = inputs.read_jobs(f, name, reg, default_max_attempts=config.worker_default_max_attempts,
+                                        on_line=lambda: bar.advance(checking, 1))
+        bar.finish(checking, len(rows))
+        inserting = bar.task("inserting", len(rows))
+        conn = _open(config)
+        try:
+            with store.write_transaction(conn):
+                for i in range(0, len(rows), 1000):
+                    store.insert_jobs(conn, rows[i : i + 1000])
+                    bar.advance(inserting, len(rows[i : i + 1000]))
+        finally:
+            conn.close()
+    if args.json:
+        _emit_json(out, {"enqueued": len(rows), "job_ids": [r.id for r in rows]})
+    else:
+        print(f"enqueued {len(rows)} jobs from {name}", file=out)
     return 0
 
 
@@ -234,49 +381,137 @@ def cmd_emit(args: argparse.Namespace, config: Config, registry: Registry | None
             store.insert_jobs(conn, rows)
     finally:
         conn.close()
-    for row in rows:
-        print(row.id, file=out)
+    if args.json:
+        _emit_json(out, {"job_ids": [row.id for row in rows]})
+    else:
+        for row in rows:
+            print(row.id, file=out)
     return 0
+
+
+def _list_flags(p: argparse.ArgumentParser, *, suppress: bool) -> None:
+    """`jobs` and `jobs list` take the same flags; on `list` they must not overwrite what
+    was given before it (argparse copies a sub-parser's defaults over the parent's)."""
+
+    def default(value: Any) -> Any:
+        return argparse.SUPPRESS if suppress else value
+
+    p.add_argument("--status", choices=[s.value for s in Status], default=default(None))
+    p.add_argument("--type", dest="job_type", metavar="JOB_TYPE", default=default(None))
+    p.add_argument("--limit", type=int, default=default(50), metavar="N", help="jobs per page (default 50)")
+    p.add_argument("--page", type=int, default=default(1), metavar="N", help="page number, from 1 (newest first)")
 
 
 def cmd_jobs(args: argparse.Namespace, config: Config, registry: Registry | None, out: TextIO) -> int:
-    if args.limit < 1:
-        raise UsageError(f"--limit must be >= 1, got {args.limit}")
+    action = args.jobs_command or "list"
     conn = _open(config)
     try:
-        jobs, total = store.list_jobs(conn, status=args.status, job_type=args.job_type, limit=args.limit)
+        return JOB_ACTIONS[action](args, conn, out)
     finally:
         conn.close()
+
+
+def _jobs_list(args: argparse.Namespace, conn: sqlite3.Connection, out: TextIO) -> int:
+    from .admin import console
+
+    if not 1 <= args.limit <= 10_000:
+        raise UsageError(f"--limit must be from 1 to 10000, got {args.limit}")
+    if not 1 <= args.page <= 10_000_000:
+        raise UsageError(f"--page must be from 1 to 10000000, got {args.page}")
+    offset = (args.page - 1) * args.limit
+    jobs, total = store.list_jobs(conn, status=args.status, job_type=args.job_type, limit=args.limit, offset=offset)
     if args.json:
-        json.dump([j.to_json() for j in jobs], out, indent=2, ensure_ascii=False)
-        out.write("\n")
-        return 0
-    header = ("ID", "TYPE", "STATUS", "ATTEMPTS", "PRIORITY", "RUN AFTER", "ERROR")
-    rows = [
-        (j.id, j.job_type, j.status, f"{j.attempts}/{j.max_attempts}", str(j.priority), j.run_after,
-         (j.error or "").splitlines()[0][:60] if j.error else "")
-        for j in jobs
-    ]
-    _table(out, header, rows)
-    print(f"{len(jobs)} of {total} jobs", file=out)
+        _emit_json(out, [j.to_json() for j in jobs])
+    else:
+        console.jobs_table(out, jobs, total, offset=offset)
     return 0
 
 
+def _job(conn: sqlite3.Connection, job_id: str) -> store.JobRecord:
+    job = store.get_job(conn, job_id)
+    if job is None:
+        raise CliError(f"error: no job with id {job_id!r}", 1)
+    return job
+
+
+def _jobs_show(args: argparse.Namespace, conn: sqlite3.Connection, out: TextIO) -> int:
+    from .admin import console
+
+    job = _job(conn, args.id)
+    if args.json:
+        _emit_json(out, job.to_json())
+    else:
+        console.job_detail(out, job)
+    return 0
+
+
+def _jobs_retry(args: argparse.Namespace, conn: sqlite3.Connection, out: TextIO) -> int:
+    _job(conn, args.id)
+    with store.write_transaction(conn):  # read, check and write in one transaction
+        try:
+            job = store.revive(conn, args.id, now=now_ts())
+        except LookupError:
+            raise CliError(f"error: no job with id {args.id!r}", 1) from None
+    if args.json:
+        _emit_json(out, job.to_json())
+    else:
+        print(f"job {job.id}: dead → pending (attempts reset, due now)", file=out)
+    return 0
+
+
+def _jobs_delete(args: argparse.Namespace, conn: sqlite3.Connection, out: TextIO) -> int:
+    _job(conn, args.id)
+    with store.write_transaction(conn):
+        try:
+            store.delete_job(conn, args.id)
+        except LookupError:
+            raise CliError(f"error: no job with id {args.id!r}", 1) from None
+    if args.json:
+        _emit_json(out, {"deleted": args.id})
+    else:
+        print(f"deleted job {args.id}", file=out)
+    return 0
+
+
+def _jobs_cleanup(args: argparse.Namespace, conn: sqlite3.Connection, out: TextIO) -> int:
+    from .admin import inputs
+
+    statuses = tuple(dict.fromkeys(args.statuses or ("completed", "dead")))
+    cutoff = None
+    if args.older_than is not None:
+        older = inputs.seconds(args.older_than, "--older-than")
+        cutoff = format_ts(to_epoch(now_ts()) - older)
+    with store.write_transaction(conn):
+        deleted = store.cleanup(conn, statuses=statuses, older_than=cutoff)
+    if args.json:
+        _emit_json(out, {"deleted": deleted})
+    else:
+        age = "" if args.older_than is None else f" last updated more than {args.older_than:g} s ago"
+        print(f"deleted {deleted} {' and '.join(statuses)} jobs{age}", file=out)
+    return 0
+
+
+JOB_ACTIONS: dict[str, Callable[[argparse.Namespace, sqlite3.Connection, TextIO], int]] = {
+    "list": _jobs_list,
+    "show": _jobs_show,
+    "retry": _jobs_retry,
+    "delete": _jobs_delete,
+    "cleanup": _jobs_cleanup,
+}
+
+
 def cmd_stats(args: argparse.Namespace, config: Config, registry: Registry | None, out: TextIO) -> int:
+    from .admin import console
+
     conn = _open(config)
     try:
-        stats = store.stats(conn)
+        stats = store.operator_stats(conn, now=now_ts())
     finally:
         conn.close()
     if args.json:
-        json.dump(stats, out, indent=2)
-        out.write("\n")
-        return 0
-    statuses = [s.value for s in Status]
-    _table(out, ("STATUS", "JOBS"), [(s, str(stats["by_status"][s])) for s in statuses])
-    print(file=out)
-    _table(out, ("TYPE", *(s.upper() for s in statuses)),
-           [(t, *(str(c[s]) for s in statuses)) for t, c in sorted(stats["by_type"].items())])
+        _emit_json(out, stats)
+    else:
+        console.stats_view(out, stats)
     return 0
 
 
@@ -323,13 +558,6 @@ def cmd_demo(args: argparse.Namespace, config: Config, registry: Registry | None
     from .demo import run_demo
 
     return run_demo(config, Path(args.dir), registry=registry, timeout=args.timeout, verbose=args.verbose, out=out)
-
-
-def _table(out: TextIO, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
-    print("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip(), file=out)
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip(), file=out)
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace, Config, Registry | None, TextIO], int]] = {

@@ -6,13 +6,18 @@ import json
 import logging
 import sys
 
+from .clock import format_ts
 from .config import Config
 
 
 class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time (UTC, ms), level, logger, message, and for job
+    outcomes the job's fields (job_id, job_type, attempt, outcome, status, duration_ms,
+    waited_ms, error) at the top level, so log tools can filter on them."""
+
     def format(self, record: logging.LogRecord) -> str:
         out = {
-            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "time": format_ts(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),

@@ -11,13 +11,16 @@ limit, an SQLite INTEGER has 64 bits).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
 
 from ..errors import UsageError
-from ..outbox import JobRequest
+from ..ids import UUID7Factory
+from ..outbox import JobRequest, prepare_rows
+from ..registry import Registry
+from ..store import NewJobRow
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 JOB_FIELDS = ("job_type", "payload", "priority", "max_attempts", "run_after")
@@ -31,7 +34,9 @@ def loads(text: str | bytes, what: str) -> Any:
         value = json.loads(text, parse_constant=_no_constant)
     except RecursionError:
         raise UsageError(f"{what} is nested too deeply") from None
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, int too long
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{what} is not valid JSON: {exc.msg} at character {exc.pos + 1}") from None
+    except ValueError as exc:  # not UTF-8, an integer too long to read
         raise UsageError(f"{what} is not valid JSON: {exc}") from None
     try:
         json.dumps(value, ensure_ascii=False).encode("utf-8")
@@ -124,3 +129,39 @@ def _kind(value: Any) -> str:
         return "null"
     return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "an integer",
             float: "a number"}.get(type(value), type(value).__name__)
+
+
+def read_jobs(
+    lines: Iterable[bytes],
+    name: str,
+    registry: Registry,
+    *,
+    default_max_attempts: int,
+    on_line: Callable[[], None] | None = None,
+) -> list[NewJobRow]:
+    """Check every line of a JSON-lines file of jobs and build the rows; writes nothing.
+
+    All or nothing: the first bad line raises UsageError naming the file and the line
+    number. Blank lines are skipped.
+    """
+    new_id = UUID7Factory()  # one factory: ids stay in file order, even within a millisecond
+    rows: list[NewJobRow] = []
+    for number, raw in enumerate(lines, 1):
+        if on_line is not None:
+            on_line()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"{name} line {number}: not UTF-8 text ({exc.reason} at byte {exc.start + 1})") from None
+        if number == 1:
+            text = text.removeprefix("\ufeff")  # a byte-order mark some editors write
+        if not text.strip():
+            continue
+        try:
+            request = job_request(loads(text, "the line"), "the job")
+            rows.extend(prepare_rows(registry, [request], default_max_attempts=default_max_attempts, new_id=new_id))
+        except UsageError as exc:
+            raise UsageError(f"{name} line {number}: {exc}") from None
+    if not rows:
+        raise UsageError(f"{name} holds no jobs (expected one JSON object per line)")
+    return rows

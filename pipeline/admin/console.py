@@ -1,0 +1,156 @@
+"""The CLI's output for people: tables, one job's details, the stats view, a progress bar (rich).
+
+Everything here writes to the stream it is given. On a terminal rich picks the width and
+colours; elsewhere (a pipe, a file, a test) output is plain text as wide as it needs to
+be, so ``grep`` and ``awk`` see whole lines. ``--json`` output does not come through here.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TextIO
+
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
+
+from ..states import Status
+from ..store import JobRecord
+
+STATUS_STYLE = {"pending": "blue", "running": "yellow", "completed": "green", "dead": "bold red"}
+PLAIN_WIDTH = 250  # columns when not on a terminal: wide enough that rows are not wrapped
+
+
+def _is_terminal(out: TextIO) -> bool:
+    return hasattr(out, "isatty") and out.isatty()
+
+
+@contextmanager
+def console(out: TextIO) -> Iterator[Console]:
+    """A console for ``out``: rich itself on a terminal; elsewhere rendered wide, then each
+    line stripped of the padding rich adds, so pipes and files get clean text."""
+    if _is_terminal(out):
+        yield Console(file=out, highlight=False)
+        return
+    buffer = io.StringIO()
+    yield Console(file=buffer, width=PLAIN_WIDTH, highlight=False, color_system=None)
+    out.write("".join(line.rstrip() + "\n" for line in buffer.getvalue().splitlines()))
+
+
+def _status(status: str) -> Text:
+    return Text(status, style=STATUS_STYLE.get(status, ""))
+
+
+def jobs_table(out: TextIO, jobs: Sequence[JobRecord], total: int, *, offset: int = 0) -> None:
+    if not jobs:
+        message(out, "no jobs match" if total == 0 else f"no jobs on this page ({total} match)")
+        return
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
+    for name, justify in (("ID", "left"), ("TYPE", "left"), ("STATUS", "left"), ("ATTEMPTS", "right"),
+                          ("PRIORITY", "right"), ("RUN AFTER", "left"), ("UPDATED", "left"), ("ERROR", "left")):
+        table.add_column(name, justify=justify, no_wrap=name != "ERROR", overflow="ellipsis")  # type: ignore[arg-type]
+    for j in jobs:
+        error = (j.error or "").splitlines()[0][:80] if j.error else ""
+        table.add_row(j.id, j.job_type, _status(j.status), f"{j.attempts}/{j.max_attempts}", str(j.priority), j.run_after,
+                      j.updated_at, Text(error, style="red"))
+    with console(out) as con:
+        con.print(table)
+        con.print(f"{offset + 1}–{offset + len(jobs)} of {total} jobs, newest first")
+
+
+def job_detail(out: TextIO, job: JobRecord) -> None:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    for label, value in (("id", job.id), ("type", job.job_type), ("status", _status(job.status)),
+                         ("attempts", f"{job.attempts} of {job.max_attempts}"), ("priority", str(job.priority)),
+                         ("run after", job.run_after), ("created", job.created_at), ("updated", job.updated_at)):
+        grid.add_row(label, value)
+    with console(out) as con:
+        con.print(grid)
+        con.print("\n[bold]payload[/bold]")
+        con.print(Text(json.dumps(job.to_json()["payload"], indent=2, ensure_ascii=False)))
+        con.print("\n[bold]error[/bold]")
+        con.print(Text(job.error, style="red") if job.error else Text("none"))
+
+
+def stats_view(out: TextIO, stats: dict[str, Any]) -> None:
+    statuses = [s.value for s in Status]
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
+    table.add_column("TYPE")
+    for s in statuses:
+        table.add_column(s.upper(), justify="right")
+    for job_type, counts in sorted(stats["by_type"].items()):
+        table.add_row(job_type, *(_count(counts[s], s) for s in statuses))
+    table.add_section()
+    table.add_row(Text("all types", style="bold"), *(_count(stats["by_status"][s], s) for s in statuses))
+    minutes = stats["finished_per_minute"]
+    completed = sum(m["completed"] for m in minutes)
+    dead = sum(m["dead"] for m in minutes)
+    age = stats["oldest_due_pending_age_seconds"]
+    with console(out) as con:
+        if stats["by_type"]:
+            con.print(table)
+        else:
+            con.print("no jobs in the store")
+        con.print(f"finished in the last hour: {completed + dead} ({completed} completed, {dead} dead)")
+        con.print(f"per minute, oldest first: {_sparkline([m['completed'] + m['dead'] for m in minutes])}")
+        con.print("oldest due pending job: " + ("none is waiting" if age is None else f"waiting {_duration(age)}"))
+
+
+def _count(n: int, status: str) -> Text:
+    return Text(str(n), style=STATUS_STYLE[status] if n else "dim")
+
+
+def _sparkline(values: Sequence[int]) -> str:
+    bars = "·▁▂▃▄▅▆▇█"
+    top = max(values, default=0)
+    if top == 0:
+        return "(none)"
+    return "".join(bars[0 if v == 0 else max(1, round(v / top * 8))] for v in values)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def message(out: TextIO, text: str) -> None:
+    with console(out) as con:
+        con.print(escape(text))
+
+
+class Bar:
+    """A progress bar on stderr when it is a terminal; silent otherwise."""
+
+    def __init__(self, progress: Progress) -> None:
+        self._progress = progress
+
+    def task(self, description: str, total: float | None) -> TaskID:
+        return self._progress.add_task(description, total=total)
+
+    def advance(self, task: TaskID, amount: float) -> None:
+        self._progress.advance(task, amount)
+
+    def finish(self, task: TaskID, total: float) -> None:
+        self._progress.update(task, total=total, completed=total)
+
+
+@contextmanager
+def progress_bar(err: TextIO) -> Iterator[Bar]:
+    con = Console(file=err, stderr=True)
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                        console=con, disable=not con.is_terminal, transient=False)
+    with progress:
+        yield Bar(progress)
