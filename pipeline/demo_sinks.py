@@ -15,10 +15,14 @@ import email.policy
 import hashlib
 import hmac
 import json
+import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
 import trio
+
+log = logging.getLogger("pipeline.demo")
 
 MAX_BYTES = 8 * 1024 * 1024  # per SMTP message or HTTP request
 IDLE_SECONDS = 30.0  # a connection silent this long is dropped
@@ -95,7 +99,7 @@ class SmtpSink:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_tcp_listeners(0, host=self.host)
         self.port = listeners[0].socket.getsockname()[1]
-        await trio.serve_listeners(self._session, listeners, task_status=task_status)
+        await trio.serve_listeners(_tolerant(self._session), listeners, task_status=task_status)
 
     async def _session(self, stream: trio.SocketStream) -> None:
         async with stream:
@@ -136,6 +140,19 @@ class SmtpSink:
                     await reply(b"502 not implemented by the demo sink\r\n")
 
 
+def _tolerant(session: Callable[[trio.SocketStream], Awaitable[None]]) -> Callable[[trio.SocketStream], Awaitable[None]]:
+    """A client that hangs up mid-conversation ends its own connection, not the sink (serve_listeners
+    would otherwise let the error cancel every other connection, and the demo)."""
+
+    async def guarded(stream: trio.SocketStream) -> None:
+        try:
+            await session(stream)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, ValueError) as exc:
+            log.debug("demo sink: connection dropped: %r", exc)
+
+    return guarded
+
+
 def _address(arg: str) -> str:
     """``FROM:<a@b> SIZE=12`` -> ``a@b``."""
     value = arg.partition(":")[2].strip()
@@ -154,7 +171,7 @@ class HttpSink:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_tcp_listeners(0, host=self.host)
         self.port = listeners[0].socket.getsockname()[1]
-        await trio.serve_listeners(self._session, listeners, task_status=task_status)
+        await trio.serve_listeners(_tolerant(self._session), listeners, task_status=task_status)
 
     def url(self, path: str = "/") -> str:
         return f"http://{self.host}:{self.port}{path}"
