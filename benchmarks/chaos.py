@@ -44,7 +44,7 @@ def registry() -> pipeline.Registry:
         log = os.environ["CHAOS_LOG"]
         with open(log, "a") as f:
             f.write(f"start {ctx.id} {ctx.attempt} {os.getpid()} {time.time():.6f}\n")
-        await trio.sleep(random.uniform(0.001, 0.02))
+        await trio.sleep(random.uniform(0.01, 0.1))  # long enough that kills catch jobs mid-run
         with open(log, "a") as f:
             f.write(f"end {ctx.id} {ctx.attempt} {os.getpid()} {time.time():.6f}\n")
 
@@ -90,11 +90,12 @@ def run_chaos(jobs: int, workers: int, duration: float, kill_every: float, folde
     rng = random.Random()
     started = time.monotonic()
     next_kill = started + kill_every
-    batch = max(1, int(jobs / (duration / 0.05)))  # spread the enqueues over the run
     try:
         while time.monotonic() - started < duration:
-            if len(ids) < jobs:
-                produce(db, ids, min(batch, jobs - len(ids)), reg)
+            # spread the enqueues over the first 90% of the run
+            due = min(jobs, int(jobs * (time.monotonic() - started) / (duration * 0.9)) + 1)
+            if len(ids) < due:
+                produce(db, ids, due - len(ids), reg)
             if time.monotonic() >= next_kill:
                 i = rng.randrange(len(procs))
                 procs[i].send_signal(signal.SIGKILL)

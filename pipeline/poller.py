@@ -94,7 +94,8 @@ async def run_lease_keeper(
                 lost = await queue.renew(held)
                 for job_id in lost:
                     for pool in pools.values():
-                        if job_id in pool.held:
+                        # a job settled in the same batch as the renewal is not lost, just done
+                        if job_id in pool.held and job_id not in pool.settling:
                             pool.lost.add(job_id)
                             if job_id in pool.running:
                                 pool.running[job_id].cancel()

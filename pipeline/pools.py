@@ -68,6 +68,7 @@ class Pool:
     running: dict[str, trio.CancelScope] = attrs.field(factory=dict)  # worker-owned; the wiring sets deadlines on stop
     stopping: bool = False  # set by the wiring at shutdown: release, don't start
     lost: set[str] = attrs.field(factory=set)  # lease keeper: leases another process now holds
+    settling: set[str] = attrs.field(factory=set)  # worker: outcome on its way to the Ledger
 
     @property
     def free(self) -> int:
@@ -142,6 +143,7 @@ async def _settle(pipeline: Pipeline, pool: Pool, lease: Lease, outcome: Outcome
     queue = pipeline.queue
     delay = 0.05
     result: Any = None
+    pool.settling.add(lease.id)
     while True:
         try:
             if outcome.kind == "ok":
@@ -169,6 +171,7 @@ async def _settle(pipeline: Pipeline, pool: Pool, lease: Lease, outcome: Outcome
             break  # shut down under us: the lease will expire and rescue the job
     pool.held.pop(lease.id, None)
     pool.lost.discard(lease.id)
+    pool.settling.discard(lease.id)
     was_full = pool.free <= 0
     pool.outstanding -= 1
     pipeline.observe(lease, outcome, result, duration)
