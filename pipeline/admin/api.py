@@ -119,10 +119,10 @@ class AdminApi:
     async def list_jobs(self, request: Request) -> Response:
         """GET /admin/jobs?status=&job_type=&page=&per_page= — newest first."""
         params = request.query_params
-        status = params.get("status") or None
+        status = params.get("status")
         if status is not None and status not in set(Status):
-            raise ApiError(400, f"status must be one of {', '.join(Status)}, got {status!r}")
-        job_type = params.get("job_type") or None
+            raise ApiError(400, f"status must be one of {', '.join(Status)}, got {_clip(status)!r}")
+        job_type = params.get("job_type")
         page = _int_param(params.get("page"), "page", 1, 1, MAX_PAGE)
         per_page = _int_param(params.get("per_page"), "per_page", DEFAULT_PER_PAGE, 1, MAX_PER_PAGE)
         records, total = await self.queue.list(status=status, job_type=job_type, limit=per_page, offset=(page - 1) * per_page)
@@ -246,9 +246,8 @@ class AdminApi:
 
 
 def _int_param(text: str | None, name: str, default: int, lo: int, hi: int) -> int:
-    if text is None or text == "":
+    if text is None:
         return default
-    text = text.strip()
     if not (text.isascii() and text.isdigit()) or len(text) > 12:
         raise ApiError(400, f"{name} must be an integer from {lo} to {hi}, got {_clip(text)!r}")
     value = int(text)
