@@ -91,7 +91,7 @@ class Receiver:
         self.script: dict[str, list[Reply]] = {}
         self.received: list[Received] = []
         self.lock = threading.Lock()
-        self.sni: str | None = None
+        self.sni: dict[Any, str | None] = {}  # client address -> the name it asked for in TLS
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -110,7 +110,10 @@ class Receiver:
                         verified = f"no: {exc}"
                 with receiver.lock:
                     path = self.path
-                    receiver.received.append(Received(self.command, path, headers, body, verified, time.monotonic(), receiver.sni, self.client_address))
+                    receiver.received.append(Received(
+                        self.command, path, headers, body, verified, time.monotonic(),
+                        receiver.sni.get(self.client_address), self.client_address,
+                    ))
                     replies = receiver.script.get(path, [])
                     reply = replies.pop(0) if len(replies) > 1 else (replies[0] if replies else Reply())
                 if reply.delay:
@@ -133,7 +136,7 @@ class Receiver:
         self.server = _QuietServer(("127.0.0.1", 0), Handler)
         if tls is not None:
             def remember_sni(sock: Any, name: str | None, ctx: Any) -> None:
-                receiver.sni = name
+                receiver.sni[sock.getpeername()] = name
 
             tls.sni_callback = remember_sni
             self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
