@@ -156,7 +156,8 @@
       const y = top + plotH - frac * plotH;
       svg.append(svgEl("line", { x1: left, x2: W - right, y1: y, y2: y, class: "grid" }));
       const label = svgEl("text", { x: left - 6, y: y + 4, class: "axis", "text-anchor": "end" });
-      label.textContent = String(Math.round(frac * scale));
+      const value = frac * scale;
+      label.textContent = Number.isInteger(value) ? String(value) : value.toFixed(1);
       svg.append(label);
     }
     let total = 0;
