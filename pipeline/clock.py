@@ -15,8 +15,9 @@ SQL_NOW = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
 
 
 def format_ts(epoch: float) -> str:
-    seconds = int(epoch // 1)
-    millis = int((epoch - seconds) * 1000)
+    """Epoch seconds to the stored text, rounded to the nearest millisecond (so that
+    parsing a stored time and formatting it again gives the same text)."""
+    seconds, millis = divmod(round(epoch * 1000), 1000)
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
 
 

@@ -22,6 +22,7 @@ import attrs
 import trio
 
 from .clock import now_ts
+from . import store
 from .db import Database, describe
 
 log = logging.getLogger("pipeline.ledger")
@@ -56,35 +57,59 @@ class Reply:
 
 @attrs.frozen
 class Command:
-    """One unit of work for the Ledger: ``fn(conn, now)`` inside the batch's transaction.
+    """One unit of work for the Ledger: ``fn(conn, now)`` inside the batch's transaction,
+    or, for the most common command by far, a job's outcome (``settlement``), which the
+    Ledger writes together with every other outcome of the batch.
 
     ``kind`` names it in logs and metrics; ``wakes_poller`` says that committing it may
     have made jobs due (an insert, a revive), so the Poller should look at once.
     """
 
     kind: str
-    fn: Callable[[sqlite3.Connection, str], Any]
+    fn: Callable[[sqlite3.Connection, str], Any] | None
     reply: Reply
     wakes_poller: bool = False
+    settlement: store.Settlement | None = None  # its reply: True if the lease still held
 
 
 def _apply_batch(conn: sqlite3.Connection, batch: list[Command]) -> list[tuple[bool, Any]]:
-    """Runs in the database thread: one transaction, one savepoint per command."""
+    """Runs in the database thread: one transaction; all outcomes in one executemany per
+    kind; every other command under a savepoint of its own."""
     now = now_ts()
-    results: list[tuple[bool, Any]] = []
+    results: list[tuple[bool, Any]] = [(False, None)] * len(batch)
     conn.execute("BEGIN IMMEDIATE")
     try:
-        for command in batch:
+        settling = [i for i, command in enumerate(batch) if command.settlement is not None]
+        if settling:
+            items = [batch[i].settlement for i in settling]
+            conn.execute("SAVEPOINT outcomes")
+            try:
+                if store.settle(conn, items, now=now) == len(items):  # type: ignore[arg-type]
+                    held = [True] * len(items)
+                else:  # some leases were stale: redo one at a time to learn which
+                    conn.execute("ROLLBACK TO outcomes")
+                    held = store.settle_each(conn, items, now=now)  # type: ignore[arg-type]
+            except Exception as exc:
+                conn.execute("ROLLBACK TO outcomes")
+                for i in settling:
+                    results[i] = (False, exc)
+            else:
+                for i, ok in zip(settling, held):
+                    results[i] = (True, ok)
+            conn.execute("RELEASE outcomes")
+        for i, command in enumerate(batch):
+            if command.fn is None:
+                continue
             conn.execute("SAVEPOINT command")
             try:
                 value = command.fn(conn, now)
             except Exception as exc:  # the command's own failure: undo it alone
                 conn.execute("ROLLBACK TO command")
                 conn.execute("RELEASE command")
-                results.append((False, exc))
+                results[i] = (False, exc)
             else:
                 conn.execute("RELEASE command")
-                results.append((True, value))
+                results[i] = (True, value)
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:

@@ -92,10 +92,10 @@ class SqliteJobQueue:
         self._new_id = new_id or UUID7Factory()
         self._rng = rng or random.Random()
 
-    async def _call(self, kind: str, fn: Any, *, wakes_poller: bool = False) -> Any:
+    async def _call(self, kind: str, fn: Any, *, wakes_poller: bool = False, settlement: store.Settlement | None = None) -> Any:
         reply = Reply()
         try:
-            await self._ledger_send.send(Command(kind, fn, reply, wakes_poller))
+            await self._ledger_send.send(Command(kind, fn, reply, wakes_poller, settlement))
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             raise PipelineClosed("the pipeline is shut down; the job store takes no more writes") from None
         return await reply.wait()
@@ -157,7 +157,8 @@ class SqliteJobQueue:
         return await self._call("claim", claim_all)
 
     async def _settle(self, item: store.Settlement) -> bool:
-        return bool(await self._call(item.transition.name.lower(), lambda conn, now: store.settle(conn, [item], now=now)))
+        """Write one outcome; the Ledger groups it with the batch's other outcomes."""
+        return bool(await self._call(item.transition.name.lower(), None, settlement=item, wakes_poller=item.transition is Transition.RELEASE))
 
     async def complete(self, lease: Lease) -> bool:
         """running → completed. False when the lease was stale (the row changed hands)."""
@@ -173,13 +174,8 @@ class SqliteJobQueue:
             retry_delay=retry_delay,
             rng=self._rng,
         )
-
-        def write(conn: Any, now: str) -> int:
-            run_after = format_ts(to_epoch(now) + decision.delay) if decision.transition is Transition.RETRY else None
-            return store.settle(conn, [store.Settlement(lease.id, lease.token, decision.transition, error, run_after)], now=now)
-
-        changed = await self._call(decision.transition.name.lower(), write)
-        return decision.transition if changed else None
+        held = await self._settle(store.Settlement(lease.id, lease.token, decision.transition, error, decision.delay))
+        return decision.transition if held else None
 
     async def dead(self, lease: Lease, error: str) -> bool:
         return await self.fail(lease, error, permanent=True) is not None

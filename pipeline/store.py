@@ -200,35 +200,45 @@ class Settlement:
     lease_token: int
     transition: states.Transition
     error: str | None = None
-    run_after: str | None = None  # RETRY and RELEASE
+    delay: float = 0.0  # RETRY: seconds from the commit's "now" until the job is due again
+
+
+_SETTLE_SQL = {
+    states.Transition.SUCCEED: _SUCCEED,
+    states.Transition.RETRY: _RETRY,
+    states.Transition.BURY: _BURY,
+    states.Transition.RELEASE: _RELEASE,
+}
 
 
 def settle(conn: sqlite3.Connection, items: Sequence[Settlement], *, now: str) -> int:
     """Apply outcomes, grouped by kind (one executemany each). Returns how many rows changed;
     fewer than ``len(items)`` means some leases were stale and were ignored."""
     by_kind: dict[states.Transition, list[tuple[Any, ...]]] = {}
+    now_epoch: float | None = None
     for s in items:
         if s.transition is states.Transition.SUCCEED:
             params: tuple[Any, ...] = (now, s.id, s.lease_token)
         elif s.transition is states.Transition.RETRY:
-            params = (s.run_after, s.error, now, s.id, s.lease_token)
+            if now_epoch is None:
+                now_epoch = to_epoch(now)
+            params = (format_ts(now_epoch + s.delay), s.error, now, s.id, s.lease_token)
         elif s.transition is states.Transition.BURY:
             params = (s.error, now, s.id, s.lease_token)
         elif s.transition is states.Transition.RELEASE:
-            params = (s.run_after or now, now, s.id, s.lease_token)
+            params = (now, now, s.id, s.lease_token)
         else:
             raise ValueError(f"{s.transition!r} is not an outcome")
         by_kind.setdefault(s.transition, []).append(params)
-    sql = {
-        states.Transition.SUCCEED: _SUCCEED,
-        states.Transition.RETRY: _RETRY,
-        states.Transition.BURY: _BURY,
-        states.Transition.RELEASE: _RELEASE,
-    }
     changed = 0
     for kind, params_list in by_kind.items():
-        changed += conn.executemany(sql[kind], params_list).rowcount
+        changed += conn.executemany(_SETTLE_SQL[kind], params_list).rowcount
     return changed
+
+
+def settle_each(conn: sqlite3.Connection, items: Sequence[Settlement], *, now: str) -> list[bool]:
+    """Like :func:`settle`, but tells which items changed a row (the slow path for stale leases)."""
+    return [settle(conn, [item], now=now) == 1 for item in items]
 
 
 def renew(conn: sqlite3.Connection, leases: Iterable[tuple[str, int]], *, expires: str) -> list[str]:

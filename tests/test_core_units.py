@@ -164,8 +164,17 @@ def test_the_service_refuses_a_corrupt_database_with_a_message(tmp_path: Path) -
 
     bad = tmp_path / "corrupt.db"
     bad.write_bytes(b"\x00garbage" * 512)
-    env = {**os.environ, "DATABASE_URL": f"sqlite:///{bad}"}
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{bad}", "ADMIN_PORT": "0"}
     proc = subprocess.run([sys.executable, "-m", "pipeline"], env=env, capture_output=True, text=True, timeout=30, cwd=tmp_path)
     assert proc.returncode == 1
     assert "corrupt.db" in proc.stderr and "not a SQLite database" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@given(st.floats(min_value=0, max_value=4_000_000_000, allow_nan=False))
+def test_stored_times_survive_a_round_trip(epoch: float) -> None:
+    from pipeline.clock import format_ts, to_epoch, to_ts
+
+    text = format_ts(epoch)
+    assert to_ts(text) == text
+    assert abs(to_epoch(text) - epoch) <= 0.0005 + 1e-6

@@ -120,10 +120,9 @@ class StoreVsModel(RuleBasedStateMachine):
         decision = states.settle_failure(
             attempts=lease.attempts, max_attempts=lease.max_attempts, permanent=permanent, base_seconds=BASE, rng=NoJitter()
         )
-        run_after = format_ts(self.now + decision.delay) if decision.transition is Transition.RETRY else None
         with store.write_transaction(self.conn):
             changed = store.settle(
-                self.conn, [store.Settlement(lease.id, lease.token, decision.transition, "boom", run_after)], now=self.ts
+                self.conn, [store.Settlement(lease.id, lease.token, decision.transition, "boom", decision.delay)], now=self.ts
             )
         assert changed == (1 if current else 0), "a stale lease must change nothing"
         if current:
