@@ -120,22 +120,25 @@ async def run_one(pipeline: Pipeline, pool: Pool, lease: Lease) -> None:
             outcome = Outcome("permanent", f"payload no longer decodes: {exc}")
         else:
             ctx = JobContext(lease.id, lease.job_type, lease.attempts, lease.max_attempts, pipeline)
-            scope = trio.CancelScope()
+            # one scope per job: its deadline is the job's timeout, which a graceful stop
+            # may bring forward, and the lease keeper cancels it if the lease is lost
+            scope = trio.CancelScope(deadline=trio.current_time() + pool.timeout)
             pool.running[lease.id] = scope
-            outcome = Outcome("released")  # what a cancellation (shutdown) leaves
             try:
                 with scope:
-                    with trio.move_on_after(pool.timeout) as timer:
-                        try:
-                            outcome = await _invoke(spec.handler, job, ctx)  # type: ignore[arg-type]
-                        except Exception as exc:  # an ExceptionGroup left after trio removed a Cancelled
-                            outcome = Outcome.failed(exc)
-                    if timer.cancelled_caught:
-                        outcome = Outcome("timeout", f"timed out after {pool.timeout:g} s (attempt {lease.attempts})")
+                    try:
+                        outcome = await _invoke(spec.handler, job, ctx)  # type: ignore[arg-type]
+                    except Exception as exc:  # an ExceptionGroup left after trio removed a Cancelled
+                        outcome = Outcome.failed(exc)
             finally:
                 del pool.running[lease.id]
             if lease.id in pool.lost:
                 outcome = Outcome("lost")
+            elif scope.cancelled_caught:
+                if pool.stopping:
+                    outcome = Outcome("released")  # shutdown: back to pending, attempt not counted
+                else:
+                    outcome = Outcome("timeout", f"timed out after {pool.timeout:g} s (attempt {lease.attempts})")
     await _settle(pipeline, pool, lease, outcome, time.monotonic() - started)
 
 
