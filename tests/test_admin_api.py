@@ -97,6 +97,8 @@ async def test_list_jobs_newest_first_with_filters_and_pages(db_path: Any, seede
         ({"per_page": "201"}, ["per_page must be an integer from 1 to 200"]),
         ({"per_page": "0"}, ["per_page"]),
         ({"per_page": "ten"}, ["per_page"]),
+        ({"job_type": ""}, ["job_type must not be empty"]),
+        ({"statu": "dead"}, ["unknown query parameter 'statu'", "status, job_type, page, per_page"]),
     ],
 )
 async def test_list_rejects_malformed_filters(db_path: Any, params: dict[str, str], words: list[str]) -> None:
@@ -105,7 +107,7 @@ async def test_list_rejects_malformed_filters(db_path: Any, params: dict[str, st
 
 
 async def test_hostile_filters_and_ids_never_500(db_path: Any, seeded: dict[str, list[str]]) -> None:
-    hostile = ["' OR '1'='1", "'; DROP TABLE jobs; --", "\x00", "%00", "é😀", "a" * 10_000, "../../etc/passwd", " ", "\\", "NULL"]
+    hostile = ["' OR '1'='1", "'; DROP TABLE jobs; --", "\x00", "%00", "é😀", "a" * 10_000, "../../etc/passwd", " ", "\\", "NULL", "."]
     async with served(api_config(db_path)) as (_, client):
         for text in hostile:
             r = await client.get("/admin/jobs", params={"job_type": text})

@@ -40,6 +40,8 @@ MAX_PER_PAGE = 200
 DEFAULT_PER_PAGE = 50
 MAX_PAGE = 10_000_000  # page × per_page stays far inside SQLite's 64-bit OFFSET
 
+NO_BODY = object()  # an optional body that was not sent (unlike a JSON null, which is refused)
+
 CODES = {
     400: "bad_request",
     401: "unauthorized",
@@ -69,11 +71,16 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
-def _answers_errors(fn: Endpoint) -> Endpoint:
-    """Turn the pipeline's exceptions into the API's error responses."""
+def _answers_errors(fn: Endpoint, query: tuple[str, ...] = ()) -> Endpoint:
+    """Turn the pipeline's exceptions into the API's error responses; refuse query
+    parameters the endpoint does not know (``?statu=dead`` must not list everything)."""
 
     async def endpoint(request: Request) -> Response:
         try:
+            unknown = [key for key in request.query_params if key not in query]
+            if unknown:
+                expected = f"; expected {', '.join(query)}" if query else "; this endpoint takes none"
+                raise ApiError(400, f"unknown query parameter {_clip(unknown[0])!r}{expected}")
             return await fn(request)
         except ApiError as exc:
             return error_response(exc.status, exc.message, exc.headers)
@@ -104,7 +111,7 @@ class AdminApi:
         return [
             ("GET", "/healthz", e(self.healthz)),
             ("GET", "/metrics", e(self.metrics_text)),
-            ("GET", "/admin/jobs", e(self.list_jobs)),
+            ("GET", "/admin/jobs", e(self.list_jobs, ("status", "job_type", "page", "per_page"))),
             ("POST", "/admin/jobs", e(self.create_job)),
             ("POST", "/admin/jobs/cleanup", e(self.cleanup)),
             ("GET", "/admin/jobs/{job_id}", e(self.get_job)),
@@ -123,6 +130,8 @@ class AdminApi:
         if status is not None and status not in set(Status):
             raise ApiError(400, f"status must be one of {', '.join(Status)}, got {_clip(status)!r}")
         job_type = params.get("job_type")
+        if job_type == "":
+            raise ApiError(400, "job_type must not be empty (leave it out to list every type)")
         page = _int_param(params.get("page"), "page", 1, 1, MAX_PAGE)
         per_page = _int_param(params.get("per_page"), "per_page", DEFAULT_PER_PAGE, 1, MAX_PER_PAGE)
         records, total = await self.queue.list(status=status, job_type=job_type, limit=per_page, offset=(page - 1) * per_page)
@@ -161,7 +170,7 @@ class AdminApi:
     async def cleanup(self, request: Request) -> Response:
         """POST /admin/jobs/cleanup — body (optional): {"statuses": [...], "older_than_seconds": n}."""
         body = await self._body(request, required=False)
-        body = {} if body is None else inputs.object_of(body, "the request body")
+        body = {} if body is NO_BODY else inputs.object_of(body, "the request body")
         unknown = [k for k in body if k not in ("statuses", "older_than_seconds")]
         if unknown:
             raise UsageError(f"unknown field {unknown[0]!r}; expected statuses, older_than_seconds")
@@ -227,7 +236,7 @@ class AdminApi:
         return record
 
     async def _body(self, request: Request, *, required: bool) -> Any:
-        """The JSON body, read up to ADMIN_MAX_BODY_BYTES (413 beyond); None if empty and optional."""
+        """The JSON body, read up to ADMIN_MAX_BODY_BYTES (413 beyond); NO_BODY if empty and optional."""
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
@@ -238,7 +247,7 @@ class AdminApi:
         if not raw.strip():
             if required:
                 raise ApiError(400, "a JSON body is required")
-            return None
+            return NO_BODY
         try:
             return inputs.loads(raw, "the request body")
         except UsageError as exc:

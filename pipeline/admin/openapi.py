@@ -121,8 +121,8 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
             "properties": {
                 "statuses": {"type": "array", "minItems": 1, "items": {"type": "string", "enum": ["completed", "dead"]},
                              "default": ["completed", "dead"]},
-                "older_than_seconds": {"type": "number", "minimum": 0, "maximum": MAX_OLDER_THAN_SECONDS,
-                                       "description": "Only records last updated longer ago than this."},
+                "older_than_seconds": {"type": "number", "nullable": True, "minimum": 0, "maximum": MAX_OLDER_THAN_SECONDS,
+                                       "description": "Only records last updated longer ago than this (null: any age)."},
             },
         },
         "Deleted": {"type": "object", "required": ["deleted"], "properties": {"deleted": count}},
@@ -154,7 +154,7 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
                 "summary": "List jobs, newest first",
                 "parameters": [
                     {"name": "status", "in": "query", "schema": {"type": "string", "enum": statuses}},
-                    {"name": "job_type", "in": "query", "schema": {"type": "string"}},
+                    {"name": "job_type", "in": "query", "schema": {"type": "string", "minLength": 1}},
                     {"name": "page", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": 1}},
                     {"name": "per_page", "in": "query",
                      "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PER_PAGE, "default": 50}},
