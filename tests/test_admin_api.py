@@ -107,7 +107,7 @@ async def test_list_rejects_malformed_filters(db_path: Any, params: dict[str, st
 
 
 async def test_hostile_filters_and_ids_never_500(db_path: Any, seeded: dict[str, list[str]]) -> None:
-    hostile = ["' OR '1'='1", "'; DROP TABLE jobs; --", "\x00", "%00", "é😀", "a" * 10_000, "../../etc/passwd", " ", "\\", "NULL", "."]
+    hostile = ["' OR '1'='1", "'; DROP TABLE jobs; --", "\x00", "%00", "é😀", "a" * 10_000, "../../etc/passwd", " ", "\\", "NULL"]
     async with served(api_config(db_path)) as (_, client):
         for text in hostile:
             r = await client.get("/admin/jobs", params={"job_type": text})
