@@ -16,6 +16,7 @@ so writes the last batch.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -182,7 +183,9 @@ async def open_pipeline(config: Config | None = None, registry: Registry | None 
         async with contextlib.AsyncExitStack() as resources, trio.open_nursery() as ledger_tn:
             for name, factory in registry.resources().items():
                 pipeline.resources[name] = await resources.enter_async_context(factory(pipeline))
-            await ledger_tn.start(run_ledger, db, ledger_recv, wake_send.clone(), ledger_stats)
+            await ledger_tn.start(
+                functools.partial(run_ledger, db, ledger_recv, wake_send.clone(), ledger_stats, eager=queue.eager_command)
+            )
             pipeline._wake_send = wake_send
             try:
                 async with trio.open_nursery() as keeper_tn:

@@ -39,14 +39,19 @@ class Reply:
     _done: trio.Event = attrs.field(factory=trio.Event)
     _value: Any = None
     _error: BaseException | None = None
+    then: Callable[[bool, Any], None] | None = None  # called with (ok, value or error) when answered
 
     def set(self, value: Any) -> None:
         self._value = value
         self._done.set()
+        if self.then is not None:
+            self.then(True, value)
 
     def fail(self, error: BaseException) -> None:
         self._error = error
         self._done.set()
+        if self.then is not None:
+            self.then(False, error)
 
     async def wait(self) -> Any:
         await self._done.wait()
@@ -153,9 +158,13 @@ async def run_ledger(
     wake_send: trio.MemorySendChannel[None],
     stats: LedgerStats,
     *,
+    eager: Callable[[], Command | None] | None = None,
     batch_limit: int = BATCH_LIMIT,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    """``eager()``, when given, is asked for one more command whenever a batch inserts
+    work: the Poller's claim, run in the same transaction, so a job written by this
+    process starts as soon as its insert commits."""
     with inbox_recv, wake_send:
         task_status.started()
         async for first in inbox_recv:
@@ -165,6 +174,10 @@ async def run_ledger(
                     batch.append(inbox_recv.receive_nowait())
                 except (trio.WouldBlock, trio.EndOfChannel):
                     break
+            if eager is not None and any(command.wakes_poller for command in batch):
+                extra = eager()
+                if extra is not None:
+                    batch.append(extra)
             try:
                 results = await _write_patiently(db, batch)
             except sqlite3.Error as exc:

@@ -13,7 +13,8 @@ delayed jobs that came due.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -22,8 +23,61 @@ from .errors import PipelineError, StoreError
 if TYPE_CHECKING:
     from .app import Pipeline
     from .pools import Pool
+    from .queue import Lease
 
 log = logging.getLogger("pipeline.poller")
+
+
+class Claimer:
+    """The Poller's bookkeeping of pool capacity, shared with the Ledger's eager claims.
+
+    Capacity is reserved (``outstanding`` raised) before a claim is sent and the unused
+    part handed back when its answer arrives, so the Poller's own claims and the eager
+    ones the Ledger adds to a batch that inserted work can never together claim more
+    than the pools' channels hold.
+    """
+
+    def __init__(self, pools: dict[str, Pool]) -> None:
+        self.pools = pools
+        self.eager_in_flight = 0  # eager claims sent but not answered (the Ledger's)
+        self.eager_done = trio.Event()
+
+    def reserve(self) -> dict[str, int]:
+        wants = {name: pool.free for name, pool in self.pools.items() if pool.free > 0}
+        for name, n in wants.items():
+            self.pools[name].outstanding += n
+        return wants
+
+    def deliver(self, wants: dict[str, int], leases: list[Lease]) -> dict[str, int]:
+        got: dict[str, int] = {}
+        for lease in leases:
+            pool = self.pools[lease.job_type]
+            pool.held[lease.id] = lease
+            pool.send.send_nowait(lease)  # cannot block: buffer == capacity >= outstanding
+            got[lease.job_type] = got.get(lease.job_type, 0) + 1
+        for name, n in wants.items():
+            self.pools[name].outstanding -= n - got.get(name, 0)
+        return got
+
+    # -- eager claims: run by the Ledger in the same transaction as an insert ----------------
+
+    def eager(self) -> tuple[dict[str, int], Callable[[bool, Any], None]] | None:
+        """Called by the Ledger when a batch inserts work: what to claim right there, and
+        what to do with the answer. The new job then starts as soon as its insert commits,
+        with no second transaction in between."""
+        wants = self.reserve()
+        if not wants:
+            return None
+        self.eager_in_flight += 1
+
+        def done(ok: bool, value: Any) -> None:
+            self.deliver(wants, value if ok else [])
+            self.eager_in_flight -= 1
+            if self.eager_in_flight == 0:
+                self.eager_done.set()
+                self.eager_done = trio.Event()
+
+        return wants, done
 
 
 async def run_poller(
@@ -37,13 +91,15 @@ async def run_poller(
     which tells its workers no more jobs are coming."""
     queue = pipeline.queue
     interval = pipeline.config.poll_interval
+    claimer = Claimer(pools)
     failures = 0
     with wake_recv:
         try:
             with trio.CancelScope() as claiming:
+                queue.eager_claimer = claimer.eager
                 task_status.started(claiming)
                 while True:
-                    wants = {name: pool.free for name, pool in pools.items() if pool.free > 0}
+                    wants = claimer.reserve()
                     more = False
                     if wants:
                         try:
@@ -52,18 +108,13 @@ async def run_poller(
                             with trio.CancelScope(shield=True):
                                 leases = await queue.dequeue(wants)
                         except StoreError as exc:
+                            claimer.deliver(wants, [])
                             failures += 1
                             log.warning("claim failed (%s); retrying", exc)
                             await trio.sleep(min(interval * failures, 5.0))
                             continue
                         failures = 0
-                        got: dict[str, int] = {}
-                        for lease in leases:
-                            pool = pools[lease.job_type]
-                            pool.outstanding += 1
-                            pool.held[lease.id] = lease
-                            pool.send.send_nowait(lease)  # cannot block: buffer == capacity >= outstanding
-                            got[lease.job_type] = got.get(lease.job_type, 0) + 1
+                        got = claimer.deliver(wants, leases)
                         more = any(got.get(name, 0) == n and pools[name].free > 0 for name, n in wants.items())
                     if more:
                         await trio.lowlevel.checkpoint()
@@ -73,6 +124,10 @@ async def run_poller(
         except PipelineError as exc:
             log.info("poller stopping: %s", exc)
         finally:
+            queue.eager_claimer = None
+            with trio.CancelScope(shield=True):
+                while claimer.eager_in_flight:  # answers still on their way from the Ledger
+                    await claimer.eager_done.wait()
             for pool in pools.values():
                 pool.send.close()
 

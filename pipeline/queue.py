@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -91,6 +91,9 @@ class SqliteJobQueue:
         self.backoff_base_seconds = backoff_base_seconds
         self._new_id = new_id or UUID7Factory()
         self._rng = rng or random.Random()
+        # set by the Poller while it runs: reserves capacity for a claim the Ledger adds to a
+        # batch that inserted work (see poller.Claimer.eager)
+        self.eager_claimer: Callable[[], tuple[dict[str, int], Callable[[bool, Any], None]] | None] | None = None
 
     async def _call(self, kind: str, fn: Any, *, wakes_poller: bool = False, settlement: store.Settlement | None = None) -> Any:
         reply = Reply()
@@ -140,8 +143,7 @@ class SqliteJobQueue:
 
     # -- the worker side ----------------------------------------------------------------------
 
-    async def dequeue(self, wants: Mapping[str, int]) -> list[Lease]:
-        """Claim up to ``wants[job_type]`` due jobs of each type, in one transaction."""
+    def _claim_fn(self, wants: Mapping[str, int]) -> Callable[[Any, str], list[Lease]]:
         owner = self.owner
         lease_seconds = self.lease_seconds
 
@@ -154,7 +156,21 @@ class SqliteJobQueue:
                     claimed.extend(Lease.from_claimed(r) for r in rows)
             return claimed
 
-        return await self._call("claim", claim_all)
+        return claim_all
+
+    async def dequeue(self, wants: Mapping[str, int]) -> list[Lease]:
+        """Claim up to ``wants[job_type]`` due jobs of each type, in one transaction."""
+        return await self._call("claim", self._claim_fn(wants))
+
+    def eager_command(self) -> Command | None:
+        """The Ledger's hook: a claim to run in the same transaction as an insert."""
+        if self.eager_claimer is None:
+            return None
+        reserved = self.eager_claimer()
+        if reserved is None:
+            return None
+        wants, then = reserved
+        return Command("claim", self._claim_fn(wants), Reply(then=then))
 
     async def _settle(self, item: store.Settlement) -> bool:
         """Write one outcome; the Ledger groups it with the batch's other outcomes."""
