@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 Handler = Callable[[Any, "JobContext"], Awaitable[None]]
 Route = Callable[[Any, "Config"], list[events_mod.Routed]]
 
+MAX_PAYLOAD_BYTES = 1_048_576  # a job's JSON payload (and an event's data) may be at most 1 MiB
+
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,99}$")
 
 
@@ -100,7 +102,8 @@ def _explain(exc: BaseException, type_: Any) -> str:
 class Registry:
     """Job types and events known to one pipeline. Build it before ``open_pipeline``."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> None:
+        self.max_payload_bytes = max_payload_bytes
         self._jobs: dict[str, JobSpec] = {}
         self._names_by_cls: dict[type, str] = {}
         self._events: dict[str, EventSpec] = {}
@@ -109,9 +112,9 @@ class Registry:
         self.converter = _make_converter()
 
     @classmethod
-    def with_builtins(cls) -> Registry:
+    def with_builtins(cls, **options: Any) -> Registry:
         """The ten job types and five events of the design, no handlers attached."""
-        registry = cls()
+        registry = cls(**options)
         for name, job_cls in jobs_mod.BUILTIN_JOB_TYPES.items():
             registry.register(name, job_cls)
         for name, (event_cls, route) in events_mod.BUILTIN_EVENTS.items():
@@ -181,12 +184,13 @@ class Registry:
     def encode(self, job: Any) -> tuple[str, str]:
         """A job object to (job_type, payload JSON)."""
         name = self.name_of(job)
-        return name, json.dumps(self.converter.unstructure(job), separators=(",", ":"), ensure_ascii=False)
+        return name, self.encode_as(name, job)
 
     def decode(self, name: str, payload: str | Mapping[str, Any]) -> Any:
         """(job_type, payload) to a job object; UnknownJobType or InvalidPayload when it does not fit."""
         spec = self.spec(name)
         if isinstance(payload, str):
+            self._check_size(payload, f"payload of {name!r}")
             try:
                 payload = json.loads(payload)
             except ValueError as exc:
@@ -200,7 +204,17 @@ class Registry:
         return self.encode_as(name, self.decode(name, payload))
 
     def encode_as(self, name: str, job: Any) -> str:
-        return json.dumps(self.converter.unstructure(job), separators=(",", ":"), ensure_ascii=False)
+        payload = json.dumps(self.converter.unstructure(job), separators=(",", ":"), ensure_ascii=False)
+        self._check_size(payload, f"payload of {name!r}")
+        return payload
+
+    def _check_size(self, text: str, what: str) -> None:
+        # a str has at most 4 bytes per character in UTF-8: encode only when it may be over
+        if len(text) * 4 > self.max_payload_bytes and len(text.encode()) > self.max_payload_bytes:
+            raise InvalidPayload(
+                f"{what} is {len(text.encode()):,} bytes of JSON, over the limit of {self.max_payload_bytes:,}; "
+                "store large data elsewhere (a file, a row of your own) and put its id in the job"
+            )
 
     def _structure(self, cls: type, data: Mapping[str, Any], what: str) -> Any:
         try:
@@ -253,6 +267,10 @@ class Registry:
         spec = self.event_spec(name)
         if not isinstance(data, Mapping):
             raise InvalidPayload(f"data of event {name!r} must be a JSON object, got {type(data).__name__}")
+        try:
+            self._check_size(json.dumps(data, ensure_ascii=False), f"data of event {name!r}")
+        except (TypeError, ValueError) as exc:
+            raise InvalidPayload(f"data of event {name!r} is not JSON: {exc}") from None
         return self._structure(spec.cls, data, f"data of event {name!r}")
 
     def route(self, event: Any, config: Config) -> list[events_mod.Routed]:

@@ -178,3 +178,20 @@ def test_stored_times_survive_a_round_trip(epoch: float) -> None:
     text = format_ts(epoch)
     assert to_ts(text) == text
     assert abs(to_epoch(text) - epoch) <= 0.0005 + 1e-6
+
+
+def test_oversized_payloads_and_events_are_refused_naming_the_limit() -> None:
+    from pipeline.registry import MAX_PAYLOAD_BYTES
+
+    registry = pipeline.Registry.with_builtins()
+    big = "é" * (MAX_PAYLOAD_BYTES // 2 + 1)  # two bytes each in UTF-8: just over the limit
+    with pytest.raises(pipeline.InvalidPayload, match=r"over the limit of 1,048,576"):
+        registry.encode(pipeline.SendEmail(to="a@example.com", subject="s", body=big))
+    with pytest.raises(pipeline.InvalidPayload, match="over the limit"):
+        registry.validate("send_email", '{"to": "a@example.com", "subject": "s", "body": "' + "x" * MAX_PAYLOAD_BYTES + '"}')
+    with pytest.raises(pipeline.InvalidPayload, match="data of event 'UserRegistered'.*over the limit"):
+        registry.decode_event("UserRegistered", {"user_id": "x" * MAX_PAYLOAD_BYTES, "email": "e", "username": "u"})
+    small = pipeline.Registry.with_builtins(max_payload_bytes=100)
+    small.encode(pipeline.SendEmail(to="a@example.com", subject="s", body="fits"))
+    with pytest.raises(pipeline.InvalidPayload):
+        small.encode(pipeline.SendEmail(to="a@example.com", subject="s", body="x" * 100))
