@@ -1,0 +1,111 @@
+"""Logs: one line per job outcome with the job's id, type, attempt, duration and error;
+LOG_FORMAT=json gives one JSON object per line."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from conftest import fast_config
+from pipeline import Config, PermanentError, Registry, SendEmail, open_pipeline
+from pipeline.logs import configure
+
+TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+
+
+@pytest.fixture
+def log_stream() -> Iterator[io.StringIO]:
+    """Where `configure` sends the pipeline's log; the logger is restored afterwards."""
+    logger = logging.getLogger("pipeline")
+    saved = (logger.handlers[:], logger.level, logger.propagate)
+    yield io.StringIO()
+    logger.handlers[:], logger.level, logger.propagate = saved[0], saved[1], saved[2]
+
+
+def registry() -> Registry:
+    reg = Registry.with_builtins()
+    tries: dict[str, int] = {}
+
+    async def send_email(job: SendEmail, ctx: Any) -> None:
+        tries[job.to] = tries.get(job.to, 0) + 1
+        if job.subject == "flaky" and tries[job.to] == 1:
+            raise ConnectionRefusedError("smtp.example.com:25 refused the connection")
+        if job.subject == "never":
+            raise PermanentError("550 no such mailbox")
+
+    reg.register("send_email", SendEmail, send_email)
+    return reg
+
+
+async def run_jobs(db_path: Path) -> dict[str, str]:
+    ids = {}
+    async with open_pipeline(fast_config(db_path, worker_backoff_base_ms=1), registry()) as p:
+        for subject in ("fine", "flaky", "never"):
+            ids[subject] = await p.enqueue(SendEmail(to=f"{subject}@example.com", subject=subject, body="b"))
+        with trio.fail_after(10):
+            for job_id in ids.values():
+                while (await p.queue.get(job_id)).status not in ("completed", "dead"):
+                    await trio.sleep(0.01)
+    return ids
+
+
+async def test_json_lines_carry_each_job_outcome(db_path: Path, log_stream: io.StringIO) -> None:
+    configure(Config(log_format="json", log_level="info"), stream=log_stream)
+    ids = await run_jobs(db_path)
+    records = [json.loads(line) for line in log_stream.getvalue().splitlines()]  # every line is JSON
+    outcomes = [r for r in records if "job_id" in r]
+    by_job = {job_id: [r for r in outcomes if r["job_id"] == job_id] for job_id in ids.values()}
+
+    (fine,) = by_job[ids["fine"]]
+    assert fine["level"] == "info" and fine["logger"] == "pipeline" and TIME.match(fine["time"])
+    assert (fine["job_type"], fine["attempt"], fine["max_attempts"], fine["outcome"], fine["status"]) == ("send_email", 1, 3, "ok", "completed")
+    assert fine["error"] is None and fine["duration_ms"] >= 0 and fine["waited_ms"] >= 0
+    assert fine["message"].startswith(f"job {ids['fine']} send_email attempt 1/3 ok → completed in ")
+
+    first, second = by_job[ids["flaky"]]
+    assert (first["attempt"], first["outcome"], first["status"], first["level"]) == (1, "error", "retry", "warning")
+    assert first["error"] == "ConnectionRefusedError: smtp.example.com:25 refused the connection"
+    assert (second["attempt"], second["outcome"], second["status"]) == (2, "ok", "completed")
+
+    (never,) = by_job[ids["never"]]
+    assert (never["outcome"], never["status"]) == ("permanent", "dead")
+    assert never["error"] == "permanent error: 550 no such mailbox"
+
+
+async def test_text_lines_for_people(db_path: Path, log_stream: io.StringIO) -> None:
+    configure(Config(log_format="text", log_level="info"), stream=log_stream)
+    ids = await run_jobs(db_path)
+    text = log_stream.getvalue()
+    assert re.search(rf" INFO pipeline: job {ids['fine']} send_email attempt 1/3 ok → completed in [\d.]+ ms$", text, re.M), text
+    assert re.search(rf" WARNING pipeline: job {ids['flaky']} send_email attempt 1/3 error → retry in [\d.]+ ms: "
+                     "ConnectionRefusedError: smtp.example.com:25 refused the connection$", text, re.M), text
+    assert re.search(rf"job {ids['never']} send_email attempt 1/3 permanent → dead in [\d.]+ ms: permanent error: 550", text), text
+    assert len([line for line in text.splitlines() if f"job {ids['flaky']} " in line]) == 2  # one line per outcome
+
+
+async def test_log_level_filters(db_path: Path, log_stream: io.StringIO) -> None:
+    configure(Config(log_format="json", log_level="warning"), stream=log_stream)
+    ids = await run_jobs(db_path)
+    records = [json.loads(line) for line in log_stream.getvalue().splitlines()]
+    assert {r["job_id"] for r in records if "job_id" in r} == {ids["flaky"], ids["never"]}
+    assert all(r["level"] in ("warning", "error") for r in records)
+
+
+def test_exceptions_are_one_json_line(log_stream: io.StringIO) -> None:
+    configure(Config(log_format="json"), stream=log_stream)
+    try:
+        raise ValueError("boom\nsecond line")
+    except ValueError:
+        logging.getLogger("pipeline.test").exception("it failed")
+    (line,) = log_stream.getvalue().splitlines()
+    record = json.loads(line)
+    assert record["message"] == "it failed" and record["level"] == "error" and record["logger"] == "pipeline.test"
+    assert "ValueError: boom\nsecond line" in record["exception"]
