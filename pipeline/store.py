@@ -416,7 +416,11 @@ def finished_per_minute(conn: sqlite3.Connection, *, now: str, minutes: int = 60
 
 def oldest_due_pending(conn: sqlite3.Connection, *, now: str) -> str | None:
     """``run_after`` of the pending job that has been due the longest (None: nothing is due)."""
-    (oldest,) = conn.execute("SELECT min(run_after) FROM jobs WHERE status = 'pending' AND run_after <= ?", (now,)).fetchone()
+    # INDEXED BY: the planner would otherwise pick idx_jobs_status and sort every pending
+    # row (33 ms at 40k pending); the partial index answers in microseconds
+    (oldest,) = conn.execute(
+        "SELECT min(run_after) FROM jobs INDEXED BY idx_jobs_run_after WHERE status = 'pending' AND run_after <= ?", (now,)
+    ).fetchone()
     return oldest
 
 

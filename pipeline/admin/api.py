@@ -20,6 +20,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+import trio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -39,6 +40,7 @@ log = logging.getLogger("pipeline.admin")
 MAX_PER_PAGE = 200
 DEFAULT_PER_PAGE = 50
 MAX_PAGE = 10_000_000  # page × per_page stays far inside SQLite's 64-bit OFFSET
+STATS_REUSE_FACTOR = 4.0  # stats are reused for this many times as long as they took to compute
 
 NO_BODY = object()  # an optional body that was not sent (unlike a JSON null, which is refused)
 
@@ -104,6 +106,9 @@ class AdminApi:
         self.queue = pipeline.queue
         self.metrics = metrics
         self.max_body = pipeline.config.admin_max_body_bytes
+        self._stats_lock = trio.Lock()
+        self._stats_cache: tuple[float, dict[str, Any]] | None = None  # (reuse until, stats); trio thread only
+        self._stats_generation = 0  # bumped by every write through this API
 
     def routes(self) -> list[tuple[str, str, Endpoint]]:
         """(method, path, endpoint); the order matters where paths overlap."""
@@ -152,6 +157,7 @@ class AdminApi:
         except UsageError as exc:  # not dead (any more)
             raise ApiError(409, str(exc)) from None
         log.info("admin: job %s retried (dead → pending)", job_id)
+        self._forget_stats()
         return JSONResponse(record.to_json())
 
     async def delete_job(self, request: Request) -> Response:
@@ -165,6 +171,7 @@ class AdminApi:
         except UsageError as exc:  # running
             raise ApiError(409, str(exc)) from None
         log.info("admin: job %s deleted", job_id)
+        self._forget_stats()
         return Response(status_code=204)
 
     async def cleanup(self, request: Request) -> Response:
@@ -181,6 +188,7 @@ class AdminApi:
         if older is not None:
             older = inputs.seconds(older, "older_than_seconds")
         deleted = await self.queue.cleanup(statuses=tuple(dict.fromkeys(statuses)), older_than_seconds=older)
+        self._forget_stats()
         log.info("admin: cleanup deleted %d %s jobs%s", deleted, "/".join(statuses),
                  "" if older is None else f" older than {older:g} s")
         return JSONResponse({"deleted": deleted})
@@ -190,6 +198,7 @@ class AdminApi:
         request_ = inputs.job_request(await self._body(request, required=True), "the request body")
         rows = prepare_rows(self.pipeline.registry, [request_], default_max_attempts=self.pipeline.config.worker_default_max_attempts)
         (job_id,) = await self.queue.enqueue_rows(rows)
+        self._forget_stats()
         record = await self._job(job_id)
         return JSONResponse(record.to_json(), 201, headers={"Location": f"/admin/jobs/{job_id}"})
 
@@ -199,6 +208,7 @@ class AdminApi:
         event = self.pipeline.registry.decode_event(event_request.event, event_request.data)
         try:
             job_ids = await self.pipeline.emit(event)
+            self._forget_stats()
         except (UsageError, PipelineClosed, StoreError):
             raise
         except PipelineError as exc:  # a route function failed: a bug in the application's routing
@@ -227,7 +237,23 @@ class AdminApi:
     # -- helpers ---------------------------------------------------------------------------
 
     async def _stats(self) -> dict[str, Any]:
-        return await self.queue.db.read(lambda conn: store.operator_stats(conn, now=now_ts()))
+        """The store's numbers, shared by every dashboard and scraper for a while: the
+        counts scan the table (about a second at a million rows), so a result is reused
+        for four times as long as it took to compute (microseconds on small stores)."""
+        async with self._stats_lock:  # one computation at a time; the others reuse it
+            if self._stats_cache is not None and trio.current_time() < self._stats_cache[0]:
+                return self._stats_cache[1]
+            started, generation = trio.current_time(), self._stats_generation
+            stats = await self.queue.db.read(lambda conn: store.operator_stats(conn, now=now_ts()))
+            finished = trio.current_time()
+            if generation == self._stats_generation:  # no write through this API meanwhile
+                self._stats_cache = (finished + STATS_REUSE_FACTOR * (finished - started), stats)
+            return stats
+
+    def _forget_stats(self) -> None:
+        """After a write through this API, the next view must show it."""
+        self._stats_cache = None
+        self._stats_generation += 1
 
     async def _job(self, job_id: str) -> store.JobRecord:
         record = await self.queue.get(job_id)
