@@ -36,7 +36,8 @@ from .errors import ConfigError, PipelineClosed, UsageError
 from .pools import Outcome, Pool, describe_outcome, run_worker
 from .ids import UUID7Factory
 from .ledger import LedgerStats, Reply, run_ledger
-from .poller import run_lease_keeper, run_poller
+from .leases import run_lease_keeper
+from .poller import run_poller
 from .queue import Lease, NewJob, SqliteJobQueue
 from .registry import Registry
 
@@ -60,6 +61,7 @@ class Pipeline:
         self._wake_send: trio.MemorySendChannel[None] | None = None
         self._observers: list[Callable[[dict[str, Any]], None]] = []
         self.resources: dict[str, Any] = {}  # entered by open_pipeline from registry.resources()
+        self.heartbeat: Any = None  # the lease heartbeat thread, while workers run (leases.Heartbeat)
 
     # -- producing work -------------------------------------------------------------------
 

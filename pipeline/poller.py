@@ -130,39 +130,3 @@ async def run_poller(
                     await claimer.eager_done.wait()
             for pool in pools.values():
                 pool.send.close()
-
-
-async def run_lease_keeper(
-    pipeline: Pipeline, pools: dict[str, Pool], *, task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED
-) -> None:
-    """Every third of WORKER_LEASE_SECONDS: renew the leases this process holds, cancel the
-    jobs whose lease another process took over, rescue jobs whose lease expired (their
-    worker died), and bury pending jobs whose type nothing here knows."""
-    queue = pipeline.queue
-    period = pipeline.config.worker_lease_seconds / 3
-    known = set(pipeline.registry.job_types())
-    with trio.CancelScope() as scope:
-        task_status.started(scope)
-        while True:
-            try:
-                held = [lease for pool in pools.values() for lease in pool.held.values()]
-                lost = await queue.renew(held)
-                for job_id in lost:
-                    for pool in pools.values():
-                        # a job settled in the same batch as the renewal is not lost, just done
-                        if job_id in pool.held and job_id not in pool.settling:
-                            pool.lost.add(job_id)
-                            if job_id in pool.running:
-                                pool.running[job_id].cancel()
-                            log.warning("job %s: lease lost to another worker; its run here was cancelled", job_id)
-                rescued = await queue.rescue_expired()
-                if rescued:
-                    log.warning("rescued %d jobs whose lease expired", rescued)
-                buried = await queue.bury_unknown_types(known, grace_seconds=pipeline.config.worker_unknown_type_grace_seconds)
-                if buried:
-                    log.error("%d pending jobs have a job type no code here knows; moved to dead", buried)
-            except StoreError as exc:
-                log.warning("lease upkeep failed (%s); retrying", exc)
-            except PipelineError:
-                return
-            await trio.sleep(period)

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pipeline.jobs")
 
+BLOCKING_GRACE = 0.5  # a timeout landing this much late means the handler did not yield
 SETTLE_RETRY_MAX = 5.0  # seconds between tries to write an outcome the database refused
 
 
@@ -132,13 +133,20 @@ async def run_one(pipeline: Pipeline, pool: Pool, lease: Lease) -> None:
                         outcome = Outcome.failed(exc)
             finally:
                 del pool.running[lease.id]
+            ran = time.monotonic() - started
             if lease.id in pool.lost:
                 outcome = Outcome("lost")
-            elif scope.cancelled_caught:
-                if pool.stopping:
-                    outcome = Outcome("released")  # shutdown: back to pending, attempt not counted
-                else:
-                    outcome = Outcome("timeout", f"timed out after {pool.timeout:g} s (attempt {lease.attempts})")
+            elif scope.cancelled_caught and pool.stopping:
+                outcome = Outcome("released")  # shutdown: back to pending, attempt not counted
+            elif scope.cancelled_caught or ran > pool.timeout:
+                message = f"timed out after {pool.timeout:g} s (attempt {lease.attempts})"
+                if ran > pool.timeout + BLOCKING_GRACE:
+                    # the cancellation could only land when the handler next yielded
+                    message += (
+                        f"; it ran {ran:.1f} s, blocking the event loop between checkpoints: run CPU-bound or "
+                        "blocking code in trio.to_thread.run_sync"
+                    )
+                outcome = Outcome("timeout", message)
     await _settle(pipeline, pool, lease, outcome, time.monotonic() - started)
 
 

@@ -303,3 +303,39 @@ async def test_a_writer_holding_the_lock_delays_but_loses_nothing(db_path) -> No
             assert trio.current_time() - started >= 1.0
         job = await wait_status(p, during, "completed")
         assert job.attempts == 1
+
+
+async def test_a_handler_that_blocks_the_loop_fails_saying_so_and_keeps_its_lease(db_path) -> None:
+    import threading
+
+    from pipeline import store as store_mod
+
+    async def blocking(job: Echo, ctx: pipeline.JobContext) -> None:
+        time.sleep(1.5)  # by mistake: blocks the whole event loop
+
+    reg = pipeline.Registry.with_builtins()
+    reg.register("echo", Echo, blocking, timeout=0.3)
+    config = fast_config(db_path, worker_lease_seconds=0.6)
+    rescued: list[object] = []
+    stop = threading.Event()
+
+    def other_process() -> None:  # rescues expired leases, as any other worker would
+        conn = store_mod.connect(db_path)
+        while not stop.wait(0.05):
+            with store_mod.write_transaction(conn):
+                rescued.extend(store_mod.rescue_expired(conn, now=now_ts(), base_seconds=0.01))
+        conn.close()
+
+    async with pipeline.open_pipeline(config, reg) as p:
+        thread = threading.Thread(target=other_process)
+        thread.start()
+        try:
+            job_id = await p.enqueue(Echo("cpu"), max_attempts=1)
+            job = await wait_status(p, job_id, "dead")
+        finally:
+            stop.set()
+            thread.join()
+        assert p.heartbeat.renewals >= 2
+    assert rescued == [], "the lease expired while the loop was blocked"
+    assert job.attempts == 1
+    assert job.error.startswith("timed out after 0.3 s") and "blocking the event loop" in job.error

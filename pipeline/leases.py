@@ -1,0 +1,147 @@
+"""Leases: the heartbeat that keeps this process's running jobs, and the keeper that
+rescues jobs whose worker died.
+
+The **heartbeat** is an OS thread with a connection of its own. Every third of
+WORKER_LEASE_SECONDS it pushes the expiry of every lease this process holds (running
+jobs and the few claimed ahead). It is a thread, not a trio task, so that a handler
+that blocks the event loop by mistake (CPU-bound code, a blocking call) cannot starve
+it: another process would otherwise rescue and run again a job that is still running
+here. It writes one column, ``lease_expires_at``, of rows it holds a lease on, and only
+while their token matches: the Ledger stays the only writer of job status. If the
+event loop has not answered for longer than the longest job timeout (at least ten leases)
+plus a lease, the
+process is taken for stuck and the heartbeat stops renewing, so its jobs can be rescued.
+
+The **keeper** is a trio task: through the Ledger it rescues jobs whose lease expired
+(back to pending with backoff, or dead when out of attempts) and buries pending jobs of
+types no code here knows (after WORKER_UNKNOWN_TYPE_GRACE_SECONDS).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import trio
+
+from . import store
+from .clock import format_ts
+from .errors import PipelineError, StoreError
+
+if TYPE_CHECKING:
+    from .app import Pipeline
+    from .pools import Pool
+
+log = logging.getLogger("pipeline.leases")
+
+
+class Heartbeat:
+    """Renews this process's leases from a thread (see the module docstring)."""
+
+    def __init__(self, path: Path, pools: dict[str, Pool], *, lease_seconds: float, busy_timeout_ms: int, synchronous: str) -> None:
+        self.path = path
+        self.pools = pools
+        self.lease_seconds = lease_seconds
+        self.period = lease_seconds / 3
+        self._busy_timeout_ms = busy_timeout_ms
+        self._synchronous = synchronous
+        # how long the loop may go unanswered before the process is taken for stuck
+        self.stall_limit = max(max((pool.timeout for pool in pools.values()), default=0.0), 10 * lease_seconds) + lease_seconds
+        self.loop_seen = time.monotonic()  # written by the trio keeper, read by the thread
+        self.renewals = 0  # written by the thread; tests read it
+        self._stop = threading.Event()
+        self._token = trio.lowlevel.current_trio_token()
+        self._thread = threading.Thread(target=self._run, name="pipeline-lease-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _held(self) -> list[tuple[str, int]]:
+        # list(dict.values()) runs in C under the GIL: a consistent snapshot even while the
+        # trio thread adds and removes leases
+        return [(lease.id, lease.token) for pool in list(self.pools.values()) for lease in list(pool.held.values())]
+
+    def _run(self) -> None:
+        conn = None
+        try:
+            while not self._stop.wait(self.period):
+                stalled = time.monotonic() - self.loop_seen
+                if stalled > self.stall_limit:
+                    log.error("the event loop has not answered for %.0f s; no longer renewing leases, so other "
+                              "processes can rescue this one's jobs", stalled)
+                    continue
+                held = self._held()
+                if not held:
+                    continue
+                try:
+                    if conn is None:
+                        conn = store.connect(self.path, busy_timeout_ms=self._busy_timeout_ms, synchronous=self._synchronous)
+                    with store.write_transaction(conn):
+                        lost = store.renew(conn, held, expires=format_ts(time.time() + self.lease_seconds))
+                except Exception as exc:  # noqa: BLE001 - the database refused; try again next period
+                    log.warning("lease renewal failed (%s); retrying in %.1f s", exc, self.period)
+                    continue
+                self.renewals += 1
+                if lost:
+                    try:
+                        self._token.run_sync_soon(self._lost, lost)
+                    except trio.RunFinishedError:
+                        return
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def _lost(self, lost: list[str]) -> None:
+        """On the trio thread: cancel the runs whose lease another process now holds."""
+        for job_id in lost:
+            for pool in self.pools.values():
+                # a job settled while the renewal ran is not lost, just done
+                if job_id in pool.held and job_id not in pool.settling:
+                    pool.lost.add(job_id)
+                    if job_id in pool.running:
+                        pool.running[job_id].cancel()
+                    log.warning("job %s: lease lost to another worker; its run here was cancelled", job_id)
+
+
+async def run_lease_keeper(
+    pipeline: Pipeline, pools: dict[str, Pool], *, task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Runs the heartbeat thread; every third of WORKER_LEASE_SECONDS tells it the loop is
+    alive, rescues expired leases and buries unknown job types. Cancel the returned scope
+    once the last worker has settled."""
+    config = pipeline.config
+    queue = pipeline.queue
+    known = set(pipeline.registry.job_types())
+    heartbeat = Heartbeat(
+        config.database_path, pools, lease_seconds=config.worker_lease_seconds,
+        busy_timeout_ms=config.sqlite_busy_timeout_ms, synchronous=config.sqlite_synchronous,
+    )
+    pipeline.heartbeat = heartbeat
+    heartbeat.start()
+    try:
+        with trio.CancelScope() as scope:
+            task_status.started(scope)
+            while True:
+                heartbeat.loop_seen = time.monotonic()
+                try:
+                    rescued = await queue.rescue_expired()
+                    if rescued:
+                        log.warning("rescued %d jobs whose lease expired", rescued)
+                    buried = await queue.bury_unknown_types(known, grace_seconds=config.worker_unknown_type_grace_seconds)
+                    if buried:
+                        log.error("%d pending jobs have a job type no code here knows; moved to dead", buried)
+                except StoreError as exc:
+                    log.warning("lease upkeep failed (%s); retrying", exc)
+                except PipelineError:
+                    return
+                await trio.sleep(heartbeat.period)
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(heartbeat.stop)
