@@ -194,7 +194,8 @@ async def open_pipeline(config: Config | None = None, registry: Registry | None 
                     pools = _make_pools(config, registry, wiring) if config.worker_enabled else {}
                     keeper = None
                     if config.worker_enabled:
-                        wiring.edge("Lease keeper", "JobQueue", "renew, rescue expired")
+                        wiring.edge("Lease keeper", "JobQueue", "rescue expired leases, bury unknown types")
+                        wiring.edge("Lease heartbeat (thread)", "SQLite", "renew this process's leases")
                         keeper = await keeper_tn.start(run_lease_keeper, pipeline, pools)
                     async with trio.open_nursery() as tn:
                         bus_send, bus_recv = wiring.channel("business code", "EventBus", "emit", BUS_BUFFER)
