@@ -366,8 +366,9 @@ async def test_token_is_required_everywhere_but_health_docs_and_page(db_path: An
         ok = {"Authorization": f"Bearer {TOKEN}"}
         assert (await client.get(f"/admin/jobs/{job_id}", headers=ok)).json()["status"] == "dead"  # nothing changed
         assert (await client.get("/metrics", headers=ok)).status_code == 200
-        for path in ("/healthz", "/openapi.json", "/admin", "/admin/static/dashboard.js"):
-            assert (await client.get(path)).status_code == 200, path
+        for path in ("/healthz", "/openapi.json", "/admin", "/admin/", "/admin/static/dashboard.js"):
+            r = await client.get(path, follow_redirects=True)
+            assert r.status_code == 200, path
         doc = (await client.get("/openapi.json")).json()
         assert doc["security"] == [{"bearer": []}]
 

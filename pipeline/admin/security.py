@@ -29,7 +29,7 @@ WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 def needs_token(path: str) -> bool:
-    return path == "/metrics" or (path.startswith("/admin/") and not path.startswith("/admin/static/"))
+    return path == "/metrics" or (path.startswith("/admin/") and path != "/admin/" and not path.startswith("/admin/static/"))
 
 
 def is_loopback_name(host: str) -> bool:
