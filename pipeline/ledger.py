@@ -95,6 +95,8 @@ def _apply_batch(conn: sqlite3.Connection, batch: list[Command]) -> list[tuple[b
                     conn.execute("ROLLBACK TO outcomes")
                     held = store.settle_each(conn, items, now=now)  # type: ignore[arg-type]
             except Exception as exc:
+                if not conn.in_transaction:
+                    raise  # rolled back whole by SQLite (see below)
                 conn.execute("ROLLBACK TO outcomes")
                 for i in settling:
                     results[i] = (False, exc)
@@ -109,6 +111,10 @@ def _apply_batch(conn: sqlite3.Connection, batch: list[Command]) -> list[tuple[b
             try:
                 value = command.fn(conn, now)
             except Exception as exc:  # the command's own failure: undo it alone
+                if not conn.in_transaction:
+                    # SQLite rolled the whole transaction back itself (it may on SQLITE_FULL,
+                    # SQLITE_IOERR, SQLITE_NOMEM): nothing of this batch was written
+                    raise exc
                 conn.execute("ROLLBACK TO command")
                 conn.execute("RELEASE command")
                 results[i] = (False, exc)
