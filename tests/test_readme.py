@@ -19,3 +19,11 @@ def test_embedding_example_runs(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "resizing u42 to 128px" in proc.stdout
     assert "status='completed'" in proc.stdout
+
+
+def test_ci_runs_the_readmes_test_command_verbatim() -> None:
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```sh\n(.*?)\n```", text, re.S)
+    start, test = blocks[0], blocks[1]
+    assert "python -m pipeline" in start and "pytest" in test
+    assert test in (ROOT / ".ci" / "run").read_text().splitlines()
