@@ -270,7 +270,7 @@ class AdminApi:
                 raise ApiError(413, f"request body is larger than {self.max_body} bytes (ADMIN_MAX_BODY_BYTES)")
             chunks.append(chunk)
         raw = b"".join(chunks)
-        if not raw.strip():
+        if not raw:  # (whitespace alone is not JSON: 400 below)
             if required:
                 raise ApiError(400, "a JSON body is required")
             return NO_BODY
