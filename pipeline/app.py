@@ -28,6 +28,7 @@ import attrs
 import trio
 
 from .bus import Envelope, run_event_bus
+from .clock import to_ts
 from .config import Config
 from .db import open_database
 from .diagrams import Wiring
@@ -83,6 +84,11 @@ class Pipeline:
             raise UsageError(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise UsageError(f"priority must be an integer, got {priority!r}")
+        if run_after is not None:
+            try:
+                run_after = to_ts(run_after)
+            except (ValueError, TypeError, OverflowError) as exc:
+                raise UsageError(f"run_after {run_after!r} is not a time (datetime, ISO 8601 text or epoch seconds): {exc}") from None
         return NewJob(job_type, payload, max_attempts, run_after, priority)
 
     async def enqueue(self, job: Any, *, run_after: Any = None, max_attempts: int | None = None, priority: int = 5) -> str:

@@ -33,15 +33,26 @@ def parse_ts(text: str) -> dt.datetime:
     return value
 
 
+MAX_EPOCH = 253_402_300_799.999  # 9999-12-31T23:59:59.999Z: past it the text no longer sorts as time
+
+
 def to_ts(value: dt.datetime | str | float) -> str:
-    """Normalise a datetime, ISO string or epoch seconds to the stored format."""
+    """Normalise a datetime, ISO string or epoch seconds to the stored format.
+
+    ValueError for a time that the stored text cannot order correctly (before 1970 or
+    after the year 9999), or that is not a number.
+    """
     if isinstance(value, str):
         value = parse_ts(value)
     if isinstance(value, dt.datetime):
         if value.tzinfo is None:
             value = value.replace(tzinfo=UTC)
-        return format_ts(value.timestamp())
-    return format_ts(float(value))
+        epoch = value.timestamp()
+    else:
+        epoch = float(value)
+    if not 0 <= epoch <= MAX_EPOCH:
+        raise ValueError(f"{value!r} is outside 1970-01-01 .. 9999-12-31")
+    return format_ts(epoch)
 
 
 def to_epoch(text: str) -> float:

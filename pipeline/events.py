@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from . import jobs
-from .clock import parse_ts
+from .clock import to_ts
 
 if TYPE_CHECKING:
     from .config import Config
@@ -32,7 +32,10 @@ class PostScheduled:
     def _parses(self, attribute: Any, value: str) -> None:
         if not isinstance(value, str):
             raise TypeError(f"publish_at must be an ISO 8601 string, got {type(value).__name__}")
-        parse_ts(value)  # ValueError names the bad text
+        try:
+            to_ts(value)
+        except (ValueError, OverflowError) as exc:
+            raise ValueError(f"publish_at {value!r} is not an ISO 8601 time between 1970 and 9999 ({exc})") from None
 
 
 @attrs.frozen

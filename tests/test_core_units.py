@@ -195,3 +195,22 @@ def test_oversized_payloads_and_events_are_refused_naming_the_limit() -> None:
     small.encode(pipeline.SendEmail(to="a@example.com", subject="s", body="fits"))
     with pytest.raises(pipeline.InvalidPayload):
         small.encode(pipeline.SendEmail(to="a@example.com", subject="s", body="x" * 100))
+
+
+@pytest.mark.parametrize("when", ["10000-01-01T00:00:00Z", "0001-01-01T00:00:00Z", 1e12 * 1000, -5.0, "soon", float("nan")])
+async def test_run_after_outside_what_sorts_as_text_is_refused(tmp_path: Path, when: object) -> None:
+    import attrs as attrs_mod
+
+    @attrs_mod.frozen
+    class Tick:
+        n: int
+
+    registry = pipeline.Registry()
+    registry.register("tick", Tick)
+    config = Config(database_url=f"sqlite:///{tmp_path}/t.db", worker_enabled=False, admin_enabled=False)
+    async with pipeline.open_pipeline(config, registry) as p:
+        with pytest.raises(pipeline.UsageError, match="run_after"):
+            await p.enqueue(Tick(1), run_after=when)
+        assert (await p.queue.stats())["total"] == 0
+    with pytest.raises(pipeline.InvalidPayload, match="publish_at 'someday'"):
+        pipeline.Registry.with_builtins().decode_event("PostScheduled", {"id": "1", "publish_at": "someday"})
