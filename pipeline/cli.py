@@ -157,10 +157,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_text(arg: str, position: int) -> None:
+    """Arguments that are not UTF-8 (Python keeps their bytes as lone surrogates) can be
+    neither stored nor looked up: refuse them here, naming which one, not deep in sqlite3."""
+    try:
+        arg.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")[:80]
+        raise UsageError(f"argument {position} ({shown!r}) is not valid UTF-8 text") from None
+
+
 def main(argv: Sequence[str] | None = None, *, registry: Registry | None = None, stdout: TextIO | None = None) -> int:
     out = stdout or sys.stdout
     parser = build_parser()
     try:
+        for position, arg in enumerate(sys.argv[1:] if argv is None else argv, start=1):
+            _check_text(arg, position)
         args = parser.parse_args(argv)
         config = Config.from_env(env_file=args.env_file)
         command = args.command or "run"
