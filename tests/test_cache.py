@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 import redis
 import trio
+from conftest import fast_config, require_service, service_available
+from jobkit import wait_status
 
 import pipeline
 from pipeline import InvalidateCache, PostCreated, Registry
 from pipeline.handlers import cache, default_registry
-
-from conftest import fast_config, require_service, service_available
 
 REDIS_DB = 15
 REDIS_URL = f"redis://127.0.0.1:6379/{REDIS_DB}"
@@ -60,12 +60,7 @@ async def redis_store(redis_client: redis.Redis) -> AsyncIterator[cache.RedisCac
 
 
 async def settled(p: pipeline.Pipeline, job_id: str) -> Any:
-    with trio.fail_after(15):
-        while True:
-            record = await p.queue.get(job_id)
-            if record is not None and record.status in ("completed", "dead"):
-                return record
-            await trio.sleep(0.01)
+    return await wait_status(p, job_id, "completed", "dead", timeout=15)
 
 
 # -- the stores: one contract, two implementations -------------------------------------------

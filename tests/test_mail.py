@@ -17,16 +17,15 @@ from typing import Any
 
 import attrs
 import pytest
-import trio
 import trustme
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
+from conftest import fast_config
+from jobkit import wait_status
 
 import pipeline
 from pipeline import Registry, SendEmail, SendWelcomeEmail, UserRegistered
 from pipeline.handlers import default_registry, mail
-
-from conftest import fast_config
 
 SENDER = "Blog <noreply@example.com>"
 
@@ -136,12 +135,7 @@ async def run_job(config: pipeline.Config, registry: Registry, job: Any, *, max_
 
 
 async def settled(p: pipeline.Pipeline, job_id: str) -> Any:
-    with trio.fail_after(15):
-        while True:
-            record = await p.queue.get(job_id)
-            if record is not None and record.status in ("completed", "dead"):
-                return record
-            await trio.sleep(0.01)
+    return await wait_status(p, job_id, "completed", "dead", timeout=15)
 
 
 # -- delivery ---------------------------------------------------------------------------------
