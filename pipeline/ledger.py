@@ -24,6 +24,7 @@ import trio
 from .clock import now_ts
 from . import store
 from .db import Database, describe
+from .states import Transition
 
 log = logging.getLogger("pipeline.ledger")
 
@@ -60,11 +61,36 @@ class Reply:
         return self._value
 
 
+@attrs.define(eq=False)
+class Tray:
+    """Job outcomes on their way to the Ledger, carried by one command.
+
+    The worker that settles while no tray is open sends the command; the workers after it
+    only add their outcome to the open tray and wait for the same answer. A batch of N
+    outcomes so costs one inbox message and one wake-up event, not N of each (the
+    per-outcome message and event were a fifth of the trio thread's time per job when
+    draining). The Ledger closes the tray when it takes the command into a batch; an
+    outcome that comes after that opens the next tray. Worker tasks write ``items`` while
+    the tray is open; the Ledger's thread reads them once it is closed.
+    """
+
+    items: list[store.Settlement] = attrs.field(factory=list)
+    is_open: bool = True
+    wakes_poller: bool = False  # it holds a RELEASE: that job is due again at once
+    reply: Reply = attrs.field(factory=Reply)  # answered with one bool per item: True if the lease still held
+
+    def add(self, item: store.Settlement) -> int:
+        self.items.append(item)
+        if item.transition is Transition.RELEASE:
+            self.wakes_poller = True
+        return len(self.items) - 1
+
+
 @attrs.frozen
 class Command:
     """One unit of work for the Ledger: ``fn(conn, now)`` inside the batch's transaction,
-    or, for the most common command by far, a job's outcome (``settlement``), which the
-    Ledger writes together with every other outcome of the batch.
+    or, for the most common command by far, a tray of job outcomes, which the Ledger
+    writes together with every other outcome of the batch.
 
     ``kind`` names it in logs and metrics; ``wakes_poller`` says that committing it may
     have made jobs due (an insert, a revive), so the Poller should look at once.
@@ -74,7 +100,11 @@ class Command:
     fn: Callable[[sqlite3.Connection, str], Any] | None
     reply: Reply
     wakes_poller: bool = False
-    settlement: store.Settlement | None = None  # its reply: True if the lease still held
+    tray: Tray | None = None
+
+    @property
+    def wakes(self) -> bool:
+        return self.wakes_poller or (self.tray is not None and self.tray.wakes_poller)
 
 
 def _apply_batch(conn: sqlite3.Connection, batch: list[Command]) -> list[tuple[bool, Any]]:
@@ -84,25 +114,27 @@ def _apply_batch(conn: sqlite3.Connection, batch: list[Command]) -> list[tuple[b
     results: list[tuple[bool, Any]] = [(False, None)] * len(batch)
     conn.execute("BEGIN IMMEDIATE")
     try:
-        settling = [i for i, command in enumerate(batch) if command.settlement is not None]
-        if settling:
-            items = [batch[i].settlement for i in settling]
+        trays = [(i, command.tray) for i, command in enumerate(batch) if command.tray is not None]
+        if trays:
+            items = [item for _, tray in trays for item in tray.items]
             conn.execute("SAVEPOINT outcomes")
             try:
-                if store.settle(conn, items, now=now) == len(items):  # type: ignore[arg-type]
+                if store.settle(conn, items, now=now) == len(items):
                     held = [True] * len(items)
                 else:  # some leases were stale: redo one at a time to learn which
                     conn.execute("ROLLBACK TO outcomes")
-                    held = store.settle_each(conn, items, now=now)  # type: ignore[arg-type]
+                    held = store.settle_each(conn, items, now=now)
             except Exception as exc:
                 if not conn.in_transaction:
                     raise  # rolled back whole by SQLite (see below)
                 conn.execute("ROLLBACK TO outcomes")
-                for i in settling:
+                for i, _ in trays:
                     results[i] = (False, exc)
             else:
-                for i, ok in zip(settling, held):
-                    results[i] = (True, ok)
+                start = 0
+                for i, tray in trays:
+                    results[i] = (True, held[start : start + len(tray.items)])
+                    start += len(tray.items)
             conn.execute("RELEASE outcomes")
         for i, command in enumerate(batch):
             if command.fn is None:
@@ -180,7 +212,12 @@ async def run_ledger(
                     batch.append(inbox_recv.receive_nowait())
                 except (trio.WouldBlock, trio.EndOfChannel):
                     break
-            if eager is not None and any(command.wakes_poller for command in batch):
+            outcomes = 0
+            for command in batch:
+                if command.tray is not None:
+                    command.tray.is_open = False  # later outcomes go on the next tray
+                    outcomes += len(command.tray.items) - 1
+            if eager is not None and any(command.wakes for command in batch):
                 extra = eager()
                 if extra is not None:
                     batch.append(extra)
@@ -197,12 +234,12 @@ async def run_ledger(
                     command.reply.fail(error)
                 continue
             stats.batches += 1
-            stats.commands += len(batch)
+            stats.commands += len(batch) + outcomes  # each outcome counts as one
             wake = False
             for command, (ok, value) in zip(batch, results):
                 if ok:
                     command.reply.set(value)
-                    wake = wake or command.wakes_poller
+                    wake = wake or command.wakes
                 else:
                     if isinstance(value, sqlite3.Error):
                         value = describe(value, db.path)

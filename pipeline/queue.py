@@ -19,9 +19,9 @@ import trio
 from . import states, store
 from .clock import format_ts, now_ts, to_epoch, to_ts
 from .db import Database
-from .errors import PipelineClosed
+from .errors import PipelineClosed, StoreError
 from .ids import UUID7Factory
-from .ledger import Command, Reply
+from .ledger import Command, Reply, Tray
 from .states import Transition
 
 
@@ -93,12 +93,13 @@ class SqliteJobQueue:
         self._rng = rng or random.Random()
         # set by the Poller while it runs: reserves capacity for a claim the Ledger adds to a
         # batch that inserted work (see poller.Claimer.eager)
+        self._tray: Tray | None = None  # outcomes waiting for the Ledger (see ledger.Tray)
         self.eager_claimer: Callable[[], tuple[dict[str, int], Callable[[bool, Any], None]] | None] | None = None
 
-    async def _call(self, kind: str, fn: Any, *, wakes_poller: bool = False, settlement: store.Settlement | None = None) -> Any:
+    async def _call(self, kind: str, fn: Any, *, wakes_poller: bool = False) -> Any:
         reply = Reply()
         try:
-            await self._ledger_send.send(Command(kind, fn, reply, wakes_poller, settlement))
+            await self._ledger_send.send(Command(kind, fn, reply, wakes_poller))
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             raise PipelineClosed("the pipeline is shut down; the job store takes no more writes") from None
         return await reply.wait()
@@ -173,8 +174,28 @@ class SqliteJobQueue:
         return Command("claim", self._claim_fn(wants), Reply(then=then))
 
     async def _settle(self, item: store.Settlement) -> bool:
-        """Write one outcome; the Ledger groups it with the batch's other outcomes."""
-        return bool(await self._call(item.transition.name.lower(), None, settlement=item, wakes_poller=item.transition is Transition.RELEASE))
+        """Write one outcome: on the open tray if there is one, else on a new tray sent to
+        the Ledger (see ledger.Tray). True if the lease still held."""
+        tray = self._tray
+        if tray is not None and tray.is_open:
+            index = tray.add(item)
+            return (await tray.reply.wait())[index]
+        tray = self._tray = Tray()
+        tray.add(item)
+        try:
+            await self._ledger_send.send(Command("outcomes", None, tray.reply, tray=tray))
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            tray.is_open = False
+            closed = PipelineClosed("the pipeline is shut down; the job store takes no more writes")
+            tray.reply.fail(closed)
+            raise closed from None
+        except BaseException:
+            # cancelled while the inbox was full: the outcomes added meanwhile were never
+            # sent; their workers hear so and send them again
+            tray.is_open = False
+            tray.reply.fail(StoreError("outcome not handed to the Ledger (the task carrying it was cancelled); trying again"))
+            raise
+        return (await tray.reply.wait())[0]
 
     async def complete(self, lease: Lease) -> bool:
         """running → completed. False when the lease was stale (the row changed hands)."""
