@@ -1,0 +1,49 @@
+"""benchmarks/bench.py runs end to end on tiny sizes and prints its table and chart.
+
+Not a timed test: nothing here checks a speed (the figures are the benchmark's to
+report, on a quiet machine); only that every measurement runs, the table has every
+row, and the chart is a PNG.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench.py"
+
+ROWS = [
+    "drain, 300 no-op jobs",
+    "durable enqueue, 10 concurrent callers",
+    "bulk enqueue_many",
+    "CLI enqueue --from-file",
+    "pickup p50, enqueue returns",
+    "pickup p99 from another process",
+    "completed rows in the table",
+    "peak RSS of the service, 2,000 pending jobs",
+    "two service processes",
+]
+
+
+@pytest.mark.slow
+def test_bench_runs_on_tiny_sizes(tmp_path: Path) -> None:
+    chart = tmp_path / "bench.png"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--tiny", "--no-huey", "--chart", str(chart), "--json", str(tmp_path / "bench.json")],
+        capture_output=True, text=True, timeout=240, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for row in ROWS:
+        assert row in proc.stdout, f"{row!r} missing from\n{proc.stdout}"
+    assert "Huey skipped (--no-huey)" in proc.stdout
+    with Image.open(chart) as image:
+        assert image.format == "PNG" and image.size == (1500, 900)
+
+
+def test_bench_refuses_bad_sizes() -> None:
+    proc = subprocess.run([sys.executable, str(BENCH), "--runs", "0"], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2 and "--runs must be at least 1" in proc.stderr
