@@ -72,7 +72,10 @@ class Database:
         """Run ``fn(conn, *args)`` on a pooled connection; sqlite3 errors become StoreError."""
 
         def call() -> T:
-            conn = self._idle_readers.pop() if self._idle_readers else self.connect()
+            try:
+                conn = self._idle_readers.pop()
+            except IndexError:  # none idle (another thread may have taken the last one)
+                conn = self.connect()
             try:
                 return fn(conn, *args)
             except sqlite3.Error as exc:

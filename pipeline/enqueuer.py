@@ -54,10 +54,12 @@ async def run_enqueuer(
                     envelope.reply.fail(exc if isinstance(exc, PipelineError) else PipelineError(f"routing {envelope.name} failed: {exc!r}"))
             rows = pipeline.queue.rows_for([job for _, jobs in routed for job in jobs])
             try:
-                await pipeline.queue.enqueue_rows(rows)
-            except PipelineError as exc:
+                if rows:
+                    await pipeline.queue.enqueue_rows(rows)
+            except Exception as exc:  # every emitter of the batch hears why; the Enqueuer goes on
+                error = exc if isinstance(exc, PipelineError) else PipelineError(f"inserting the routed jobs failed: {exc!r}")
                 for envelope, _ in routed:
-                    envelope.reply.fail(exc)
+                    envelope.reply.fail(error)
                 continue
             start = 0
             for envelope, jobs in routed:

@@ -74,8 +74,11 @@ class PermanentError(JobError):
 class RetryLater(JobError):
     """Retry this job after ``delay`` seconds (counts as a failed attempt)."""
 
+    MAX_DELAY = 30 * 24 * 3600.0  # a month; longer asks are capped to it
+
     def __init__(self, message: str, *, delay: float) -> None:
         super().__init__(message)
-        if delay < 0:
-            raise ValueError(f"RetryLater delay must be >= 0, got {delay!r}")
-        self.delay = float(delay)
+        delay = float(delay)
+        if not delay >= 0:  # also refuses NaN
+            raise ValueError(f"RetryLater delay must be a number of seconds >= 0, got {delay!r}")
+        self.delay = min(delay, self.MAX_DELAY)

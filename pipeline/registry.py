@@ -195,6 +195,8 @@ class Registry:
                 payload = json.loads(payload)
             except ValueError as exc:
                 raise InvalidPayload(f"payload of {name!r} is not valid JSON: {exc}") from None
+            except RecursionError:
+                raise InvalidPayload(f"payload of {name!r} is nested too deeply to decode") from None
         if not isinstance(payload, Mapping):
             raise InvalidPayload(f"payload of {name!r} must be a JSON object, got {type(payload).__name__}")
         return self._structure(spec.cls, payload, f"payload of {name!r}")
@@ -209,10 +211,18 @@ class Registry:
         return payload
 
     def _check_size(self, text: str, what: str) -> None:
-        # a str has at most 4 bytes per character in UTF-8: encode only when it may be over
-        if len(text) * 4 > self.max_payload_bytes and len(text.encode()) > self.max_payload_bytes:
+        """Refuse text SQLite cannot store (lone surrogates, e.g. from undecodable file names)
+        and text over the size limit."""
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError as exc:
             raise InvalidPayload(
-                f"{what} is {len(text.encode()):,} bytes of JSON, over the limit of {self.max_payload_bytes:,}; "
+                f"{what} contains text that is not valid Unicode (a lone surrogate {text[exc.start]!r} at "
+                f"character {exc.start}); decode bytes before putting them in a job"
+            ) from None
+        if size > self.max_payload_bytes:
+            raise InvalidPayload(
+                f"{what} is {size:,} bytes of JSON, over the limit of {self.max_payload_bytes:,}; "
                 "store large data elsewhere (a file, a row of your own) and put its id in the job"
             )
 
@@ -224,6 +234,8 @@ class Registry:
             raise InvalidPayload(f"{what} does not fit {cls.__name__}: {details}") from None
         except (TypeError, ValueError) as exc:
             raise InvalidPayload(f"{what} does not fit {cls.__name__}: {exc}") from None
+        except RecursionError:
+            raise InvalidPayload(f"{what} is nested too deeply for {cls.__name__}") from None
 
     # -- resources --------------------------------------------------------------------------
 
@@ -268,9 +280,10 @@ class Registry:
         if not isinstance(data, Mapping):
             raise InvalidPayload(f"data of event {name!r} must be a JSON object, got {type(data).__name__}")
         try:
-            self._check_size(json.dumps(data, ensure_ascii=False), f"data of event {name!r}")
-        except (TypeError, ValueError) as exc:
-            raise InvalidPayload(f"data of event {name!r} is not JSON: {exc}") from None
+            text = json.dumps(data, ensure_ascii=False)
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise InvalidPayload(f"data of event {name!r} is not JSON: {exc!r}") from None
+        self._check_size(text, f"data of event {name!r}")
         return self._structure(spec.cls, data, f"data of event {name!r}")
 
     def route(self, event: Any, config: Config) -> list[events_mod.Routed]:

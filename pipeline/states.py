@@ -57,6 +57,7 @@ def target(transition: Transition) -> Status:
 
 
 JITTER: Final = (0.85, 1.15)
+MAX_DELAY: Final = 30 * 24 * 3600.0  # no retry is put further off than a month
 
 
 def backoff_seconds(attempts: int, base_seconds: float, rng: random.Random | None = None) -> float:
@@ -90,6 +91,8 @@ def settle_failure(
     if permanent or attempts >= max_attempts:
         return FailureDecision(Transition.BURY, 0.0)
     delay = retry_delay if retry_delay is not None else backoff_seconds(attempts, base_seconds, rng)
+    if not 0 <= delay <= MAX_DELAY:  # NaN, negative or absurd: clamp rather than store a time that cannot sort
+        delay = MAX_DELAY if delay > 0 else 0.0
     return FailureDecision(Transition.RETRY, delay)
 
 

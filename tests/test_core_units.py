@@ -214,3 +214,33 @@ async def test_run_after_outside_what_sorts_as_text_is_refused(tmp_path: Path, w
         assert (await p.queue.stats())["total"] == 0
     with pytest.raises(pipeline.InvalidPayload, match="publish_at 'someday'"):
         pipeline.Registry.with_builtins().decode_event("PostScheduled", {"id": "1", "publish_at": "someday"})
+
+
+def test_text_sqlite_cannot_store_and_deep_nesting_are_invalid_payloads() -> None:
+    registry = pipeline.Registry.with_builtins()
+    with pytest.raises(pipeline.InvalidPayload, match="lone surrogate"):
+        registry.encode(pipeline.SendEmail(to="a@example.com", subject="photo-\udcff.jpg", body="b"))
+    with pytest.raises(pipeline.InvalidPayload, match="lone surrogate"):
+        registry.decode_event("UserRegistered", {"user_id": "1", "email": "e@example.com", "username": "J\udcf6rg"})
+    deep = '{"keys": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    with pytest.raises(pipeline.InvalidPayload, match="nested too deeply"):
+        registry.decode("invalidate_cache", deep)
+
+
+@pytest.mark.parametrize("delay", [float("inf"), float("nan"), 1e300, -1.0])
+def test_retry_later_delays_are_finite_and_capped(delay: float) -> None:
+    if not delay >= 0:
+        with pytest.raises(ValueError, match="RetryLater delay"):
+            pipeline.RetryLater("x", delay=delay)
+    else:
+        assert pipeline.RetryLater("x", delay=delay).delay == pipeline.RetryLater.MAX_DELAY
+    decision = states.settle_failure(attempts=1, max_attempts=5, permanent=False, base_seconds=1.0, retry_delay=delay)
+    assert 0 <= decision.delay <= states.MAX_DELAY
+
+
+async def test_an_emit_the_store_cannot_take_fails_alone(config: Config) -> None:
+    async with pipeline.open_pipeline(config, pipeline.Registry.with_builtins()) as p:
+        with pytest.raises(pipeline.InvalidPayload, match="lone surrogate"):
+            await p.emit(pipeline.UserRegistered(user_id="1", email="e@example.com", username="J\udcf6rg"))
+        ids = await p.emit(pipeline.UserRegistered(user_id="2", email="f@example.com", username="Jörg"))
+        assert len(ids) == 1
