@@ -90,24 +90,30 @@ class Heartbeat:
                     continue
                 self.renewals += 1
                 if lost:
+                    gone = set(lost)
                     try:
-                        self._token.run_sync_soon(self._lost, lost)
+                        self._token.run_sync_soon(self._lost, [(i, token) for i, token in held if i in gone])
                     except trio.RunFinishedError:
                         return
         finally:
             if conn is not None:
                 conn.close()
 
-    def _lost(self, lost: list[str]) -> None:
+    def _lost(self, lost: list[tuple[str, int]]) -> None:
         """On the trio thread: cancel the runs whose lease another process now holds."""
-        for job_id in lost:
+        for job_id, token in lost:
             for pool in self.pools.values():
-                # a job settled while the renewal ran is not lost, just done
-                if job_id in pool.held and job_id not in pool.settling:
-                    pool.lost.add(job_id)
-                    if job_id in pool.running:
-                        pool.running[job_id].cancel()
+                lease = pool.held.get(job_id)
+                # a job settled while the renewal ran is not lost, just done; and a lease with
+                # another token is a newer claim of the same job, which is ours and fine
+                if lease is None or lease.token != token or job_id in pool.settling or job_id in pool.lost:
+                    continue
+                pool.lost.add(job_id)
+                if job_id in pool.running:
+                    pool.running[job_id].cancel()
                     log.warning("job %s: lease lost to another worker; its run here was cancelled", job_id)
+                else:
+                    log.warning("job %s: lease lost to another worker before it started here; it will not start", job_id)
 
 
 async def run_lease_keeper(
