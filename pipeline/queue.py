@@ -50,8 +50,9 @@ class Lease:
     run_after: str
 
     @classmethod
-    def from_claimed(cls, row: store.ClaimedRow) -> Lease:
-        return cls(row.id, row.job_type, row.payload, row.attempts, row.max_attempts, row.lease_token, row.created_at, row.run_after)
+    def from_row(cls, row: tuple[Any, ...]) -> Lease:
+        """From a row of :func:`store.claim_rows` (ClaimedRow's order, which begins with Lease's)."""
+        return cls(*row[:8])
 
 
 class JobQueue(Protocol):
@@ -153,8 +154,8 @@ class SqliteJobQueue:
             claimed: list[Lease] = []
             for job_type, limit in wants.items():
                 if limit > 0:
-                    rows = store.claim(conn, job_type, limit, now=now, owner=owner, expires=expires)
-                    claimed.extend(Lease.from_claimed(r) for r in rows)
+                    rows = store.claim_rows(conn, job_type, limit, now=now, owner=owner, expires=expires)
+                    claimed.extend(map(Lease.from_row, rows))
             return claimed
 
         return claim_all

