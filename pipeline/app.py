@@ -104,6 +104,11 @@ class Pipeline:
     async def emit(self, event: Any) -> list[str]:
         """Publish a domain event; returns the ids of the jobs it routed to, once committed."""
         self._check_open()
+        return await self.emit_from_job(event)
+
+    async def emit_from_job(self, event: Any) -> list[str]:
+        """``emit`` for handlers (``JobContext.emit``): still open during the shutdown grace,
+        so a job that finishes in it can emit its follow-up events."""
         name = self.registry.event_name_of(event)
         if self._bus_send is None:
             raise PipelineClosed("the event bus is not running")
@@ -203,13 +208,15 @@ async def open_pipeline(config: Config | None = None, registry: Registry | None 
                         wiring.edge("Lease keeper", "JobQueue", "rescue expired leases, bury unknown types")
                         wiring.edge("Lease heartbeat (thread)", "SQLite", "renew this process's leases")
                         keeper = await keeper_tn.start(run_lease_keeper, pipeline, pools)
+                    # the bus and the Enqueuer outlive the workers: a job finishing in the
+                    # shutdown grace can still emit its follow-up events
+                    bus_send, bus_recv = wiring.channel("business code", "EventBus", "emit", BUS_BUFFER)
+                    events_send, events_recv = wiring.channel("EventBus", "Enqueuer", "events", BUS_BUFFER)
+                    await keeper_tn.start(run_event_bus, bus_recv, [events_send])
+                    wiring.edge("Enqueuer", "JobQueue", "insert routed jobs")
+                    await keeper_tn.start(run_enqueuer, pipeline, events_recv)
+                    pipeline._bus_send = bus_send
                     async with trio.open_nursery() as tn:
-                        bus_send, bus_recv = wiring.channel("business code", "EventBus", "emit", BUS_BUFFER)
-                        events_send, events_recv = wiring.channel("EventBus", "Enqueuer", "events", BUS_BUFFER)
-                        await tn.start(run_event_bus, bus_recv, [events_send])
-                        wiring.edge("Enqueuer", "JobQueue", "insert routed jobs")
-                        await tn.start(run_enqueuer, pipeline, events_recv)
-                        pipeline._bus_send = bus_send
                         claiming = None
                         if config.worker_enabled:
                             for pool in pools.values():
@@ -226,13 +233,13 @@ async def open_pipeline(config: Config | None = None, registry: Registry | None 
                             # graceful shutdown flows downstream. (If the caller's own scope
                             # is being cancelled, the actors are cancelled too: running jobs
                             # stay running until their lease expires and another run rescues them.)
-                            pipeline.closed = True
-                            bus_send.close()  # the bus, then the enqueuer, drain and close in turn
+                            pipeline.closed = True  # enqueue and emit from outside refuse from now on
                             if claiming is not None:
                                 claiming.cancel()  # the poller closes the pools' channels
                             for pool in pools.values():
                                 pool.stop(config.worker_shutdown_timeout)
                     # every worker has settled or released its jobs
+                    bus_send.close()  # the bus, then the Enqueuer, drain and close in turn
                     if keeper is not None:
                         keeper.cancel()
             finally:

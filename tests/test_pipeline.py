@@ -15,7 +15,7 @@ from pipeline.clock import now_ts, to_epoch
 from pipeline.queue import NewJob
 
 from conftest import fast_config
-from jobkit import Echo, registry, wait_status
+from jobkit import Echo, echo, registry, wait_status
 
 
 async def test_enqueue_returns_once_committed(config: Config, db_path) -> None:
@@ -237,11 +237,19 @@ async def test_long_job_keeps_its_lease_while_it_runs(db_path) -> None:
 
 async def test_graceful_shutdown_returns_unfinished_jobs_uncounted(db_path) -> None:
     config = fast_config(db_path, worker_shutdown_timeout=0.3)
-    async with pipeline.open_pipeline(config, registry(concurrency=2)) as p:
+    started_runs: dict[str, trio.Event] = {"hung": trio.Event(), "quick": trio.Event()}
+
+    async def run(job: Echo, ctx: pipeline.JobContext) -> None:
+        started_runs[job.text].set()
+        await echo(job, ctx)
+
+    reg = pipeline.Registry.with_builtins()
+    reg.register("echo", Echo, run, concurrency=2)
+    async with pipeline.open_pipeline(config, reg) as p:
         hung = await p.enqueue(Echo("hung", mode="hang"))
         quick = await p.enqueue(Echo("quick", sleep=0.1))
-        await wait_status(p, hung, "running")
-        await wait_status(p, quick, "running")
+        for event in started_runs.values():  # both handlers are running (not just claimed)
+            await event.wait()
         started = trio.current_time()
     assert trio.current_time() - started < 0.3 + 1.0
     conn = sqlite3.connect(db_path)
@@ -339,3 +347,29 @@ async def test_a_handler_that_blocks_the_loop_fails_saying_so_and_keeps_its_leas
     assert rescued == [], "the lease expired while the loop was blocked"
     assert job.attempts == 1
     assert job.error.startswith("timed out after 0.3 s") and "blocking the event loop" in job.error
+
+
+async def test_a_job_finishing_in_the_shutdown_grace_can_still_emit(db_path) -> None:
+    emitted: list[list[str]] = []
+
+    async def slow_then_emit(job: Echo, ctx: pipeline.JobContext) -> None:
+        await trio.sleep(0.3)  # still running when the pipeline starts shutting down
+        emitted.append(await ctx.emit(pipeline.MediaUploaded(id=job.text)))
+
+    started = trio.Event()
+
+    async def run(job: Echo, ctx: pipeline.JobContext) -> None:
+        started.set()
+        await slow_then_emit(job, ctx)
+
+    reg = pipeline.Registry.with_builtins()
+    reg.register("echo", Echo, run)
+    config = fast_config(db_path, worker_shutdown_timeout=2.0)
+    async with pipeline.open_pipeline(config, reg) as p:
+        job_id = await p.enqueue(Echo("m1"))
+        await started.wait()
+    conn = sqlite3.connect(db_path)
+    assert conn.execute("SELECT status, attempts FROM jobs WHERE id = ?", (job_id,)).fetchone() == ("completed", 1)
+    assert len(emitted) == 1 and len(emitted[0]) == 2
+    types = sorted(t for (t,) in conn.execute("SELECT job_type FROM jobs WHERE id != ?", (job_id,)))
+    assert types == ["convert_webp", "generate_thumbnail"]
