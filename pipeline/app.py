@@ -137,9 +137,12 @@ class Pipeline:
         self._observers.append(fn)
 
     def observe(self, lease: Lease, outcome: Outcome, result: str | None, duration: float) -> None:
-        fields = describe_outcome(lease, outcome, result, duration)
         level = logging.INFO if outcome.kind == "ok" else logging.WARNING
-        if log.isEnabledFor(level):
+        logged = log.isEnabledFor(level)
+        if not logged and not self._observers:
+            return  # nobody listens (LOG_LEVEL=warning, no admin): skip building the fields
+        fields = describe_outcome(lease, outcome, result, duration)
+        if logged:
             log.log(level, "job %(job_id)s %(job_type)s attempt %(attempt)s/%(max_attempts)s %(outcome)s → %(status)s in %(duration_ms)s ms%(err)s",
                     {**fields, "err": f": {fields['error']}" if fields["error"] else ""}, extra={"job": fields})
         for fn in self._observers:
