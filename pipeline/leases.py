@@ -104,16 +104,15 @@ class Heartbeat:
         for job_id, token in lost:
             for pool in self.pools.values():
                 lease = pool.held.get(job_id)
-                # a job settled while the renewal ran is not lost, just done; and a lease with
-                # another token is a newer claim of the same job, which is ours and fine
-                if lease is None or lease.token != token or job_id in pool.settling or job_id in pool.lost:
+                # a job settled while the renewal ran is not lost, just done; a lease with
+                # another token is a newer claim of the same job, ours and fine
+                if lease is None or lease.token != token:
                     continue
-                pool.lost.add(job_id)
-                if job_id in pool.running:
-                    pool.running[job_id].cancel()
-                    log.warning("job %s: lease lost to another worker; its run here was cancelled", job_id)
-                else:
-                    log.warning("job %s: lease lost to another worker before it started here; it will not start", job_id)
+                if pool.mark_lost(lease):
+                    if (job_id, token) in pool.running:
+                        log.warning("job %s: lease lost to another worker; its run here was cancelled", job_id)
+                    else:
+                        log.warning("job %s: lease lost to another worker before it started here; it will not start", job_id)
 
 
 async def run_lease_keeper(

@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pipeline.poller")
 
+# The longest the Poller waits, shielded from cancellation, for the Ledger to answer a
+# claim: past the Ledger's own patience with a locked database, so only a Ledger that
+# is gone hits it.
+SHIELD_LIMIT = 60.0
+
 
 class Claimer:
     """The Poller's bookkeeping of pool capacity, shared with the Ledger's eager claims.
@@ -52,8 +57,14 @@ class Claimer:
         got: dict[str, int] = {}
         for lease in leases:
             pool = self.pools[lease.job_type]
-            pool.held[lease.id] = lease
-            pool.send.send_nowait(lease)  # cannot block: buffer == capacity >= outstanding
+            try:
+                pool.send.send_nowait(lease)  # cannot block: buffer == capacity >= outstanding
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                # the pool's workers are gone (the pipeline is going down): the job stays
+                # running under our lease, which nobody renews, and is rescued when it expires
+                log.warning("job %s claimed as the pool stopped; its lease will return it", lease.id)
+                continue
+            pool.hold(lease)
             got[lease.job_type] = got.get(lease.job_type, 0) + 1
         for name, n in wants.items():
             self.pools[name].outstanding -= n - got.get(name, 0)
@@ -71,11 +82,13 @@ class Claimer:
         self.eager_in_flight += 1
 
         def done(ok: bool, value: Any) -> None:
-            self.deliver(wants, value if ok else [])
-            self.eager_in_flight -= 1
-            if self.eager_in_flight == 0:
-                self.eager_done.set()
-                self.eager_done = trio.Event()
+            try:
+                self.deliver(wants, value if ok else [])
+            finally:
+                self.eager_in_flight -= 1
+                if self.eager_in_flight == 0:
+                    self.eager_done.set()
+                    self.eager_done = trio.Event()
 
         return wants, done
 
@@ -105,8 +118,11 @@ async def run_poller(
                         try:
                             # shielded: a claim cancelled half-way would commit rows as ours
                             # that no worker holds, stranded as running until their lease ran out
-                            with trio.CancelScope(shield=True):
+                            with trio.CancelScope(shield=True) as shield:
+                                shield.deadline = trio.current_time() + SHIELD_LIMIT
                                 leases = await queue.dequeue(wants)
+                            if shield.cancelled_caught:  # the Ledger never answered: give up on it
+                                raise PipelineError("the Ledger did not answer a claim")
                         except StoreError as exc:
                             claimer.deliver(wants, [])
                             failures += 1
@@ -125,7 +141,7 @@ async def run_poller(
             log.info("poller stopping: %s", exc)
         finally:
             queue.eager_claimer = None
-            with trio.CancelScope(shield=True):
+            with trio.move_on_after(SHIELD_LIMIT, shield=True):
                 while claimer.eager_in_flight:  # answers still on their way from the Ledger
                     await claimer.eager_done.wait()
             for pool in pools.values():

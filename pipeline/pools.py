@@ -66,11 +66,33 @@ class Pool:
     send: trio.MemorySendChannel[Lease]  # Poller's end
     recv: trio.MemoryReceiveChannel[Lease]  # workers' end
     outstanding: int = 0  # Poller +1 per claim, worker −1 per settle
-    held: dict[str, Lease] = attrs.field(factory=dict)  # claimed, unsettled: the lease keeper renews these
-    running: dict[str, trio.CancelScope] = attrs.field(factory=dict)  # worker-owned; the wiring sets deadlines on stop
+    # A job can be claimed again while an older run of it is still known here (its lease
+    # expired and it was rescued), so everything but ``held`` is keyed by (id, lease token).
+    held: dict[str, Lease] = attrs.field(factory=dict)  # Poller adds, worker removes: the heartbeat renews these
+    running: dict[tuple[str, int], trio.CancelScope] = attrs.field(factory=dict)  # worker-owned; stop() sets deadlines
     stopping: bool = False  # set by the wiring at shutdown: release, don't start
-    lost: set[str] = attrs.field(factory=set)  # lease keeper: leases another process now holds
-    settling: set[str] = attrs.field(factory=set)  # worker: outcome on its way to the Ledger
+    stop_deadline: float = float("inf")  # trio time by which the grace is over
+    lost: set[tuple[str, int]] = attrs.field(factory=set)  # heartbeat: leases another process now holds
+    settling: set[tuple[str, int]] = attrs.field(factory=set)  # worker: outcome on its way to the Ledger
+
+    def hold(self, lease: Lease) -> None:
+        """The Poller's: a newly claimed lease. A different lease of the same job still held
+        here is stale (the job was rescued and claimed again): its run is cancelled."""
+        old = self.held.get(lease.id)
+        if old is not None and old.token != lease.token:
+            self.mark_lost(old)
+        self.held[lease.id] = lease
+
+    def mark_lost(self, lease: Lease) -> bool:
+        """Another process (or a newer claim) holds this job now: don't start it, cancel its run."""
+        key = (lease.id, lease.token)
+        if key in self.lost or key in self.settling:
+            return False
+        self.lost.add(key)
+        scope = self.running.get(key)
+        if scope is not None:
+            scope.cancel()
+        return True
 
     @property
     def free(self) -> int:
@@ -79,7 +101,7 @@ class Pool:
     def stop(self, grace: float) -> None:
         """Stop starting jobs; give the running ones ``grace`` seconds, then cancel them."""
         self.stopping = True
-        deadline = trio.current_time() + grace
+        deadline = self.stop_deadline = trio.current_time() + grace
         for scope in self.running.values():
             scope.deadline = min(scope.deadline, deadline)
 
@@ -92,12 +114,35 @@ class Outcome:
 
     @classmethod
     def failed(cls, exc: BaseException) -> Outcome:
+        if isinstance(exc, BaseExceptionGroup):  # raised from a handler's own nursery
+            permanent = exc.subgroup(PermanentError)
+            if permanent is not None:
+                return cls.failed(_first_leaf(permanent))
+            retry, rest = exc.split(RetryLater)
+            if retry is not None and rest is None:
+                return cls.failed(max(_leaves(retry), key=lambda e: e.delay))  # type: ignore[attr-defined]
         if isinstance(exc, PermanentError):
-            return cls("permanent", f"permanent error: {exc}")
+            return cls("permanent", _text(f"permanent error: {exc}"))
         if isinstance(exc, RetryLater):
-            return cls("retry_later", str(exc), exc.delay)
+            return cls("retry_later", _text(str(exc)), exc.delay)
         tb = "".join(traceback.format_exception(exc, limit=-3)).strip()
-        return cls("error", f"{type(exc).__name__}: {exc}\n{tb}")
+        return cls("error", _text(f"{type(exc).__name__}: {exc}\n{tb}"))
+
+
+def _text(message: str) -> str:
+    """Error text as SQLite can store it: lone surrogates (from undecodable file names,
+    say) become backslash escapes instead of failing the write of the outcome."""
+    return message.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _leaves(group: BaseException) -> list[BaseException]:
+    if isinstance(group, BaseExceptionGroup):
+        return [leaf for inner in group.exceptions for leaf in _leaves(inner)]
+    return [group]
+
+
+def _first_leaf(group: BaseException) -> BaseException:
+    return _leaves(group)[0]
 
 
 async def _invoke(handler: Callable[..., Awaitable[None]], job: Any, ctx: JobContext) -> Outcome:
@@ -113,7 +158,10 @@ async def run_one(pipeline: Pipeline, pool: Pool, lease: Lease) -> None:
     queue = pipeline.queue
     spec = pool.spec
     started = time.monotonic()
-    if pool.stopping:
+    key = (lease.id, lease.token)
+    if key in pool.lost:
+        outcome = Outcome("lost")  # another process took it over before it started here
+    elif pool.stopping:
         outcome = Outcome("released")
     else:
         try:
@@ -125,17 +173,19 @@ async def run_one(pipeline: Pipeline, pool: Pool, lease: Lease) -> None:
             # one scope per job: its deadline is the job's timeout, which a graceful stop
             # may bring forward, and the lease keeper cancels it if the lease is lost
             scope = trio.CancelScope(deadline=trio.current_time() + pool.timeout)
-            pool.running[lease.id] = scope
+            pool.running[key] = scope
             try:
-                with scope:
-                    try:
+                try:
+                    with scope:
                         outcome = await _invoke(spec.handler, job, ctx)  # type: ignore[arg-type]
-                    except Exception as exc:  # an ExceptionGroup left after trio removed a Cancelled
-                        outcome = Outcome.failed(exc)
+                except Exception as exc:
+                    # what is left of a group mixing handler errors and our Cancelled, once
+                    # the scope took the Cancelled out: it can only be caught out here
+                    outcome = Outcome.failed(exc)
             finally:
-                del pool.running[lease.id]
+                del pool.running[key]
             ran = time.monotonic() - started
-            if lease.id in pool.lost:
+            if key in pool.lost:
                 outcome = Outcome("lost")
             elif scope.cancelled_caught and pool.stopping:
                 outcome = Outcome("released")  # shutdown: back to pending, attempt not counted
@@ -155,7 +205,8 @@ async def _settle(pipeline: Pipeline, pool: Pool, lease: Lease, outcome: Outcome
     queue = pipeline.queue
     delay = 0.05
     result: Any = None
-    pool.settling.add(lease.id)
+    key = (lease.id, lease.token)
+    pool.settling.add(key)
     while True:
         try:
             if outcome.kind == "ok":
@@ -176,14 +227,21 @@ async def _settle(pipeline: Pipeline, pool: Pool, lease: Lease, outcome: Outcome
         except StoreError as exc:
             # the outcome is not written yet: keep it and try again; the lease keeps the
             # job ours meanwhile (and if we die, rescue takes over)
+            if pool.stopping and trio.current_time() > pool.stop_deadline + SETTLE_RETRY_MAX:
+                log.error("job %s: giving up recording outcome %s at shutdown (%s); its lease will return it", lease.id, outcome.kind, exc)
+                break
             log.warning("job %s: could not record outcome %s yet: %s", lease.id, outcome.kind, exc)
             await trio.sleep(delay)
             delay = min(delay * 2, SETTLE_RETRY_MAX)
         except PipelineError:
             break  # shut down under us: the lease will expire and rescue the job
-    pool.held.pop(lease.id, None)
-    pool.lost.discard(lease.id)
-    pool.settling.discard(lease.id)
+        except Exception:  # a bug, not the database: don't take the pool down; the lease returns the job
+            log.exception("job %s: recording outcome %s failed", lease.id, outcome.kind)
+            break
+    if pool.held.get(lease.id) is lease:  # not a newer claim of the same job
+        del pool.held[lease.id]
+    pool.lost.discard(key)
+    pool.settling.discard(key)
     was_full = pool.free <= 0
     pool.outstanding -= 1
     pipeline.observe(lease, outcome, result, duration)

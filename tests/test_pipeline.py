@@ -373,3 +373,32 @@ async def test_a_job_finishing_in_the_shutdown_grace_can_still_emit(db_path) -> 
     assert len(emitted) == 1 and len(emitted[0]) == 2
     types = sorted(t for (t,) in conn.execute("SELECT job_type FROM jobs WHERE id != ?", (job_id,)))
     assert types == ["convert_webp", "generate_thumbnail"]
+
+
+async def test_handler_errors_that_are_groups_or_hold_bad_text_settle_like_any_other(db_path) -> None:
+    async def grouped(job: Echo, ctx: pipeline.JobContext) -> None:
+        if job.mode == "group_timeout":  # its nursery ends with [Cancelled, ConnectionError] at the timeout
+            async def uploader() -> None:
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    raise ConnectionError("upload aborted half-way")
+
+            async with trio.open_nursery() as tn:
+                tn.start_soon(uploader)
+                tn.start_soon(trio.sleep_forever)
+        if job.mode == "group_permanent":
+            raise ExceptionGroup("several", [ValueError("x"), pipeline.PermanentError("no such thing")])
+        if job.mode == "bad_text":
+            raise pipeline.PermanentError(b"cannot read photo-\xff.jpg".decode("utf-8", "surrogateescape"))
+
+    reg = pipeline.Registry.with_builtins()
+    reg.register("echo", Echo, grouped, timeout=0.2)
+    async with pipeline.open_pipeline(fast_config(db_path), reg) as p:
+        ids = [await p.enqueue(Echo(m, mode=m), max_attempts=1) for m in ("group_timeout", "group_permanent", "bad_text")]
+        fine = await p.enqueue(Echo("fine"))
+        jobs = [await wait_status(p, job_id, "dead") for job_id in ids]
+        await wait_status(p, fine, "completed")
+    assert jobs[0].error.startswith("timed out after 0.2 s")
+    assert jobs[1].error == "permanent error: no such thing"
+    assert jobs[2].error == "permanent error: cannot read photo-\\udcff.jpg"
