@@ -7,10 +7,12 @@ jobs and the few claimed ahead). It is a thread, not a trio task, so that a hand
 that blocks the event loop by mistake (CPU-bound code, a blocking call) cannot starve
 it: another process would otherwise rescue and run again a job that is still running
 here. It writes one column, ``lease_expires_at``, of rows it holds a lease on, and only
-while their token matches: the Ledger stays the only writer of job status. If the
-event loop has not answered for longer than the longest job timeout (at least ten leases)
-plus a lease, the
-process is taken for stuck and the heartbeat stops renewing, so its jobs can be rescued.
+while their token matches: the Ledger stays the only writer of job status. In the same
+transaction it records this process and the job types it knows in ``workers``, so that
+no other process buries pending jobs of a type a live worker knows. If the event loop
+has not answered for longer than the longest job timeout (at least ten leases) plus a
+lease, the process is taken for stuck and the heartbeat stops renewing, so its jobs can
+be rescued.
 
 The **keeper** is a trio task: through the Ledger it rescues jobs whose lease expired
 (back to pending with backoff, or dead when out of attempts) and buries pending jobs of
@@ -41,9 +43,14 @@ log = logging.getLogger("pipeline.leases")
 class Heartbeat:
     """Renews this process's leases from a thread (see the module docstring)."""
 
-    def __init__(self, path: Path, pools: dict[str, Pool], *, lease_seconds: float, busy_timeout_ms: int, synchronous: str) -> None:
+    def __init__(
+        self, path: Path, pools: dict[str, Pool], *, owner: str, job_types: list[str], lease_seconds: float,
+        busy_timeout_ms: int, synchronous: str,
+    ) -> None:
         self.path = path
         self.pools = pools
+        self.owner = owner
+        self.job_types = job_types
         self.lease_seconds = lease_seconds
         self.period = lease_seconds / 3
         self._busy_timeout_ms = busy_timeout_ms
@@ -71,22 +78,26 @@ class Heartbeat:
     def _run(self) -> None:
         conn = None
         try:
-            while not self._stop.wait(self.period):
+            while True:
                 stalled = time.monotonic() - self.loop_seen
                 if stalled > self.stall_limit:
                     log.error("the event loop has not answered for %.0f s; no longer renewing leases, so other "
                               "processes can rescue this one's jobs", stalled)
+                    if self._stop.wait(self.period):
+                        break
                     continue
                 held = self._held()
-                if not held:
-                    continue
                 try:
                     if conn is None:
                         conn = store.connect(self.path, busy_timeout_ms=self._busy_timeout_ms, synchronous=self._synchronous)
                     with store.write_transaction(conn):
-                        lost = store.renew(conn, held, expires=format_ts(time.time() + self.lease_seconds))
+                        now = time.time()
+                        store.beat(conn, self.owner, self.job_types, now=format_ts(now))
+                        lost = store.renew(conn, held, expires=format_ts(now + self.lease_seconds))
                 except Exception as exc:  # noqa: BLE001 - the database refused; try again next period
                     log.warning("lease renewal failed (%s); retrying in %.1f s", exc, self.period)
+                    if self._stop.wait(self.period):
+                        break
                     continue
                 self.renewals += 1
                 if lost:
@@ -95,6 +106,13 @@ class Heartbeat:
                         self._token.run_sync_soon(self._lost, [(i, token) for i, token in held if i in gone])
                     except trio.RunFinishedError:
                         return
+                if self._stop.wait(self.period):
+                    break
+            if conn is not None:  # a graceful stop: this worker is gone
+                with store.write_transaction(conn):
+                    store.forget_worker(conn, self.owner)
+        except Exception as exc:  # noqa: BLE001 - leaving the row is harmless: it goes stale
+            log.warning("could not remove worker %s from the workers table: %s", self.owner, exc)
         finally:
             if conn is not None:
                 conn.close()
@@ -125,7 +143,7 @@ async def run_lease_keeper(
     queue = pipeline.queue
     known = set(pipeline.registry.job_types())
     heartbeat = Heartbeat(
-        config.database_path, pools, lease_seconds=config.worker_lease_seconds,
+        config.database_path, pools, owner=queue.owner, job_types=sorted(known), lease_seconds=config.worker_lease_seconds,
         busy_timeout_ms=config.sqlite_busy_timeout_ms, synchronous=config.sqlite_synchronous,
     )
     pipeline.heartbeat = heartbeat

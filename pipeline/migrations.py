@@ -108,6 +108,21 @@ MIGRATIONS: Final[list[tuple[int, str, str]]] = [
         );
         """,
     ),
+    (
+        3,
+        "workers",
+        """
+        -- The worker processes on this file and the job types each knows, kept fresh by each
+        -- one's lease heartbeat. A pending job of a type no process here knows goes dead only
+        -- if no live worker knows it either (another process's backlog is not ours to bury).
+        CREATE TABLE IF NOT EXISTS workers (
+            owner        TEXT PRIMARY KEY,       -- host:pid, as in jobs.lease_owner
+            job_types    TEXT NOT NULL,          -- JSON array
+            started_at   TEXT NOT NULL,
+            heartbeat_at TEXT NOT NULL
+        );
+        """,
+    ),
 ]
 
 LATEST: Final = MIGRATIONS[-1][0]

@@ -249,8 +249,6 @@ class SqliteJobQueue:
 
         return await self._call("bury_unknown", write)
 
-    async def bury_malformed(self, lease: Lease, error: str) -> bool:
-        return bool(await self._call("bury", lambda conn, now: store.bury_malformed(conn, lease.id, lease.token, error, now=now)))
 
     # -- operators ----------------------------------------------------------------------------
 

@@ -302,9 +302,13 @@ def pending_job_types(conn: sqlite3.Connection) -> list[str]:
 
 def bury_unknown_types(conn: sqlite3.Connection, job_types: Iterable[str], *, now: str, due_before: str) -> int:
     """Pending jobs of types no code here knows, due since before ``due_before`` (nobody
-    claimed them meanwhile) → dead, with an error that says why."""
+    claimed them meanwhile) → dead, with an error that says why; but not the types a
+    worker that was alive since ``due_before`` knows (see :func:`beat`)."""
+    live = live_job_types(conn, since=due_before)
     n = 0
     for job_type in job_types:
+        if job_type in live:
+            continue
         n += conn.execute(
             "UPDATE jobs SET status = 'dead', error = ?, updated_at = ? "
             "WHERE status = 'pending' AND job_type = ? AND run_after <= ?",
@@ -317,8 +321,36 @@ def bury_unknown_types(conn: sqlite3.Connection, job_types: Iterable[str], *, no
     return n
 
 
-def bury_malformed(conn: sqlite3.Connection, job_id: str, token: int, error: str, *, now: str) -> int:
-    return conn.execute(_BURY, (error, now, job_id, token)).rowcount
+# -- worker processes ---------------------------------------------------------------------------
+
+_BEAT = """
+INSERT INTO workers (owner, job_types, started_at, heartbeat_at) VALUES (:owner, :types, :now, :now)
+ON CONFLICT (owner) DO UPDATE SET job_types = :types, heartbeat_at = :now
+"""
+
+
+def beat(conn: sqlite3.Connection, owner: str, job_types: Sequence[str], *, now: str) -> None:
+    """Record that the worker process ``owner``, knowing ``job_types``, is alive."""
+    conn.execute(_BEAT, {"owner": owner, "types": json.dumps(sorted(job_types)), "now": now})
+
+
+def forget_worker(conn: sqlite3.Connection, owner: str) -> None:
+    conn.execute("DELETE FROM workers WHERE owner = ?", (owner,))
+
+
+def live_job_types(conn: sqlite3.Connection, *, since: str) -> set[str]:
+    types: set[str] = set()
+    for (text,) in conn.execute("SELECT job_types FROM workers WHERE heartbeat_at >= ?", (since,)):
+        try:
+            types.update(json.loads(text))
+        except (ValueError, TypeError):
+            continue
+    return types
+
+
+def workers(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+    rows = conn.execute("SELECT owner, job_types, started_at, heartbeat_at FROM workers ORDER BY owner").fetchall()
+    return [{"owner": o, "job_types": json.loads(t), "started_at": s, "heartbeat_at": h} for o, t, s, h in rows]
 
 
 # -- operator actions -----------------------------------------------------------------------

@@ -92,7 +92,7 @@ async def settled(p: pipeline.Pipeline, timeout: float = 10.0) -> dict[str, Any]
 
 def test_migrating_twice_changes_nothing(db_path: Path) -> None:
     conn = store.connect(db_path)
-    assert migrations.migrate(conn, db_path) == [1, 2]
+    assert migrations.migrate(conn, db_path) == [n for n, _, _ in migrations.MIGRATIONS]
     before = schema(conn)
     versions = conn.execute("SELECT version, name, applied_at FROM schema_migrations").fetchall()
     assert migrations.migrate(conn, db_path) == []
@@ -119,7 +119,7 @@ def test_a_version_1_database_gains_the_content_tables_and_keeps_its_jobs(db_pat
     with store.write_transaction(conn):
         conn.execute("INSERT INTO jobs (id, job_type, payload) VALUES ('j1', 'generate_sitemap', '{}')")
     monkeypatch.undo()
-    assert migrations.migrate(conn, db_path) == [2]
+    assert migrations.migrate(conn, db_path) == [n for n, _, _ in migrations.MIGRATIONS[1:]]
     assert conn.execute("SELECT id FROM jobs").fetchall() == [("j1",)]
     tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert {"users", "posts", "media", "posts_fts", "post_publications"} <= tables

@@ -128,3 +128,28 @@ def test_a_second_signal_exits_at_once(tmp_path: Path) -> None:
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(5) == 128 + signal.SIGTERM
     assert statuses(db_path)[job_id] == ("running", 1)  # the lease will return it
+
+
+async def test_a_process_does_not_bury_the_backlog_of_a_live_worker_that_knows_its_type(tmp_path: Path) -> None:
+    """Process A (here) does not know `echo`; the worker process B does. B's jobs that wait
+    past A's grace period are not A's to bury; a type that no live worker knows is."""
+    db_path, log = tmp_path / "jobs.db", tmp_path / "runs.log"
+    worker = start_worker(db_path, log, "worker_concurrency=1", "worker_lease_seconds=0.6")
+    try:
+        ids = insert_jobs(db_path, [Echo(str(i), sleep=0.5) for i in range(6)])  # ~3 s of backlog for B
+        conn = sqlite3.connect(db_path)
+        conn.execute("INSERT INTO jobs (id, job_type, payload) VALUES ('ghost', 'nobody_knows', '{}')")
+        conn.commit()
+        conn.close()
+        other = pipeline.Registry.with_builtins()  # no `echo` here
+        config = fast_config(db_path, worker_unknown_type_grace_seconds=0.5, worker_lease_seconds=0.6, admin_enabled=False)
+        async with pipeline.open_pipeline(config, other) as p:
+            await wait_status(p, "ghost", "dead", timeout=15)
+            for job_id in ids:
+                job = await wait_status(p, job_id, "completed", "dead", timeout=30)
+                assert job.status == "completed", job.error
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(10) == 0
+    conn = sqlite3.connect(db_path)
+    assert conn.execute("SELECT owner FROM workers").fetchall() == [], "stopped workers leave the table"
