@@ -145,6 +145,12 @@ def current_version(conn: sqlite3.Connection) -> int:
     return int(version)
 
 
+def _recorded(conn: sqlite3.Connection) -> set[int]:
+    if not conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'").fetchone():
+        return set()
+    return {int(v) for (v,) in conn.execute("SELECT version FROM schema_migrations")}
+
+
 def migrate(conn: sqlite3.Connection, path: Path | str = "<database>") -> list[int]:
     """Apply every migration not yet recorded; return the versions applied now."""
     applied = []
@@ -154,8 +160,9 @@ def migrate(conn: sqlite3.Connection, path: Path | str = "<database>") -> list[i
             f"{path} has schema version {version}, newer than this pipeline knows ({LATEST}); "
             "upgrade the pipeline package, or point DATABASE_URL at another file"
         )
+    recorded = _recorded(conn)
     for number, name, sql in MIGRATIONS:
-        if number <= version:
+        if number in recorded:  # every one not recorded, a gap included
             continue
         conn.execute("BEGIN IMMEDIATE")
         try:
