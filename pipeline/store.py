@@ -13,6 +13,7 @@ import contextlib
 import json
 import random
 import sqlite3
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ import attrs
 
 from . import states
 from .clock import format_ts, to_epoch
-from .errors import DatabaseUnavailable, UsageError
+from .errors import DatabaseUnavailable, StoreError, UsageError
 from .states import Status
 
 # -- connections ----------------------------------------------------------------------------
@@ -40,15 +41,32 @@ def connect(path: Path | str, *, busy_timeout_ms: int = 5000, synchronous: str =
         raise DatabaseUnavailable(f"cannot open database {path}: {exc}") from None
     try:
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        mode = _journal_mode_wal(conn, busy_timeout_ms)
         if mode.lower() != "wal":
             raise DatabaseUnavailable(f"database {path} cannot use WAL mode (journal_mode is {mode})")
         conn.execute(f"PRAGMA synchronous = {'FULL' if synchronous == 'full' else 'NORMAL'}")
         conn.execute("PRAGMA foreign_keys = ON")
     except sqlite3.DatabaseError as exc:
         conn.close()
+        if "locked" in str(exc):
+            raise StoreError(f"database {path} stayed locked by another process past busy_timeout: {exc}") from None
         raise DatabaseUnavailable(f"database {path} is unreadable or not a SQLite database: {exc}") from None
     return conn
+
+
+def _journal_mode_wal(conn: sqlite3.Connection, busy_timeout_ms: int) -> str:
+    """Switch to WAL. The switch does not wait out busy_timeout: when several processes
+    open a new file at once it can answer "locked" at once, so wait here instead."""
+    deadline = time.monotonic() + busy_timeout_ms / 1000
+    delay = 0.005
+    while True:
+        try:
+            return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
 
 
 @contextlib.contextmanager
