@@ -24,7 +24,6 @@ from .errors import (
     UsageError,
 )
 from .events import MediaUploaded, PostCreated, PostPublished, PostScheduled, Routed, UserRegistered
-from .pools import JobContext
 from .jobs import (
     Compress,
     ConvertWebP,
@@ -40,6 +39,7 @@ from .jobs import (
     WebhookNotify,
 )
 from .outbox import enqueue_in_transaction
+from .pools import JobContext
 from .queue import JobQueue, Lease, NewJob, SqliteJobQueue
 from .registry import Registry
 from .states import Status

@@ -24,7 +24,6 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-import attrs
 import trio
 
 from .bus import Envelope, run_event_bus
@@ -34,11 +33,11 @@ from .db import open_database
 from .diagrams import Wiring
 from .enqueuer import run_enqueuer
 from .errors import ConfigError, PipelineClosed, UsageError
-from .pools import Outcome, Pool, describe_outcome, run_worker
 from .ids import UUID7Factory
-from .ledger import LedgerStats, Reply, run_ledger
 from .leases import run_lease_keeper
+from .ledger import LedgerStats, Reply, run_ledger
 from .poller import run_poller
+from .pools import Outcome, Pool, describe_outcome, run_worker
 from .queue import Lease, NewJob, SqliteJobQueue
 from .registry import Registry
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 SQL_NOW = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
 
 

@@ -47,7 +47,6 @@ from .demo_sinks import HttpSink, SmtpSink
 from .handlers import content_store
 from .registry import Registry
 
-
 SCHEDULE_AHEAD = 3.0  # seconds until the scheduled post is due
 SEARCH_WORD = "trio"
 SETTLED = ("completed", "dead")
@@ -263,7 +262,7 @@ def _print_report(out: TextIO, r: Report, seeded: Seeded, smtp: SmtpSink, http: 
     def say(text: str = "") -> None:
         print(text, file=out)
 
-    say("done in %.1f s" % took if finished else f"gave up waiting after {took:.1f} s: some jobs are still pending")
+    say(f"done in {took:.1f} s" if finished else f"gave up waiting after {took:.1f} s: some jobs are still pending")
     counts: dict[str, Counter[str]] = {}
     for job_type, status, _ in r.jobs:
         counts.setdefault(job_type, Counter())[status] += 1

@@ -155,7 +155,6 @@ async def _invoke(handler: Callable[..., Awaitable[None]], job: Any, ctx: JobCon
 
 async def run_one(pipeline: Pipeline, pool: Pool, lease: Lease) -> None:
     """Run one claimed job and write its outcome."""
-    queue = pipeline.queue
     spec = pool.spec
     started = time.monotonic()
     key = (lease.id, lease.token)

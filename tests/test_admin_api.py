@@ -12,10 +12,10 @@ from urllib.parse import quote
 import httpx
 import pytest
 import trio
-from prometheus_client.parser import text_string_to_metric_families
-
 from admin_harness import seed, seed_registry
 from conftest import fast_config
+from prometheus_client.parser import text_string_to_metric_families
+
 from pipeline import Config, ConfigError, Registry, SendEmail, open_pipeline
 from pipeline.admin import AdminBindError, check_bind, open_admin_listener, run_admin_server
 from pipeline.jobs import GenerateSitemap

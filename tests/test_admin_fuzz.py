@@ -18,6 +18,8 @@ import httpx
 import pytest
 import schemathesis
 import trio
+from admin_harness import seed, seed_registry, serve_in_thread
+from conftest import fast_config
 from hypothesis import HealthCheck, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
@@ -29,8 +31,6 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from admin_harness import seed, seed_registry, serve_in_thread
-from conftest import fast_config
 from pipeline.admin.openapi import openapi_document
 
 TOKEN = "fuzz-token"

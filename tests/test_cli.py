@@ -22,9 +22,9 @@ from typing import Any
 import httpx
 import pytest
 import trio
-
 from admin_harness import seed
 from conftest import fast_config
+
 from pipeline import store
 from pipeline.cli import main
 

@@ -18,14 +18,22 @@ from typing import Any
 
 import pytest
 import trio
+from conftest import fast_config
 
 import pipeline
-from pipeline import GenerateSitemap, PostCreated, PostPublished, PostScheduled, Registry, ScheduledPublish
-from pipeline import cli, migrations, store
+from pipeline import (
+    GenerateSitemap,
+    PostCreated,
+    PostPublished,
+    PostScheduled,
+    Registry,
+    ScheduledPublish,
+    cli,
+    migrations,
+    store,
+)
 from pipeline.clock import format_ts, now_ts, to_epoch
 from pipeline.handlers import content, content_store, default_registry, sitemap
-
-from conftest import fast_config
 
 NS = {"sm": sitemap.NAMESPACE}
 SITE = "https://blog.example"

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 import trio
-
 from admin_harness import seed, serve_in_thread
 from conftest import REQUIRE_SERVICES, fast_config
 

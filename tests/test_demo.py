@@ -10,13 +10,12 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from conftest import fast_config
 from PIL import Image
 
 from pipeline import Registry
 from pipeline.demo import run_demo
 from pipeline.handlers import content
-
-from conftest import fast_config
 
 ALL_TYPES = {
     "convert_webp": 3, "generate_sitemap": 1, "generate_thumbnail": 3, "invalidate_cache": 7, "process_image": 1,

@@ -8,12 +8,10 @@ import time
 from pathlib import Path
 
 import pytest
-import trio
-
-import pipeline
-
 from conftest import fast_config
 from jobkit import Echo, registry, wait_status
+
+import pipeline
 
 
 async def test_a_full_disk_refuses_enqueue_clearly_and_recovers(db_path: Path) -> None:
@@ -29,7 +27,7 @@ async def test_a_full_disk_refuses_enqueue_clearly_and_recovers(db_path: Path) -
         # the Ledger's own connection: no room for more than a couple of pages
         await p.queue.db.write(cap, None)
         with pytest.raises(pipeline.StoreError, match=r"database .*pipeline\.db is full"):
-            for i in range(100):  # each batch needs new pages sooner or later
+            for _ in range(100):  # each batch needs new pages sooner or later
                 await p.enqueue_many([Echo("x" * 2000) for _ in range(20)])
         stats = await p.queue.stats()
         assert stats["by_status"]["pending"] >= 50  # what was committed is still there

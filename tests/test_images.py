@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import trio
+from conftest import fast_config
 from PIL import Image
 
 import pipeline
@@ -20,8 +21,6 @@ from pipeline import Compress, ConvertWebP, GenerateThumbnail, MediaUploaded, Pr
 from pipeline.handlers import default_registry, images
 from pipeline.handlers.images import derived_dir_name, fit_within, operations_hash
 from pipeline.store import JobRecord, write_transaction
-
-from conftest import fast_config
 
 RED, BLUE, GREEN = (220, 20, 20), (20, 20, 220), (20, 200, 20)
 ORIENTATION = 0x0112

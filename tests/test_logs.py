@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 import trio
-
 from conftest import fast_config
+
 from pipeline import Config, PermanentError, Registry, SendEmail, open_pipeline
 from pipeline.logs import configure
 

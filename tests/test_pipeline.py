@@ -8,14 +8,13 @@ import time
 
 import pytest
 import trio
+from conftest import fast_config
+from jobkit import Echo, echo, registry, wait_status
 
 import pipeline
 from pipeline import Config, UserRegistered
 from pipeline.clock import now_ts, to_epoch
 from pipeline.queue import NewJob
-
-from conftest import fast_config
-from jobkit import Echo, echo, registry, wait_status
 
 
 async def test_enqueue_returns_once_committed(config: Config, db_path) -> None:
@@ -177,7 +176,7 @@ async def test_priority_then_due_time_orders_the_claims(db_path) -> None:
     reg.register("echo", Echo, record, concurrency=1)
     config = fast_config(db_path, worker_prefetch=0)
     async with pipeline.open_pipeline(config, reg) as p:
-        p.queue  # insert all in one transaction, so the Poller sees them together
+        # all in one transaction, so the claims see them together
         jobs = [NewJob("echo", json.dumps({"text": t}), 3, None, prio) for t, prio in [("low", 9), ("mid", 5), ("high", 1), ("mid2", 5)]]
         ids = await p.queue.enqueue_many(jobs)
         for job_id in ids:

@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 import trio
-
-import pipeline
-
 from conftest import fast_config
 from jobkit import Echo, registry, wait_file_line, wait_status
+
+import pipeline
 
 WORKER = Path(__file__).parent / "worker_process.py"
 

@@ -27,13 +27,14 @@ from typing import Any
 
 import attrs
 import httpcore
-import httpx
 import pytest
 import standardwebhooks
 import trio
 import trustme
+from conftest import fast_config
 from hypothesis import given
 from hypothesis import strategies as st
+from jobkit import wait_status
 
 import pipeline
 from pipeline import PostCreated, Registry
@@ -48,9 +49,6 @@ from pipeline.handlers.webhook import (
     sign,
 )
 from pipeline.jobs import WebhookNotify
-
-from conftest import fast_config
-from jobkit import wait_status
 
 SECRET = "whsec_" + base64.b64encode(b"test key: 32 bytes of randomness").decode()
 
@@ -231,7 +229,7 @@ def test_signature_matches_the_reference_implementation() -> None:
     ours = sign(SECRET, "msg_1", 1_700_000_000, body)
     import datetime as dt
 
-    theirs = standardwebhooks.Webhook(SECRET).sign("msg_1", dt.datetime.fromtimestamp(1_700_000_000, dt.timezone.utc), body.decode())
+    theirs = standardwebhooks.Webhook(SECRET).sign("msg_1", dt.datetime.fromtimestamp(1_700_000_000, dt.UTC), body.decode())
     assert ours == {"webhook-id": "msg_1", "webhook-timestamp": "1700000000", "webhook-signature": theirs}
 
 

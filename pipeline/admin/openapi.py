@@ -12,7 +12,7 @@ from typing import Any
 
 from ..registry import Registry
 from ..states import Status
-from .api import MAX_PAGE, MAX_PER_PAGE, CODES
+from .api import CODES, MAX_PAGE, MAX_PER_PAGE
 from .inputs import INT32_MAX, INT32_MIN, MAX_OLDER_THAN_SECONDS
 
 _REF = "#/components/schemas/"

@@ -8,11 +8,7 @@ from __future__ import annotations
 
 from ..config import Config
 from ..registry import Registry
-from . import cache
-from . import content
-from . import images
-from . import mail
-from . import webhook
+from . import cache, content, images, mail, webhook
 
 
 def default_registry(config: Config) -> Registry:

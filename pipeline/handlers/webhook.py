@@ -427,7 +427,7 @@ def retry_after_seconds(value: str | None, *, now: float) -> float | None:
     except (TypeError, ValueError, IndexError):
         return None
     if when.tzinfo is None:  # HTTP-dates are GMT
-        when = when.replace(tzinfo=dt.timezone.utc)
+        when = when.replace(tzinfo=dt.UTC)
     return max(0.0, when.timestamp() - now)
 
 
