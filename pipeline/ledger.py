@@ -13,6 +13,7 @@ ends only when every sender has closed its end, so the last batch is always writ
 
 from __future__ import annotations
 
+import functools
 import logging
 import sqlite3
 from collections.abc import Callable
@@ -21,8 +22,8 @@ from typing import Any
 import attrs
 import trio
 
-from .clock import now_ts
 from . import store
+from .clock import now_ts
 from .db import Database, describe
 from .states import Transition
 
@@ -89,8 +90,8 @@ class Tray:
 @attrs.frozen
 class Command:
     """One unit of work for the Ledger: ``fn(conn, now)`` inside the batch's transaction,
-    or, for the most common command by far, a tray of job outcomes, which the Ledger
-    writes together with every other outcome of the batch.
+    or, for the two most common commands by far, a tray of job outcomes or rows to insert,
+    which the Ledger writes together with every other outcome or insert of the batch.
 
     ``kind`` names it in logs and metrics; ``wakes_poller`` says that committing it may
     have made jobs due (an insert, a revive), so the Poller should look at once.
@@ -101,6 +102,7 @@ class Command:
     reply: Reply
     wakes_poller: bool = False
     tray: Tray | None = None
+    rows: list[store.NewJobRow] | None = None  # an insert: written with every other insert of the batch
 
     @property
     def wakes(self) -> bool:
@@ -109,7 +111,8 @@ class Command:
 
 def _apply_batch(conn: sqlite3.Connection, batch: list[Command]) -> list[tuple[bool, Any]]:
     """Runs in the database thread: one transaction; all outcomes in one executemany per
-    kind; every other command under a savepoint of its own."""
+    kind, all inserted rows in one executemany; every other command under a savepoint of
+    its own."""
     now = now_ts()
     results: list[tuple[bool, Any]] = [(False, None)] * len(batch)
     conn.execute("BEGIN IMMEDIATE")
@@ -126,7 +129,7 @@ def _apply_batch(conn: sqlite3.Connection, batch: list[Command]) -> list[tuple[b
                     held = store.settle_each(conn, items, now=now)
             except Exception as exc:
                 if not conn.in_transaction:
-                    raise  # rolled back whole by SQLite (see below)
+                    raise  # rolled back whole by SQLite (see _alone)
                 conn.execute("ROLLBACK TO outcomes")
                 for i, _ in trays:
                     results[i] = (False, exc)
@@ -136,29 +139,54 @@ def _apply_batch(conn: sqlite3.Connection, batch: list[Command]) -> list[tuple[b
                     results[i] = (True, held[start : start + len(tray.items)])
                     start += len(tray.items)
             conn.execute("RELEASE outcomes")
+        inserts = [(i, command.rows) for i, command in enumerate(batch) if command.rows is not None]
         for i, command in enumerate(batch):
-            if command.fn is None:
-                continue
-            conn.execute("SAVEPOINT command")
-            try:
-                value = command.fn(conn, now)
-            except Exception as exc:  # the command's own failure: undo it alone
-                if not conn.in_transaction:
-                    # SQLite rolled the whole transaction back itself (it may on SQLITE_FULL,
-                    # SQLITE_IOERR, SQLITE_NOMEM): nothing of this batch was written
-                    raise exc
-                conn.execute("ROLLBACK TO command")
-                conn.execute("RELEASE command")
-                results[i] = (False, exc)
-            else:
-                conn.execute("RELEASE command")
-                results[i] = (True, value)
+            if command.fn is not None:
+                results[i] = _alone(conn, functools.partial(command.fn, conn, now))
+            elif inserts and i == inserts[0][0]:
+                # every insert of the batch in one executemany, where the first one stands in
+                # the batch (commands keep their order: a claim sent before an insert does not see it)
+                _insert_all(conn, inserts, results)
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
     return results
+
+
+def _insert_all(conn: sqlite3.Connection, inserts: list[tuple[int, list[store.NewJobRow]]], results: list[tuple[bool, Any]]) -> None:
+    conn.execute("SAVEPOINT inserts")
+    try:
+        store.insert_jobs(conn, [row for _, rows in inserts for row in rows])
+    except Exception:
+        if not conn.in_transaction:
+            raise  # rolled back whole by SQLite (see _alone)
+        # one caller's rows do not fit (a duplicate id): redo each alone, so only it hears
+        conn.execute("ROLLBACK TO inserts")
+        for i, rows in inserts:
+            results[i] = _alone(conn, functools.partial(store.insert_jobs, conn, rows))
+    else:
+        for i, _ in inserts:
+            results[i] = (True, None)
+    conn.execute("RELEASE inserts")
+
+
+def _alone(conn: sqlite3.Connection, fn: Callable[[], Any]) -> tuple[bool, Any]:
+    """Run one command under a savepoint of its own: if it fails, only it is undone."""
+    conn.execute("SAVEPOINT command")
+    try:
+        value = fn()
+    except Exception as exc:  # the command's own failure: undo it alone
+        if not conn.in_transaction:
+            # SQLite rolled the whole transaction back itself (it may on SQLITE_FULL,
+            # SQLITE_IOERR, SQLITE_NOMEM): nothing of this batch was written
+            raise
+        conn.execute("ROLLBACK TO command")
+        conn.execute("RELEASE command")
+        return False, exc
+    conn.execute("RELEASE command")
+    return True, value
 
 
 LOCK_PATIENCE = 30.0  # seconds the Ledger keeps retrying a batch while another process holds the lock

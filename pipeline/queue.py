@@ -97,10 +97,10 @@ class SqliteJobQueue:
         self._tray: Tray | None = None  # outcomes waiting for the Ledger (see ledger.Tray)
         self.eager_claimer: Callable[[], tuple[dict[str, int], Callable[[bool, Any], None]] | None] | None = None
 
-    async def _call(self, kind: str, fn: Any, *, wakes_poller: bool = False) -> Any:
+    async def _call(self, kind: str, fn: Any, *, wakes_poller: bool = False, rows: list[store.NewJobRow] | None = None) -> Any:
         reply = Reply()
         try:
-            await self._ledger_send.send(Command(kind, fn, reply, wakes_poller))
+            await self._ledger_send.send(Command(kind, fn, reply, wakes_poller, rows=rows))
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             raise PipelineClosed("the pipeline is shut down; the job store takes no more writes") from None
         return await reply.wait()
@@ -128,7 +128,7 @@ class SqliteJobQueue:
 
     async def enqueue_rows(self, rows: list[store.NewJobRow]) -> list[str]:
         """Insert prepared rows in one command; returns once they are committed."""
-        await self._call("insert", lambda conn, now: store.insert_jobs(conn, rows), wakes_poller=True)
+        await self._call("insert", None, wakes_poller=True, rows=rows)
         return [r.id for r in rows]
 
     async def enqueue_many(self, jobs: Sequence[NewJob]) -> list[str]:

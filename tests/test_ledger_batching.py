@@ -1,0 +1,65 @@
+"""The Ledger's grouping: many callers' inserts and outcomes in one transaction, one
+executemany each, and a caller whose part does not fit hears so alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import trio
+from conftest import fast_config
+from jobkit import Echo, registry
+
+import pipeline
+from pipeline import store
+
+
+async def test_inserts_of_many_callers_share_a_transaction_and_a_bad_one_fails_alone(db_path) -> None:
+    config = fast_config(db_path, worker_enabled=False)
+    async with pipeline.open_pipeline(config, registry()) as p:
+        (taken,) = await p.enqueue_many([Echo("first")])
+        queue = p.queue
+        good = [queue.rows_for([p.new_job(Echo(f"good-{k}-{i}")) for i in range(3)]) for k in range(5)]
+        (bad,) = queue.rows_for([p.new_job(Echo("bad"))])
+        bad = attrs.evolve(bad, id=taken)  # a duplicate primary key: this caller's insert cannot commit
+        results: dict[Any, Any] = {}
+
+        async def put(name: Any, rows: list[store.NewJobRow]) -> None:
+            try:
+                results[name] = await queue.enqueue_rows(rows)
+            except pipeline.StoreError as exc:
+                results[name] = exc
+
+        before = p.ledger_stats.batches
+        async with trio.open_nursery() as tn:  # all six wait in the Ledger's inbox together
+            for k, rows in enumerate(good):
+                tn.start_soon(put, k, rows)
+            tn.start_soon(put, "bad", [bad])
+        assert p.ledger_stats.batches == before + 1, "one transaction for all six callers"
+        assert isinstance(results["bad"], pipeline.StoreError) and "UNIQUE" in str(results["bad"])
+        for k, rows in enumerate(good):
+            assert results[k] == [r.id for r in rows]
+            for r in rows:
+                assert (await queue.get(r.id)).status == "pending"
+        assert (await queue.get(taken)).payload == '{"text":"first","sleep":0.0,"fail_times":0,"mode":"ok"}'
+
+
+async def test_outcomes_of_a_burst_ride_on_few_trays(db_path) -> None:
+    config = fast_config(db_path, worker_concurrency=50)
+    async with pipeline.open_pipeline(config, registry()) as p:
+        done = trio.Event()
+        seen: list[str] = []
+
+        def observe(fields: dict[str, Any]) -> None:  # called once the outcome committed
+            seen.append(fields["status"])
+            if len(seen) == 500:
+                done.set()
+
+        p.add_observer(observe)
+        await p.enqueue_many([Echo(str(i)) for i in range(500)])
+        with trio.fail_after(20):
+            await done.wait()
+        assert seen == ["completed"] * 500
+        # each outcome still counts as a command; the transactions are far fewer
+        assert p.ledger_stats.commands >= 500
+        assert p.ledger_stats.batches < 60, p.ledger_stats
