@@ -154,6 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("diagrams", help="redraw diagrams/*.mmd and the README's copies from the code")
     p.add_argument("--out", default="diagrams")
     p.add_argument("--readme", default="README.md")
+
+    # every flag after `bench` is benchmarks/bench.py's own (`python -m pipeline bench --help`)
+    sub.add_parser("bench", add_help=False, help="measure throughput and latency against Huey's SQLite backend "
+                   "(benchmarks/bench.py of a source checkout; --quick: under a minute)")
     return parser
 
 
@@ -173,7 +177,10 @@ def main(argv: Sequence[str] | None = None, *, registry: Registry | None = None,
     try:
         for position, arg in enumerate(sys.argv[1:] if argv is None else argv, start=1):
             _check_text(arg, position)
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra and args.command != "bench":
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.bench_args = extra
         config = Config.from_env(env_file=args.env_file)
         command = args.command or "run"
         return COMMANDS[command](args, config, registry, out)
@@ -572,6 +579,17 @@ def cmd_demo(args: argparse.Namespace, config: Config, registry: Registry | None
     return run_demo(config, Path(args.dir), registry=registry, timeout=args.timeout, verbose=args.verbose, out=out)
 
 
+def cmd_bench(args: argparse.Namespace, config: Config, registry: Registry | None, out: TextIO) -> int:
+    """Run benchmarks/bench.py with the arguments given after `bench`."""
+    import subprocess
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "bench.py"
+    if not script.is_file():
+        raise CliError(f"error: {script} is not here: the benchmark comes with a source checkout of the project "
+                       "(git clone, then pip install -e '.[bench]')", 2)
+    return subprocess.run([sys.executable, str(script), *args.bench_args], check=False).returncode
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, Config, Registry | None, TextIO], int]] = {
     "run": cmd_run,
     "enqueue": cmd_enqueue,
@@ -581,4 +599,5 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Config, Registry | None, TextI
     "diagrams": cmd_diagrams,
     "search": cmd_search,
     "demo": cmd_demo,
+    "bench": cmd_bench,
 }
