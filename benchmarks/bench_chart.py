@@ -62,7 +62,7 @@ def draw(figs: dict[str, Any], path: Path, *, title: str, scale_rows: int, poll_
     if latency:
         title = f"pickup latency, ms (log scale; other process: poll {poll_ms} ms)"
         panel_bars(d, (900, 110, 1470, 560), title, figs, latency, log=True,
-                   targets={"latency_p50": 1, "latency_p99": 5})
+                   targets={"latency_p50": 1, "latency_p99": 5, "cross_p99": poll_ms})
     memory = [(k, label) for k, label in (("rss_small", "small\nbacklog"), ("rss_large", f"{count(scale_rows)} pending\njobs"))
               if k in figs]
     if memory:
