@@ -236,6 +236,8 @@ async def open_pipeline(config: Config | None = None, registry: Registry | None 
                             # is being cancelled, the actors are cancelled too: running jobs
                             # stay running until their lease expires and another run rescues them.)
                             pipeline.closed = True  # enqueue and emit from outside refuse from now on
+                            # a database locked by someone else must not hold the stop up for long
+                            ledger_stats.give_up_at = trio.current_time() + config.worker_shutdown_timeout + 1
                             if claiming is not None:
                                 claiming.cancel()  # the poller closes the pools' channels
                             for pool in pools.values():

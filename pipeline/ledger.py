@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import sqlite3
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +26,7 @@ import trio
 from . import store
 from .clock import now_ts
 from .db import Database, describe
+from .errors import PipelineClosed
 from .states import Transition
 
 log = logging.getLogger("pipeline.ledger")
@@ -43,17 +45,26 @@ class Reply:
     _error: BaseException | None = None
     then: Callable[[bool, Any], None] | None = None  # called with (ok, value or error) when answered
 
+    @property
+    def answered(self) -> bool:
+        return self._done.is_set()
+
     def set(self, value: Any) -> None:
         self._value = value
         self._done.set()
-        if self.then is not None:
-            self.then(True, value)
+        self._call_then(True, value)
 
     def fail(self, error: BaseException) -> None:
         self._error = error
         self._done.set()
+        self._call_then(False, error)
+
+    def _call_then(self, ok: bool, value: Any) -> None:
         if self.then is not None:
-            self.then(False, error)
+            try:
+                self.then(ok, value)
+            except Exception:  # the callback's bug must not take the Ledger down
+                log.exception("a Ledger reply callback failed")
 
     async def wait(self) -> Any:
         await self._done.wait()
@@ -130,14 +141,20 @@ def _apply_batch(conn: sqlite3.Connection, batch: list[Command]) -> list[tuple[b
             except Exception as exc:
                 if not conn.in_transaction:
                     raise  # rolled back whole by SQLite (see _alone)
+                # one outcome the database will not take must not sink the others: write each
+                # alone; one that still fails counts as not held (its lease returns the job)
                 conn.execute("ROLLBACK TO outcomes")
-                for i, _ in trays:
-                    results[i] = (False, exc)
-            else:
-                start = 0
-                for i, tray in trays:
-                    results[i] = (True, held[start : start + len(tray.items)])
-                    start += len(tray.items)
+                log.warning("writing %d outcomes together failed (%r); writing them one by one", len(items), exc)
+                held: list[bool] = []
+                for item in items:
+                    ok, value = _alone(conn, functools.partial(store.settle, conn, [item], now=now))
+                    if not ok:
+                        log.error("job %s: its outcome could not be written: %r", item.id, value)
+                    held.append(ok and value == 1)
+            start = 0
+            for i, tray in trays:
+                results[i] = (True, held[start : start + len(tray.items)])
+                start += len(tray.items)
             conn.execute("RELEASE outcomes")
         inserts = [(i, command.rows) for i, command in enumerate(batch) if command.rows is not None]
         for i, command in enumerate(batch):
@@ -192,7 +209,7 @@ def _alone(conn: sqlite3.Connection, fn: Callable[[], Any]) -> tuple[bool, Any]:
 LOCK_PATIENCE = 30.0  # seconds the Ledger keeps retrying a batch while another process holds the lock
 
 
-async def _write_patiently(db: Database, batch: list[Command]) -> list[tuple[bool, Any]]:
+async def _write_patiently(db: Database, batch: list[Command], stats: LedgerStats) -> list[tuple[bool, Any]]:
     """Run the batch; while another process holds the write lock past busy_timeout, try
     again (the batch was rolled back whole) rather than failing every caller at once."""
     waited = 0.0
@@ -201,7 +218,8 @@ async def _write_patiently(db: Database, batch: list[Command]) -> list[tuple[boo
         try:
             return await db.write(_apply_batch, batch)
         except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) and "busy" not in str(exc) or waited >= LOCK_PATIENCE:
+            locked = "locked" in str(exc) or "busy" in str(exc)
+            if not locked or waited >= LOCK_PATIENCE or trio.current_time() >= stats.give_up_at:
                 raise
             log.warning("database %s is locked by another writer; retrying the batch of %d in %.2f s", db.path, len(batch), delay)
             await trio.sleep(delay)
@@ -211,11 +229,13 @@ async def _write_patiently(db: Database, batch: list[Command]) -> list[tuple[boo
 
 @attrs.define
 class LedgerStats:
-    """Written by the Ledger only; read by benchmarks and /metrics."""
+    """The counters are written by the Ledger only and read by benchmarks and /metrics;
+    ``give_up_at`` is written by the wiring when a graceful stop begins."""
 
     batches: int = 0
     commands: int = 0
     failed_batches: int = 0
+    give_up_at: float = math.inf  # trio time after which a locked database fails the batch at once
 
 
 async def run_ledger(
@@ -231,51 +251,83 @@ async def run_ledger(
     """``eager()``, when given, is asked for one more command whenever a batch inserts
     work: the Poller's claim, run in the same transaction, so a job written by this
     process starts as soon as its insert commits."""
+    batch: list[Command] = []
     with inbox_recv, wake_send:
         task_status.started()
-        async for first in inbox_recv:
-            batch = [first]
-            while len(batch) < batch_limit:
+        try:
+            await _serve(db, inbox_recv, wake_send, stats, eager, batch_limit, batch)
+        finally:
+            # Only a cancellation (the caller's scope, not a graceful stop) gets here with
+            # work in hand: answer it all, so that no caller (the Poller, shielded) waits forever.
+            gone = PipelineClosed("the Ledger was cancelled before writing this")
+            for command in batch:
+                if not command.reply.answered:
+                    command.reply.fail(gone)
+            while True:
                 try:
-                    batch.append(inbox_recv.receive_nowait())
+                    command = inbox_recv.receive_nowait()
                 except (trio.WouldBlock, trio.EndOfChannel):
                     break
-            outcomes = 0
-            for command in batch:
                 if command.tray is not None:
-                    command.tray.is_open = False  # later outcomes go on the next tray
-                    outcomes += len(command.tray.items) - 1
-            if eager is not None and any(command.wakes for command in batch):
-                extra = eager()
-                if extra is not None:
-                    batch.append(extra)
+                    command.tray.is_open = False
+                command.reply.fail(gone)
+
+
+async def _serve(
+    db: Database,
+    inbox_recv: trio.MemoryReceiveChannel[Command],
+    wake_send: trio.MemorySendChannel[None],
+    stats: LedgerStats,
+    eager: Callable[[], Command | None] | None,
+    batch_limit: int,
+    batch: list[Command],
+) -> None:
+    """The Ledger's loop. ``batch`` is the caller's list, so that what is in hand when a
+    cancellation lands can still be answered."""
+    async for first in inbox_recv:
+        batch.clear()
+        batch.append(first)
+        while len(batch) < batch_limit:
             try:
-                results = await _write_patiently(db, batch)
-            except sqlite3.Error as exc:
-                # the transaction as a whole failed (locked past busy_timeout, disk full at
-                # COMMIT, I/O error): nothing of it was written; every caller hears so and
-                # decides (an enqueue raises, a worker retries its outcome)
-                stats.failed_batches += 1
-                error = describe(exc, db.path)
-                log.warning("ledger batch of %d commands not written: %s", len(batch), error)
-                for command in batch:
-                    command.reply.fail(error)
-                continue
-            stats.batches += 1
-            stats.commands += len(batch) + outcomes  # each outcome counts as one
-            wake = False
-            for command, (ok, value) in zip(batch, results):
-                if ok:
-                    command.reply.set(value)
-                    wake = wake or command.wakes
-                else:
-                    if isinstance(value, sqlite3.Error):
-                        value = describe(value, db.path)
-                    command.reply.fail(value)
-            if wake:
-                try:
-                    wake_send.send_nowait(None)
-                except trio.WouldBlock:
-                    pass  # already nudged; the Poller will look anyway
-                except trio.BrokenResourceError:
-                    pass  # the Poller has stopped (shutdown, or workers disabled)
+                batch.append(inbox_recv.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+        outcomes = 0
+        for command in batch:
+            if command.tray is not None:
+                command.tray.is_open = False  # later outcomes go on the next tray
+                outcomes += len(command.tray.items) - 1
+        if eager is not None and any(command.wakes for command in batch):
+            extra = eager()
+            if extra is not None:
+                batch.append(extra)
+        try:
+            results = await _write_patiently(db, batch, stats)
+        except sqlite3.Error as exc:
+            # the transaction as a whole failed (locked past busy_timeout, disk full at
+            # COMMIT, I/O error): nothing of it was written; every caller hears so and
+            # decides (an enqueue raises, a worker retries its outcome)
+            stats.failed_batches += 1
+            error = describe(exc, db.path)
+            log.warning("ledger batch of %d commands not written: %s", len(batch), error)
+            for command in batch:
+                command.reply.fail(error)
+            continue
+        stats.batches += 1
+        stats.commands += len(batch) + outcomes  # each outcome counts as one
+        wake = False
+        for command, (ok, value) in zip(batch, results):
+            if ok:
+                command.reply.set(value)
+                wake = wake or command.wakes
+            else:
+                if isinstance(value, sqlite3.Error):
+                    value = describe(value, db.path)
+                command.reply.fail(value)
+        if wake:
+            try:
+                wake_send.send_nowait(None)
+            except trio.WouldBlock:
+                pass  # already nudged; the Poller will look anyway
+            except trio.BrokenResourceError:
+                pass  # the Poller has stopped (shutdown, or workers disabled)

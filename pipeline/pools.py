@@ -226,7 +226,7 @@ async def _settle(pipeline: Pipeline, pool: Pool, lease: Lease, outcome: Outcome
         except StoreError as exc:
             # the outcome is not written yet: keep it and try again; the lease keeps the
             # job ours meanwhile (and if we die, rescue takes over)
-            if pool.stopping and trio.current_time() > pool.stop_deadline + SETTLE_RETRY_MAX:
+            if pool.stopping and trio.current_time() > pool.stop_deadline + 1:
                 log.error("job %s: giving up recording outcome %s at shutdown (%s); its lease will return it", lease.id, outcome.kind, exc)
                 break
             log.warning("job %s: could not record outcome %s yet: %s", lease.id, outcome.kind, exc)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+import trio
 from conftest import fast_config
 from jobkit import Echo, registry, wait_status
 
@@ -69,3 +71,29 @@ async def test_another_process_holding_the_write_lock_for_5_s(db_path: Path) -> 
         for job_id in [*first, *during]:
             job = await wait_status(p, job_id, "completed", timeout=30)
             assert job.attempts == 1, f"{job_id} ran {job.attempts} times"
+
+
+async def test_cancelling_the_scope_around_the_pipeline_never_hangs(db_path: Path) -> None:
+    """The caller's own scope is cancelled (a sibling task crashed, Ctrl-C in the host app)
+    while the Poller waits, shielded, for a claim the Ledger cannot write yet."""
+    import threading
+
+    def hold_lock(seconds: float, held: threading.Event) -> None:
+        conn = sqlite3.connect(db_path, isolation_level=None)
+        conn.execute("BEGIN IMMEDIATE")
+        held.set()
+        time.sleep(seconds)
+        conn.execute("COMMIT")
+        conn.close()
+
+    config = fast_config(db_path, sqlite_busy_timeout_ms=100)
+    started = trio.current_time()
+    with trio.fail_after(10):  # the test's own bound: a hang fails here
+        with trio.move_on_after(1.0):
+            async with pipeline.open_pipeline(config, registry()) as p:
+                await p.enqueue(Echo("x"))
+                held = threading.Event()
+                threading.Thread(target=hold_lock, args=(1.5, held), daemon=True).start()
+                await trio.to_thread.run_sync(held.wait)
+                await trio.sleep_forever()
+    assert trio.current_time() - started < 5
