@@ -19,6 +19,7 @@ import contextlib
 import functools
 import logging
 import os
+import secrets
 import socket
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -149,7 +150,9 @@ class Pipeline:
 
 
 def default_owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """host:pid:nonce. The nonce tells apart pipelines opened one after another in one
+    process: a pipeline never rescues its own leases, only those of others."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
 def _make_pools(config: Config, registry: Registry, wiring: Wiring) -> dict[str, Pool]:

@@ -234,9 +234,11 @@ class SqliteJobQueue:
         return await self._call("renew", write)
 
     async def rescue_expired(self) -> int:
-        base, rng = self.backoff_base_seconds, self._rng
+        base, rng, owner = self.backoff_base_seconds, self._rng, self.owner
         rescued = await self._call(
-            "rescue", lambda conn, now: store.rescue_expired(conn, now=now, base_seconds=base, rng=rng), wakes_poller=True
+            "rescue",
+            lambda conn, now: store.rescue_expired(conn, now=now, base_seconds=base, rng=rng, exclude_owner=owner),
+            wakes_poller=True,
         )
         return len(rescued)
 

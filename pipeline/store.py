@@ -285,15 +285,22 @@ def renew(conn: sqlite3.Connection, leases: Iterable[tuple[str, int]], *, expire
 
 _EXPIRED = (
     "SELECT id, lease_token, attempts, max_attempts, lease_owner FROM jobs "
-    "WHERE status = 'running' AND lease_expires_at < ?"
+    "WHERE status = 'running' AND lease_expires_at < ? AND lease_owner IS NOT ?"
 )
 
 
-def rescue_expired(conn: sqlite3.Connection, *, now: str, base_seconds: float, rng: random.Random | None = None) -> list[tuple[str, states.Transition]]:
-    """running jobs whose lease ran out (their worker died) → pending with backoff, or dead."""
+def rescue_expired(
+    conn: sqlite3.Connection, *, now: str, base_seconds: float, rng: random.Random | None = None, exclude_owner: str | None = None
+) -> list[tuple[str, states.Transition]]:
+    """running jobs whose lease ran out (their worker died) → pending with backoff, or dead.
+
+    ``exclude_owner``: the caller's own leases. A live process never rescues its own jobs:
+    if its renewals failed (the database locked by a third process for longer than a
+    lease), they are still running here, and its heartbeat renews them once it can.
+    """
     done = []
     now_epoch = to_epoch(now)
-    for job_id, token, attempts, max_attempts, owner in conn.execute(_EXPIRED, (now,)).fetchall():
+    for job_id, token, attempts, max_attempts, owner in conn.execute(_EXPIRED, (now, exclude_owner)).fetchall():
         decision = states.rescue(attempts=attempts, max_attempts=max_attempts, base_seconds=base_seconds, rng=rng)
         error = f"lease expired: worker {owner or '?'} stopped renewing it during attempt {attempts}"
         if decision.transition is states.Transition.RESCUE:
