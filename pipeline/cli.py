@@ -358,17 +358,25 @@ def _enqueue_file(args: argparse.Namespace, config: Config, registry: Registry |
     reg = _registry(config, registry)
     name = "standard input" if args.from_file == "-" else args.from_file
     with console.progress_bar(sys.stderr) as bar:
+        seen = 0
+
+        def advance() -> None:  # the bar moves every 1,000 lines: per line it cost a tenth of the time
+            nonlocal seen
+            seen += 1
+            if seen % 1000 == 0:
+                bar.advance(checking, 1000)
+
         if args.from_file == "-":
             checking = bar.task(f"checking {name}", None)
             rows = inputs.read_jobs(sys.stdin.buffer, name, reg, default_max_attempts=config.worker_default_max_attempts,
-                                    on_line=lambda: bar.advance(checking, 1))
+                                    on_line=advance)
         else:
             with open(args.from_file, "rb") as f:
                 lines = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
                 f.seek(0)
                 checking = bar.task(f"checking {name}", lines)
                 rows = inputs.read_jobs(f, name, reg, default_max_attempts=config.worker_default_max_attempts,
-                                        on_line=lambda: bar.advance(checking, 1))
+                                        on_line=advance)
         bar.finish(checking, len(rows))
         inserting = bar.task("inserting", len(rows))
         conn = _open(config)

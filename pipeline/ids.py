@@ -8,9 +8,9 @@ method 1), so ids made by one process are strictly increasing.
 from __future__ import annotations
 
 import os
+import random
 import threading
 import time
-import uuid
 
 
 class UUID7Factory:
@@ -18,6 +18,8 @@ class UUID7Factory:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        # seeded from the OS: unpredictable enough for ids (not secrets), no syscall per id
+        self._random = random.Random(os.urandom(16))
         self._last_ms = 0
         self._counter = 0
 
@@ -34,9 +36,10 @@ class UUID7Factory:
                 self._counter = 0
             self._last_ms = ms
             counter = self._counter
-        rand_b = int.from_bytes(os.urandom(8), "big") & 0x3FFF_FFFF_FFFF_FFFF
+        rand_b = self._random.getrandbits(62)
         value = (ms & 0xFFFF_FFFF_FFFF) << 80 | 0x7 << 76 | counter << 64 | 0b10 << 62 | rand_b
-        return str(uuid.UUID(int=value))
+        h = f"{value:032x}"  # what str(uuid.UUID(int=value)) gives, at a third of the cost
+        return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
     def many(self, n: int) -> list[str]:
         return [self() for _ in range(n)]

@@ -37,11 +37,16 @@ class JobRequest:
 
 
 def prepare_rows(
-    registry: Registry, requests: Iterable[JobRequest], *, default_max_attempts: int = 3, new_id: UUID7Factory | None = None
+    registry: Registry,
+    requests: Iterable[JobRequest],
+    *,
+    default_max_attempts: int = 3,
+    new_id: UUID7Factory | None = None,
+    now: str | None = None,
 ) -> list[store.NewJobRow]:
     """Validate every request (UsageError naming the problem) and build rows; writes nothing."""
     new_id = new_id or UUID7Factory()
-    now = now_ts()
+    now = now or now_ts()
     rows = []
     for req in requests:
         payload = registry.validate(req.job_type, req.payload)

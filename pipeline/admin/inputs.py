@@ -16,6 +16,7 @@ from typing import Any
 
 import attrs
 
+from ..clock import now_ts
 from ..errors import UsageError
 from ..ids import UUID7Factory
 from ..outbox import JobRequest, prepare_rows
@@ -38,8 +39,14 @@ def loads(text: str | bytes, what: str) -> Any:
         raise UsageError(f"{what} is not valid JSON: {exc.msg} at character {exc.pos + 1}") from None
     except ValueError as exc:  # not UTF-8, an integer too long to read
         raise UsageError(f"{what} is not valid JSON: {exc}") from None
+    # a lone surrogate can only come from a \\u escape in the text, or be in a str already:
+    # look for one only then (this runs once per line of `enqueue --from-file`)
+    escaped = (b"\\u" in text) if isinstance(text, bytes) else ("\\u" in text)
     try:
-        json.dumps(value, ensure_ascii=False).encode("utf-8")
+        if isinstance(text, str):
+            text.encode("utf-8")
+        if escaped:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
         raise UsageError(f"{what} contains an unpaired UTF-16 surrogate (\\ud800-\\udfff), which is not text") from None
     except RecursionError:
@@ -145,6 +152,7 @@ def read_jobs(
     number. Blank lines are skipped.
     """
     new_id = UUID7Factory()  # one factory: ids stay in file order, even within a millisecond
+    now = now_ts()  # one creation time for the file: its jobs are due together, in file order
     rows: list[NewJobRow] = []
     for number, raw in enumerate(lines, 1):
         if on_line is not None:
@@ -159,7 +167,7 @@ def read_jobs(
             continue
         try:
             request = job_request(loads(text, "the line"), "the job")
-            rows.extend(prepare_rows(registry, [request], default_max_attempts=default_max_attempts, new_id=new_id))
+            rows.extend(prepare_rows(registry, [request], default_max_attempts=default_max_attempts, new_id=new_id, now=now))
         except UsageError as exc:
             raise UsageError(f"{name} line {number}: {exc}") from None
     if not rows:
