@@ -51,15 +51,12 @@ class CacheStore(Protocol):
 
     async def get_many(self, keys: Sequence[str]) -> dict[str, str]:
         """The values of those ``keys`` that exist (missing and expired keys are left out)."""
-        ...
 
     async def set_many(self, items: Mapping[str, str], *, ttl: float | None = None) -> None:
         """Store every item; with ``ttl`` (seconds) each expires that long from now."""
-        ...
 
     async def delete_many(self, keys: Sequence[str]) -> int:
         """Delete ``keys``; returns how many of them existed."""
-        ...
 
 
 def _check_ttl(ttl: float | None) -> None:
