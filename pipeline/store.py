@@ -75,10 +75,11 @@ def write_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     conn.execute("BEGIN IMMEDIATE")
     try:
         yield conn
+        conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.in_transaction:  # SQLite may have rolled back already (disk full, I/O error)
+            conn.execute("ROLLBACK")
         raise
-    conn.execute("COMMIT")
 
 
 # -- records --------------------------------------------------------------------------------
