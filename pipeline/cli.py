@@ -226,6 +226,9 @@ def cmd_run(args: argparse.Namespace, config: Config, registry: Registry | None,
     return 0
 
 
+SIGNAL_ECHO_SECONDS = 0.2
+
+
 async def serve(config: Config, registry: Registry | None = None, *, ready: Callable[[Any], None] | None = None) -> None:
     """Run until SIGINT/SIGTERM, then shut down gracefully; a second signal exits at once.
 
@@ -253,10 +256,16 @@ async def _serve(config: Config, registry: Registry | None, listener: Any, ready
         stop = trio.Event()
 
         async def watch() -> None:
+            first_at = None
             async for signum in signals:
-                if stop.is_set():
+                if first_at is not None:
+                    # the same signal sent to the process and to its group (timeout, some
+                    # supervisors) arrives twice at once: only a later one is a second signal
+                    if trio.current_time() - first_at < SIGNAL_ECHO_SECONDS:
+                        continue
                     log.warning("second %s: exiting at once; leases will return running jobs", signal.Signals(signum).name)
                     os._exit(128 + signum)
+                first_at = trio.current_time()
                 log.info("%s: shutting down gracefully (again to exit at once)", signal.Signals(signum).name)
                 stop.set()
 
