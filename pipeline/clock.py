@@ -11,7 +11,6 @@ import datetime as dt
 import time
 
 UTC = dt.UTC
-SQL_NOW = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
 
 
 def format_ts(epoch: float) -> str:

@@ -2,10 +2,12 @@
 
 It waits for the first command, drains whatever else is already waiting (up to
 ``batch_limit``), crosses to the database thread once, and runs the whole batch in one
-``BEGIN IMMEDIATE ... COMMIT``: inserts, claims, outcomes, lease renewals and operator
-actions together, so a burst of N jobs costs far fewer than N commits. Each command
-runs under its own SAVEPOINT, so one that fails (a duplicate id, a dead job that is no
-longer dead) is rolled back alone and its caller gets the error; the rest commit.
+``BEGIN IMMEDIATE ... COMMIT``: inserts, claims, outcomes, rescues of expired leases and
+operator actions together, so a burst of N jobs costs far fewer than N commits. One that
+fails (a duplicate id, a dead job that is no longer dead) is rolled back alone, under a
+savepoint, and its caller gets the error; the rest commit. (Lease renewals are the one
+write outside it: the heartbeat thread in leases.py moves ``lease_expires_at`` forward, so
+that a blocked event loop cannot starve them; it never changes a job's status.)
 
 Its inbox is bounded: that bound is the backpressure for everyone who writes. The loop
 ends only when every sender has closed its end, so the last batch is always written.

@@ -66,7 +66,6 @@ class JobQueue(Protocol):
     async def fail(self, lease: Lease, error: str, *, permanent: bool = False, retry_delay: float | None = None) -> Transition | None: ...
     async def dead(self, lease: Lease, error: str) -> bool: ...
     async def release(self, lease: Lease) -> bool: ...
-    async def renew(self, leases: Sequence[Lease]) -> list[str]: ...
     async def rescue_expired(self) -> int: ...
     async def retry_count(self, status: str) -> int: ...
 
@@ -92,9 +91,9 @@ class SqliteJobQueue:
         self.backoff_base_seconds = backoff_base_seconds
         self._new_id = new_id or UUID7Factory()
         self._rng = rng or random.Random()
+        self._tray: Tray | None = None  # outcomes waiting for the Ledger (see ledger.Tray)
         # set by the Poller while it runs: reserves capacity for a claim the Ledger adds to a
         # batch that inserted work (see poller.Claimer.eager)
-        self._tray: Tray | None = None  # outcomes waiting for the Ledger (see ledger.Tray)
         self.eager_claimer: Callable[[], tuple[dict[str, int], Callable[[bool, Any], None]] | None] | None = None
 
     async def _call(self, kind: str, fn: Any, *, wakes_poller: bool = False, rows: list[store.NewJobRow] | None = None) -> Any:
@@ -221,17 +220,6 @@ class SqliteJobQueue:
     async def release(self, lease: Lease) -> bool:
         """Graceful shutdown: running → pending, due now, the attempt not counted."""
         return await self._settle(store.Settlement(lease.id, lease.token, Transition.RELEASE))
-
-    async def renew(self, leases: Sequence[Lease]) -> list[str]:
-        if not leases:
-            return []
-        pairs = [(lease.id, lease.token) for lease in leases]
-        lease_seconds = self.lease_seconds
-
-        def write(conn: Any, now: str) -> list[str]:
-            return store.renew(conn, pairs, expires=format_ts(to_epoch(now) + lease_seconds))
-
-        return await self._call("renew", write)
 
     async def rescue_expired(self) -> int:
         base, rng, owner = self.backoff_base_seconds, self._rng, self.owner

@@ -374,11 +374,6 @@ def live_job_types(conn: sqlite3.Connection, *, since: str) -> set[str]:
     return types
 
 
-def workers(conn: sqlite3.Connection) -> list[dict[str, Any]]:
-    rows = conn.execute("SELECT owner, job_types, started_at, heartbeat_at FROM workers ORDER BY owner").fetchall()
-    return [{"owner": o, "job_types": json.loads(t), "started_at": s, "heartbeat_at": h} for o, t, s, h in rows]
-
-
 # -- operator actions -----------------------------------------------------------------------
 
 

@@ -80,7 +80,6 @@ if TYPE_CHECKING:
     from ..registry import Registry
 
 RESOURCE = "images"
-IMAGE_JOB_TYPES = ("generate_thumbnail", "convert_webp", "process_image")
 
 # What Image.open may try. A closed list, because some of Pillow's other plugins hand the
 # file to outside programs (EPS runs Ghostscript). The JPEG plugin also opens the MPO files
