@@ -10,16 +10,13 @@ import argparse
 import json
 import logging
 import os
-import signal
 import sqlite3
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-import trio
-
-from . import diagrams, migrations, store
+from . import migrations, store
 from .clock import format_ts, now_ts, to_epoch
 from .config import Config
 from .errors import ConfigError, PipelineError, StoreError, UsageError
@@ -222,73 +219,12 @@ def cmd_run(args: argparse.Namespace, config: Config, registry: Registry | None,
     from .logs import configure
 
     configure(config)
+    import trio
+
+    from .service import serve
+
     trio.run(serve, config, registry)
     return 0
-
-
-SIGNAL_ECHO_SECONDS = 0.2
-
-
-async def serve(config: Config, registry: Registry | None = None, *, ready: Callable[[Any], None] | None = None) -> None:
-    """Run until SIGINT/SIGTERM, then shut down gracefully; a second signal exits at once.
-
-    With ADMIN_ENABLED the admin API is served next to the workers (WORKER_ENABLED=false:
-    the API alone). Its socket is bound before anything starts, so a busy port or a
-    token-less non-loopback ADMIN_HOST fails at once; on shutdown it stops taking
-    requests first, then the pipeline drains.
-    """
-    listener = None
-    if config.admin_enabled:
-        from .admin.server import open_admin_listener
-
-        listener = open_admin_listener(config)
-    try:
-        await _serve(config, registry, listener, ready)
-    finally:
-        if listener is not None:
-            listener.close()
-
-
-async def _serve(config: Config, registry: Registry | None, listener: Any, ready: Callable[[Any], None] | None) -> None:
-    from .app import open_pipeline
-
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        stop = trio.Event()
-
-        async def watch() -> None:
-            first_at = None
-            async for signum in signals:
-                if first_at is not None:
-                    # the same signal sent to the process and to its group (timeout, some
-                    # supervisors) arrives twice at once: only a later one is a second signal
-                    if trio.current_time() - first_at < SIGNAL_ECHO_SECONDS:
-                        continue
-                    log.warning("second %s: exiting at once; leases will return running jobs", signal.Signals(signum).name)
-                    os._exit(128 + signum)
-                first_at = trio.current_time()
-                log.info("%s: shutting down gracefully (again to exit at once)", signal.Signals(signum).name)
-                stop.set()
-
-        async with trio.open_nursery() as tn:
-            tn.start_soon(watch)
-            # the admin server's nursery is inside the pipeline's block: it stops first
-            async with open_pipeline(config, registry) as pipeline, trio.open_nursery() as admin_tn:
-                admin = "off"
-                if listener is not None:
-                    from .admin.server import run_admin_server
-
-                    admin = await admin_tn.start(run_admin_server, pipeline, listener, stop.wait)
-                handled = sorted(pipeline.registry.handled()) if config.worker_enabled else []
-                log.info(
-                    "pipeline running on %s (owner %s); workers %s; admin API %s; handling: %s",
-                    config.database_url, pipeline.queue.owner,
-                    "on" if config.worker_enabled else "off", admin, ", ".join(handled) or "no job types",
-                )
-                if ready is not None:
-                    ready(pipeline)
-                await stop.wait()
-            log.info("pipeline stopped")
-            tn.cancel_scope.cancel()
 
 
 # -- commands on the database file ------------------------------------------------------------
@@ -355,7 +291,11 @@ def cmd_enqueue(args: argparse.Namespace, config: Config, registry: Registry | N
 
 
 def _enqueue_file(args: argparse.Namespace, config: Config, registry: Registry | None, out: TextIO) -> int:
-    """All or nothing: check every line first (no lock held), then insert them in one transaction."""
+    """All or nothing, in one transaction: each chunk of checked lines is inserted while the
+    next is checked; a bad line rolls everything back."""
+    import shutil
+    import tempfile
+
     from .admin import console, inputs
 
     extra = [flag for flag, value in (("JOB_TYPE", args.job_type), ("--payload", args.payload), ("--delay", args.delay),
@@ -365,40 +305,33 @@ def _enqueue_file(args: argparse.Namespace, config: Config, registry: Registry |
         raise UsageError(f"--from-file takes each job's fields from the file; drop {', '.join(extra)}")
     reg = _registry(config, registry)
     name = "standard input" if args.from_file == "-" else args.from_file
-    with console.progress_bar(sys.stderr) as bar:
-        seen = 0
-
-        def advance() -> None:  # the bar moves every 1,000 lines: per line it cost a tenth of the time
-            nonlocal seen
-            seen += 1
-            if seen % 1000 == 0:
-                bar.advance(checking, 1000)
-
-        if args.from_file == "-":
-            checking = bar.task(f"checking {name}", None)
-            rows = inputs.read_jobs(sys.stdin.buffer, name, reg, default_max_attempts=config.worker_default_max_attempts,
-                                    on_line=advance)
-        else:
-            with open(args.from_file, "rb") as f:
-                lines = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
-                f.seek(0)
-                checking = bar.task(f"checking {name}", lines)
-                rows = inputs.read_jobs(f, name, reg, default_max_attempts=config.worker_default_max_attempts,
-                                        on_line=advance)
-        bar.finish(checking, len(rows))
-        inserting = bar.task("inserting", len(rows))
+    if args.from_file == "-":
+        # read it all first: a slow writer on the pipe must not hold the database's write lock
+        source: Any = tempfile.TemporaryFile()
+        shutil.copyfileobj(sys.stdin.buffer, source)
+        source.seek(0)
+    else:
+        source = open(args.from_file, "rb")  # noqa: SIM115 -- closed below
+    ids: list[str] = []
+    with source, console.progress_bar(sys.stderr) as bar:
+        lines = sum(chunk.count(b"\n") for chunk in iter(lambda: source.read(1 << 20), b""))
+        source.seek(0)
+        task = bar.task(f"enqueueing lines of {name}", lines)
         conn = _open(config)
         try:
-            with store.write_transaction(conn):
-                for i in range(0, len(rows), 1000):
-                    store.insert_jobs(conn, rows[i : i + 1000])
-                    bar.advance(inserting, len(rows[i : i + 1000]))
+            with store.BulkInsert(conn) as bulk:
+                for row in inputs.read_jobs(source, name, reg, default_max_attempts=config.worker_default_max_attempts,
+                                            on_lines=lambda n: bar.advance(task, n)):
+                    bulk.add(row)
+                    if args.json:
+                        ids.append(row.id)
         finally:
             conn.close()
+        bar.finish(task, lines)
     if args.json:
-        _emit_json(out, {"enqueued": len(rows), "job_ids": [r.id for r in rows]})
+        _emit_json(out, {"enqueued": bulk.count, "job_ids": ids})
     else:
-        print(f"enqueued {len(rows)} jobs from {name}", file=out)
+        print(f"enqueued {bulk.count} jobs from {name}", file=out)
     return 0
 
 
@@ -551,30 +484,15 @@ def cmd_stats(args: argparse.Namespace, config: Config, registry: Registry | Non
 
 
 def cmd_diagrams(args: argparse.Namespace, config: Config, registry: Registry | None, out: TextIO) -> int:
-    wiring = trio.run(_record_wiring, registry)
+    import trio
+
+    from . import diagrams
+    from .service import record_wiring
+
+    wiring = trio.run(record_wiring, registry)
     for path in diagrams.write(Path(args.out), wiring, Path(args.readme)):
         print(path, file=out)
     return 0
-
-
-async def _record_wiring(registry: Registry | None) -> diagrams.Wiring:
-    """Open a throw-away pipeline on a temporary file to record the channels it creates."""
-    import tempfile
-
-    from .app import open_pipeline
-    from .jobs import GenerateSitemap
-
-    reg = registry or Registry.with_builtins()
-    if not reg.handled():
-        reg.register("generate_sitemap", GenerateSitemap, _noop)
-    with tempfile.TemporaryDirectory() as tmp:
-        config = Config(database_url=f"sqlite:///{tmp}/wiring.db")
-        async with open_pipeline(config, reg) as pipeline:
-            return pipeline.wiring
-
-
-async def _noop(job: Any, ctx: Any) -> None:
-    return None
 
 
 def cmd_search(args: argparse.Namespace, config: Config, registry: Registry | None, out: TextIO) -> int:

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterable, Mapping
-from typing import Any
-
-import attrs
+from typing import Any, NamedTuple
 
 from . import store
 from .clock import now_ts, to_ts
@@ -25,9 +23,9 @@ from .ids import UUID7Factory
 from .registry import Registry
 
 
-@attrs.frozen
-class JobRequest:
-    """A job as the CLI and the admin API receive it: type name and raw payload."""
+class JobRequest(NamedTuple):
+    """A job as the CLI and the admin API receive it: type name and raw payload. (A tuple:
+    ``enqueue --from-file`` makes one per line.)"""
 
     job_type: str
     payload: Mapping[str, Any] | str
@@ -47,21 +45,27 @@ def prepare_rows(
     """Validate every request (UsageError naming the problem) and build rows; writes nothing."""
     new_id = new_id or UUID7Factory()
     now = now or now_ts()
-    rows = []
-    for req in requests:
-        payload = registry.validate(req.job_type, req.payload)
-        spec = registry.spec(req.job_type)
-        max_attempts = req.max_attempts if req.max_attempts is not None else (spec.max_attempts or default_max_attempts)
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-            raise UsageError(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
-        if isinstance(req.priority, bool) or not isinstance(req.priority, int):
-            raise UsageError(f"priority must be an integer, got {req.priority!r}")
+    return [prepare_row(registry, req, default_max_attempts, new_id, now) for req in requests]
+
+
+def prepare_row(registry: Registry, req: JobRequest, default_max_attempts: int, new_id: UUID7Factory, now: str) -> store.NewJobRow:
+    """One request checked against its job type, as the row to insert."""
+    payload = registry.validate(req.job_type, req.payload)
+    max_attempts = req.max_attempts
+    if max_attempts is None:
+        max_attempts = registry.spec(req.job_type).max_attempts or default_max_attempts
+    if type(max_attempts) is not int or max_attempts < 1:  # bool is not an int here
+        raise UsageError(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
+    if type(req.priority) is not int:
+        raise UsageError(f"priority must be an integer, got {req.priority!r}")
+    if req.run_after is None:
+        run_after = now
+    else:
         try:
-            run_after = now if req.run_after is None else to_ts(req.run_after)
+            run_after = to_ts(req.run_after)
         except (ValueError, TypeError, OverflowError) as exc:
             raise UsageError(f"run_after {req.run_after!r} is not an ISO 8601 time: {exc}") from None
-        rows.append(store.NewJobRow(new_id(), req.job_type, payload, max_attempts, run_after, req.priority, now))
-    return rows
+    return store.NewJobRow(new_id(), req.job_type, payload, max_attempts, run_after, req.priority, now)
 
 
 def enqueue_in_transaction(

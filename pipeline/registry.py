@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import json
 import re
+import typing
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import cattrs
+from cattrs.cols import homogenous_tuple_structure_factory, is_any_set, is_frozenset, is_sequence, list_structure_factory
 from cattrs.gen import make_dict_structure_fn
 
 from . import events as events_mod
@@ -65,8 +67,37 @@ def _strict(kind: type | tuple[type, ...], label: str) -> Callable[[Any, Any], A
     return structure
 
 
+def _arrays_only(conv: cattrs.Converter) -> Callable[[Any], Callable[[Any, Any], Any]]:
+    """Sequences and sets from JSON arrays alone: cattrs would take any iterable, so that
+    ``{"keys": "post:1"}`` became the keys ``("p", "o", "s", ...)`` and an object its keys."""
+
+    def factory(type_: Any) -> Callable[[Any, Any], Any]:
+        if is_frozenset(type_):
+            inner: Callable[[Any, Any], Any] = conv._structure_frozenset
+        elif is_any_set(type_):
+            inner = conv._structure_set
+        elif typing.get_origin(type_) is tuple and typing.get_args(type_)[1:] != (Ellipsis,):
+            inner = conv.gen_structure_hetero_tuple(type_)  # tuple[int, str]
+        elif type_ is tuple or typing.get_origin(type_) is tuple:
+            inner = homogenous_tuple_structure_factory(type_, conv)
+        else:
+            inner = list_structure_factory(type_, conv)
+
+        def structure(value: Any, type_: Any) -> Any:
+            if not isinstance(value, (list, tuple)):
+                raise TypeError(f"expected an array, got {type(value).__name__}")
+            return inner(value, type_)
+
+        return structure
+
+    return factory
+
+
 def _make_converter() -> cattrs.Converter:
     conv = cattrs.Converter(forbid_extra_keys=True)
+    conv.register_structure_hook_factory(
+        lambda t: is_sequence(t) or is_any_set(t) or typing.get_origin(t) is tuple, _arrays_only(conv)
+    )
     conv.register_structure_hook(str, _strict(str, "a string"))
     conv.register_structure_hook(int, _strict(int, "an integer"))
     conv.register_structure_hook(bool, _strict(bool, "a boolean"))
@@ -99,6 +130,23 @@ def _explain(exc: BaseException, type_: Any) -> str:
     return cattrs.v.format_exception(exc, type_)
 
 
+def _compact_json() -> Callable[[Any], str]:
+    """``json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)`` at
+    half the cost: json.JSONEncoder.encode builds its C encoder anew on every call, this
+    builds it once (2.9 -> 1.3 us for a small payload). NaN and Infinity are refused: what
+    is stored is JSON that any reader accepts. A circular payload ends in RecursionError."""
+    encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # an interpreter without the C accelerator
+        return encoder.encode
+    c_encode = make(None, encoder.default, json.encoder.encode_basestring, None, ":", ",", False, False, False)
+
+    def to_json(value: Any) -> str:
+        return "".join(c_encode(value, 0))
+
+    return to_json
+
+
 class Registry:
     """Job types and events known to one pipeline. Build it before ``open_pipeline``."""
 
@@ -110,8 +158,7 @@ class Registry:
         self._event_names_by_cls: dict[type, str] = {}
         self._resources: dict[str, Callable[[Any], Any]] = {}
         self.converter = _make_converter()
-        # one encoder, not one per json.dumps call with these options (a third of its cost)
-        self._encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+        self._to_json = _compact_json()
 
     @classmethod
     def with_builtins(cls, **options: Any) -> Registry:
@@ -199,8 +246,10 @@ class Registry:
                 raise InvalidPayload(f"payload of {name!r} is not valid JSON: {exc}") from None
             except RecursionError:
                 raise InvalidPayload(f"payload of {name!r} is nested too deeply to decode") from None
-        if not isinstance(payload, Mapping):
-            raise InvalidPayload(f"payload of {name!r} must be a JSON object, got {type(payload).__name__}")
+        if type(payload) is not dict:
+            if not isinstance(payload, Mapping):
+                raise InvalidPayload(f"payload of {name!r} must be a JSON object, got {type(payload).__name__}")
+            payload = dict(payload)
         return self._structure(spec.cls, payload, f"payload of {name!r}")
 
     def validate(self, name: str, payload: str | Mapping[str, Any]) -> str:
@@ -208,7 +257,12 @@ class Registry:
         return self.encode_as(name, self.decode(name, payload))
 
     def encode_as(self, name: str, job: Any) -> str:
-        payload = self._encoder.encode(self.converter.unstructure(job))
+        try:
+            payload = self._to_json(self.converter.unstructure(job))
+        except RecursionError:
+            raise InvalidPayload(f"payload of {name!r} is nested too deeply (or refers to itself) to store as JSON") from None
+        except (TypeError, ValueError) as exc:
+            raise InvalidPayload(f"payload of {name!r} cannot be stored as JSON: {exc}") from None
         self._check_size(payload, f"payload of {name!r}")
         return payload
 
@@ -228,9 +282,9 @@ class Registry:
                 "store large data elsewhere (a file, a row of your own) and put its id in the job"
             )
 
-    def _structure(self, cls: type, data: Mapping[str, Any], what: str) -> Any:
+    def _structure(self, cls: type, data: dict[str, Any], what: str) -> Any:
         try:
-            return self.converter.structure(dict(data), cls)
+            return self.converter.structure(data, cls)
         except cattrs.BaseValidationError as exc:
             details = "; ".join(cattrs.transform_error(exc, path="$", format_exception=_explain))
             raise InvalidPayload(f"{what} does not fit {cls.__name__}: {details}") from None
@@ -286,7 +340,7 @@ class Registry:
         except (TypeError, ValueError, RecursionError) as exc:
             raise InvalidPayload(f"data of event {name!r} is not JSON: {exc!r}") from None
         self._check_size(text, f"data of event {name!r}")
-        return self._structure(spec.cls, data, f"data of event {name!r}")
+        return self._structure(spec.cls, dict(data), f"data of event {name!r}")
 
     def route(self, event: Any, config: Config) -> list[events_mod.Routed]:
         return self.event_spec(self.event_name_of(event)).route(event, config)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import attrs
 import trio
 from conftest import fast_config
 from jobkit import Echo, registry
@@ -21,7 +20,7 @@ async def test_inserts_of_many_callers_share_a_transaction_and_a_bad_one_fails_a
         queue = p.queue
         good = [queue.rows_for([p.new_job(Echo(f"good-{k}-{i}")) for i in range(3)]) for k in range(5)]
         (bad,) = queue.rows_for([p.new_job(Echo("bad"))])
-        bad = attrs.evolve(bad, id=taken)  # a duplicate primary key: this caller's insert cannot commit
+        bad = bad._replace(id=taken)  # a duplicate primary key: this caller's insert cannot commit
         results: dict[Any, Any] = {}
 
         async def put(name: Any, rows: list[store.NewJobRow]) -> None:

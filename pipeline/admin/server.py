@@ -5,7 +5,7 @@
         url = await tn.start(run_admin_server, pipeline, listener, stop.wait)
         ...                                    # stop.set() → in-flight requests finish, then it returns
 
-``python -m pipeline`` does exactly this (``cli.serve``). An application that has its own
+``python -m pipeline`` does exactly this (``service.serve``). An application that has its own
 ASGI server can mount ``create_app(pipeline)`` instead.
 """
 
