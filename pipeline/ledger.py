@@ -15,6 +15,7 @@ ends only when every sender has closed its end, so the last batch is always writ
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import math
@@ -71,8 +72,20 @@ class Reply:
     async def wait(self) -> Any:
         await self._done.wait()
         if self._error is not None:
-            raise self._error
+            raise _own_copy(self._error)
         return self._value
+
+
+def _own_copy(error: BaseException) -> BaseException:
+    """The failure of a batch, for one of its waiters: every caller of a failed batch gets
+    the same error, but raising one shared object from many tasks would pile each raise's
+    traceback and context onto it."""
+    try:
+        mine = copy.copy(error)
+    except Exception:  # an exception class that cannot be rebuilt from its args
+        return error
+    mine.__cause__, mine.__suppress_context__ = error.__cause__, error.__suppress_context__
+    return mine.with_traceback(None)
 
 
 @attrs.define(eq=False)

@@ -62,3 +62,28 @@ async def test_outcomes_of_a_burst_ride_on_few_trays(db_path) -> None:
         # each outcome still counts as a command; the transactions are far fewer
         assert p.ledger_stats.commands >= 500
         assert p.ledger_stats.batches < 60, p.ledger_stats
+
+
+async def test_each_waiter_of_a_failed_batch_raises_its_own_error() -> None:
+    """One error answers every caller of a failed batch; raised as one shared object, each
+    raise added its traceback to it (1,000 callers: tracebacks 1,000 raises deep)."""
+    import traceback
+
+    from pipeline.ledger import Reply
+
+    reply = Reply()
+    cause = OSError(28, "No space left on device")
+    try:
+        raise pipeline.StoreError("database x is full") from cause
+    except pipeline.StoreError as exc:
+        reply.fail(exc)
+    seen: list[BaseException] = []
+    for _ in range(50):
+        try:
+            await reply.wait()
+        except pipeline.StoreError as exc:
+            seen.append(exc)
+    assert len({id(e) for e in seen}) == 50
+    assert {str(e) for e in seen} == {"database x is full"} and all(e.__cause__ is cause for e in seen)
+    depths = {len(traceback.extract_tb(e.__traceback__)) for e in seen}
+    assert len(depths) == 1, depths
