@@ -52,6 +52,7 @@ import attrs
 import trio
 
 import pipeline
+import pipeline.app  # noqa: F401 -- the package imports its parts on first use: not inside a timed section
 from pipeline import migrations, store
 from pipeline.clock import format_ts
 from pipeline.ids import UUID7Factory

@@ -7,7 +7,9 @@ queue writes through the Ledger:
 * returns            → completed
 * raises PermanentError → dead at once, no retry
 * raises RetryLater  → pending again after the delay it asked for (or dead if out of attempts)
-* raises anything else, or runs past its timeout → pending after backoff, or dead
+* raises anything else, or is cancelled at its timeout → pending after backoff, or dead
+  (a handler that could not be cancelled and finished late keeps its own outcome, with a
+  warning: its side effects are done and must not be repeated)
 * cancelled by graceful shutdown → pending, the attempt not counted
 
 A payload that no longer decodes goes dead with an error that says why; the pool carries on.
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("pipeline.jobs")
 
 BLOCKING_GRACE = 0.5  # a timeout landing this much late means the handler did not yield
+_BLOCKING = "blocking the event loop between checkpoints: run CPU-bound or blocking code in trio.to_thread.run_sync"
 SETTLE_RETRY_MAX = 5.0  # seconds between tries to write an outcome the database refused
 
 
@@ -188,15 +191,22 @@ async def run_one(pipeline: Pipeline, pool: Pool, lease: Lease) -> None:
                 outcome = Outcome("lost")
             elif scope.cancelled_caught and pool.stopping:
                 outcome = Outcome("released")  # shutdown: back to pending, attempt not counted
-            elif scope.cancelled_caught or ran > pool.timeout:
+            elif scope.cancelled_caught:
                 message = f"timed out after {pool.timeout:g} s (attempt {lease.attempts})"
                 if ran > pool.timeout + BLOCKING_GRACE:
                     # the cancellation could only land when the handler next yielded
-                    message += (
-                        f"; it ran {ran:.1f} s, blocking the event loop between checkpoints: run CPU-bound or "
-                        "blocking code in trio.to_thread.run_sync"
-                    )
+                    message += f"; it ran {ran:.1f} s, {_BLOCKING}"
                 outcome = Outcome("timeout", message)
+            elif ran > pool.timeout:
+                # It finished after its deadline without being cancelled: it never yielded, or
+                # waited on a thread that cannot be interrupted (a mail being sent). Whatever it
+                # did is done: its own outcome stands, rather than a timeout that would do it again.
+                log.warning(
+                    "job %s (%s) finished after %.1f s, past its timeout of %g s, without being cancelled: %s",
+                    lease.id, lease.job_type, ran, pool.timeout,
+                    # cancel_called: the loop ran after the deadline and asked, in vain
+                    "it waited on work that cannot be interrupted (a thread)" if scope.cancel_called else _BLOCKING,
+                )
     await _settle(pipeline, pool, lease, outcome, time.monotonic() - started)
 
 
@@ -254,7 +264,18 @@ async def run_worker(
     """One of a pool's ``concurrency`` tasks; ends when the Poller closes the pool's channel."""
     with recv:
         task_status.started()
-        async for lease in recv:
+        while True:
+            try:
+                # a job already waiting is taken without a trip through the scheduler: run_one
+                # yields anyway, waiting for its outcome to commit
+                lease = recv.receive_nowait()
+            except trio.WouldBlock:
+                try:
+                    lease = await recv.receive()
+                except trio.EndOfChannel:
+                    return
+            except trio.EndOfChannel:
+                return
             await run_one(pipeline, pool, lease)
 
 

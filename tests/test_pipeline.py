@@ -319,6 +319,7 @@ async def test_a_handler_that_blocks_the_loop_fails_saying_so_and_keeps_its_leas
 
     async def blocking(job: Echo, ctx: pipeline.JobContext) -> None:
         time.sleep(1.5)  # by mistake: blocks the whole event loop
+        await trio.sleep(1)  # where the timeout lands, late
 
     reg = pipeline.Registry.with_builtins()
     reg.register("echo", Echo, blocking, timeout=0.3)
@@ -346,6 +347,35 @@ async def test_a_handler_that_blocks_the_loop_fails_saying_so_and_keeps_its_leas
     assert rescued == [], "the lease expired while the loop was blocked"
     assert job.attempts == 1
     assert job.error.startswith("timed out after 0.3 s") and "blocking the event loop" in job.error
+
+
+async def test_a_handler_that_finishes_late_without_being_cancelled_is_completed_once(
+    db_path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A handler waiting on a thread that cannot be interrupted (a mail being sent), or one that
+    never yields, finishes after its deadline: its work is done, so it is not run again."""
+    done: list[str] = []
+
+    async def in_a_thread(job: Echo, ctx: pipeline.JobContext) -> None:
+        await trio.to_thread.run_sync(time.sleep, 0.8)  # not abandon_on_cancel, as the mail handler
+        done.append(job.text)
+
+    async def never_yields(job: Echo, ctx: pipeline.JobContext) -> None:
+        time.sleep(1.0)
+        done.append(job.text)
+
+    for handler, why in ((in_a_thread, "cannot be interrupted (a thread)"), (never_yields, "blocking the event loop")):
+        done.clear()
+        caplog.clear()
+        reg = pipeline.Registry.with_builtins()
+        reg.register("echo", Echo, handler, timeout=0.3)
+        async with pipeline.open_pipeline(fast_config(db_path), reg) as p:
+            job_id = await p.enqueue(Echo(handler.__name__))
+            job = await wait_status(p, job_id, "completed")
+            await trio.sleep(0.3)
+        assert (job.attempts, job.error, done) == (1, None, [handler.__name__])
+        warning = next(r.getMessage() for r in caplog.records if "past its timeout" in r.getMessage())
+        assert f"job {job_id} (echo) finished after" in warning and "timeout of 0.3 s" in warning and why in warning
 
 
 async def test_a_job_finishing_in_the_shutdown_grace_can_still_emit(db_path) -> None:

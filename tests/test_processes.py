@@ -80,7 +80,7 @@ async def test_two_processes_never_run_the_same_job_at_once(tmp_path: Path) -> N
     db_path, log = tmp_path / "jobs.db", tmp_path / "runs.log"
     workers = [start_worker(db_path, log, "worker_concurrency=8") for _ in range(2)]
     try:
-        ids = insert_jobs(db_path, [Echo(str(i), sleep=0.002) for i in range(400)])
+        ids = insert_jobs(db_path, [Echo(str(i), sleep=0.01) for i in range(400)])  # 0.5 s of work: both get some, even on a busy machine
         with trio.fail_after(60):
             while any(s != ("completed", 1) for s in statuses(db_path).values()):
                 await trio.sleep(0.05)
