@@ -264,18 +264,7 @@ async def run_worker(
     """One of a pool's ``concurrency`` tasks; ends when the Poller closes the pool's channel."""
     with recv:
         task_status.started()
-        while True:
-            try:
-                # a job already waiting is taken without a trip through the scheduler: run_one
-                # yields anyway, waiting for its outcome to commit
-                lease = recv.receive_nowait()
-            except trio.WouldBlock:
-                try:
-                    lease = await recv.receive()
-                except trio.EndOfChannel:
-                    return
-            except trio.EndOfChannel:
-                return
+        async for lease in recv:
             await run_one(pipeline, pool, lease)
 
 
