@@ -15,7 +15,6 @@ ends only when every sender has closed its end, so the last batch is always writ
 
 from __future__ import annotations
 
-import copy
 import functools
 import logging
 import math
@@ -79,11 +78,16 @@ class Reply:
 def _own_copy(error: BaseException) -> BaseException:
     """The failure of a batch, for one of its waiters: every caller of a failed batch gets
     the same error, but raising one shared object from many tasks would pile each raise's
-    traceback and context onto it."""
+    traceback and context onto it. Copied without calling ``__init__`` again (one that
+    formats its arguments would format them twice)."""
     try:
-        mine = copy.copy(error)
-    except Exception:  # an exception class that cannot be rebuilt from its args
+        mine = type(error).__new__(type(error))
+        mine.args = error.args
+        mine.__dict__.update(vars(error))
+    except Exception:  # an exception type that cannot be made that way
         return error
+    if "__notes__" in vars(error):
+        mine.__notes__ = list(error.__notes__)
     mine.__cause__, mine.__suppress_context__ = error.__cause__, error.__suppress_context__
     return mine.with_traceback(None)
 

@@ -123,6 +123,19 @@ MIGRATIONS: Final[list[tuple[int, str, str]]] = [
         );
         """,
     ),
+    (
+        4,
+        "post_publications follow their job",
+        """
+        -- A publication record is needed only while its job may run again; when the job row
+        -- goes (cleanup, delete) its record goes too, whichever connection deletes it.
+        CREATE TRIGGER IF NOT EXISTS jobs_delete_publications AFTER DELETE ON jobs
+        BEGIN
+            DELETE FROM post_publications WHERE job_id = old.id;
+        END;
+        DELETE FROM post_publications WHERE job_id NOT IN (SELECT id FROM jobs);
+        """,
+    ),
 ]
 
 LATEST: Final = MIGRATIONS[-1][0]

@@ -205,7 +205,8 @@ async def run_one(pipeline: Pipeline, pool: Pool, lease: Lease) -> None:
                     "job %s (%s) finished after %.1f s, past its timeout of %g s, without being cancelled: %s",
                     lease.id, lease.job_type, ran, pool.timeout,
                     # cancel_called: the loop ran after the deadline and asked, in vain
-                    "it waited on work that cannot be interrupted (a thread)" if scope.cancel_called else _BLOCKING,
+                    "the timeout's cancellation did not stop it: it waited on work that cannot be interrupted "
+                    "(a thread), or caught the Cancelled exception" if scope.cancel_called else _BLOCKING,
                 )
     await _settle(pipeline, pool, lease, outcome, time.monotonic() - started)
 

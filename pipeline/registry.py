@@ -12,15 +12,17 @@ or an unknown key is refused with a message that names the field.
 
 from __future__ import annotations
 
+import collections
 import json
 import re
 import typing
+from collections import abc
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import cattrs
-from cattrs.cols import homogenous_tuple_structure_factory, is_any_set, is_frozenset, is_sequence, list_structure_factory
+from cattrs.cols import homogenous_tuple_structure_factory, is_any_set, is_sequence, list_structure_factory
 from cattrs.gen import make_dict_structure_fn
 
 from . import events as events_mod
@@ -72,16 +74,22 @@ def _arrays_only(conv: cattrs.Converter) -> Callable[[Any], Callable[[Any, Any],
     ``{"keys": "post:1"}`` became the keys ``("p", "o", "s", ...)`` and an object its keys."""
 
     def factory(type_: Any) -> Callable[[Any, Any], Any]:
-        if is_frozenset(type_):
-            inner: Callable[[Any, Any], Any] = conv._structure_frozenset
-        elif is_any_set(type_):
-            inner = conv._structure_set
-        elif typing.get_origin(type_) is tuple and typing.get_args(type_)[1:] != (Ellipsis,):
+        # the hook cattrs itself would choose, for each kind of collection
+        origin = typing.get_origin(type_) or type_
+        args = typing.get_args(type_)
+        inner: Callable[[Any, Any], Any]
+        if origin is tuple and args and args[1:] != (Ellipsis,):
             inner = conv.gen_structure_hetero_tuple(type_)  # tuple[int, str]
-        elif type_ is tuple or typing.get_origin(type_) is tuple:
-            inner = homogenous_tuple_structure_factory(type_, conv)
-        else:
+        elif origin is collections.deque:
+            inner = conv._structure_deque
+        elif origin in (list, abc.MutableSequence):
             inner = list_structure_factory(type_, conv)
+        elif origin in (set, abc.MutableSet):
+            inner = conv._structure_set
+        elif origin in (frozenset, abc.Set):
+            inner = conv._structure_frozenset
+        else:  # tuple[X, ...], bare tuple, abstract Sequence: a tuple
+            inner = homogenous_tuple_structure_factory(type_, conv)
 
         def structure(value: Any, type_: Any) -> Any:
             if not isinstance(value, (list, tuple)):

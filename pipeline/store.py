@@ -186,6 +186,9 @@ _INSERT_JSON = (
 ).format(*(_FIELD.format(i) for i in range(7)))
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
 class BulkInsert:
     """Insert rows in one transaction while the caller goes on making them.
 
@@ -208,6 +211,7 @@ class BulkInsert:
         self._chunk: list[NewJobRow] = []
         self._chars = 0
         self._begun = False
+        self._failed = False
         self.count = 0
 
     def __enter__(self) -> BulkInsert:
@@ -220,6 +224,8 @@ class BulkInsert:
             self.abort()
 
     def add(self, row: NewJobRow) -> None:
+        if not (_INT64_MIN <= row.max_attempts <= _INT64_MAX and _INT64_MIN <= row.priority <= _INT64_MAX):
+            raise OverflowError("Python int too large to convert to SQLite INTEGER")  # as executemany says
         self._chunk.append(row)
         self._chars += len(row.payload)
         if len(self._chunk) >= self.CHUNK_ROWS or self._chars >= self.CHUNK_CHARS:
@@ -235,10 +241,23 @@ class BulkInsert:
         if not self._begun:
             self._conn.execute("BEGIN IMMEDIATE")
             self._begun = True
-        if "\\u0000" in text:  # SQLite's JSON functions end text at a NUL: this chunk goes row by row
-            self._pending.append(self._pool.submit(insert_jobs, self._conn, rows))
+        if any("\x00" in r.payload or "\x00" in r.job_type for r in rows):
+            # SQLite's JSON functions end text at a NUL character: this chunk goes row by row
+            self._pending.append(self._pool.submit(self._guarded, insert_jobs, self._conn, rows))
         else:
-            self._pending.append(self._pool.submit(self._conn.execute, _INSERT_JSON, (text,)))
+            self._pending.append(self._pool.submit(self._guarded, self._conn.execute, _INSERT_JSON, (text,)))
+
+    def _guarded(self, fn: Any, *args: Any) -> None:
+        """Run one chunk on the worker thread, only inside the transaction. After some errors
+        (disk full, I/O) SQLite rolls the whole transaction back: the chunk queued behind
+        would then run in autocommit mode and keep its rows."""
+        if self._failed or not self._conn.in_transaction:
+            raise StoreError("the transaction of this bulk insert was rolled back by an earlier error; nothing was kept")
+        try:
+            fn(*args)
+        except BaseException:
+            self._failed = True
+            raise
 
     def commit(self) -> None:
         try:

@@ -112,6 +112,38 @@ def test_a_full_disk_mid_file_keeps_nothing_and_frees_the_lock(tmp_path: Path) -
     conn.close()
 
 
+@pytest.mark.parametrize("nul", [False, True])  # True: chunks with a NUL character go row by row
+def test_an_error_that_rolls_back_the_whole_transaction_keeps_nothing(tmp_path: Path, nul: bool) -> None:
+    # After some errors (I/O, a full disk in executemany) SQLite rolls the whole transaction
+    # back; a chunk queued behind the failing one then ran in autocommit mode and kept its rows.
+    path = tmp_path / "t.db"
+    conn = fresh(path)
+    conn.execute("CREATE TRIGGER boom BEFORE INSERT ON jobs WHEN NEW.payload LIKE '%boom%' "
+                 "BEGIN SELECT RAISE(ROLLBACK, 'simulated I/O error'); END")
+    new_id = UUID7Factory()
+    now = "2026-11-30T00:00:00.000Z"
+    pad = "\x00" if nul else "x"
+    with pytest.raises(sqlite3.IntegrityError, match="simulated I/O error"):
+        with store.BulkInsert(conn) as writer:
+            for i in range(10_000):
+                payload = json.dumps({"boom": i}) if i == 2500 else json.dumps({"n": i, "pad": pad}, ensure_ascii=False)
+                writer.add(store.NewJobRow(new_id(), "t", payload, 3, now, 5, now))
+    assert not conn.in_transaction
+    assert stored(conn) == []
+    assert lock_is_free(path)
+    conn.close()
+
+
+def test_integers_sqlite_cannot_hold_are_refused_as_executemany_refuses_them(tmp_path: Path) -> None:
+    conn = fresh(tmp_path / "t.db")
+    now = "2026-11-30T00:00:00.000Z"
+    with pytest.raises(OverflowError, match="too large to convert to SQLite INTEGER"):
+        with store.BulkInsert(conn) as writer:
+            writer.add(store.NewJobRow(UUID7Factory()(), "t", "{}", 3, now, 2**63, now))
+    assert stored(conn) == []
+    conn.close()
+
+
 def test_a_bad_line_after_chunks_were_inserted_rolls_all_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "cli.db"

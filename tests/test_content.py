@@ -195,6 +195,29 @@ def test_publish_scheduled_publishes_once_and_says_why_not(db_path: Path) -> Non
     ]
 
 
+def test_a_publication_record_goes_with_its_job(db_path: Path) -> None:
+    """Kept while the job may run again (a retry must know it published the post); deleted with
+    the job's row by cleanup, so the table does not grow with every scheduled post."""
+    conn = connect(db_path)
+    registry = pipeline.Registry.with_builtins()
+    ids = []
+    for post_id in ("a", "b"):
+        add_post(conn, post_id, status="scheduled")
+        with store.write_transaction(conn):
+            ids.append(pipeline.enqueue_in_transaction(conn, ScheduledPublish(post_id=post_id), registry=registry))
+        assert content_store.publish_scheduled(conn, post_id, ids[-1], now_ts()).outcome == "published"
+    conn.execute("UPDATE jobs SET status = 'completed' WHERE id = ?", (ids[0],))
+    with store.write_transaction(conn):
+        assert store.cleanup(conn, statuses=["completed"]) == 1
+    assert conn.execute("SELECT job_id, post_id FROM post_publications").fetchall() == [(ids[1], "b")]
+    # a file from before migration 4 loses its orphans when it is applied
+    conn.execute("INSERT INTO post_publications (job_id, post_id, published_at) VALUES ('gone', 'x', 'now')")
+    conn.execute("DELETE FROM schema_migrations WHERE version = 4")
+    migrations.migrate(conn, db_path)
+    assert conn.execute("SELECT job_id FROM post_publications").fetchall() == [(ids[1],)]
+    conn.close()
+
+
 async def test_scheduled_publish_that_finds_nothing_to_do_completes_and_emits_nothing(
     db_path: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import collections
+import importlib
 import random
 import re
 import sqlite3
 import subprocess
 import sys
+from collections import abc
 from pathlib import Path
 
+import cattrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -149,6 +153,9 @@ def test_public_names_are_exported_and_exist() -> None:
         assert hasattr(pipeline, name), name
     public = {n for n in dir(pipeline) if not n.startswith("_") and not isinstance(getattr(pipeline, n), type(pipeline))}
     assert public == set(pipeline.__all__), public ^ set(pipeline.__all__)
+    assert set(pipeline._MODULE_OF) == set(pipeline.__all__)
+    for name, module in pipeline._MODULE_OF.items():  # each name comes from the module it is said to
+        assert getattr(pipeline, name) is getattr(importlib.import_module(f"pipeline.{module}"), name), name
     with pytest.raises(AttributeError, match="no attribute 'nonesuch'"):
         pipeline.nonesuch  # noqa: B018
 
@@ -286,6 +293,25 @@ def test_sequence_fields_take_json_arrays_only() -> None:
             registry.decode("shapes", {field: value})
     with pytest.raises(pipeline.InvalidPayload, match=r"InvalidateCache: expected an array, got str @ \$\.keys"):
         pipeline.Registry.with_builtins().validate("invalidate_cache", {"keys": "post:1"})
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [tuple, tuple, tuple[int, ...], tuple[int, ...], tuple[int, int], collections.deque[int], collections.deque,
+     abc.Sequence[int], abc.MutableSequence[int], list, list[int], list[int], set[int], set,
+     abc.Set[int], abc.MutableSet[int], frozenset[int], frozenset],
+)
+def test_the_arrays_only_guard_builds_what_cattrs_builds(kind: object) -> None:
+    import attrs as attrs_mod
+
+    Holder = attrs_mod.make_class("Holder", {"value": attrs_mod.field(type=kind)}, frozen=True)
+    registry = pipeline.Registry()
+    registry.register("holder", Holder)
+    got = registry.decode("holder", {"value": [1, 2]}).value
+    expected = cattrs.Converter().structure({"value": [1, 2]}, Holder).value
+    assert (type(got), got) == (type(expected), expected)
+    with pytest.raises(pipeline.InvalidPayload, match="expected an array, got str"):
+        registry.decode("holder", {"value": "12"})
 
 
 @pytest.mark.parametrize("delay", [float("inf"), float("nan"), 1e300, -1.0])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import trio
 from conftest import fast_config
 from jobkit import Echo, registry
@@ -87,3 +88,14 @@ async def test_each_waiter_of_a_failed_batch_raises_its_own_error() -> None:
     assert {str(e) for e in seen} == {"database x is full"} and all(e.__cause__ is cause for e in seen)
     depths = {len(traceback.extract_tb(e.__traceback__)) for e in seen}
     assert len(depths) == 1, depths
+
+    class Refused(pipeline.PipelineError):  # an error that formats its own message
+        def __init__(self, post_id: str) -> None:
+            super().__init__(f"post {post_id} is not published")
+            self.post_id = post_id
+
+    reply = Reply()
+    reply.fail(Refused("p1"))
+    with pytest.raises(Refused, match="^post p1 is not published$") as info:
+        await reply.wait()
+    assert info.value.post_id == "p1"
