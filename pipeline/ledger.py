@@ -15,6 +15,7 @@ ends only when every sender has closed its end, so the last batch is always writ
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import math
@@ -78,14 +79,23 @@ class Reply:
 def _own_copy(error: BaseException) -> BaseException:
     """The failure of a batch, for one of its waiters: every caller of a failed batch gets
     the same error, but raising one shared object from many tasks would pile each raise's
-    traceback and context onto it. Copied without calling ``__init__`` again (one that
-    formats its arguments would format them twice)."""
+    traceback and context onto it. ``copy.copy`` keeps what built-in errors hold outside
+    ``__dict__`` (errno, filename); where it rebuilds a different message (an ``__init__``
+    that formats its arguments), the copy is made without calling ``__init__``; failing
+    both, the waiters share the original."""
     try:
-        mine = type(error).__new__(type(error))
-        mine.args = error.args
-        mine.__dict__.update(vars(error))
-    except Exception:  # an exception type that cannot be made that way
-        return error
+        mine = copy.copy(error)
+        if type(mine) is not type(error) or str(mine) != str(error):
+            raise TypeError("not the same error")
+    except Exception:
+        try:
+            mine = type(error).__new__(type(error))
+            mine.args = error.args
+            mine.__dict__.update(vars(error))
+            if str(mine) != str(error):
+                return error
+        except Exception:
+            return error
     if "__notes__" in vars(error):
         mine.__notes__ = list(error.__notes__)
     mine.__cause__, mine.__suppress_context__ = error.__cause__, error.__suppress_context__

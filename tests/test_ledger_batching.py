@@ -99,3 +99,9 @@ async def test_each_waiter_of_a_failed_batch_raises_its_own_error() -> None:
     with pytest.raises(Refused, match="^post p1 is not published$") as info:
         await reply.wait()
     assert info.value.post_id == "p1"
+
+    reply = Reply()
+    reply.fail(FileNotFoundError(2, "No such file", "/f"))  # fields outside __dict__ survive too
+    with pytest.raises(FileNotFoundError) as lost:
+        await reply.wait()
+    assert (lost.value.errno, lost.value.filename, str(lost.value)) == (2, "/f", "[Errno 2] No such file: '/f'")
