@@ -44,6 +44,7 @@ examples:
   python -m pipeline enqueue send_email --payload '{"to": "a@example.com", "subject": "Hi", "body": "Hello"}'
   python -m pipeline enqueue generate_sitemap --delay 60 --priority 1
   python -m pipeline enqueue --from-file jobs.jsonl
+  python -m pipeline enqueue --from-file big.jsonl --commit-every 100000   # into a live service
 
 a jobs.jsonl line:
   {"job_type": "invalidate_cache", "payload": {"keys": ["post:1"]}, "priority": 3}
@@ -102,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     when.add_argument("--run-after", metavar="ISO8601", help="run no sooner than this time (UTC if no offset)")
     p.add_argument("--max-attempts", type=int, metavar="N", help="default: the type's own, else WORKER_DEFAULT_MAX_ATTEMPTS")
     p.add_argument("--priority", type=int, metavar="N", help="lower runs first (default 5)")
+    p.add_argument("--commit-every", type=int, metavar="JOBS",
+                   help="with --from-file: commit every JOBS jobs instead of once, so that a running service's writes "
+                   "wait for one part, not the whole file; a bad line then keeps the parts committed before it")
 
     p = sub.add_parser("emit", parents=[as_json], help="emit an event: insert the jobs it routes to; prints their ids",
                        description="Emit a domain event: the jobs its route gives are inserted in one transaction.")
@@ -268,6 +272,8 @@ def cmd_enqueue(args: argparse.Namespace, config: Config, registry: Registry | N
 
     if args.job_type is None:
         raise UsageError("enqueue needs a JOB_TYPE (or --from-file FILE)")
+    if args.commit_every is not None:
+        raise UsageError("--commit-every goes with --from-file")
     reg = _registry(config, registry)
     payload = _json_object("{}" if args.payload is None else args.payload, "--payload")
     if args.delay is not None and not (0 <= args.delay < 10**9):
@@ -312,26 +318,43 @@ def _enqueue_file(args: argparse.Namespace, config: Config, registry: Registry |
         source.seek(0)
     else:
         source = open(args.from_file, "rb")  # noqa: SIM115 -- closed below
+    every = args.commit_every
+    if every is not None and every < 1:
+        raise UsageError(f"--commit-every must be a number of jobs >= 1, got {every}")
     ids: list[str] = []
+    committed = parts = 0
     with source, console.progress_bar(sys.stderr) as bar:
         lines = sum(chunk.count(b"\n") for chunk in iter(lambda: source.read(1 << 20), b""))
         source.seek(0)
-        task = bar.task(f"enqueueing lines of {name}", lines)
+        task = bar.task(f"enqueueing lines of {Path(name).name}", lines)  # the bar has one line: no folders
+        rows = inputs.read_jobs(source, name, reg, default_max_attempts=config.worker_default_max_attempts,
+                                on_lines=lambda n: bar.advance(task, n))
         conn = _open(config)
         try:
-            with store.BulkInsert(conn) as bulk:
-                for row in inputs.read_jobs(source, name, reg, default_max_attempts=config.worker_default_max_attempts,
-                                            on_lines=lambda n: bar.advance(task, n)):
-                    bulk.add(row)
-                    if args.json:
-                        ids.append(row.id)
+            while True:
+                with store.BulkInsert(conn) as bulk:  # one transaction: the whole file, or JOBS of it
+                    for row in rows:
+                        bulk.add(row)
+                        if args.json:
+                            ids.append(row.id)
+                        if bulk.added == every:
+                            break
+                committed += bulk.count
+                parts += bulk.count > 0
+                if bulk.count == 0 or every is None:
+                    break
+        except (UsageError, StoreError, sqlite3.Error) as exc:
+            if not committed:
+                raise
+            kept = f"the {committed} jobs before it were enqueued (--commit-every), nothing from there on"
+            raise (UsageError if isinstance(exc, UsageError) else StoreError)(f"{exc}; {kept}") from None
         finally:
             conn.close()
         bar.finish(task, lines)
     if args.json:
-        _emit_json(out, {"enqueued": bulk.count, "job_ids": ids})
+        _emit_json(out, {"enqueued": committed, "transactions": parts, "job_ids": ids})
     else:
-        print(f"enqueued {bulk.count} jobs from {name}", file=out)
+        print(f"enqueued {committed} jobs from {name}" + (f" in {parts} transactions" if every else ""), file=out)
     return 0
 
 

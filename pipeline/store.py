@@ -212,7 +212,8 @@ class BulkInsert:
         self._chars = 0
         self._begun = False
         self._failed = False
-        self.count = 0
+        self.count = 0  # rows sent to the database
+        self.added = 0  # rows given to add
 
     def __enter__(self) -> BulkInsert:
         return self
@@ -227,6 +228,7 @@ class BulkInsert:
         if not (_INT64_MIN <= row.max_attempts <= _INT64_MAX and _INT64_MIN <= row.priority <= _INT64_MAX):
             raise OverflowError("Python int too large to convert to SQLite INTEGER")  # as executemany says
         self._chunk.append(row)
+        self.added += 1
         self._chars += len(row.payload)
         if len(self._chunk) >= self.CHUNK_ROWS or self._chars >= self.CHUNK_CHARS:
             self._send()

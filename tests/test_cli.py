@@ -280,6 +280,28 @@ def test_from_file_inserts_every_line_in_order(db: Path, tmp_path: Path) -> None
     assert result["enqueued"] == 150 and len(set(result["job_ids"])) == 150 and len(rows(db)) == 300
 
 
+def test_from_file_commit_every_commits_in_parts_and_says_what_was_kept(db: Path, tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    good = '{{"job_type": "invalidate_cache", "payload": {{"keys": ["p{}"]}}}}'
+    path = write_lines(tmp_path / "jobs.jsonl", [good.format(i) for i in range(4500)])
+    assert run("enqueue", "--from-file", str(path), "--commit-every", "1000") == (0, f"enqueued 4500 jobs from {path} in 5 transactions\n")
+    assert len(rows(db)) == 4500
+    lines = [good.format(i) for i in range(5000)]
+    lines[2500] = '{"job_type": "invalidate_cache", "payload": {"keys": "p"}}'
+    bad = write_lines(tmp_path / "bad.jsonl", lines)
+    code, out = run("enqueue", "--from-file", str(bad), "--commit-every", "1000")
+    err = capsys.readouterr().err
+    assert (code, out) == (2, "")
+    assert f"{bad} line 2501: payload of 'invalidate_cache'" in err
+    assert "the 2000 jobs before it were enqueued (--commit-every), nothing from there on" in err
+    assert len(rows(db)) == 4500 + 2000
+    assert run("enqueue", "--from-file", str(path), "--commit-every", "0")[0] == 2
+    assert "--commit-every must be a number of jobs >= 1, got 0" in capsys.readouterr().err
+    assert run("enqueue", "generate_sitemap", "--commit-every", "5")[0] == 2
+    assert "--commit-every goes with --from-file" in capsys.readouterr().err
+    assert len(rows(db)) == 6500
+
+
 def test_from_file_bad_input(db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     binary = tmp_path / "binary.jsonl"
     binary.write_bytes(GOOD[0].encode() + b"\n" + b'{"job_type": "\xff"}\n')
