@@ -309,6 +309,9 @@ def _enqueue_file(args: argparse.Namespace, config: Config, registry: Registry |
                                       ("--priority", args.priority)) if value is not None]
     if extra:
         raise UsageError(f"--from-file takes each job's fields from the file; drop {', '.join(extra)}")
+    every = args.commit_every
+    if every is not None and every < 1:
+        raise UsageError(f"--commit-every must be a number of jobs >= 1, got {every}")
     reg = _registry(config, registry)
     name = "standard input" if args.from_file == "-" else args.from_file
     if args.from_file == "-":
@@ -318,9 +321,6 @@ def _enqueue_file(args: argparse.Namespace, config: Config, registry: Registry |
         source.seek(0)
     else:
         source = open(args.from_file, "rb")  # noqa: SIM115 -- closed below
-    every = args.commit_every
-    if every is not None and every < 1:
-        raise UsageError(f"--commit-every must be a number of jobs >= 1, got {every}")
     ids: list[str] = []
     committed = parts = 0
     with source, console.progress_bar(sys.stderr) as bar:
@@ -337,7 +337,7 @@ def _enqueue_file(args: argparse.Namespace, config: Config, registry: Registry |
                         bulk.add(row)
                         if args.json:
                             ids.append(row.id)
-                        if bulk.added == every:
+                        if bulk.count == every:
                             break
                 committed += bulk.count
                 parts += bulk.count > 0

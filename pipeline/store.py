@@ -212,8 +212,7 @@ class BulkInsert:
         self._chars = 0
         self._begun = False
         self._failed = False
-        self.count = 0  # rows sent to the database
-        self.added = 0  # rows given to add
+        self.count = 0  # rows given to add
 
     def __enter__(self) -> BulkInsert:
         return self
@@ -228,15 +227,13 @@ class BulkInsert:
         if not (_INT64_MIN <= row.max_attempts <= _INT64_MAX and _INT64_MIN <= row.priority <= _INT64_MAX):
             raise OverflowError("Python int too large to convert to SQLite INTEGER")  # as executemany says
         self._chunk.append(row)
-        self.added += 1
+        self.count += 1
         self._chars += len(row.payload)
         if len(self._chunk) >= self.CHUNK_ROWS or self._chars >= self.CHUNK_CHARS:
             self._send()
 
     def _send(self) -> None:
         rows = self._chunk
-        text = json.dumps(rows, ensure_ascii=False, separators=(",", ":"))
-        self.count += len(rows)
         self._chunk, self._chars = [], 0
         while len(self._pending) >= 2:
             self._pending.pop(0).result()  # an error of an earlier chunk surfaces here
@@ -247,6 +244,7 @@ class BulkInsert:
             # SQLite's JSON functions end text at a NUL character: this chunk goes row by row
             self._pending.append(self._pool.submit(self._guarded, insert_jobs, self._conn, rows))
         else:
+            text = json.dumps(rows, ensure_ascii=False, separators=(",", ":"))
             self._pending.append(self._pool.submit(self._guarded, self._conn.execute, _INSERT_JSON, (text,)))
 
     def _guarded(self, fn: Any, *args: Any) -> None:
