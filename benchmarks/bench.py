@@ -53,7 +53,8 @@ import trio
 
 import pipeline
 import pipeline.app  # noqa: F401 -- the package imports its parts on first use: not inside a timed section
-from pipeline import migrations, store
+from pipeline.backends import NewJob
+from pipeline.backends.sqlite import migrations, store
 from pipeline.clock import format_ts
 from pipeline.ids import UUID7Factory
 
@@ -136,7 +137,7 @@ async def m_drain(db: str, jobs: int, concurrency: int) -> dict[str, Any]:
         p.add_observer(seen)
         await done.wait()
         elapsed = time.perf_counter() - t0
-        batches = p.ledger_stats.batches
+        batches = p.backend.ledger_stats.batches
     return {"drain": jobs / elapsed, "jobs_per_commit": jobs / max(batches, 1)}
 
 
@@ -154,7 +155,7 @@ async def m_enqueue(db: str, jobs: int, callers: int) -> dict[str, Any]:
             for k in range(callers):
                 tn.start_soon(caller, k)
         elapsed = time.perf_counter() - t0
-        batches = p.ledger_stats.batches
+        batches = p.backend.ledger_stats.batches
     return {"enqueue": per_caller * callers / elapsed, "jobs_per_commit": per_caller * callers / max(batches, 1)}
 
 
@@ -336,7 +337,7 @@ def processes_drain(tmp: Path, processes: int, jobs: int, concurrency: int) -> f
         for s in services:
             s.wait_ready()
         conn = store.connect(db)
-        rows = [store.NewJobRow(i, "noop", f'{{"n":{n}}}', 3, format_ts(time.time()), 5, format_ts(time.time()))
+        rows = [NewJob(i, "noop", f'{{"n":{n}}}', 3, format_ts(time.time()), 5, format_ts(time.time()))
                 for n, i in enumerate(UUID7Factory().many(jobs))]
         with store.write_transaction(conn):
             store.insert_jobs(conn, rows)

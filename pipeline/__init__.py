@@ -14,6 +14,8 @@ import typing as _typing
 
 if _typing.TYPE_CHECKING:
     from .app import Pipeline, open_pipeline
+    from .backends import Backend, JobRecord
+    from .backends.sqlite.outbox import enqueue_in_transaction
     from .config import Config
     from .errors import (
         ConfigError,
@@ -45,14 +47,13 @@ if _typing.TYPE_CHECKING:
         SendWelcomeEmail,
         WebhookNotify,
     )
-    from .outbox import enqueue_in_transaction
     from .pools import JobContext
-    from .queue import JobQueue, Lease, NewJob, SqliteJobQueue
     from .registry import Registry
     from .service import serve
     from .states import Status
 
 _MODULE_OF = {
+    "Backend": "backends",
     "Compress": "jobs",
     "Config": "config",
     "ConfigError": "errors",
@@ -64,10 +65,8 @@ _MODULE_OF = {
     "InvalidateCache": "jobs",
     "JobContext": "pools",
     "JobError": "errors",
-    "JobQueue": "queue",
-    "Lease": "queue",
+    "JobRecord": "backends",
     "MediaUploaded": "events",
-    "NewJob": "queue",
     "PermanentError": "errors",
     "Pipeline": "app",
     "PipelineClosed": "errors",
@@ -85,7 +84,6 @@ _MODULE_OF = {
     "SchemaTooNew": "errors",
     "SendEmail": "jobs",
     "SendWelcomeEmail": "jobs",
-    "SqliteJobQueue": "queue",
     "Status": "states",
     "StoreError": "errors",
     "UnknownEvent": "errors",
@@ -93,12 +91,13 @@ _MODULE_OF = {
     "UsageError": "errors",
     "UserRegistered": "events",
     "WebhookNotify": "jobs",
-    "enqueue_in_transaction": "outbox",
+    "enqueue_in_transaction": "backends.sqlite.outbox",
     "open_pipeline": "app",
     "serve": "service",
 }
 
 __all__ = [
+    "Backend",
     "Compress",
     "Config",
     "ConfigError",
@@ -110,10 +109,8 @@ __all__ = [
     "InvalidateCache",
     "JobContext",
     "JobError",
-    "JobQueue",
-    "Lease",
+    "JobRecord",
     "MediaUploaded",
-    "NewJob",
     "PermanentError",
     "Pipeline",
     "PipelineClosed",
@@ -131,7 +128,6 @@ __all__ = [
     "SchemaTooNew",
     "SendEmail",
     "SendWelcomeEmail",
-    "SqliteJobQueue",
     "Status",
     "StoreError",
     "UnknownEvent",

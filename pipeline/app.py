@@ -1,80 +1,73 @@
-"""The wiring: ``open_pipeline`` builds the actors, opens the nurseries, creates the channels.
+"""The wiring: ``open_pipeline`` opens the backend, creates the channels, starts the actors.
 
-    business code ─emit─▶ EventBus ─▶ Enqueuer ─insert─▶ Ledger ─▶ SQLite
-                                                           │ wake
-                          Poller ─claim─▶ Ledger ◀─────────┘
+    business code ─emit─▶ EventBus ─▶ Enqueuer ─insert─▶ Backend (SQLite: the Ledger)
+                                                           │ nudge, offer's claim
+                          Poller ─claim─▶ Backend ◀────────┘
                             │ per job type
                             ▼
-                          Handler pools ─outcome─▶ Ledger
+                          Handler pools ─outcome─▶ Backend
 
-Nurseries nest so that shutdown flows downstream: the innermost holds the bus,
-enqueuer, poller and workers; around it the lease keeper, which must renew until the
-last worker is done; outermost the Ledger, which ends only when its inbox closes and
-so writes the last batch.
+Each actor gets its channels and the few things it calls, never this module's objects.
+Context managers nest so that shutdown flows downstream: innermost the Poller and the
+workers; around them the bus and the Enqueuer (a job finishing in the shutdown grace can
+still emit) and the lease keeper (which renews until the last worker is done); then the
+handlers' resources; outermost the backend, whose Ledger ends only when its inbox closes
+and so writes the last batch.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import os
 import secrets
 import socket
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import trio
 
+from .backends import Backend, ClaimOffer, Lease, NewJob, Nudge, open_backend
 from .bus import Envelope, run_event_bus
-from .clock import to_ts
+from .clock import now_ts, to_ts
 from .config import Config
-from .db import open_database
 from .diagrams import Wiring
 from .enqueuer import run_enqueuer
-from .errors import ConfigError, PipelineClosed, UsageError
+from .errors import PipelineClosed, UsageError
 from .ids import UUID7Factory
-from .leases import run_lease_keeper
-from .ledger import LedgerStats, Reply, run_ledger
+from .leases import Heartbeat, run_lease_keeper
+from .messages import Reply
 from .poller import run_poller
-from .pools import Outcome, Pool, describe_outcome, run_worker
-from .queue import Lease, NewJob, SqliteJobQueue
+from .pools import JobContext, Outcome, Pool, Workers, describe_outcome, run_worker
 from .registry import Registry
 
 log = logging.getLogger("pipeline")
 
-LEDGER_INBOX = 4096  # commands waiting for the Ledger before writers block
 BUS_BUFFER = 256  # events waiting for the Enqueuer before emit blocks
 
 
 class Pipeline:
-    """What ``open_pipeline`` yields: enqueue and emit, plus the queue for operator reads."""
+    """What ``open_pipeline`` yields: enqueue and emit, and the backend for operator reads."""
 
-    def __init__(self, config: Config, registry: Registry, queue: SqliteJobQueue, ledger_stats: LedgerStats, wiring: Wiring) -> None:
+    def __init__(self, config: Config, registry: Registry, backend: Backend, wiring: Wiring, *, owner: str) -> None:
         self.config = config
-        self.wiring = wiring  # the channels the wiring created: diagrams/actors.mmd is drawn from it
         self.registry = registry
-        self.queue = queue
-        self.ledger_stats = ledger_stats
-        self.closed = False
-        self._bus_send: trio.MemorySendChannel[Envelope] | None = None  # set by the wiring
-        self._wake_send: trio.MemorySendChannel[None] | None = None
-        self._observers: list[Callable[[dict[str, Any]], None]] = []
+        self.backend = backend
+        self.owner = owner  # host:pid:nonce, as in the leases this process holds
+        self.wiring = wiring  # the channels the wiring created: diagrams/actors.mmd is drawn from it
         self.resources: dict[str, Any] = {}  # entered by open_pipeline from registry.resources()
-        self.heartbeat: Any = None  # the lease heartbeat thread, while workers run (leases.Heartbeat)
+        self.closed = False  # set by the wiring when a graceful stop begins
+        self.heartbeat: Heartbeat | None = None  # the lease heartbeat, while workers run
+        self._new_id = UUID7Factory()
+        self._bus_send: trio.MemorySendChannel[Envelope] | None = None  # set once the bus runs
+        self._observers: list[Callable[[dict[str, Any]], None]] = []
 
     # -- producing work -------------------------------------------------------------------
 
-    def new_job(
-        self,
-        job: Any,
-        *,
-        run_after: Any = None,
-        max_attempts: int | None = None,
-        priority: int = 5,
-    ) -> NewJob:
-        """Encode and validate a job object (UnknownJobType / InvalidPayload if it does not fit)."""
+    def new_job(self, job: Any, *, run_after: Any = None, max_attempts: int | None = None, priority: int = 5,
+                now: str | None = None) -> NewJob:
+        """Encode and validate a job object (UnknownJobType / InvalidPayload / UsageError if it does not fit)."""
         job_type, payload = self.registry.encode(job)
         self.registry.decode(job_type, payload)  # round trip: what we store must load again
         spec = self.registry.spec(job_type)
@@ -84,29 +77,35 @@ class Pipeline:
             raise UsageError(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise UsageError(f"priority must be an integer, got {priority!r}")
+        now = now or now_ts()
         if run_after is not None:
             try:
                 run_after = to_ts(run_after)
             except (ValueError, TypeError, OverflowError) as exc:
                 raise UsageError(f"run_after {run_after!r} is not a time (datetime, ISO 8601 text or epoch seconds): {exc}") from None
-        return NewJob(job_type, payload, max_attempts, run_after, priority)
+        return NewJob(self._new_id(), job_type, payload, max_attempts, run_after or now, priority, now)
 
     async def enqueue(self, job: Any, *, run_after: Any = None, max_attempts: int | None = None, priority: int = 5) -> str:
-        """Persist one job; returns its id once the row is committed."""
+        """Persist one job; returns its id once it is committed."""
         self._check_open()
-        return await self.queue.enqueue(self.new_job(job, run_after=run_after, max_attempts=max_attempts, priority=priority))
+        row = self.new_job(job, run_after=run_after, max_attempts=max_attempts, priority=priority)
+        await self.backend.insert([row])
+        return row.id
 
     async def enqueue_many(self, jobs: Sequence[Any], *, priority: int = 5) -> list[str]:
         """Persist many jobs in one transaction; returns their ids once committed."""
         self._check_open()
-        return await self.queue.enqueue_many([self.new_job(job, priority=priority) for job in jobs])
+        now = now_ts()
+        rows = [self.new_job(job, priority=priority, now=now) for job in jobs]
+        await self.backend.insert(rows)
+        return [row.id for row in rows]
 
     async def emit(self, event: Any) -> list[str]:
         """Publish a domain event; returns the ids of the jobs it routed to, once committed."""
         self._check_open()
-        return await self.emit_from_job(event)
+        return await self._emit(event)
 
-    async def emit_from_job(self, event: Any) -> list[str]:
+    async def _emit(self, event: Any) -> list[str]:
         """``emit`` for handlers (``JobContext.emit``): still open during the shutdown grace,
         so a job that finishes in it can emit its follow-up events."""
         name = self.registry.event_name_of(event)
@@ -119,24 +118,23 @@ class Pipeline:
             raise PipelineClosed("the pipeline is shutting down and takes no new events") from None
         return await reply.wait()
 
+    def route(self, event: Any) -> list[NewJob]:
+        """The routing table applied to one event: its jobs, encoded and ready to insert."""
+        now = now_ts()
+        return [self.new_job(r.job, run_after=r.run_after, now=now) for r in self.registry.route(event, self.config)]
+
     def _check_open(self) -> None:
         if self.closed:
             raise PipelineClosed("the pipeline is shutting down and takes no new work")
 
-    # -- internal hooks for the actors --------------------------------------------------------
-
-    def wake_poller(self) -> None:
-        if self._wake_send is not None:
-            try:
-                self._wake_send.send_nowait(None)
-            except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
-                pass
+    # -- outcomes ------------------------------------------------------------------------------
 
     def add_observer(self, fn: Callable[[dict[str, Any]], None]) -> None:
         """Call ``fn(fields)`` for every job outcome (metrics, tests, benchmarks)."""
         self._observers.append(fn)
 
     def observe(self, lease: Lease, outcome: Outcome, result: str | None, duration: float) -> None:
+        """The one log line per job outcome, and the observers."""
         level = logging.INFO if outcome.kind == "ok" else logging.WARNING
         logged = log.isEnabledFor(level)
         if not logged and not self._observers:
@@ -147,6 +145,9 @@ class Pipeline:
                     {**fields, "err": f": {fields['error']}" if fields["error"] else ""}, extra={"job": fields})
         for fn in self._observers:
             fn(fields)
+
+    def context_for(self, lease: Lease) -> JobContext:
+        return JobContext(lease.id, lease.job_type, lease.attempts, lease.max_attempts, self._emit, self.resources, self.config)
 
 
 def default_owner() -> str:
@@ -167,90 +168,114 @@ def _make_pools(config: Config, registry: Registry, wiring: Wiring) -> dict[str,
 
 
 @asynccontextmanager
+async def _open_resources(pipeline: Pipeline) -> AsyncIterator[None]:
+    """Enter every resource the registry declares (an HTTP client, the mailer, the content
+    database) before any actor starts; exit them after the last one stopped."""
+    async with AsyncExitStack() as stack:
+        for name, factory in pipeline.registry.resources().items():
+            pipeline.resources[name] = await stack.enter_async_context(factory(pipeline.config, pipeline.registry))
+        yield
+
+
+@asynccontextmanager
+async def _run_keeper_and_bus(pipeline: Pipeline, pools: Mapping[str, Pool]) -> AsyncIterator[None]:
+    """The lease keeper (with its heartbeat thread), the EventBus and the Enqueuer: they
+    outlive the workers, so the keeper renews and a job in its shutdown grace can emit."""
+    config, wiring, backend = pipeline.config, pipeline.wiring, pipeline.backend
+    async with trio.open_nursery() as tn:
+        if config.worker_enabled:
+            wiring.edge("Lease keeper", "Backend", "rescue expired leases, bury unknown types")
+            wiring.edge("Lease heartbeat (thread)", "Backend", "renew this process's leases")
+            pipeline.heartbeat = await tn.start(functools.partial(
+                run_lease_keeper, backend, pools, owner=pipeline.owner, job_types=pipeline.registry.job_types(),
+                lease_seconds=config.worker_lease_seconds, backoff_base_seconds=config.backoff_base_seconds,
+                unknown_type_grace_seconds=config.worker_unknown_type_grace_seconds,
+            ))
+        bus_send, bus_recv = wiring.channel("business code", "EventBus", "emit", BUS_BUFFER)
+        events_send, events_recv = wiring.channel("EventBus", "Enqueuer", "events", BUS_BUFFER)
+        await tn.start(run_event_bus, bus_recv, [events_send])
+        wiring.edge("Enqueuer", "Backend", "insert routed jobs")
+        await tn.start(run_enqueuer, backend, pipeline.route, events_recv)
+        pipeline._bus_send = bus_send
+        try:
+            yield
+        finally:
+            bus_send.close()  # the bus, then the Enqueuer, drain and close in turn
+            tn.cancel_scope.cancel()  # the keeper: every worker has settled or released its jobs
+            pipeline.heartbeat = None
+
+
+@asynccontextmanager
+async def _run_workers(
+    pipeline: Pipeline,
+    pools: Mapping[str, Pool],
+    nudge_send: trio.MemorySendChannel[Nudge],
+    nudge_recv: trio.MemoryReceiveChannel[Nudge],
+    offers_send: trio.MemorySendChannel[ClaimOffer],
+    offers_recv: trio.MemoryReceiveChannel[ClaimOffer],
+) -> AsyncIterator[None]:
+    """The handler pools' workers and the Poller that feeds them; on leaving, no new claims,
+    and running jobs get WORKER_SHUTDOWN_TIMEOUT before they are released."""
+    config, wiring, backend = pipeline.config, pipeline.wiring, pipeline.backend
+    workers = Workers(backend, pipeline.registry.decode, config.backoff_base_seconds, nudge_send,
+                      pipeline.observe, pipeline.context_for)
+    async with trio.open_nursery() as tn:
+        for pool in pools.values():
+            for _ in range(pool.concurrency):
+                await tn.start(run_worker, workers, pool, pool.recv.clone())
+            pool.recv.close()
+        wiring.edge("Poller", "Backend", "claim up to free capacity")
+        wiring.edge("Handler pools", "Backend", "outcome")
+        wiring.edge("Handler pools", "Poller", "nudge: a full pool has room")
+        claiming = await tn.start(functools.partial(
+            run_poller, backend, pools, nudge_recv, offers_send, offers_recv, owner=pipeline.owner,
+            lease_seconds=config.worker_lease_seconds, interval=config.poll_interval,
+        ))
+        try:
+            yield
+        finally:
+            claiming.cancel()  # the Poller closes the pools' channels
+            for pool in pools.values():
+                pool.stop(config.worker_shutdown_timeout)
+
+
+@asynccontextmanager
 async def open_pipeline(config: Config | None = None, registry: Registry | None = None, *, owner: str | None = None) -> AsyncIterator[Pipeline]:
     """Run the pipeline's actors inside the caller's trio program.
 
     Leaving the block shuts down gracefully: no new claims; in-flight jobs get
     WORKER_SHUTDOWN_TIMEOUT seconds, then are returned to pending without counting the
-    attempt; everything waiting for the Ledger is written.
+    attempt; everything waiting for the backend is written.
     """
     config = config or Config.from_env()
     if registry is None:
         from .handlers import default_registry
 
         registry = default_registry(config)
-    if config.backend != "sqlite":
-        raise ConfigError(f"DATABASE_URL={config.database_url!r}: only sqlite:/// is available in this version")
-    ledger_stats = LedgerStats()
     wiring = Wiring()
-    async with open_database(
-        config.database_path, busy_timeout_ms=config.sqlite_busy_timeout_ms, synchronous=config.sqlite_synchronous
-    ) as db:
-        ledger_send, ledger_recv = wiring.channel("JobQueue", "Ledger", "commands", LEDGER_INBOX)
-        wake_send, wake_recv = wiring.channel("Ledger", "Poller", "wake: due work committed", 1)
-        wiring.edge("Ledger", "SQLite", "one writer: BEGIN IMMEDIATE per batch")
-        queue = SqliteJobQueue(
-            db,
-            ledger_send,
-            owner=owner or default_owner(),
-            lease_seconds=config.worker_lease_seconds,
-            backoff_base_seconds=config.backoff_base_seconds,
-            new_id=UUID7Factory(),
-        )
-        pipeline = Pipeline(config, registry, queue, ledger_stats, wiring)
-        async with contextlib.AsyncExitStack() as resources, trio.open_nursery() as ledger_tn:
-            for name, factory in registry.resources().items():
-                pipeline.resources[name] = await resources.enter_async_context(factory(pipeline))
-            await ledger_tn.start(
-                functools.partial(run_ledger, db, ledger_recv, wake_send.clone(), ledger_stats, eager=queue.eager_command)
-            )
-            pipeline._wake_send = wake_send
-            try:
-                async with trio.open_nursery() as keeper_tn:
-                    pools = _make_pools(config, registry, wiring) if config.worker_enabled else {}
-                    keeper = None
-                    if config.worker_enabled:
-                        wiring.edge("Lease keeper", "JobQueue", "rescue expired leases, bury unknown types")
-                        wiring.edge("Lease heartbeat (thread)", "SQLite", "renew this process's leases")
-                        keeper = await keeper_tn.start(run_lease_keeper, pipeline, pools)
-                    # the bus and the Enqueuer outlive the workers: a job finishing in the
-                    # shutdown grace can still emit its follow-up events
-                    bus_send, bus_recv = wiring.channel("business code", "EventBus", "emit", BUS_BUFFER)
-                    events_send, events_recv = wiring.channel("EventBus", "Enqueuer", "events", BUS_BUFFER)
-                    await keeper_tn.start(run_event_bus, bus_recv, [events_send])
-                    wiring.edge("Enqueuer", "JobQueue", "insert routed jobs")
-                    await keeper_tn.start(run_enqueuer, pipeline, events_recv)
-                    pipeline._bus_send = bus_send
-                    async with trio.open_nursery() as tn:
-                        claiming = None
-                        if config.worker_enabled:
-                            for pool in pools.values():
-                                for _ in range(pool.concurrency):
-                                    await tn.start(run_worker, pipeline, pool, pool.recv.clone())
-                                pool.recv.close()
-                            wiring.edge("Poller", "JobQueue", "claim up to free capacity")
-                            wiring.edge("Handler pools", "JobQueue", "outcome")
-                            claiming = await tn.start(run_poller, pipeline, pools, wake_recv.clone())
-                        wake_recv.close()
-                        try:
-                            yield pipeline
-                        finally:
-                            # graceful shutdown flows downstream. (If the caller's own scope
-                            # is being cancelled, the actors are cancelled too: running jobs
-                            # stay running until their lease expires and another run rescues them.)
-                            pipeline.closed = True  # enqueue and emit from outside refuse from now on
-                            # a database locked by someone else must not hold the stop up for long
-                            ledger_stats.give_up_at = trio.current_time() + config.worker_shutdown_timeout + 1
-                            if claiming is not None:
-                                claiming.cancel()  # the poller closes the pools' channels
-                            for pool in pools.values():
-                                pool.stop(config.worker_shutdown_timeout)
-                    # every worker has settled or released its jobs
-                    bus_send.close()  # the bus, then the Enqueuer, drain and close in turn
-                    if keeper is not None:
-                        keeper.cancel()
-            finally:
-                pipeline._wake_send = None
-                wake_send.close()
-                queue.close()  # the Ledger drains its inbox, commits, and ends
-
+    # the Poller's two channels across the backend boundary (see backends.base.ClaimOffer)
+    nudge_send, nudge_recv = wiring.channel("Backend", "Poller", "nudge: work due, or the offer's claim", 2)
+    offers_send, offers_recv = wiring.channel("Poller", "Backend", "offer: free capacity for the next insert", 1)
+    working = config.worker_enabled
+    async with AsyncExitStack() as stack:
+        backend = await stack.enter_async_context(open_backend(
+            config, nudge_send=nudge_send.clone() if working else None, offers_recv=offers_recv.clone() if working else None,
+            wiring=wiring,
+        ))
+        pipeline = Pipeline(config, registry, backend, wiring, owner=owner or default_owner())
+        await stack.enter_async_context(_open_resources(pipeline))
+        pools = _make_pools(config, registry, wiring) if working else {}
+        await stack.enter_async_context(_run_keeper_and_bus(pipeline, pools))
+        if working:
+            await stack.enter_async_context(_run_workers(pipeline, pools, nudge_send.clone(), nudge_recv.clone(),
+                                                         offers_send.clone(), offers_recv.clone()))
+        for end in (nudge_send, nudge_recv, offers_send, offers_recv):
+            end.close()
+        try:
+            yield pipeline
+        finally:
+            # graceful shutdown flows downstream as the stack unwinds. (If the caller's own
+            # scope is being cancelled, the actors are cancelled too: running jobs stay
+            # running until their lease expires and another run rescues them.)
+            pipeline.closed = True  # enqueue and emit from outside refuse from now on
+            backend.begin_stop(config.worker_shutdown_timeout + 1)

@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 import trio
 
-from .ledger import Reply
+from .messages import Reply
 
 
 @attrs.frozen

@@ -12,17 +12,21 @@ import logging
 import os
 import sqlite3
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
-from . import migrations, store
 from .clock import format_ts, now_ts, to_epoch
 from .config import Config
-from .errors import ConfigError, PipelineError, StoreError, UsageError
-from .outbox import JobRequest, prepare_rows
+from .errors import ConfigError, PipelineError, UsageError
 from .registry import Registry
+from .requests import JobRequest, prepare_rows
 from .states import Status
+
+if TYPE_CHECKING:
+    from .backends import Backend, JobRecord
+
+T = TypeVar("T")
 
 log = logging.getLogger("pipeline")
 
@@ -231,20 +235,27 @@ def cmd_run(args: argparse.Namespace, config: Config, registry: Registry | None,
     return 0
 
 
-# -- commands on the database file ------------------------------------------------------------
+# -- commands on the job store -------------------------------------------------------------------
 
 
-def _open(config: Config) -> sqlite3.Connection:
-    conn = store.connect(config.database_path, busy_timeout_ms=config.sqlite_busy_timeout_ms, synchronous=config.sqlite_synchronous)
+def _with_backend(config: Config, work: Callable[[Backend], Awaitable[T]]) -> T:
+    """Open the backend DATABASE_URL names, run ``work`` on it, close it. The commands need
+    no running service: they write through the same backend the service uses."""
+    import trio
+
+    from .backends import open_backend
+
+    async def main() -> T:
+        async with open_backend(config) as backend:
+            return await work(backend)
+
     try:
-        migrations.migrate(conn, config.database_path)
-    except sqlite3.DatabaseError as exc:
-        conn.close()
-        raise StoreError(f"database {config.database_path} is unreadable or corrupt: {exc}") from None
-    except BaseException:
-        conn.close()
+        return trio.run(main)
+    except BaseExceptionGroup as group:  # the backend's nursery wraps what the work raised
+        leaves = list(_leaves(group))
+        if len(leaves) == 1:
+            raise leaves[0] from None
         raise
-    return conn
 
 
 def _registry(config: Config, registry: Registry | None) -> Registry:
@@ -282,13 +293,12 @@ def cmd_enqueue(args: argparse.Namespace, config: Config, registry: Registry | N
     request = JobRequest(args.job_type, payload, args.max_attempts, run_after, 5 if args.priority is None else args.priority)
     inputs.with_bounds(request, "the job")
     (row,) = prepare_rows(reg, [request], default_max_attempts=config.worker_default_max_attempts)  # validates before opening
-    conn = _open(config)
-    try:
-        with store.write_transaction(conn):
-            store.insert_jobs(conn, [row])
-        record = store.get_job(conn, row.id)
-    finally:
-        conn.close()
+
+    async def work(backend: Backend) -> JobRecord | None:
+        await backend.insert([row])
+        return await backend.get(row.id)
+
+    record = _with_backend(config, work)
     if args.json:
         _emit_json(out, record.to_json() if record else {"id": row.id})
     else:
@@ -322,40 +332,32 @@ def _enqueue_file(args: argparse.Namespace, config: Config, registry: Registry |
     else:
         source = open(args.from_file, "rb")  # noqa: SIM115 -- closed below
     ids: list[str] = []
-    committed = parts = 0
     with source, console.progress_bar(sys.stderr) as bar:
         lines = sum(chunk.count(b"\n") for chunk in iter(lambda: source.read(1 << 20), b""))
         source.seek(0)
         task = bar.task(f"enqueueing lines of {Path(name).name}", lines)  # the bar has one line: no folders
         rows = inputs.read_jobs(source, name, reg, default_max_attempts=config.worker_default_max_attempts,
                                 on_lines=lambda n: bar.advance(task, n))
-        conn = _open(config)
-        try:
-            while True:
-                with store.BulkInsert(conn) as bulk:  # one transaction: the whole file, or JOBS of it
-                    for row in rows:
-                        bulk.add(row)
-                        if args.json:
-                            ids.append(row.id)
-                        if bulk.count == every:
-                            break
-                committed += bulk.count
-                parts += bulk.count > 0
-                if bulk.count == 0 or every is None:
-                    break
-        except (UsageError, StoreError, sqlite3.Error) as exc:
-            if not committed:
-                raise
-            kept = f"the {committed} jobs before it were enqueued (--commit-every), nothing from there on"
-            raise (UsageError if isinstance(exc, UsageError) else StoreError)(f"{exc}; {kept}") from None
-        finally:
-            conn.close()
+        if args.json:
+            rows = _keeping_ids(rows, ids)
+
+        async def work(backend: Backend) -> int:
+            return await backend.bulk_insert(rows, commit_every=every)
+
+        committed = _with_backend(config, work)
+        parts = 0 if not committed else (1 if every is None else -(-committed // every))
         bar.finish(task, lines)
     if args.json:
         _emit_json(out, {"enqueued": committed, "transactions": parts, "job_ids": ids})
     else:
         print(f"enqueued {committed} jobs from {name}" + (f" in {parts} transactions" if every else ""), file=out)
     return 0
+
+
+def _keeping_ids(rows: Any, ids: list[str]) -> Any:
+    for row in rows:
+        ids.append(row.id)
+        yield row
 
 
 def cmd_emit(args: argparse.Namespace, config: Config, registry: Registry | None, out: TextIO) -> int:
@@ -366,12 +368,7 @@ def cmd_emit(args: argparse.Namespace, config: Config, registry: Registry | None
         job_type, payload = reg.encode(routed.job)
         requests.append(JobRequest(job_type, payload, None, routed.run_after))
     rows = prepare_rows(reg, requests, default_max_attempts=config.worker_default_max_attempts)
-    conn = _open(config)
-    try:
-        with store.write_transaction(conn):
-            store.insert_jobs(conn, rows)
-    finally:
-        conn.close()
+    _with_backend(config, lambda backend: backend.insert(rows))
     if args.json:
         _emit_json(out, {"job_ids": [row.id for row in rows]})
     else:
@@ -395,22 +392,21 @@ def _list_flags(p: argparse.ArgumentParser, *, suppress: bool) -> None:
 
 def cmd_jobs(args: argparse.Namespace, config: Config, registry: Registry | None, out: TextIO) -> int:
     action = args.jobs_command or "list"
-    conn = _open(config)
-    try:
-        return JOB_ACTIONS[action](args, conn, out)
-    finally:
-        conn.close()
+    return JOB_ACTIONS[action](args, config, out)
 
 
-def _jobs_list(args: argparse.Namespace, conn: sqlite3.Connection, out: TextIO) -> int:
+def _jobs_list(args: argparse.Namespace, config: Config, out: TextIO) -> int:
     from .admin import console
 
     if not 1 <= args.limit <= 10_000:
         raise UsageError(f"--limit must be from 1 to 10000, got {args.limit}")
     if not 1 <= args.page <= 10_000_000:
         raise UsageError(f"--page must be from 1 to 10000000, got {args.page}")
+    if args.status is not None and args.status not in set(Status):
+        raise UsageError(f"unknown status {args.status!r}; expected one of {', '.join(Status)}")
     offset = (args.page - 1) * args.limit
-    jobs, total = store.list_jobs(conn, status=args.status, job_type=args.job_type, limit=args.limit, offset=offset)
+    jobs, total = _with_backend(config, lambda backend: backend.list(
+        status=args.status, job_type=args.job_type, limit=args.limit, offset=offset))
     if args.json:
         _emit_json(out, [j.to_json() for j in jobs])
     else:
@@ -418,17 +414,16 @@ def _jobs_list(args: argparse.Namespace, conn: sqlite3.Connection, out: TextIO) 
     return 0
 
 
-def _job(conn: sqlite3.Connection, job_id: str) -> store.JobRecord:
-    job = store.get_job(conn, job_id)
-    if job is None:
-        raise CliError(f"error: no job with id {job_id!r}", 1)
-    return job
+def _no_job(job_id: str) -> CliError:
+    return CliError(f"error: no job with id {job_id!r}", 1)
 
 
-def _jobs_show(args: argparse.Namespace, conn: sqlite3.Connection, out: TextIO) -> int:
+def _jobs_show(args: argparse.Namespace, config: Config, out: TextIO) -> int:
     from .admin import console
 
-    job = _job(conn, args.id)
+    job = _with_backend(config, lambda backend: backend.get(args.id))
+    if job is None:
+        raise _no_job(args.id)
     if args.json:
         _emit_json(out, job.to_json())
     else:
@@ -436,13 +431,11 @@ def _jobs_show(args: argparse.Namespace, conn: sqlite3.Connection, out: TextIO) 
     return 0
 
 
-def _jobs_retry(args: argparse.Namespace, conn: sqlite3.Connection, out: TextIO) -> int:
-    _job(conn, args.id)
-    with store.write_transaction(conn):  # read, check and write in one transaction
-        try:
-            job = store.revive(conn, args.id, now=now_ts())
-        except LookupError:
-            raise CliError(f"error: no job with id {args.id!r}", 1) from None
+def _jobs_retry(args: argparse.Namespace, config: Config, out: TextIO) -> int:
+    try:
+        job = _with_backend(config, lambda backend: backend.revive(args.id))
+    except LookupError:
+        raise _no_job(args.id) from None
     if args.json:
         _emit_json(out, job.to_json())
     else:
@@ -450,13 +443,11 @@ def _jobs_retry(args: argparse.Namespace, conn: sqlite3.Connection, out: TextIO)
     return 0
 
 
-def _jobs_delete(args: argparse.Namespace, conn: sqlite3.Connection, out: TextIO) -> int:
-    _job(conn, args.id)
-    with store.write_transaction(conn):
-        try:
-            store.delete_job(conn, args.id)
-        except LookupError:
-            raise CliError(f"error: no job with id {args.id!r}", 1) from None
+def _jobs_delete(args: argparse.Namespace, config: Config, out: TextIO) -> int:
+    try:
+        _with_backend(config, lambda backend: backend.delete(args.id))
+    except LookupError:
+        raise _no_job(args.id) from None
     if args.json:
         _emit_json(out, {"deleted": args.id})
     else:
@@ -464,16 +455,12 @@ def _jobs_delete(args: argparse.Namespace, conn: sqlite3.Connection, out: TextIO
     return 0
 
 
-def _jobs_cleanup(args: argparse.Namespace, conn: sqlite3.Connection, out: TextIO) -> int:
+def _jobs_cleanup(args: argparse.Namespace, config: Config, out: TextIO) -> int:
     from .admin import inputs
 
     statuses = tuple(dict.fromkeys(args.statuses or ("completed", "dead")))
-    cutoff = None
-    if args.older_than is not None:
-        older = inputs.seconds(args.older_than, "--older-than")
-        cutoff = format_ts(to_epoch(now_ts()) - older)
-    with store.write_transaction(conn):
-        deleted = store.cleanup(conn, statuses=statuses, older_than=cutoff)
+    older = None if args.older_than is None else inputs.seconds(args.older_than, "--older-than")
+    deleted = _with_backend(config, lambda backend: backend.cleanup(statuses=statuses, older_than_seconds=older))
     if args.json:
         _emit_json(out, {"deleted": deleted})
     else:
@@ -482,7 +469,7 @@ def _jobs_cleanup(args: argparse.Namespace, conn: sqlite3.Connection, out: TextI
     return 0
 
 
-JOB_ACTIONS: dict[str, Callable[[argparse.Namespace, sqlite3.Connection, TextIO], int]] = {
+JOB_ACTIONS: dict[str, Callable[[argparse.Namespace, Config, TextIO], int]] = {
     "list": _jobs_list,
     "show": _jobs_show,
     "retry": _jobs_retry,
@@ -494,11 +481,7 @@ JOB_ACTIONS: dict[str, Callable[[argparse.Namespace, sqlite3.Connection, TextIO]
 def cmd_stats(args: argparse.Namespace, config: Config, registry: Registry | None, out: TextIO) -> int:
     from .admin import console
 
-    conn = _open(config)
-    try:
-        stats = store.operator_stats(conn, now=now_ts())
-    finally:
-        conn.close()
+    stats = _with_backend(config, lambda backend: backend.stats())
     if args.json:
         _emit_json(out, stats)
     else:
@@ -519,12 +502,16 @@ def cmd_diagrams(args: argparse.Namespace, config: Config, registry: Registry | 
 
 
 def cmd_search(args: argparse.Namespace, config: Config, registry: Registry | None, out: TextIO) -> int:
+    from .handlers import site_schema
     from .handlers.search import print_search
+    from .sqlite_files import connect
 
     if args.limit < 1:
         raise UsageError(f"--limit must be >= 1, got {args.limit}")
-    conn = _open(config)
+    path = config.site_database_path
+    conn = connect(path, busy_timeout_ms=config.sqlite_busy_timeout_ms, synchronous=config.sqlite_synchronous)
     try:
+        site_schema.migrate(conn, path)
         return print_search(conn, args.query, limit=args.limit, out=out)
     finally:
         conn.close()

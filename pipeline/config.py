@@ -86,6 +86,13 @@ def _database_url(text: str) -> str:
     raise ValueError("sqlite:///RELATIVE/PATH.db, sqlite:////ABSOLUTE/PATH.db or redis://HOST:PORT/DB")
 
 
+def _site_database_url(text: str) -> str:
+    text = text.strip()
+    if text.startswith("sqlite:///") and len(text) > len("sqlite:///"):
+        return text
+    raise ValueError("sqlite:///RELATIVE/PATH.db or sqlite:////ABSOLUTE/PATH.db (the site's content is in SQLite)")
+
+
 def _text(text: str) -> str:
     return text.strip()
 
@@ -142,6 +149,7 @@ def _webhook_secret(text: str) -> str:
 # variable -> (attribute, parser). The attribute's default is the documented default.
 _PARSERS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "DATABASE_URL": ("database_url", _database_url),
+    "SITE_DATABASE_URL": ("site_database_url", _site_database_url),
     "WORKER_ENABLED": ("worker_enabled", _parse_bool),
     "WORKER_CONCURRENCY": ("worker_concurrency", _int_at_least(1)),
     "WORKER_POLL_INTERVAL_MS": ("worker_poll_interval_ms", _int_at_least(1)),
@@ -185,6 +193,9 @@ class Config:
     """All settings of one pipeline. Build with ``Config.from_env()`` or directly."""
 
     database_url: str = "sqlite:///pipeline.db"
+    # the bundled site's content (users, posts, media, search index); empty: the job
+    # database's file when that is SQLite, else sqlite:///site.db
+    site_database_url: str = ""
     worker_enabled: bool = True
     worker_concurrency: int = 2  # per job type, unless the type sets its own
     worker_poll_interval_ms: int = 500  # how often other processes' and delayed jobs are looked for
@@ -253,6 +264,12 @@ class Config:
         if self.backend != "sqlite":
             raise ConfigError(f"DATABASE_URL={self.database_url!r} is not a SQLite database")
         return Path(self.database_url[len("sqlite:///") :])
+
+    @property
+    def site_database_path(self) -> Path:
+        if self.site_database_url:
+            return Path(self.site_database_url[len("sqlite:///") :])
+        return self.database_path if self.backend == "sqlite" else Path("site.db")
 
     @property
     def backoff_base_seconds(self) -> float:

@@ -40,12 +40,14 @@ from typing import Any, TextIO
 import attrs
 import trio
 
-from . import events, jobs, store
+from . import events, jobs
 from .clock import format_ts, now_ts
 from .config import Config
 from .demo_sinks import HttpSink, SmtpSink
 from .handlers import content_store
+from .handlers.content_db import RESOURCE as CONTENT
 from .registry import Registry
+from .sqlite_files import write_transaction
 
 SCHEDULE_AHEAD = 3.0  # seconds until the scheduled post is due
 SEARCH_WORD = "trio"
@@ -120,7 +122,7 @@ def make_images(media_dir: Path) -> list[tuple[str, str, str, int]]:
 def seed(conn: sqlite3.Connection, publish_at: str, media: Sequence[tuple[str, str, str, int]]) -> None:
     """Upsert the demo rows: a re-run starts them over (the scheduled post scheduled again)."""
     now = now_ts()
-    with store.write_transaction(conn):
+    with write_transaction(conn):
         conn.executemany(
             "INSERT INTO users (id, email, username) VALUES (?, ?, ?) "
             "ON CONFLICT (id) DO UPDATE SET email = excluded.email, username = excluded.username",
@@ -148,9 +150,10 @@ def seed(conn: sqlite3.Connection, publish_at: str, media: Sequence[tuple[str, s
 # -- reading the results --------------------------------------------------------------------------
 
 
-def jobs_of_run(conn: sqlite3.Connection, started: str) -> list[tuple[str, str, str | None]]:
-    """(job_type, status, error) of every job created since ``started``."""
-    return conn.execute("SELECT job_type, status, error FROM jobs WHERE created_at >= ? ORDER BY created_at", (started,)).fetchall()
+async def jobs_of_run(p: Any, started: str) -> list[tuple[str, str, str | None]]:
+    """(job_type, status, error) of every job created since ``started``, oldest first."""
+    records, _ = await p.backend.list(limit=10_000)
+    return [(r.job_type, r.status, r.error) for r in reversed(records) if r.created_at >= started]
 
 
 def post_state(conn: sqlite3.Connection, post_id: str) -> tuple[str, str | None] | None:
@@ -167,7 +170,7 @@ async def wait_settled(p: Any, started: str, handled: set[str], timeout: float) 
     """Until no job of this run that this build can run is pending or running; False on timeout."""
     with trio.move_on_after(timeout):
         while True:
-            rows = await p.queue.db.read(jobs_of_run, started)
+            rows = await jobs_of_run(p, started)
             if not any(status not in SETTLED and job_type in handled for job_type, status, _ in rows):
                 return True
             await trio.sleep(0.1)
@@ -198,7 +201,7 @@ async def run(config: Config, root: Path, registry: Registry | None, timeout: fl
             await _emit(p, seeded, out)
             print(f"waiting for the jobs (up to {timeout:g} s) ...", file=out, flush=True)
             finished = await wait_settled(p, seeded.started, handled, timeout)
-            report = await p.queue.db.read(_gather, seeded, config)
+            report = await _gather(p, seeded)
         code = _print_report(out, report, seeded, smtp, http, handled, finished, time.monotonic() - began, config)
         tn.cancel_scope.cancel()
     return code
@@ -213,7 +216,7 @@ async def _seed(p: Any, config: Config, schedule_ahead: float) -> Seeded:
         media = await trio.to_thread.run_sync(make_images, Path(config.media_dir))
     except ImportError as exc:
         skipped = f"Pillow is not installed ({exc}); pip install pillow"
-    await p.queue.db.read(seed, publish_at, media)
+    await p.resources[CONTENT].run(seed, publish_at, media)
     return Seeded(len(USERS), Counter(post[4] for post in POSTS), tuple(m[0] for m in media), skipped, publish_at, started)
 
 
@@ -252,9 +255,11 @@ class Report:
     hits: list[content_store.SearchHit]
 
 
-def _gather(conn: sqlite3.Connection, seeded: Seeded, config: Config) -> Report:
-    return Report(jobs_of_run(conn, seeded.started), post_state(conn, "demo-launch"), derived_files(conn),
-                  content_store.search(conn, SEARCH_WORD, limit=10))
+async def _gather(p: Any, seeded: Seeded) -> Report:
+    def content(conn: sqlite3.Connection) -> tuple[Any, ...]:
+        return post_state(conn, "demo-launch"), derived_files(conn), content_store.search(conn, SEARCH_WORD, limit=10)
+
+    return Report(await jobs_of_run(p, seeded.started), *await p.resources[CONTENT].run(content))
 
 
 def _print_report(out: TextIO, r: Report, seeded: Seeded, smtp: SmtpSink, http: HttpSink, handled: set[str],

@@ -24,18 +24,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from pathlib import Path
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
 
 import trio
 
-from . import store
-from .clock import format_ts
+from .backends.base import Backend, LeaseRenewer
 from .errors import PipelineError, StoreError
-
-if TYPE_CHECKING:
-    from .app import Pipeline
-    from .pools import Pool
+from .pools import Pool
 
 log = logging.getLogger("pipeline.leases")
 
@@ -43,18 +38,13 @@ log = logging.getLogger("pipeline.leases")
 class Heartbeat:
     """Renews this process's leases from a thread (see the module docstring)."""
 
-    def __init__(
-        self, path: Path, pools: dict[str, Pool], *, owner: str, job_types: list[str], lease_seconds: float,
-        busy_timeout_ms: int, synchronous: str,
-    ) -> None:
-        self.path = path
+    def __init__(self, renewer: LeaseRenewer, pools: Mapping[str, Pool], *, owner: str, job_types: Sequence[str], lease_seconds: float) -> None:
+        self.renewer = renewer
         self.pools = pools
         self.owner = owner
-        self.job_types = job_types
+        self.job_types = list(job_types)
         self.lease_seconds = lease_seconds
         self.period = lease_seconds / 3
-        self._busy_timeout_ms = busy_timeout_ms
-        self._synchronous = synchronous
         # how long the loop may go unanswered before the process is taken for stuck
         self.stall_limit = max(max((pool.timeout for pool in pools.values()), default=0.0), 10 * lease_seconds) + lease_seconds
         self.loop_seen = time.monotonic()  # written by the trio keeper, read by the thread
@@ -76,7 +66,7 @@ class Heartbeat:
         return [(lease.id, lease.token) for pool in list(self.pools.values()) for lease in list(pool.held.values())]
 
     def _run(self) -> None:
-        conn = None
+        renewed = False
         try:
             while True:
                 stalled = time.monotonic() - self.loop_seen
@@ -88,17 +78,13 @@ class Heartbeat:
                     continue
                 held = self._held()
                 try:
-                    if conn is None:
-                        conn = store.connect(self.path, busy_timeout_ms=self._busy_timeout_ms, synchronous=self._synchronous)
-                    with store.write_transaction(conn):
-                        now = time.time()
-                        store.beat(conn, self.owner, self.job_types, now=format_ts(now))
-                        lost = store.renew(conn, held, expires=format_ts(now + self.lease_seconds))
-                except Exception as exc:  # noqa: BLE001 - the database refused; try again next period
+                    lost = self.renewer.renew(self.owner, self.job_types, held, lease_seconds=self.lease_seconds)
+                except Exception as exc:  # noqa: BLE001 - the store refused; try again next period
                     log.warning("lease renewal failed (%s); retrying in %.1f s", exc, self.period)
                     if self._stop.wait(self.period):
                         break
                     continue
+                renewed = True
                 self.renewals += 1
                 if lost:
                     gone = set(lost)
@@ -108,14 +94,12 @@ class Heartbeat:
                         return
                 if self._stop.wait(self.period):
                     break
-            if conn is not None:  # a graceful stop: this worker is gone
-                with store.write_transaction(conn):
-                    store.forget_worker(conn, self.owner)
+            if renewed:  # a graceful stop: this worker is gone
+                self.renewer.forget(self.owner)
         except Exception as exc:  # noqa: BLE001 - leaving the row is harmless: it goes stale
-            log.warning("could not remove worker %s from the workers table: %s", self.owner, exc)
+            log.warning("could not remove worker %s from the worker registry: %s", self.owner, exc)
         finally:
-            if conn is not None:
-                conn.close()
+            self.renewer.close()
 
     def _lost(self, lost: list[tuple[str, int]]) -> None:
         """On the trio thread: cancel the runs whose lease another process now holds."""
@@ -134,37 +118,37 @@ class Heartbeat:
 
 
 async def run_lease_keeper(
-    pipeline: Pipeline, pools: dict[str, Pool], *, task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED
+    backend: Backend,
+    pools: Mapping[str, Pool],
+    *,
+    owner: str,
+    job_types: Sequence[str],
+    lease_seconds: float,
+    backoff_base_seconds: float,
+    unknown_type_grace_seconds: float,
+    task_status: trio.TaskStatus[Heartbeat] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Runs the heartbeat thread; every third of WORKER_LEASE_SECONDS tells it the loop is
-    alive, rescues expired leases and buries unknown job types. Cancel the returned scope
-    once the last worker has settled."""
-    config = pipeline.config
-    queue = pipeline.queue
-    known = set(pipeline.registry.job_types())
-    heartbeat = Heartbeat(
-        config.database_path, pools, owner=queue.owner, job_types=sorted(known), lease_seconds=config.worker_lease_seconds,
-        busy_timeout_ms=config.sqlite_busy_timeout_ms, synchronous=config.sqlite_synchronous,
-    )
-    pipeline.heartbeat = heartbeat
+    """Runs the heartbeat thread; every third of the lease tells it the loop is alive,
+    rescues expired leases and buries unknown job types. Cancel the surrounding scope once
+    the last worker has settled. ``task_status`` gets the heartbeat (tests read it)."""
+    heartbeat = Heartbeat(backend.lease_renewer(), pools, owner=owner, job_types=sorted(job_types), lease_seconds=lease_seconds)
     heartbeat.start()
     try:
-        with trio.CancelScope() as scope:
-            task_status.started(scope)
-            while True:
-                heartbeat.loop_seen = time.monotonic()
-                try:
-                    rescued = await queue.rescue_expired()
-                    if rescued:
-                        log.warning("rescued %d jobs whose lease expired", rescued)
-                    buried = await queue.bury_unknown_types(known, grace_seconds=config.worker_unknown_type_grace_seconds)
-                    if buried:
-                        log.error("%d pending jobs have a job type no code here knows; moved to dead", buried)
-                except StoreError as exc:
-                    log.warning("lease upkeep failed (%s); retrying", exc)
-                except PipelineError:
-                    return
-                await trio.sleep(heartbeat.period)
+        task_status.started(heartbeat)
+        while True:
+            heartbeat.loop_seen = time.monotonic()
+            try:
+                rescued = await backend.rescue_expired(base_seconds=backoff_base_seconds, exclude_owner=owner)
+                if rescued:
+                    log.warning("rescued %d jobs whose lease expired", rescued)
+                buried = await backend.bury_unknown_types(job_types, grace_seconds=unknown_type_grace_seconds)
+                if buried:
+                    log.error("%d pending jobs have a job type no code here knows; moved to dead", buried)
+            except StoreError as exc:
+                log.warning("lease upkeep failed (%s); retrying", exc)
+            except PipelineError:
+                return
+            await trio.sleep(heartbeat.period)
     finally:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(heartbeat.stop)

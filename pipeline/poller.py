@@ -13,39 +13,30 @@ delayed jobs that came due.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
 
 import trio
 
+from .backends.base import Backend, Claimed, ClaimOffer, Lease, Nudge
 from .errors import PipelineError, StoreError
-
-if TYPE_CHECKING:
-    from .app import Pipeline
-    from .pools import Pool
-    from .queue import Lease
+from .pools import Pool
 
 log = logging.getLogger("pipeline.poller")
 
-# The longest the Poller waits, shielded from cancellation, for the Ledger to answer a
+# The longest the Poller waits, shielded from cancellation, for the backend to answer a
 # claim: past the Ledger's own patience with a locked database, so only a Ledger that
 # is gone hits it.
 SHIELD_LIMIT = 60.0
 
 
 class Claimer:
-    """The Poller's bookkeeping of pool capacity, shared with the Ledger's eager claims.
+    """The Poller's bookkeeping of pool capacity. Capacity is reserved (``outstanding``
+    raised) before a claim is sent, or offered to the backend, and the unused part handed
+    back when its answer arrives, so the Poller's claims and its offer can never together
+    claim more than the pools' channels hold."""
 
-    Capacity is reserved (``outstanding`` raised) before a claim is sent and the unused
-    part handed back when its answer arrives, so the Poller's own claims and the eager
-    ones the Ledger adds to a batch that inserted work can never together claim more
-    than the pools' channels hold.
-    """
-
-    def __init__(self, pools: dict[str, Pool]) -> None:
+    def __init__(self, pools: Mapping[str, Pool]) -> None:
         self.pools = pools
-        self.eager_in_flight = 0  # eager claims sent but not answered (the Ledger's)
-        self.eager_done = trio.Event()
 
     def reserve(self) -> dict[str, int]:
         wants = {name: pool.free for name, pool in self.pools.items() if pool.free > 0}
@@ -53,7 +44,7 @@ class Claimer:
             self.pools[name].outstanding += n
         return wants
 
-    def deliver(self, wants: dict[str, int], leases: list[Lease]) -> dict[str, int]:
+    def deliver(self, wants: Mapping[str, int], leases: list[Lease]) -> dict[str, int]:
         got: dict[str, int] = {}
         for lease in leases:
             pool = self.pools[lease.job_type]
@@ -70,48 +61,76 @@ class Claimer:
             self.pools[name].outstanding -= n - got.get(name, 0)
         return got
 
-    # -- eager claims: run by the Ledger in the same transaction as an insert ----------------
 
-    def eager(self) -> tuple[dict[str, int], Callable[[bool, Any], None]] | None:
-        """Called by the Ledger when a batch inserts work: what to claim right there, and
-        what to do with the answer. The new job then starts as soon as its insert commits,
-        with no second transaction in between."""
-        wants = self.reserve()
+class Offer:
+    """The Poller's standing offer to the backend (see base.ClaimOffer): at most one out.
+
+    ``withdraw`` takes it back if the backend has not taken it (both ends are served on
+    the trio thread, so the backend either has it or not); once taken, its answer comes
+    as a :class:`Claimed` on the nudge channel."""
+
+    def __init__(self, claimer: Claimer, send: trio.MemorySendChannel[ClaimOffer],
+                 recv: trio.MemoryReceiveChannel[ClaimOffer], owner: str, lease_seconds: float) -> None:
+        self._claimer, self._send, self._recv = claimer, send, recv
+        self._owner, self._lease_seconds = owner, lease_seconds
+        self.out: ClaimOffer | None = None
+
+    def post(self) -> None:
+        if self.out is not None:
+            return
+        wants = self._claimer.reserve()
         if not wants:
-            return None
-        self.eager_in_flight += 1
+            return
+        offer = ClaimOffer(wants, self._owner, self._lease_seconds)
+        try:
+            self._send.send_nowait(offer)
+        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+            self._claimer.deliver(wants, [])  # no backend takes offers
+            return
+        self.out = offer
 
-        def done(ok: bool, value: Any) -> None:
-            try:
-                self.deliver(wants, value if ok else [])
-            finally:
-                self.eager_in_flight -= 1
-                if self.eager_in_flight == 0:
-                    self.eager_done.set()
-                    self.eager_done = trio.Event()
+    def withdraw(self) -> None:
+        if self.out is None:
+            return
+        try:
+            offer = self._recv.receive_nowait()
+        except trio.WouldBlock:
+            return  # taken: its answer is on its way
+        assert offer is self.out
+        self._claimer.deliver(offer.wants, [])
+        self.out = None
 
-        return wants, done
+    def answered(self, claimed: Claimed) -> dict[str, int]:
+        self.out = None
+        return self._claimer.deliver(claimed.offer.wants, claimed.leases)
 
 
 async def run_poller(
-    pipeline: Pipeline,
-    pools: dict[str, Pool],
-    wake_recv: trio.MemoryReceiveChannel[None],
+    backend: Backend,
+    pools: Mapping[str, Pool],
+    nudge_recv: trio.MemoryReceiveChannel[Nudge],
+    offers_send: trio.MemorySendChannel[ClaimOffer],
+    offers_recv: trio.MemoryReceiveChannel[ClaimOffer],
     *,
+    owner: str,
+    lease_seconds: float,
+    interval: float,
     task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Claim until the returned cancel scope is cancelled; then close every pool's channel,
-    which tells its workers no more jobs are coming."""
-    queue = pipeline.queue
-    interval = pipeline.config.poll_interval
+    which tells its workers no more jobs are coming.
+
+    ``offers_recv`` is the Poller's own clone of the offers channel, to take back an
+    offer the backend has not taken."""
     claimer = Claimer(pools)
+    offer = Offer(claimer, offers_send, offers_recv, owner, lease_seconds)
     failures = 0
-    with wake_recv:
+    with nudge_recv, offers_send, offers_recv:
         try:
             with trio.CancelScope() as claiming:
-                queue.eager_claimer = claimer.eager
                 task_status.started(claiming)
                 while True:
+                    offer.withdraw()
                     wants = claimer.reserve()
                     more = False
                     if wants:
@@ -120,9 +139,9 @@ async def run_poller(
                             # that no worker holds, stranded as running until their lease ran out
                             with trio.CancelScope(shield=True) as shield:
                                 shield.deadline = trio.current_time() + SHIELD_LIMIT
-                                leases = await queue.dequeue(wants)
-                            if shield.cancelled_caught:  # the Ledger never answered: give up on it
-                                raise PipelineError("the Ledger did not answer a claim")
+                                leases = await backend.claim(wants, owner=owner, lease_seconds=lease_seconds)
+                            if shield.cancelled_caught:  # the backend never answered: give up on it
+                                raise PipelineError("the backend did not answer a claim")
                         except StoreError as exc:
                             claimer.deliver(wants, [])
                             failures += 1
@@ -135,14 +154,25 @@ async def run_poller(
                     if more:
                         await trio.lowlevel.checkpoint()
                         continue
+                    offer.post()  # free capacity waits for the next insert of this process
                     with trio.move_on_after(interval):
-                        await wake_recv.receive()
+                        try:
+                            message = await nudge_recv.receive()
+                        except trio.EndOfChannel:
+                            raise PipelineError("the backend closed") from None
+                        if isinstance(message, Claimed):
+                            offer.answered(message)
         except PipelineError as exc:
             log.info("poller stopping: %s", exc)
         finally:
-            queue.eager_claimer = None
+            offer.withdraw()
             with trio.move_on_after(SHIELD_LIMIT, shield=True):
-                while claimer.eager_in_flight:  # answers still on their way from the Ledger
-                    await claimer.eager_done.wait()
+                while offer.out is not None:  # taken by the backend: its answer is on its way
+                    try:
+                        message = await nudge_recv.receive()
+                    except trio.EndOfChannel:
+                        break
+                    if isinstance(message, Claimed):
+                        offer.answered(message)
             for pool in pools.values():
                 pool.send.close()

@@ -20,21 +20,24 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import random
 import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
 
+from . import states
+from .backends.base import Backend, Lease, Nudge, Settlement, nudge
 from .clock import to_epoch
 from .errors import InvalidPayload, PermanentError, PipelineError, RetryLater, StoreError
-from .queue import Lease
-from .registry import JobSpec
+from .states import Transition
 
 if TYPE_CHECKING:
-    from .app import Pipeline
+    from .config import Config
+    from .registry import JobSpec
 
 log = logging.getLogger("pipeline.jobs")
 
@@ -45,17 +48,49 @@ SETTLE_RETRY_MAX = 5.0  # seconds between tries to write an outcome the database
 
 @attrs.frozen
 class JobContext:
-    """What a handler gets besides its job: who it is, and the pipeline it runs in."""
+    """What a handler gets besides its job: which run this is, and what it may use."""
 
-    id: str
+    id: str  # the job's id: make side effects idempotent with it (execution is at-least-once)
     job_type: str
-    attempt: int
+    attempt: int  # 1 for the first run
     max_attempts: int
-    pipeline: Pipeline
+    emit: Callable[[Any], Awaitable[list[str]]]  # await ctx.emit(event): follow-up jobs, committed
+    resources: Mapping[str, Any]  # what the registry's resources opened (an HTTP client, a mailer)
+    config: Config
 
-    async def emit(self, event: Any) -> list[str]:
-        """Emit a follow-up event (e.g. scheduled_publish emits PostPublished)."""
-        return await self.pipeline.emit_from_job(event)
+
+@attrs.frozen
+class Workers:
+    """What every worker of this process uses: where outcomes go, how payloads decode, how
+    failures back off, who hears of each outcome, and how a handler's context is made."""
+
+    backend: Backend
+    decode: Callable[[str, str], Any]
+    backoff_base_seconds: float
+    nudge_send: trio.MemorySendChannel[Nudge]  # a full pool that frees a slot tells the Poller
+    observe: Callable[[Lease, Outcome, str | None, float], None]
+    context: Callable[[Lease], JobContext]
+    rng: random.Random = attrs.field(factory=random.Random)
+
+    async def settle(self, lease: Lease, outcome: Outcome) -> str | None:
+        """Write the outcome; what the job became, or None if the lease was stale."""
+        if outcome.kind == "lost":
+            return None
+        if outcome.kind == "ok":
+            item = Settlement(lease.id, lease.token, Transition.SUCCEED)
+        elif outcome.kind == "released":
+            item = Settlement(lease.id, lease.token, Transition.RELEASE)
+        else:
+            decision = states.settle_failure(
+                attempts=lease.attempts, max_attempts=lease.max_attempts, permanent=outcome.kind == "permanent",
+                base_seconds=self.backoff_base_seconds, retry_delay=outcome.delay, rng=self.rng,
+            )
+            item = Settlement(lease.id, lease.token, decision.transition, outcome.error or outcome.kind, decision.delay)
+        (held,) = await self.backend.settle([item])
+        return _RESULT[item.transition] if held else None
+
+
+_RESULT = {Transition.SUCCEED: "completed", Transition.RELEASE: "released", Transition.RETRY: "retry", Transition.BURY: "dead"}
 
 
 @attrs.define(eq=False)
@@ -156,7 +191,7 @@ async def _invoke(handler: Callable[..., Awaitable[None]], job: Any, ctx: JobCon
     return Outcome("ok")
 
 
-async def run_one(pipeline: Pipeline, pool: Pool, lease: Lease) -> None:
+async def run_one(workers: Workers, pool: Pool, lease: Lease) -> None:
     """Run one claimed job and write its outcome."""
     spec = pool.spec
     started = time.monotonic()
@@ -167,11 +202,11 @@ async def run_one(pipeline: Pipeline, pool: Pool, lease: Lease) -> None:
         outcome = Outcome("released")
     else:
         try:
-            job = pipeline.registry.decode(lease.job_type, lease.payload)
+            job = workers.decode(lease.job_type, lease.payload)
         except InvalidPayload as exc:
             outcome = Outcome("permanent", f"payload no longer decodes: {exc}")
         else:
-            ctx = JobContext(lease.id, lease.job_type, lease.attempts, lease.max_attempts, pipeline)
+            ctx = workers.context(lease)
             # one scope per job: its deadline is the job's timeout, which a graceful stop
             # may bring forward, and the lease keeper cancels it if the lease is lost
             scope = trio.CancelScope(deadline=trio.current_time() + pool.timeout)
@@ -208,31 +243,17 @@ async def run_one(pipeline: Pipeline, pool: Pool, lease: Lease) -> None:
                     "the timeout's cancellation did not stop it: it waited on work that cannot be interrupted "
                     "(a thread), or caught the Cancelled exception" if scope.cancel_called else _BLOCKING,
                 )
-    await _settle(pipeline, pool, lease, outcome, time.monotonic() - started)
+    await _settle(workers, pool, lease, outcome, time.monotonic() - started)
 
 
-async def _settle(pipeline: Pipeline, pool: Pool, lease: Lease, outcome: Outcome, duration: float) -> None:
-    queue = pipeline.queue
+async def _settle(workers: Workers, pool: Pool, lease: Lease, outcome: Outcome, duration: float) -> None:
     delay = 0.05
     result: Any = None
     key = (lease.id, lease.token)
     pool.settling.add(key)
     while True:
         try:
-            if outcome.kind == "ok":
-                result = "completed" if await queue.complete(lease) else None
-            elif outcome.kind == "released":
-                result = "released" if await queue.release(lease) else None
-            elif outcome.kind == "lost":
-                result = None
-            else:
-                transition = await queue.fail(
-                    lease,
-                    outcome.error or outcome.kind,
-                    permanent=outcome.kind == "permanent",
-                    retry_delay=outcome.delay,
-                )
-                result = None if transition is None else ("dead" if transition.name == "BURY" else "retry")
+            result = await workers.settle(lease, outcome)
             break
         except StoreError as exc:
             # the outcome is not written yet: keep it and try again; the lease keeps the
@@ -254,19 +275,19 @@ async def _settle(pipeline: Pipeline, pool: Pool, lease: Lease, outcome: Outcome
     pool.settling.discard(key)
     was_full = pool.free <= 0
     pool.outstanding -= 1
-    pipeline.observe(lease, outcome, result, duration)
+    workers.observe(lease, outcome, result, duration)
     if was_full:
-        pipeline.wake_poller()
+        nudge(workers.nudge_send)
 
 
 async def run_worker(
-    pipeline: Pipeline, pool: Pool, recv: trio.MemoryReceiveChannel[Lease], *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    workers: Workers, pool: Pool, recv: trio.MemoryReceiveChannel[Lease], *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
 ) -> None:
     """One of a pool's ``concurrency`` tasks; ends when the Poller closes the pool's channel."""
     with recv:
         task_status.started()
         async for lease in recv:
-            await run_one(pipeline, pool, lease)
+            await run_one(workers, pool, lease)
 
 
 def describe_outcome(lease: Lease, outcome: Outcome, result: str | None, duration: float) -> dict[str, Any]:

@@ -306,9 +306,9 @@ class Registry:
     def add_resource(self, name: str, factory: Callable[[Any], Any]) -> None:
         """Declare a resource handlers share (an HTTP client, a cache connection).
 
-        ``factory(pipeline)`` returns an async context manager; ``open_pipeline`` enters it
-        before any actor starts and exits it after the last one stopped. Handlers reach
-        the value as ``ctx.pipeline.resources[name]``.
+        ``factory(config, registry)`` returns an async context manager; ``open_pipeline``
+        enters it before any actor starts and exits it after the last one stopped. Handlers
+        reach the value as ``ctx.resources[name]``.
         """
         self._resources[name] = factory
 

@@ -76,7 +76,7 @@ async def _serve(config: Config, registry: Registry | None, listener: Any, ready
                 handled = sorted(pipeline.registry.handled()) if config.worker_enabled else []
                 log.info(
                     "pipeline running on %s (owner %s); workers %s; admin API %s; handling: %s",
-                    config.database_url, pipeline.queue.owner,
+                    pipeline.backend.url, pipeline.owner,
                     "on" if config.worker_enabled else "off", admin, ", ".join(handled) or "no job types",
                 )
                 if ready is not None:

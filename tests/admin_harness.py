@@ -50,7 +50,7 @@ async def seed(config: Config, *, completed: int = 3, dead: int = 2, pending: in
         with trio.fail_after(10):
             for status in ("completed", "dead"):
                 for job_id in ids[status]:
-                    while (record := await p.queue.get(job_id)) is None or record.status != status:
+                    while (record := await p.backend.get(job_id)) is None or record.status != status:
                         await trio.sleep(0.01)
     return ids
 

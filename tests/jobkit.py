@@ -54,7 +54,7 @@ def registry(**options: Any) -> Registry:
 async def wait_status(p: pipeline.Pipeline, job_id: str, *statuses: str, timeout: float = 10.0) -> Any:
     with trio.fail_after(timeout):
         while True:
-            job = await p.queue.get(job_id)
+            job = await p.backend.get(job_id)
             if job is not None and job.status in statuses:
                 return job
             await trio.sleep(0.01)

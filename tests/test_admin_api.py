@@ -146,7 +146,7 @@ async def test_retry_dead_job_then_conflict(db_path: Any, seeded: dict[str, list
         job = r.json()
         assert (job["status"], job["attempts"]) == ("pending", 0)
         assert job["run_after"] <= job["updated_at"]
-        assert (await pipeline.queue.get(job_id)).status == "pending"
+        assert (await pipeline.backend.get(job_id)).status == "pending"
         assert_error(await client.post(f"/admin/jobs/{job_id}/retry"), 409, "pending", "only dead jobs")
         assert_error(await client.post(f"/admin/jobs/{seeded['completed'][0]}/retry"), 409, "completed")
         assert_error(await client.post("/admin/jobs/nope/retry"), 404, "no job with id 'nope'")
@@ -166,7 +166,7 @@ async def test_retried_job_runs_again(db_path: Any, seeded: dict[str, list[str]]
         assert (await client.post(f"/admin/jobs/{job_id}/retry")).status_code == 200
         with trio.fail_after(5):
             await seen.wait()
-            while (await pipeline.queue.get(job_id)).status != "completed":
+            while (await pipeline.backend.get(job_id)).status != "completed":
                 await trio.sleep(0.01)
 
 
@@ -196,7 +196,7 @@ async def test_delete_running_job_is_a_conflict(db_path: Any) -> None:
         assert_error(await client.delete(f"/admin/jobs/{job_id}"), 409, "running")
         release.set()
         with trio.fail_after(5):
-            while (await pipeline.queue.get(job_id)).status != "completed":
+            while (await pipeline.backend.get(job_id)).status != "completed":
                 await trio.sleep(0.01)
         assert (await client.delete(f"/admin/jobs/{job_id}")).status_code == 204
 
@@ -458,7 +458,7 @@ async def test_metrics_count_outcomes_and_time_them(db_path: Any) -> None:
         ids.append(await pipeline.enqueue(SendEmail(to="d@example.com", subject="bounce", body="b"), max_attempts=2))
         with trio.fail_after(10):
             for job_id in ids:
-                while (await pipeline.queue.get(job_id)).status not in ("completed", "dead"):
+                while (await pipeline.backend.get(job_id)).status not in ("completed", "dead"):
                     await trio.sleep(0.01)
         r = await client.get("/metrics")
     assert r.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"

@@ -16,7 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline import migrations, store
+from pipeline.backends import NewJob
+from pipeline.backends.sqlite import migrations, store
+from pipeline.backends.sqlite.bulk import BulkInsert
 from pipeline.cli import main
 from pipeline.ids import UUID7Factory
 
@@ -58,12 +60,12 @@ def test_rows_read_back_as_executemany_writes_them(tmp_path_factory: pytest.Temp
     # quotes, backslashes, NUL, U+2028, astral characters: the JSON detour must change nothing
     folder = tmp_path_factory.mktemp("bulk")
     new_id = UUID7Factory()
-    rows = [store.NewJobRow(new_id(), job_type, payload, max_attempts, "2030-01-01T00:00:00.000Z", priority, "2026-11-30T00:00:00.000Z")
+    rows = [NewJob(new_id(), job_type, payload, max_attempts, "2030-01-01T00:00:00.000Z", priority, "2026-11-30T00:00:00.000Z")
             for job_type, payload, max_attempts, priority in specs]
     plain, bulk = fresh(folder / "plain.db"), fresh(folder / "bulk.db")
     with store.write_transaction(plain):
         store.insert_jobs(plain, rows)
-    with store.BulkInsert(bulk) as writer:
+    with BulkInsert(bulk) as writer:
         for row in rows:
             writer.add(row)
     assert writer.count == len(rows)
@@ -79,9 +81,9 @@ def test_chunks_split_by_rows_and_by_bytes_and_keep_file_order(tmp_path: Path, m
     conn.set_trace_callback(lambda sql: statements.append(sql) if "json_each" in sql else None)
     new_id = UUID7Factory()
     now = "2026-11-30T00:00:00.000Z"
-    small = [store.NewJobRow(new_id(), "t", json.dumps({"n": i}), 3, now, 5, now) for i in range(2 * store.BulkInsert.CHUNK_ROWS + 1)]
-    big = [store.NewJobRow(new_id(), "t", json.dumps({"body": "é" * 900_000}, ensure_ascii=False), 3, now, 5, now) for _ in range(6)]
-    with store.BulkInsert(conn) as writer:
+    small = [NewJob(new_id(), "t", json.dumps({"n": i}), 3, now, 5, now) for i in range(2 * BulkInsert.CHUNK_ROWS + 1)]
+    big = [NewJob(new_id(), "t", json.dumps({"body": "é" * 900_000}, ensure_ascii=False), 3, now, 5, now) for _ in range(6)]
+    with BulkInsert(conn) as writer:
         for row in small + big:
             writer.add(row)
     # 2 full chunks of rows, then the odd row with the first big ones until 4 MiB, then the rest
@@ -99,15 +101,15 @@ def test_a_full_disk_mid_file_keeps_nothing_and_frees_the_lock(tmp_path: Path) -
     new_id = UUID7Factory()
     now = "2026-11-30T00:00:00.000Z"
     with pytest.raises(sqlite3.OperationalError, match="full"):
-        with store.BulkInsert(conn) as writer:
+        with BulkInsert(conn) as writer:
             for i in range(20_000):
-                writer.add(store.NewJobRow(new_id(), "t", json.dumps({"n": i, "pad": "x" * 100}), 3, now, 5, now))
+                writer.add(NewJob(new_id(), "t", json.dumps({"n": i, "pad": "x" * 100}), 3, now, 5, now))
     assert not conn.in_transaction
     assert stored(conn) == []
     assert lock_is_free(path)
     conn.execute("PRAGMA max_page_count = 1073741823")
-    with store.BulkInsert(conn) as writer:  # the same connection works again
-        writer.add(store.NewJobRow(new_id(), "t", "{}", 3, now, 5, now))
+    with BulkInsert(conn) as writer:  # the same connection works again
+        writer.add(NewJob(new_id(), "t", "{}", 3, now, 5, now))
     assert len(stored(conn)) == 1
     conn.close()
 
@@ -124,10 +126,10 @@ def test_an_error_that_rolls_back_the_whole_transaction_keeps_nothing(tmp_path: 
     now = "2026-11-30T00:00:00.000Z"
     pad = "\x00" if nul else "x"
     with pytest.raises(sqlite3.IntegrityError, match="simulated I/O error"):
-        with store.BulkInsert(conn) as writer:
+        with BulkInsert(conn) as writer:
             for i in range(10_000):
                 payload = json.dumps({"boom": i}) if i == 2500 else json.dumps({"n": i, "pad": pad}, ensure_ascii=False)
-                writer.add(store.NewJobRow(new_id(), "t", payload, 3, now, 5, now))
+                writer.add(NewJob(new_id(), "t", payload, 3, now, 5, now))
     assert not conn.in_transaction
     assert stored(conn) == []
     assert lock_is_free(path)
@@ -138,8 +140,8 @@ def test_integers_sqlite_cannot_hold_are_refused_as_executemany_refuses_them(tmp
     conn = fresh(tmp_path / "t.db")
     now = "2026-11-30T00:00:00.000Z"
     with pytest.raises(OverflowError, match="too large to convert to SQLite INTEGER"):
-        with store.BulkInsert(conn) as writer:
-            writer.add(store.NewJobRow(UUID7Factory()(), "t", "{}", 3, now, 2**63, now))
+        with BulkInsert(conn) as writer:
+            writer.add(NewJob(UUID7Factory()(), "t", "{}", 3, now, 2**63, now))
     assert stored(conn) == []
     conn.close()
 

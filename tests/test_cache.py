@@ -189,7 +189,7 @@ async def test_post_created_invalidates_its_cache_keys(db_path: Path) -> None:
         assert isinstance(store, cache.MemoryCacheStore)
         await store.set_many({"post:42": "<article>", "posts:index": "[42]", "post:7": "<other>"})
         job_ids = await p.emit(PostCreated(id="42"))
-        records = [await p.queue.get(job_id) for job_id in job_ids]
+        records = [await p.backend.get(job_id) for job_id in job_ids]
         (job_id,) = [r.id for r in records if r.job_type == "invalidate_cache"]
         record = await settled(p, job_id)
         assert record.status == "completed", record.error
@@ -205,7 +205,7 @@ async def test_post_created_invalidates_keys_in_redis(db_path: Path, redis_clien
     async with pipeline.open_pipeline(config, default_registry(config)) as p:
         assert isinstance(p.resources["cache"], cache.RedisCacheStore)
         job_ids = await p.emit(PostCreated(id=post_id))
-        records = [await p.queue.get(job_id) for job_id in job_ids]
+        records = [await p.backend.get(job_id) for job_id in job_ids]
         (job_id,) = [r.id for r in records if r.job_type == "invalidate_cache"]
         record = await settled(p, job_id)
     assert record.status == "completed", record.error

@@ -25,7 +25,7 @@ import trio
 from admin_harness import seed
 from conftest import fast_config
 
-from pipeline import store
+from pipeline.backends.sqlite import store
 from pipeline.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -293,7 +293,7 @@ def test_from_file_commit_every_commits_in_parts_and_says_what_was_kept(db: Path
     err = capsys.readouterr().err
     assert (code, out) == (2, "")
     assert f"{bad} line 2501: payload of 'invalidate_cache'" in err
-    assert "the 2000 jobs before it were enqueued (--commit-every), nothing from there on" in err
+    assert "the 2000 jobs before it were enqueued (in parts of 1000), nothing from there on" in err
     assert len(rows(db)) == 4500 + 2000
     assert run("enqueue", "--from-file", str(path), "--commit-every", "0")[0] == 2
     assert "--commit-every must be a number of jobs >= 1, got 0" in capsys.readouterr().err

@@ -29,11 +29,10 @@ from pipeline import (
     Registry,
     ScheduledPublish,
     cli,
-    migrations,
-    store,
 )
+from pipeline.backends.sqlite import migrations, store
 from pipeline.clock import format_ts, now_ts, to_epoch
-from pipeline.handlers import content, content_store, default_registry, sitemap
+from pipeline.handlers import content, content_store, default_registry, site_schema, sitemap
 
 NS = {"sm": sitemap.NAMESPACE}
 SITE = "https://blog.example"
@@ -42,6 +41,7 @@ SITE = "https://blog.example"
 def connect(path: Path) -> sqlite3.Connection:
     conn = store.connect(path, synchronous="normal")
     migrations.migrate(conn, path)
+    site_schema.migrate(conn, path)
     return conn
 
 
@@ -79,7 +79,7 @@ async def wait_for(p: pipeline.Pipeline, check: Callable[[sqlite3.Connection], A
     """Poll ``check(conn)`` in a database thread until it returns something truthy."""
     with trio.fail_after(timeout):
         while True:
-            value = await p.queue.db.read(check)
+            value = await p.resources["content"].run(check)
             if value:
                 return value
             await trio.sleep(0.02)
@@ -89,7 +89,7 @@ async def settled(p: pipeline.Pipeline, timeout: float = 10.0) -> dict[str, Any]
     """Wait until no job is pending or running; return the stats."""
     with trio.fail_after(timeout):
         while True:
-            stats = await p.queue.stats()
+            stats = await p.backend.stats()
             if stats["by_status"]["pending"] == 0 and stats["by_status"]["running"] == 0:
                 return stats
             await trio.sleep(0.02)
@@ -101,36 +101,64 @@ async def settled(p: pipeline.Pipeline, timeout: float = 10.0) -> dict[str, Any]
 def test_migrating_twice_changes_nothing(db_path: Path) -> None:
     conn = store.connect(db_path)
     assert migrations.migrate(conn, db_path) == [n for n, _, _ in migrations.MIGRATIONS]
+    assert site_schema.migrate(conn, db_path) == [n for n, _, _ in site_schema.MIGRATIONS]
     before = schema(conn)
-    versions = conn.execute("SELECT version, name, applied_at FROM schema_migrations").fetchall()
-    assert migrations.migrate(conn, db_path) == []
+    versions = conn.execute("SELECT version, name, applied_at FROM site_migrations").fetchall()
+    assert migrations.migrate(conn, db_path) == [] and site_schema.migrate(conn, db_path) == []
     assert schema(conn) == before
-    assert conn.execute("SELECT version, name, applied_at FROM schema_migrations").fetchall() == versions
+    assert conn.execute("SELECT version, name, applied_at FROM site_migrations").fetchall() == versions
 
-    # the statements themselves are idempotent: replaying migration 2 over its own tables
-    # (as two processes racing at start-up could) keeps the schema and the rows
+    # the statements themselves are idempotent: replaying the site's first migration over its
+    # own tables (as two processes racing at start-up could) keeps the schema and the rows
     add_post(conn, "p1", title="kept", body="still here")
     with store.write_transaction(conn):
         conn.execute("INSERT INTO posts_fts (post_id, title, body) VALUES ('p1', 'kept', 'still here')")
-        conn.execute("DELETE FROM schema_migrations WHERE version = 2")
-    assert migrations.migrate(conn, db_path) == [2]
+        conn.execute("DELETE FROM site_migrations WHERE version = 1")
+    assert site_schema.migrate(conn, db_path) == [1]
     assert schema(conn) == before
     assert conn.execute("SELECT title FROM posts").fetchall() == [("kept",)]
     assert conn.execute("SELECT post_id FROM posts_fts WHERE posts_fts MATCH 'kept'").fetchall() == [("p1",)]
 
 
-def test_a_version_1_database_gains_the_content_tables_and_keeps_its_jobs(db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:1])
-    monkeypatch.setattr(migrations, "LATEST", 1)
+def tables(conn: sqlite3.Connection) -> set[str]:
+    return {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'trigger')")}
+
+
+async def test_an_application_of_its_own_gets_only_the_engines_tables(db_path: Path) -> None:
+    async with pipeline.open_pipeline(fast_config(db_path), Registry()) as p:
+        assert p.resources == {}
     conn = store.connect(db_path)
-    assert migrations.migrate(conn, db_path) == [1]
+    assert tables(conn) == {"jobs", "workers", "schema_migrations"}
+    conn.close()
+
+
+async def test_the_bundled_site_creates_its_tables_when_it_runs(db_path: Path, tmp_path: Path) -> None:
+    config = fast_config(db_path, public_dir=str(tmp_path / "public"), media_dir=str(tmp_path / "media"))
+    async with pipeline.open_pipeline(config, default_registry(config)):
+        pass
+    conn = store.connect(db_path)
+    site = {"users", "posts", "media", "posts_fts", "post_publications", "site_migrations", "jobs_delete_publications"}
+    assert site <= tables(conn)
+    conn.close()
+
+
+async def test_a_file_from_before_the_split_keeps_its_jobs_and_site_tables(db_path: Path, tmp_path: Path) -> None:
+    # as a file migrated by the version that kept the site's tables in the engine's migrations 2 and 4
+    conn = connect(db_path)
+    add_post(conn, "p1", title="kept")
     with store.write_transaction(conn):
         conn.execute("INSERT INTO jobs (id, job_type, payload) VALUES ('j1', 'generate_sitemap', '{}')")
-    monkeypatch.undo()
-    assert migrations.migrate(conn, db_path) == [n for n, _, _ in migrations.MIGRATIONS[1:]]
-    assert conn.execute("SELECT id FROM jobs").fetchall() == [("j1",)]
-    tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    assert {"users", "posts", "media", "posts_fts", "post_publications"} <= tables
+        conn.execute("DELETE FROM schema_migrations WHERE version = 5")
+        conn.execute("INSERT INTO schema_migrations VALUES (2, 'content', 'x'), (4, 'post_publications follow their job', 'x')")
+        conn.execute("DROP TABLE site_migrations")
+    conn.close()
+    config = fast_config(db_path, public_dir=str(tmp_path / "public"), media_dir=str(tmp_path / "media"), worker_enabled=False)
+    async with pipeline.open_pipeline(config, default_registry(config)) as p:
+        assert (await p.backend.get("j1")).status == "pending"
+    conn = store.connect(db_path)
+    assert migrations.current_version(conn) == migrations.LATEST
+    assert conn.execute("SELECT title FROM posts").fetchall() == [("kept",)]
+    conn.close()
 
 
 async def test_a_newer_schema_is_refused(db_path: Path) -> None:
@@ -212,8 +240,8 @@ def test_a_publication_record_goes_with_its_job(db_path: Path) -> None:
     assert conn.execute("SELECT job_id, post_id FROM post_publications").fetchall() == [(ids[1], "b")]
     # a file from before migration 4 loses its orphans when it is applied
     conn.execute("INSERT INTO post_publications (job_id, post_id, published_at) VALUES ('gone', 'x', 'now')")
-    conn.execute("DELETE FROM schema_migrations WHERE version = 4")
-    migrations.migrate(conn, db_path)
+    conn.execute("DELETE FROM site_migrations WHERE version = 2")
+    site_schema.migrate(conn, db_path)
     assert conn.execute("SELECT job_id FROM post_publications").fetchall() == [(ids[1],)]
     conn.close()
 
@@ -258,7 +286,7 @@ async def test_a_failed_emit_is_retried_and_the_retry_emits_post_published(db_pa
     async with pipeline.open_pipeline(config, registry) as p:
         job_id = await p.enqueue(ScheduledPublish(post_id="p1"))
         await settled(p)
-        job = await p.queue.get(job_id)
+        job = await p.backend.get(job_id)
     assert (job.status, job.attempts) == ("completed", 2)
     assert calls == ["p1", "p1"]
     assert post_row(conn, "p1")[0] == "published"
@@ -456,7 +484,7 @@ async def test_generate_sitemap_handler_splits_with_the_installed_limit(db_path:
     async with pipeline.open_pipeline(config, registry) as p:
         job_id = await p.enqueue(GenerateSitemap())
         await settled(p)
-        assert (await p.queue.get(job_id)).status == "completed"
+        assert (await p.backend.get(job_id)).status == "completed"
     public = tmp_path / "public"
     assert sorted(f.name for f in public.iterdir()) == ["sitemap-1.xml", "sitemap-2.xml", "sitemap-3.xml", "sitemap.xml"]
     locs = [loc for n in (1, 2, 3) for loc in parse_locs(public / f"sitemap-{n}.xml")]
@@ -476,7 +504,7 @@ async def test_post_scheduled_publishes_at_publish_at_then_search_and_sitemap_fo
              slug="news-&-views", status="scheduled", publish_at=publish_at)
     async with pipeline.open_pipeline(config, default_registry(config)) as p:
         (job_id,) = await p.emit(PostScheduled(id="p1", publish_at=publish_at))
-        job = await p.queue.get(job_id)
+        job = await p.backend.get(job_id)
         # delayed to publish_at (the stored time can be 1 ms earlier: clock.format_ts truncates)
         assert job.job_type == "scheduled_publish"
         assert abs(to_epoch(job.run_after) - to_epoch(publish_at)) <= 0.0015

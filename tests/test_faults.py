@@ -27,17 +27,17 @@ async def test_a_full_disk_refuses_enqueue_clearly_and_recovers(db_path: Path) -
             return count
 
         # the Ledger's own connection: no room for more than a couple of pages
-        await p.queue.db.write(cap, None)
+        await p.backend.database.write(cap, None)
         with pytest.raises(pipeline.StoreError, match=r"database .*pipeline\.db is full"):
             for _ in range(100):  # each batch needs new pages sooner or later
                 await p.enqueue_many([Echo("x" * 2000) for _ in range(20)])
-        stats = await p.queue.stats()
+        stats = await p.backend.stats()
         assert stats["by_status"]["pending"] >= 50  # what was committed is still there
 
-        await p.queue.db.write(cap, 1_073_741_823)  # room returns
+        await p.backend.database.write(cap, 1_073_741_823)  # room returns
         after = await p.enqueue(Echo("after"))
         for job_id in [*kept, after]:
-            assert (await p.queue.get(job_id)).status == "pending"
+            assert (await p.backend.get(job_id)).status == "pending"
 
     # and the jobs run once workers start again: nothing committed was lost
     async with pipeline.open_pipeline(fast_config(db_path), registry()) as p:

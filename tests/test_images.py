@@ -18,9 +18,10 @@ from PIL import Image
 
 import pipeline
 from pipeline import Compress, ConvertWebP, GenerateThumbnail, MediaUploaded, ProcessImage, Resize
+from pipeline.backends import JobRecord
 from pipeline.handlers import default_registry, images
 from pipeline.handlers.images import derived_dir_name, fit_within, operations_hash
-from pipeline.store import JobRecord, write_transaction
+from pipeline.sqlite_files import write_transaction
 
 RED, BLUE, GREEN = (220, 20, 20), (20, 20, 220), (20, 200, 20)
 ORIENTATION = 0x0112
@@ -98,7 +99,7 @@ class Images:
             while not self.settled.issuperset(job_ids):
                 self._changed = trio.Event()
                 await self._changed.wait()
-        records = [await self.p.queue.get(job_id) for job_id in job_ids]
+        records = [await self.p.backend.get(job_id) for job_id in job_ids]
         return [r for r in records if r is not None]
 
     async def run(self, *jobs: Any) -> list[JobRecord]:
@@ -116,13 +117,13 @@ class Images:
             with write_transaction(conn):
                 conn.execute("INSERT INTO media (id, path, mime_type, size) VALUES (?, ?, ?, ?)", (media_id, path, mime_type, size))
 
-        await self.p.queue.db.read(insert)
+        await self.p.resources["content"].run(insert)
 
     async def row(self, media_id: str) -> tuple[dict[str, str], str]:
         def select(conn: sqlite3.Connection) -> tuple[str, str]:
             return conn.execute("SELECT derived, updated_at FROM media WHERE id = ?", (media_id,)).fetchone()
 
-        derived, updated_at = await self.p.queue.db.read(select)
+        derived, updated_at = await self.p.resources["content"].run(select)
         return json.loads(derived or "{}"), updated_at
 
 
@@ -405,7 +406,7 @@ async def test_unknown_media_id_is_permanent(image_config: pipeline.Config) -> N
 async def test_media_dir_missing_names_the_setting(db_path: Path, tmp_path: Path) -> None:
     config = fast_config(db_path, media_dir=str(tmp_path / "nowhere"))
     async with running_images(config) as im:
-        await im.p.queue.db.read(lambda conn: conn.execute("INSERT INTO media (id, path) VALUES ('m', 'a.jpg')"))
+        await im.p.resources["content"].run(lambda conn: conn.execute("INSERT INTO media (id, path) VALUES ('m', 'a.jpg')"))
         record = await im.run_one(GenerateThumbnail("m", 10))
     assert record.status == "dead" and "MEDIA_DIR" in record.error and "is not a directory" in record.error
 

@@ -11,37 +11,38 @@ from conftest import fast_config
 from jobkit import Echo, registry
 
 import pipeline
-from pipeline import store
+from pipeline.backends import NewJob
 
 
 async def test_inserts_of_many_callers_share_a_transaction_and_a_bad_one_fails_alone(db_path) -> None:
     config = fast_config(db_path, worker_enabled=False)
     async with pipeline.open_pipeline(config, registry()) as p:
         (taken,) = await p.enqueue_many([Echo("first")])
-        queue = p.queue
-        good = [queue.rows_for([p.new_job(Echo(f"good-{k}-{i}")) for i in range(3)]) for k in range(5)]
-        (bad,) = queue.rows_for([p.new_job(Echo("bad"))])
+        backend = p.backend
+        good = [[p.new_job(Echo(f"good-{k}-{i}")) for i in range(3)] for k in range(5)]
+        bad = p.new_job(Echo("bad"))
         bad = bad._replace(id=taken)  # a duplicate primary key: this caller's insert cannot commit
         results: dict[Any, Any] = {}
 
-        async def put(name: Any, rows: list[store.NewJobRow]) -> None:
+        async def put(name: Any, rows: list[NewJob]) -> None:
             try:
-                results[name] = await queue.enqueue_rows(rows)
+                await backend.insert(rows)
+                results[name] = [r.id for r in rows]
             except pipeline.StoreError as exc:
                 results[name] = exc
 
-        before = p.ledger_stats.batches
+        before = p.backend.ledger_stats.batches
         async with trio.open_nursery() as tn:  # all six wait in the Ledger's inbox together
             for k, rows in enumerate(good):
                 tn.start_soon(put, k, rows)
             tn.start_soon(put, "bad", [bad])
-        assert p.ledger_stats.batches == before + 1, "one transaction for all six callers"
+        assert p.backend.ledger_stats.batches == before + 1, "one transaction for all six callers"
         assert isinstance(results["bad"], pipeline.StoreError) and "UNIQUE" in str(results["bad"])
         for k, rows in enumerate(good):
             assert results[k] == [r.id for r in rows]
             for r in rows:
-                assert (await queue.get(r.id)).status == "pending"
-        assert (await queue.get(taken)).payload == '{"text":"first","sleep":0.0,"fail_times":0,"mode":"ok"}'
+                assert (await backend.get(r.id)).status == "pending"
+        assert (await backend.get(taken)).payload == '{"text":"first","sleep":0.0,"fail_times":0,"mode":"ok"}'
 
 
 async def test_outcomes_of_a_burst_ride_on_few_trays(db_path) -> None:
@@ -61,8 +62,8 @@ async def test_outcomes_of_a_burst_ride_on_few_trays(db_path) -> None:
             await done.wait()
         assert seen == ["completed"] * 500
         # each outcome still counts as a command; the transactions are far fewer
-        assert p.ledger_stats.commands >= 500
-        assert p.ledger_stats.batches < 60, p.ledger_stats
+        assert p.backend.ledger_stats.commands >= 500
+        assert p.backend.ledger_stats.batches < 60, p.backend.ledger_stats
 
 
 async def test_each_waiter_of_a_failed_batch_raises_its_own_error() -> None:
@@ -70,7 +71,7 @@ async def test_each_waiter_of_a_failed_batch_raises_its_own_error() -> None:
     raise added its traceback to it (1,000 callers: tracebacks 1,000 raises deep)."""
     import traceback
 
-    from pipeline.ledger import Reply
+    from pipeline.messages import Reply
 
     reply = Reply()
     cause = OSError(28, "No space left on device")

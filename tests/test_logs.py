@@ -52,7 +52,7 @@ async def run_jobs(db_path: Path) -> dict[str, str]:
             ids[subject] = await p.enqueue(SendEmail(to=f"{subject}@example.com", subject=subject, body="b"))
         with trio.fail_after(10):
             for job_id in ids.values():
-                while (await p.queue.get(job_id)).status not in ("completed", "dead"):
+                while (await p.backend.get(job_id)).status not in ("completed", "dead"):
                     await trio.sleep(0.01)
     return ids
 

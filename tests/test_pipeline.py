@@ -14,7 +14,6 @@ from jobkit import Echo, echo, registry, wait_status
 import pipeline
 from pipeline import Config, UserRegistered
 from pipeline.clock import now_ts, to_epoch
-from pipeline.queue import NewJob
 
 
 async def test_enqueue_returns_once_committed(config: Config, db_path) -> None:
@@ -52,7 +51,7 @@ async def test_backoff_delay_is_recorded_in_run_after(db_path) -> None:
     async with pipeline.open_pipeline(config, registry()) as p:
         job_id = await p.enqueue(Echo("flaky", fail_times=1))
         with trio.fail_after(10):
-            while (job := await p.queue.get(job_id)).error is None:
+            while (job := await p.backend.get(job_id)).error is None:
                 await trio.sleep(0.01)
         assert job.status == "pending" and job.attempts == 1
         delay = to_epoch(job.run_after) - to_epoch(job.updated_at)
@@ -70,7 +69,7 @@ async def test_retry_later_uses_the_delay_asked_for(config: Config) -> None:
     async with pipeline.open_pipeline(config, registry()) as p:
         job_id = await p.enqueue(Echo("x", mode="retry_later"), max_attempts=5)
         with trio.fail_after(10):
-            while (job := await p.queue.get(job_id)).error is None:
+            while (job := await p.backend.get(job_id)).error is None:
                 await trio.sleep(0.01)
         assert job.status == "pending" and job.error == "come back later"
         assert 59.9 <= to_epoch(job.run_after) - to_epoch(job.updated_at) <= 60.1
@@ -107,7 +106,7 @@ async def test_unknown_job_type_goes_dead_with_the_reason_after_a_grace_period(d
         conn.execute("INSERT INTO jobs (id, job_type, payload) VALUES ('ghost', 'no_such_type', '{}')")
         conn.commit()
         await trio.sleep(1.0)
-        assert (await p.queue.get("ghost")).status == "pending"  # another process may still take it
+        assert (await p.backend.get("ghost")).status == "pending"  # another process may still take it
         job = await wait_status(p, "ghost", "dead", timeout=15)
         assert "unknown job type 'no_such_type'" in job.error
 
@@ -118,7 +117,7 @@ async def test_types_without_a_handler_here_are_not_claimed(config: Config) -> N
         done = await p.enqueue(Echo("x"))
         await wait_status(p, done, "completed")
         await trio.sleep(config.poll_interval * 5)
-        assert (await p.queue.get(mail)).status == "pending"  # another process may run it
+        assert (await p.backend.get(mail)).status == "pending"  # another process may run it
 
 
 async def test_outbox_insert_in_the_applications_transaction(config: Config, db_path) -> None:
@@ -135,7 +134,7 @@ async def test_outbox_insert_in_the_applications_transaction(config: Config, db_
         dropped = pipeline.enqueue_in_transaction(conn, Echo("dropped"), registry=reg)
         conn.execute("ROLLBACK")
         await wait_status(p, kept, "completed")  # found by polling: another connection wrote it
-        assert await p.queue.get(dropped) is None
+        assert await p.backend.get(dropped) is None
         assert conn.execute("SELECT id FROM orders").fetchall() == [(1,)]
 
 
@@ -143,11 +142,11 @@ async def test_emit_returns_the_committed_ids_of_the_routed_jobs(config: Config,
     async with pipeline.open_pipeline(config, registry()) as p:
         ids = await p.emit(UserRegistered(user_id="u1", email="ann@example.com", username="ann"))
         assert len(ids) == 1
-        job = await p.queue.get(ids[0])
+        job = await p.backend.get(ids[0])
         assert job.job_type == "send_welcome_email"
         assert json.loads(job.payload) == {"user_id": "u1", "email": "ann@example.com", "username": "ann"}
         media = await p.emit(pipeline.MediaUploaded(id="m1"))
-        types = sorted([(await p.queue.get(i)).job_type for i in media])
+        types = sorted([(await p.backend.get(i)).job_type for i in media])
         assert types == ["convert_webp", "generate_thumbnail"]
 
 
@@ -162,7 +161,7 @@ async def test_many_concurrent_emits_are_all_committed(config: Config) -> None:
             for i in range(200):
                 tn.start_soon(one, i)
         assert len(results) == 200 and all(len(r) == 2 for r in results)
-        stats = await p.queue.stats()
+        stats = await p.backend.stats()
         assert stats["by_type"]["generate_thumbnail"]["pending"] == 200
 
 
@@ -177,8 +176,9 @@ async def test_priority_then_due_time_orders_the_claims(db_path) -> None:
     config = fast_config(db_path, worker_prefetch=0)
     async with pipeline.open_pipeline(config, reg) as p:
         # all in one transaction, so the claims see them together
-        jobs = [NewJob("echo", json.dumps({"text": t}), 3, None, prio) for t, prio in [("low", 9), ("mid", 5), ("high", 1), ("mid2", 5)]]
-        ids = await p.queue.enqueue_many(jobs)
+        jobs = [p.new_job(Echo(t), priority=prio) for t, prio in [("low", 9), ("mid", 5), ("high", 1), ("mid2", 5)]]
+        await p.backend.insert(jobs)
+        ids = [job.id for job in jobs]
         for job_id in ids:
             await wait_status(p, job_id, "completed")
     assert order == ["high", "mid", "mid2", "low"]
@@ -188,7 +188,7 @@ async def test_delayed_job_waits_for_its_time(config: Config) -> None:
     async with pipeline.open_pipeline(config, registry()) as p:
         job_id = await p.enqueue(Echo("later"), run_after=time.time() + 0.5)
         await trio.sleep(0.25)
-        assert (await p.queue.get(job_id)).status == "pending"
+        assert (await p.backend.get(job_id)).status == "pending"
         job = await wait_status(p, job_id, "completed")
         assert to_epoch(job.updated_at) >= to_epoch(job.run_after)
 
@@ -219,11 +219,11 @@ async def test_ledger_groups_a_burst_into_few_transactions(db_path) -> None:
         ids = await p.enqueue_many([Echo(str(i)) for i in range(2000)])
         await wait_status(p, ids[-1], "completed")
         with trio.fail_after(10):
-            while (await p.queue.stats())["by_status"]["completed"] < 2000:
+            while (await p.backend.stats())["by_status"]["completed"] < 2000:
                 await trio.sleep(0.01)
         # 2000 claims + 2000 outcomes + the insert: grouped, far fewer commits than jobs
-        assert p.ledger_stats.commands >= 2000
-        assert p.ledger_stats.batches < 2000 / 4, p.ledger_stats
+        assert p.backend.ledger_stats.commands >= 2000
+        assert p.backend.ledger_stats.batches < 2000 / 4, p.backend.ledger_stats
 
 
 async def test_long_job_keeps_its_lease_while_it_runs(db_path) -> None:
@@ -276,7 +276,7 @@ async def test_bad_input_is_refused_and_nothing_is_written(config: Config, db_pa
             await p.enqueue(Echo("x", sleep="soon"))  # type: ignore[arg-type]
         with pytest.raises(pipeline.UnknownEvent):
             await p.emit(Echo("not an event"))
-        assert (await p.queue.stats())["total"] == 0
+        assert (await p.backend.stats())["total"] == 0
 
 
 async def test_worker_disabled_runs_nothing(db_path) -> None:
@@ -284,7 +284,7 @@ async def test_worker_disabled_runs_nothing(db_path) -> None:
     async with pipeline.open_pipeline(config, registry()) as p:
         job_id = await p.enqueue(Echo("x"))
         await trio.sleep(config.poll_interval * 5)
-        assert (await p.queue.get(job_id)).status == "pending"
+        assert (await p.backend.get(job_id)).status == "pending"
 
 
 def test_run_after_is_stored_in_the_sql_format() -> None:
@@ -315,7 +315,7 @@ async def test_a_writer_holding_the_lock_delays_but_loses_nothing(db_path) -> No
 async def test_a_handler_that_blocks_the_loop_fails_saying_so_and_keeps_its_lease(db_path) -> None:
     import threading
 
-    from pipeline import store as store_mod
+    from pipeline.backends.sqlite import store as store_mod
 
     async def blocking(job: Echo, ctx: pipeline.JobContext) -> None:
         time.sleep(1.5)  # by mistake: blocks the whole event loop

@@ -12,7 +12,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from pipeline import migrations, states, store
+from pipeline import states
+from pipeline.backends import NewJob, Settlement
+from pipeline.backends.sqlite import migrations, store
 from pipeline.clock import format_ts
 from pipeline.ids import UUID7Factory
 from pipeline.states import Transition
@@ -74,7 +76,7 @@ class StoreVsModel(RuleBasedStateMachine):
 
     @rule(max_attempts=st.integers(1, 4), delay=st.sampled_from([0.0, 0.0, 5.0, 60.0]))
     def enqueue(self, max_attempts: int, delay: float) -> None:
-        row = store.NewJobRow(self.new_id(), "t", "{}", max_attempts, format_ts(self.now + delay), 5, self.ts)
+        row = NewJob(self.new_id(), "t", "{}", max_attempts, format_ts(self.now + delay), 5, self.ts)
         with store.write_transaction(self.conn):
             store.insert_jobs(self.conn, [row])
         self.model[row.id] = ModelJob("pending", 0, max_attempts, self.now + delay)
@@ -107,7 +109,7 @@ class StoreVsModel(RuleBasedStateMachine):
         lease = data.draw(st.sampled_from(self.held))
         current = self._current(lease)
         with store.write_transaction(self.conn):
-            changed = store.settle(self.conn, [store.Settlement(lease.id, lease.token, Transition.SUCCEED)], now=self.ts)
+            changed = store.settle(self.conn, [Settlement(lease.id, lease.token, Transition.SUCCEED)], now=self.ts)
         assert changed == (1 if current else 0), "a stale lease must change nothing"
         if current:
             self.model[lease.id].status = "completed"
@@ -122,7 +124,7 @@ class StoreVsModel(RuleBasedStateMachine):
         )
         with store.write_transaction(self.conn):
             changed = store.settle(
-                self.conn, [store.Settlement(lease.id, lease.token, decision.transition, "boom", decision.delay)], now=self.ts
+                self.conn, [Settlement(lease.id, lease.token, decision.transition, "boom", decision.delay)], now=self.ts
             )
         assert changed == (1 if current else 0), "a stale lease must change nothing"
         if current:
@@ -138,7 +140,7 @@ class StoreVsModel(RuleBasedStateMachine):
         lease = data.draw(st.sampled_from(self.held))
         current = self._current(lease)
         with store.write_transaction(self.conn):
-            changed = store.settle(self.conn, [store.Settlement(lease.id, lease.token, Transition.RELEASE)], now=self.ts)
+            changed = store.settle(self.conn, [Settlement(lease.id, lease.token, Transition.RELEASE)], now=self.ts)
         assert changed == (1 if current else 0)
         if current:
             job = self.model[lease.id]
@@ -194,7 +196,7 @@ class StoreVsModel(RuleBasedStateMachine):
             with store.write_transaction(self.conn):
                 store.rescue_expired(self.conn, now=self.ts, base_seconds=BASE, rng=NoJitter())
                 rows = store.claim(self.conn, "t", 1000, now=self.ts, owner="w", expires=format_ts(self.now + LEASE))
-                store.settle(self.conn, [store.Settlement(r.id, r.lease_token, Transition.SUCCEED) for r in rows], now=self.ts)
+                store.settle(self.conn, [Settlement(r.id, r.lease_token, Transition.SUCCEED) for r in rows], now=self.ts)
         statuses = {s for (s,) in self.conn.execute("SELECT DISTINCT status FROM jobs")}
         assert statuses <= {"completed", "dead"}, statuses
 

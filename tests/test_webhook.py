@@ -22,7 +22,6 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import attrs
@@ -407,7 +406,7 @@ async def test_the_connection_goes_to_the_resolved_number_not_the_name(receiver:
 async def test_client_refuses_even_without_the_handlers_precheck(db_path: Path, receiver: Receiver, host: str) -> None:
     # straight through httpx: only the network backend stands between the URL and the socket
     config = webhook_config(db_path, webhook_allow_private_networks=False)
-    async with open_http_client(SimpleNamespace(config=config)) as client:  # type: ignore[arg-type]
+    async with open_http_client(config) as client:
         with pytest.raises(DestinationRefused):
             await client.post(receiver.url("/hook", host=host), content=b"{}")
     assert receiver.requests() == []
@@ -452,7 +451,7 @@ async def test_post_created_sends_one_webhook_per_url(db_path: Path, receiver: R
     urls = (receiver.url("/a"), receiver.url("/b"))
     async with running(webhook_config(db_path, webhook_urls=urls)) as p:
         job_ids = await p.emit(PostCreated(id="42"))
-        webhook_ids = [i for i in job_ids if (await p.queue.get(i)).job_type == "webhook_notify"]
+        webhook_ids = [i for i in job_ids if (await p.backend.get(i)).job_type == "webhook_notify"]
         assert len(webhook_ids) == 2
         for job_id in webhook_ids:
             job = await wait_status(p, job_id, "completed", "dead")

@@ -1,7 +1,6 @@
 """The admin HTTP API: JSON endpoints over the job store (DESIGN 7, issue 4).
 
-Reads go to the store's pooled reading connections; every write (retry, delete,
-cleanup, new jobs, events) goes through the pipeline's Ledger like any other write.
+Every read and write goes through the pipeline's job backend, like the actors' own.
 Errors are ``{"error": {"code", "message"}}``:
 
     400 bad_request        malformed query parameter or body (not JSON, not UTF-8 text)
@@ -24,10 +23,9 @@ import trio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from .. import store
-from ..clock import now_ts
+from ..backends import JobRecord
 from ..errors import PipelineClosed, PipelineError, StoreError, UsageError
-from ..outbox import prepare_rows
+from ..requests import prepare_rows
 from ..states import TERMINAL, Status
 from . import inputs
 from .metrics import CONTENT_TYPE, Metrics
@@ -103,7 +101,7 @@ class AdminApi:
 
     def __init__(self, pipeline: Pipeline, metrics: Metrics) -> None:
         self.pipeline = pipeline
-        self.queue = pipeline.queue
+        self.backend = pipeline.backend
         self.metrics = metrics
         self.max_body = pipeline.config.admin_max_body_bytes
         self._stats_lock = trio.Lock()
@@ -139,7 +137,7 @@ class AdminApi:
             raise ApiError(400, "job_type must not be empty (leave it out to list every type)")
         page = _int_param(params.get("page"), "page", 1, 1, MAX_PAGE)
         per_page = _int_param(params.get("per_page"), "per_page", DEFAULT_PER_PAGE, 1, MAX_PER_PAGE)
-        records, total = await self.queue.list(status=status, job_type=job_type, limit=per_page, offset=(page - 1) * per_page)
+        records, total = await self.backend.list(status=status, job_type=job_type, limit=per_page, offset=(page - 1) * per_page)
         return JSONResponse({"items": [r.to_json() for r in records], "total": total, "page": page, "per_page": per_page})
 
     async def get_job(self, request: Request) -> Response:
@@ -151,7 +149,7 @@ class AdminApi:
         job_id = request.path_params["job_id"]
         await self._job(job_id)
         try:
-            record = await self.queue.revive(job_id)
+            record = await self.backend.revive(job_id)
         except LookupError:  # deleted meanwhile
             raise ApiError(404, f"no job with id {_clip(job_id)!r}") from None
         except UsageError as exc:  # not dead (any more)
@@ -165,7 +163,7 @@ class AdminApi:
         job_id = request.path_params["job_id"]
         await self._job(job_id)
         try:
-            await self.queue.delete(job_id)
+            await self.backend.delete(job_id)
         except LookupError:  # deleted meanwhile
             raise ApiError(404, f"no job with id {_clip(job_id)!r}") from None
         except UsageError as exc:  # running
@@ -187,7 +185,7 @@ class AdminApi:
         older = body.get("older_than_seconds")
         if older is not None:
             older = inputs.seconds(older, "older_than_seconds")
-        deleted = await self.queue.cleanup(statuses=tuple(dict.fromkeys(statuses)), older_than_seconds=older)
+        deleted = await self.backend.cleanup(statuses=tuple(dict.fromkeys(statuses)), older_than_seconds=older)
         self._forget_stats()
         log.info("admin: cleanup deleted %d %s jobs%s", deleted, "/".join(statuses),
                  "" if older is None else f" older than {older:g} s")
@@ -197,7 +195,8 @@ class AdminApi:
         """POST /admin/jobs — {"job_type", "payload", "priority"?, "max_attempts"?, "run_after"?} → 201."""
         request_ = inputs.job_request(await self._body(request, required=True), "the request body")
         rows = prepare_rows(self.pipeline.registry, [request_], default_max_attempts=self.pipeline.config.worker_default_max_attempts)
-        (job_id,) = await self.queue.enqueue_rows(rows)
+        await self.backend.insert(rows)
+        job_id = rows[0].id
         self._forget_stats()
         record = await self._job(job_id)
         return JSONResponse(record.to_json(), 201, headers={"Location": f"/admin/jobs/{job_id}"})
@@ -224,14 +223,14 @@ class AdminApi:
 
     async def healthz(self, request: Request) -> Response:
         """GET /healthz — 200 while the database answers and the pipeline takes work."""
-        await self.queue.db.read(store.ping)
+        await self.backend.ping()
         if self.pipeline.closed:
             raise ApiError(503, "the pipeline is shutting down")
         return JSONResponse({"status": "ok", "workers": self.pipeline.config.worker_enabled})
 
     async def metrics_text(self, request: Request) -> Response:
         """GET /metrics — Prometheus text format."""
-        text = self.metrics.render(await self._stats(), self.pipeline.ledger_stats)
+        text = self.metrics.render(await self._stats(), self.backend.counters())
         return Response(text, media_type=CONTENT_TYPE)
 
     # -- helpers ---------------------------------------------------------------------------
@@ -244,7 +243,7 @@ class AdminApi:
             if self._stats_cache is not None and trio.current_time() < self._stats_cache[0]:
                 return self._stats_cache[1]
             started, generation = trio.current_time(), self._stats_generation
-            stats = await self.queue.db.read(lambda conn: store.operator_stats(conn, now=now_ts()))
+            stats = await self.backend.stats()
             finished = trio.current_time()
             if generation == self._stats_generation:  # no write through this API meanwhile
                 self._stats_cache = (finished + STATS_REUSE_FACTOR * (finished - started), stats)
@@ -255,8 +254,8 @@ class AdminApi:
         self._stats_cache = None
         self._stats_generation += 1
 
-    async def _job(self, job_id: str) -> store.JobRecord:
-        record = await self.queue.get(job_id)
+    async def _job(self, job_id: str) -> JobRecord:
+        record = await self.backend.get(job_id)
         if record is None:
             raise ApiError(404, f"no job with id {_clip(job_id)!r}")
         return record

@@ -20,8 +20,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 from rich.text import Text
 
+from ..backends.base import JobRecord
 from ..states import Status
-from ..store import JobRecord
 
 STATUS_STYLE = {"pending": "blue", "running": "yellow", "completed": "green", "dead": "bold red"}
 PLAIN_WIDTH = 250  # columns when not on a terminal: wide enough that rows are not wrapped

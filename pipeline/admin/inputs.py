@@ -16,12 +16,12 @@ from typing import Any
 
 import attrs
 
+from ..backends.base import NewJob
 from ..clock import now_ts
 from ..errors import UsageError
 from ..ids import UUID7Factory
-from ..outbox import JobRequest, prepare_row
 from ..registry import Registry
-from ..store import NewJobRow
+from ..requests import JobRequest, prepare_row
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 JOB_FIELDS = ("job_type", "payload", "priority", "max_attempts", "run_after")
@@ -154,7 +154,7 @@ def read_jobs(
     *,
     default_max_attempts: int,
     on_lines: Callable[[int], None] | None = None,
-) -> Iterator[NewJobRow]:
+) -> Iterator[NewJob]:
     """Check the lines of a JSON-lines file of jobs and yield their rows, in file order.
 
     The first bad line raises UsageError naming the file and the line number; a file with

@@ -79,8 +79,9 @@ class Metrics:
             found = table[job_type] = Histogram(bounds)
         return found
 
-    def render(self, store_stats: Mapping[str, Any], ledger: Any = None) -> str:
-        """The exposition text: the counters above plus ``store_stats`` (``store.operator_stats``)."""
+    def render(self, store_stats: Mapping[str, Any], counters: Iterable[tuple[str, str, float]] = ()) -> str:
+        """The exposition text: the counters above, ``store_stats`` (``Backend.stats``) and the
+        backend's own ``counters``."""
         lines: list[str] = []
         family = _family(lines)
         family("pipeline_jobs", "gauge", "Jobs in the store by status.",
@@ -99,12 +100,8 @@ class Metrics:
         _histograms(lines, "pipeline_job_duration_seconds", "Run time of job attempts in this process, by type.", self.durations)
         _histograms(lines, "pipeline_job_queue_wait_seconds",
                     "Time from a job being due to a worker of this process starting it, by type.", self.waits)
-        if ledger is not None:
-            family("pipeline_ledger_batches_total", "counter", "Transactions the Ledger committed.", [({}, ledger.batches)])
-            family("pipeline_ledger_commands_total", "counter", "Commands (inserts, claims, outcomes, ...) the Ledger committed.",
-                   [({}, ledger.commands)])
-            family("pipeline_ledger_failed_batches_total", "counter", "Ledger transactions the database refused.",
-                   [({}, ledger.failed_batches)])
+        for name, text, value in counters:
+            family(name, "counter", text, [({}, value)])
         return "\n".join(lines) + "\n"
 
 

@@ -34,7 +34,6 @@ from ..errors import ConfigError
 from ..jobs import InvalidateCache
 
 if TYPE_CHECKING:
-    from ..app import Pipeline
     from ..pools import JobContext
     from ..registry import Registry
 
@@ -196,7 +195,7 @@ async def open_cache_store(url: str, *, prefix: str = "") -> AsyncIterator[Cache
 
 async def invalidate_cache(job: InvalidateCache, ctx: JobContext) -> None:
     """Delete the job's keys. Deleting a key that is not there is success: the cache is cold."""
-    store: CacheStore = ctx.pipeline.resources[RESOURCE]
+    store: CacheStore = ctx.resources[RESOURCE]
     deleted = await store.delete_many(job.keys)
     log.debug("job %s: invalidated %d of %d cache keys", ctx.id, deleted, len(job.keys))
 
@@ -205,8 +204,8 @@ def install(registry: Registry, config: Config, *, prefix: str = "") -> None:
     """Attach ``invalidate_cache`` and the ``"cache"`` resource (chosen by CACHE_URL when the
     pipeline opens). ``prefix`` goes in front of every key in Redis, for sharing a database."""
 
-    def factory(pipeline: Pipeline) -> Any:
-        return open_cache_store(pipeline.config.cache_url, prefix=prefix)
+    def factory(config: Config, registry: Registry) -> Any:
+        return open_cache_store(config.cache_url, prefix=prefix)
 
     registry.add_resource(RESOURCE, factory)
     registry.register("invalidate_cache", InvalidateCache, invalidate_cache)

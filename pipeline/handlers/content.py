@@ -5,7 +5,7 @@
     generate_sitemap       writes PUBLIC_DIR/sitemap.xml of the published posts        (sitemap.py)
 
 Their SQL is in ``content_store.py``. They run it in the database's threads
-(``queue.db.read``); the sitemap's file writing runs in a thread of its own resource.
+(the ``"content"`` resource, content_db.py); the sitemap's file writing runs in a thread of its own resource.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import Config
 from ..jobs import GenerateSitemap, RebuildSearchIndex, ScheduledPublish
+from .content_db import RESOURCE as CONTENT
+from .content_db import open_content_database
 from .publish import scheduled_publish
 from .search import rebuild_search_index
 from .sitemap import RESOURCE as SITEMAP_RESOURCE
@@ -31,10 +33,11 @@ def install(registry: Registry, config: Config, *, sitemap_limit: int = SITEMAP_
     if sitemap_limit < 1:
         raise ValueError(f"sitemap_limit must be >= 1, got {sitemap_limit}")
 
-    def factory(pipeline: Any) -> Any:
+    def factory(config: Config, registry: Registry) -> Any:
         return open_sitemap_writer(sitemap_limit)
 
     registry.add_resource(SITEMAP_RESOURCE, factory)
+    registry.add_resource(CONTENT, lambda config, registry: open_content_database(config))
     registry.register("scheduled_publish", ScheduledPublish, scheduled_publish)
     registry.register("rebuild_search_index", RebuildSearchIndex, rebuild_search_index)
     # one at a time: two runs writing the same files could interleave their parts

@@ -1,8 +1,8 @@
 """Every SQL statement the publishing, search and sitemap handlers run on the content tables.
 
 The tables are migration 2's (users, posts, media, posts_fts, post_publications). Like
-``pipeline/store.py`` for jobs, these are plain synchronous functions taking an open
-connection; the handlers run them in a database thread through ``queue.db.read``. The
+the job store's SQL, these are plain synchronous functions taking an open
+connection; the handlers run them in a thread of the ``"content"`` resource (content_db.py). The
 ones that write open their own ``write_transaction`` (BEGIN IMMEDIATE), so they queue
 behind the Ledger's batches on SQLite's lock instead of failing.
 """
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import attrs
 
 from ..errors import UsageError
-from ..store import write_transaction
+from ..sqlite_files import write_transaction
 
 # A post scheduled for T is due at T; this much early still counts as due. The job's
 # run_after is publish_at cut to milliseconds, and clocks of two processes differ a little.

@@ -72,10 +72,11 @@ from ..clock import now_ts
 from ..config import Config
 from ..errors import PermanentError
 from ..jobs import Compress, ConvertWebP, GenerateThumbnail, ImageOperation, ProcessImage, Resize
-from ..store import write_transaction
+from ..sqlite_files import write_transaction
+from .content_db import RESOURCE as CONTENT
+from .content_db import ContentDatabase, open_content_database
 
 if TYPE_CHECKING:
-    from ..app import Pipeline
     from ..pools import JobContext
     from ..registry import Registry
 
@@ -105,8 +106,7 @@ class ImageWorker:
 
 
 @asynccontextmanager
-async def open_image_worker(pipeline: Pipeline, *, threads: int | None = None) -> AsyncIterator[ImageWorker]:
-    config = pipeline.config
+async def open_image_worker(config: Config, *, threads: int | None = None) -> AsyncIterator[ImageWorker]:
     yield ImageWorker(Path(config.media_dir), config.image_max_pixels, trio.CapacityLimiter(threads or os.cpu_count() or 1))
 
 
@@ -382,16 +382,16 @@ def render(worker: ImageWorker, media: Media, recipe: Recipe) -> str:
 
 
 async def _make(ctx: JobContext, media_id: str, recipe_for: Callable[[Media], Recipe]) -> None:
-    worker: ImageWorker = ctx.pipeline.resources[RESOURCE]
-    db = ctx.pipeline.queue.db
-    media = await db.read(load_media, media_id)
+    worker: ImageWorker = ctx.resources[RESOURCE]
+    db: ContentDatabase = ctx.resources[CONTENT]
+    media = await db.run(load_media, media_id)
     if media is None:
         raise PermanentError(f"media {media_id!r} not found in the media table")
     recipe = recipe_for(media)
     # Not abandon_on_cancel: a thread left behind could still be writing after the job was
     # released. Pillow's work is bounded by IMAGE_MAX_PIXELS, so a shutdown waits briefly.
     rel = await trio.to_thread.run_sync(render, worker, media, recipe, limiter=worker.limiter)
-    if await db.read(record_derived, media.id, recipe.key, rel) is None:
+    if await db.run(record_derived, media.id, recipe.key, rel) is None:
         raise PermanentError(f"media {media_id!r} was deleted while {recipe.key} was being made; {rel} is left on disk")
 
 
@@ -416,10 +416,11 @@ def install(registry: Registry, config: Config, *, threads: int | None = None) -
     if threads is not None and threads < 1:
         raise ValueError(f"image threads must be >= 1, got {threads!r}")
 
-    def factory(pipeline: Pipeline) -> Any:
-        return open_image_worker(pipeline, threads=threads)
+    def factory(config: Config, registry: Registry) -> Any:
+        return open_image_worker(config, threads=threads)
 
     registry.add_resource(RESOURCE, factory)
+    registry.add_resource(CONTENT, lambda config, registry: open_content_database(config))
     registry.register("generate_thumbnail", GenerateThumbnail, generate_thumbnail)
     registry.register("convert_webp", ConvertWebP, convert_webp)
     registry.register("process_image", ProcessImage, process_image)

@@ -46,7 +46,6 @@ from ..errors import PermanentError
 from ..jobs import SendEmail, SendWelcomeEmail
 
 if TYPE_CHECKING:
-    from ..app import Pipeline
     from ..pools import JobContext
     from ..registry import Registry
 
@@ -221,12 +220,12 @@ def parse_address(text: str, what: str) -> Address:
 
 
 async def send_email(job: SendEmail, ctx: JobContext) -> None:
-    mailer: Mailer = ctx.pipeline.resources[RESOURCE]
+    mailer: Mailer = ctx.resources[RESOURCE]
     await mailer.send(mailer.compose(ctx.id, job.to, job.subject, job.body))
 
 
 async def send_welcome_email(job: SendWelcomeEmail, ctx: JobContext) -> None:
-    mailer: Mailer = ctx.pipeline.resources[RESOURCE]
+    mailer: Mailer = ctx.resources[RESOURCE]
     subject, text, markup = mailer.welcome.render(job.username, mailer.site_url)
     await mailer.send(mailer.compose(ctx.id, job.email, subject, text, markup))
 
@@ -236,12 +235,11 @@ async def send_welcome_email(job: SendWelcomeEmail, ctx: JobContext) -> None:
 
 @asynccontextmanager
 async def open_mailer(
-    pipeline: Pipeline, *, ssl_context: ssl.SSLContext | None = None, welcome: WelcomeTemplate | None = None
+    config: Config, registry: Registry, *, ssl_context: ssl.SSLContext | None = None, welcome: WelcomeTemplate | None = None
 ) -> AsyncIterator[Mailer]:
-    config: Config = pipeline.config
     # as many threads as the two mail pools have workers: the limiter never throttles
     # them further, it only keeps mail off the threads everybody else shares
-    threads = sum(_concurrency(pipeline, name) for name in MAIL_JOB_TYPES)
+    threads = sum(_concurrency(config, registry, name) for name in MAIL_JOB_TYPES)
     if config.smtp_security != "none" and ssl_context is None:
         ssl_context = ssl.create_default_context()  # verifies the certificate and host name
     if not config.smtp_host or not config.mail_from:
@@ -261,11 +259,11 @@ async def open_mailer(
     )
 
 
-def _concurrency(pipeline: Pipeline, name: str) -> int:
-    handled = pipeline.registry.handled()
+def _concurrency(config: Config, registry: Registry, name: str) -> int:
+    handled = registry.handled()
     if name not in handled:
         return 0
-    return handled[name].concurrency or pipeline.config.worker_concurrency
+    return handled[name].concurrency or config.worker_concurrency
 
 
 def install(
@@ -278,8 +276,8 @@ def install(
     ``welcome``: the welcome mail's templates.
     """
 
-    def factory(pipeline: Pipeline) -> Any:
-        return open_mailer(pipeline, ssl_context=ssl_context, welcome=welcome)
+    def factory(config: Config, registry: Registry) -> Any:
+        return open_mailer(config, registry, ssl_context=ssl_context, welcome=welcome)
 
     registry.add_resource(RESOURCE, factory)
     registry.register("send_email", SendEmail, send_email)

@@ -25,6 +25,7 @@ from ..clock import now_ts
 from ..events import PostPublished
 from ..jobs import ScheduledPublish
 from . import content_store
+from .content_db import RESOURCE as CONTENT
 
 if TYPE_CHECKING:
     from ..pools import JobContext
@@ -40,7 +41,7 @@ _SKIPPED = {
 
 
 async def scheduled_publish(job: ScheduledPublish, ctx: JobContext) -> None:
-    result = await ctx.pipeline.queue.db.read(content_store.publish_scheduled, job.post_id, ctx.id, now_ts())
+    result = await ctx.resources[CONTENT].run(content_store.publish_scheduled, job.post_id, ctx.id, now_ts())
     if result.outcome == "published":
         log.info("published post %s (job %s)", job.post_id, ctx.id)
     elif result.outcome == "published_earlier":

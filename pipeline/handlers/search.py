@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from ..jobs import RebuildSearchIndex
 from . import content_store
+from .content_db import RESOURCE as CONTENT
 
 if TYPE_CHECKING:
     from ..pools import JobContext
@@ -29,7 +30,7 @@ log = logging.getLogger("pipeline.search")
 
 
 async def rebuild_search_index(job: RebuildSearchIndex, ctx: JobContext) -> None:
-    result = await ctx.pipeline.queue.db.read(content_store.refresh_search, job.post_ids)
+    result = await ctx.resources[CONTENT].run(content_store.refresh_search, job.post_ids)
     if result.full:
         log.info("search index rebuilt: %d published posts (%d rows replaced)", result.indexed, result.removed)
     else:

@@ -35,6 +35,7 @@ import trio
 from ..clock import UTC, parse_ts
 from ..jobs import GenerateSitemap
 from . import content_store
+from .content_db import RESOURCE as CONTENT
 
 if TYPE_CHECKING:
     from ..pools import JobContext
@@ -164,9 +165,9 @@ async def open_sitemap_writer(limit: int = SITEMAP_LIMIT) -> AsyncIterator[Sitem
 
 
 async def generate_sitemap(job: GenerateSitemap, ctx: JobContext) -> None:
-    config = ctx.pipeline.config
-    writer: SitemapWriter = ctx.pipeline.resources[RESOURCE]
-    rows = await ctx.pipeline.queue.db.read(content_store.published_for_sitemap)
+    config = ctx.config
+    writer: SitemapWriter = ctx.resources[RESOURCE]
+    rows = await ctx.resources[CONTENT].run(content_store.published_for_sitemap)
     public_dir = Path(config.public_dir)
     write = functools.partial(write_sitemap, public_dir, config.site_url, rows, limit=writer.limit)
     try:

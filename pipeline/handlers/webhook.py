@@ -89,7 +89,6 @@ from ..errors import PermanentError, RetryLater
 from ..jobs import WebhookNotify
 
 if TYPE_CHECKING:
-    from ..app import Pipeline
     from ..pools import JobContext
     from ..registry import Registry
 
@@ -385,9 +384,8 @@ class GuardedTransport(httpx.AsyncBaseTransport):
 
 
 @asynccontextmanager
-async def open_http_client(pipeline: Pipeline, *, ssl_context: ssl.SSLContext | None = None) -> AsyncIterator[httpx.AsyncClient]:
+async def open_http_client(config: Config, *, ssl_context: ssl.SSLContext | None = None) -> AsyncIterator[httpx.AsyncClient]:
     """The ``"http"`` resource: one pooled, guarded client for the pipeline's lifetime."""
-    config: Config = pipeline.config
     if ssl_context is None:
         ssl_context = httpx.create_ssl_context()  # certifi's CAs, or SSL_CERT_FILE / SSL_CERT_DIR
     transport = GuardedTransport(allow_private=config.webhook_allow_private_networks, ssl_context=ssl_context)
@@ -516,8 +514,8 @@ async def _snippet(response: httpx.Response) -> str:
 
 
 async def webhook_notify(job: WebhookNotify, ctx: JobContext) -> None:
-    config: Config = ctx.pipeline.config
-    client: httpx.AsyncClient = ctx.pipeline.resources[RESOURCE]
+    config: Config = ctx.config
+    client: httpx.AsyncClient = ctx.resources[RESOURCE]
     url = _checked_url(job.url, allow_private=config.webhook_allow_private_networks)
     shown = _shown(url)
     body = encode_body(job.payload)
@@ -566,8 +564,8 @@ def install(registry: Registry, config: Config, *, ssl_context: ssl.SSLContext |
     SSL_CERT_FILE / SSL_CERT_DIR when set).
     """
 
-    def factory(pipeline: Pipeline) -> Any:
-        return open_http_client(pipeline, ssl_context=ssl_context)
+    def factory(config: Config, registry: Registry) -> Any:
+        return open_http_client(config, ssl_context=ssl_context)
 
     registry.add_resource(RESOURCE, factory)
     registry.register("webhook_notify", WebhookNotify, webhook_notify)

@@ -9,78 +9,20 @@ worker that lost its lease matches no row and changes nothing.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import random
 import sqlite3
-import time
-from collections.abc import Iterable, Iterator, Sequence
-from pathlib import Path
-from typing import Any, NamedTuple
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import attrs
 
-from . import states
-from .clock import format_ts, to_epoch
-from .errors import DatabaseUnavailable, StoreError, UsageError
-from .states import Status
-
-# -- connections ----------------------------------------------------------------------------
-
-
-def connect(path: Path | str, *, busy_timeout_ms: int = 5000, synchronous: str = "full") -> sqlite3.Connection:
-    """Open the database in autocommit mode with WAL and a busy timeout; say clearly what is wrong."""
-    path = Path(path)
-    if path.is_dir():
-        raise DatabaseUnavailable(f"database {path} is a directory, not a SQLite file")
-    if not path.parent.exists() and str(path.parent) != "":
-        raise DatabaseUnavailable(f"cannot create database {path}: folder {path.parent} does not exist")
-    try:
-        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_ms / 1000)
-    except sqlite3.Error as exc:
-        raise DatabaseUnavailable(f"cannot open database {path}: {exc}") from None
-    try:
-        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-        mode = _journal_mode_wal(conn, busy_timeout_ms)
-        if mode.lower() != "wal":
-            raise DatabaseUnavailable(f"database {path} cannot use WAL mode (journal_mode is {mode})")
-        conn.execute(f"PRAGMA synchronous = {'FULL' if synchronous == 'full' else 'NORMAL'}")
-        conn.execute("PRAGMA foreign_keys = ON")
-    except sqlite3.DatabaseError as exc:
-        conn.close()
-        if "locked" in str(exc):
-            raise StoreError(f"database {path} stayed locked by another process past busy_timeout: {exc}") from None
-        raise DatabaseUnavailable(f"database {path} is unreadable or not a SQLite database: {exc}") from None
-    return conn
-
-
-def _journal_mode_wal(conn: sqlite3.Connection, busy_timeout_ms: int) -> str:
-    """Switch to WAL. The switch does not wait out busy_timeout: when several processes
-    open a new file at once it can answer "locked" at once, so wait here instead."""
-    deadline = time.monotonic() + busy_timeout_ms / 1000
-    delay = 0.005
-    while True:
-        try:
-            return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(delay)
-            delay = min(delay * 2, 0.1)
-
-
-@contextlib.contextmanager
-def write_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """BEGIN IMMEDIATE ... COMMIT: take the write lock up front, so no upgrade can deadlock."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield conn
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:  # SQLite may have rolled back already (disk full, I/O error)
-            conn.execute("ROLLBACK")
-        raise
-
+from ... import states
+from ...clock import format_ts, to_epoch
+from ...errors import UsageError
+from ...sqlite_files import connect, write_transaction  # noqa: F401 - re-exported: store.connect, store.write_transaction
+from ...states import Status
+from ..base import JobRecord, Lease, NewJob, Settlement
 
 # -- records --------------------------------------------------------------------------------
 
@@ -88,62 +30,6 @@ COLUMNS = (
     "id, job_type, payload, status, attempts, max_attempts, run_after, error, "
     "created_at, updated_at, priority, lease_owner, lease_expires_at"
 )
-
-
-@attrs.frozen
-class JobRecord:
-    """One row of the jobs table, as operators see it."""
-
-    id: str
-    job_type: str
-    payload: str
-    status: str
-    attempts: int
-    max_attempts: int
-    run_after: str
-    error: str | None
-    created_at: str
-    updated_at: str
-    priority: int
-    lease_owner: str | None = None
-    lease_expires_at: str | None = None
-
-    @classmethod
-    def from_row(cls, row: Sequence[Any]) -> JobRecord:
-        return cls(*row)
-
-    def to_json(self) -> dict[str, Any]:
-        """The fields of ``--json`` and the admin API; payload as an object."""
-        try:
-            payload: Any = json.loads(self.payload)
-        except ValueError:
-            payload = self.payload  # a malformed row still shows what it holds
-        return {
-            "id": self.id,
-            "job_type": self.job_type,
-            "payload": payload,
-            "status": self.status,
-            "attempts": self.attempts,
-            "max_attempts": self.max_attempts,
-            "run_after": self.run_after,
-            "error": self.error,
-            "created_at": self.created_at,
-            "updated_at": self.updated_at,
-            "priority": self.priority,
-        }
-
-
-class NewJobRow(NamedTuple):
-    """A job about to be inserted. A tuple, so that a batch goes to executemany as it is
-    (with attrs and a tuple built per row, 100,000 rows took 0.1 s longer)."""
-
-    id: str
-    job_type: str
-    payload: str
-    max_attempts: int
-    run_after: str
-    priority: int
-    created_at: str
 
 
 @attrs.frozen
@@ -164,119 +50,15 @@ class ClaimedRow:
 
 # -- inserts --------------------------------------------------------------------------------
 
-# numbered parameters in NewJobRow's field order
+# numbered parameters in NewJob's field order
 _INSERT = (
     "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, "
     "created_at, updated_at, priority) VALUES (?1, ?2, ?3, 'pending', 0, ?4, ?5, ?7, ?7, ?6)"
 )
 
 
-def insert_jobs(conn: sqlite3.Connection, rows: Iterable[NewJobRow]) -> None:
+def insert_jobs(conn: sqlite3.Connection, rows: Iterable[NewJob]) -> None:
     conn.executemany(_INSERT, rows)
-
-
-# One statement for a whole chunk of rows, read from a JSON array of NewJobRow arrays:
-# SQLite runs it without taking the GIL back, so a thread inserts one chunk while Python
-# checks the next (with executemany the two threads hand the GIL over for every row).
-_FIELD = "value->>{}" if sqlite3.sqlite_version_info >= (3, 38) else "json_extract(value, '$[{}]')"
-_INSERT_JSON = (
-    "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, "
-    "created_at, updated_at, priority) SELECT {0}, {1}, {2}, 'pending', 0, {3}, {4}, {6}, {6}, {5} "
-    "FROM json_each(?)"  # json_each walks the array in order: rowids follow the file
-).format(*(_FIELD.format(i) for i in range(7)))
-
-
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-
-
-class BulkInsert:
-    """Insert rows in one transaction while the caller goes on making them.
-
-    ``add`` collects rows; each full chunk is inserted on a worker thread as one statement
-    while the caller builds the next, at most two chunks ahead. The write lock is taken
-    with the first chunk and held until :meth:`commit`; :meth:`abort` (or leaving the
-    ``with`` block by an exception) keeps nothing. Measured on 100,000 rows: 1.4 s for
-    checking and inserting together against 1.9 s one after the other, in flat memory.
-    """
-
-    CHUNK_ROWS = 2000
-    CHUNK_CHARS = 4 << 20  # of payload: each is up to 1 MiB, and a statement's text has a limit
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        self._conn = conn
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pipeline-insert")
-        self._pending: list[Any] = []
-        self._chunk: list[NewJobRow] = []
-        self._chars = 0
-        self._begun = False
-        self._failed = False
-        self.count = 0  # rows given to add
-
-    def __enter__(self) -> BulkInsert:
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None:
-            self.commit()
-        else:
-            self.abort()
-
-    def add(self, row: NewJobRow) -> None:
-        if not (_INT64_MIN <= row.max_attempts <= _INT64_MAX and _INT64_MIN <= row.priority <= _INT64_MAX):
-            raise OverflowError("Python int too large to convert to SQLite INTEGER")  # as executemany says
-        self._chunk.append(row)
-        self.count += 1
-        self._chars += len(row.payload)
-        if len(self._chunk) >= self.CHUNK_ROWS or self._chars >= self.CHUNK_CHARS:
-            self._send()
-
-    def _send(self) -> None:
-        rows = self._chunk
-        self._chunk, self._chars = [], 0
-        while len(self._pending) >= 2:
-            self._pending.pop(0).result()  # an error of an earlier chunk surfaces here
-        if not self._begun:
-            self._conn.execute("BEGIN IMMEDIATE")
-            self._begun = True
-        if any("\x00" in r.payload or "\x00" in r.job_type for r in rows):
-            # SQLite's JSON functions end text at a NUL character: this chunk goes row by row
-            self._pending.append(self._pool.submit(self._guarded, insert_jobs, self._conn, rows))
-        else:
-            text = json.dumps(rows, ensure_ascii=False, separators=(",", ":"))
-            self._pending.append(self._pool.submit(self._guarded, self._conn.execute, _INSERT_JSON, (text,)))
-
-    def _guarded(self, fn: Any, *args: Any) -> None:
-        """Run one chunk on the worker thread, only inside the transaction. After some errors
-        (disk full, I/O) SQLite rolls the whole transaction back: the chunk queued behind
-        would then run in autocommit mode and keep its rows."""
-        if self._failed or not self._conn.in_transaction:
-            raise StoreError("the transaction of this bulk insert was rolled back by an earlier error; nothing was kept")
-        try:
-            fn(*args)
-        except BaseException:
-            self._failed = True
-            raise
-
-    def commit(self) -> None:
-        try:
-            if self._chunk:
-                self._send()
-            for future in self._pending:
-                future.result()
-            if self._begun:
-                self._conn.execute("COMMIT")
-        except BaseException:
-            self.abort()
-            raise
-        self._pool.shutdown()
-
-    def abort(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)  # the connection is the caller's again
-        if self._begun and self._conn.in_transaction:  # SQLite may have rolled back already
-            self._conn.execute("ROLLBACK")
-        self._begun = False
 
 
 # -- claim and settle -------------------------------------------------------------------------
@@ -316,6 +98,16 @@ def claim(conn: sqlite3.Connection, job_type: str, limit: int, *, now: str, owne
     return [ClaimedRow(*r) for r in claim_rows(conn, job_type, limit, now=now, owner=owner, expires=expires)]
 
 
+def claim_leases(conn: sqlite3.Connection, now: str, *, wants: Mapping[str, int], owner: str, lease_seconds: float) -> list[Lease]:
+    """Claim for every job type of ``wants`` in one go (the Ledger's claim command)."""
+    expires = format_ts(to_epoch(now) + lease_seconds)
+    claimed: list[Lease] = []
+    for job_type, limit in wants.items():
+        if limit > 0:
+            claimed.extend(Lease(*row[:8]) for row in claim_rows(conn, job_type, limit, now=now, owner=owner, expires=expires))
+    return claimed
+
+
 _FENCE = "WHERE id = ? AND status = 'running' AND lease_token = ?"
 _SUCCEED = f"UPDATE jobs SET status = 'completed', updated_at = ?, lease_owner = NULL, lease_expires_at = NULL {_FENCE}"
 _RETRY = (
@@ -328,17 +120,6 @@ _RELEASE = (
     f"lease_owner = NULL, lease_expires_at = NULL {_FENCE}"
 )
 _RENEW = f"UPDATE jobs SET lease_expires_at = ? {_FENCE}"
-
-
-@attrs.frozen
-class Settlement:
-    """One outcome to write. ``transition`` is one of SUCCEED, RETRY, BURY, RELEASE."""
-
-    id: str
-    lease_token: int
-    transition: states.Transition
-    error: str | None = None
-    delay: float = 0.0  # RETRY: seconds from the commit's "now" until the job is due again
 
 
 _SETTLE_SQL = {
@@ -356,15 +137,15 @@ def settle(conn: sqlite3.Connection, items: Sequence[Settlement], *, now: str) -
     now_epoch: float | None = None
     for s in items:
         if s.transition is states.Transition.SUCCEED:
-            params: tuple[Any, ...] = (now, s.id, s.lease_token)
+            params: tuple[Any, ...] = (now, s.id, s.token)
         elif s.transition is states.Transition.RETRY:
             if now_epoch is None:
                 now_epoch = to_epoch(now)
-            params = (format_ts(now_epoch + s.delay), s.error, now, s.id, s.lease_token)
+            params = (format_ts(now_epoch + s.delay), s.error, now, s.id, s.token)
         elif s.transition is states.Transition.BURY:
-            params = (s.error, now, s.id, s.lease_token)
+            params = (s.error, now, s.id, s.token)
         elif s.transition is states.Transition.RELEASE:
-            params = (now, now, s.id, s.lease_token)
+            params = (now, now, s.id, s.token)
         else:
             raise ValueError(f"{s.transition!r} is not an outcome")
         by_kind.setdefault(s.transition, []).append(params)
@@ -523,7 +304,7 @@ def cleanup(conn: sqlite3.Connection, *, statuses: Sequence[str] = ("completed",
 
 def get_job(conn: sqlite3.Connection, job_id: str) -> JobRecord | None:
     row = conn.execute(f"SELECT {COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
-    return JobRecord.from_row(row) if row else None
+    return JobRecord(*row) if row else None
 
 
 def list_jobs(
@@ -544,7 +325,7 @@ def list_jobs(
     rows = conn.execute(
         f"SELECT {COLUMNS} FROM jobs {clause} ORDER BY id DESC LIMIT ? OFFSET ?", (*params, limit, offset)
     ).fetchall()
-    return [JobRecord.from_row(r) for r in rows], int(total)
+    return [JobRecord(*r) for r in rows], int(total)
 
 
 def count_by_status(conn: sqlite3.Connection, status: str) -> int:

@@ -15,91 +15,28 @@ ends only when every sender has closed its end, so the last batch is always writ
 
 from __future__ import annotations
 
-import copy
+import contextlib
 import functools
 import logging
 import math
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
 import trio
 
+from ...clock import now_ts
+from ...errors import PipelineClosed
+from ...messages import Reply
+from ...states import Transition
+from ..base import Claimed, ClaimOffer, NewJob, Nudge, Settlement, nudge
 from . import store
-from .clock import now_ts
 from .db import Database, describe
-from .errors import PipelineClosed
-from .states import Transition
 
 log = logging.getLogger("pipeline.ledger")
 
 BATCH_LIMIT = 1024
-
-
-@attrs.define(eq=False)
-class Reply:
-    """A one-shot answer slot. (A trio.Event plus a value: lighter than a memory channel
-    pair per call on the hot path, and like a size-1 reply channel it can never block
-    the Ledger: setting it never waits.)"""
-
-    _done: trio.Event = attrs.field(factory=trio.Event)
-    _value: Any = None
-    _error: BaseException | None = None
-    then: Callable[[bool, Any], None] | None = None  # called with (ok, value or error) when answered
-
-    @property
-    def answered(self) -> bool:
-        return self._done.is_set()
-
-    def set(self, value: Any) -> None:
-        self._value = value
-        self._done.set()
-        self._call_then(True, value)
-
-    def fail(self, error: BaseException) -> None:
-        self._error = error
-        self._done.set()
-        self._call_then(False, error)
-
-    def _call_then(self, ok: bool, value: Any) -> None:
-        if self.then is not None:
-            try:
-                self.then(ok, value)
-            except Exception:  # the callback's bug must not take the Ledger down
-                log.exception("a Ledger reply callback failed")
-
-    async def wait(self) -> Any:
-        await self._done.wait()
-        if self._error is not None:
-            raise _own_copy(self._error)
-        return self._value
-
-
-def _own_copy(error: BaseException) -> BaseException:
-    """The failure of a batch, for one of its waiters: every caller of a failed batch gets
-    the same error, but raising one shared object from many tasks would pile each raise's
-    traceback and context onto it. ``copy.copy`` keeps what built-in errors hold outside
-    ``__dict__`` (errno, filename); where it rebuilds a different message (an ``__init__``
-    that formats its arguments), the copy is made without calling ``__init__``; failing
-    both, the waiters share the original."""
-    try:
-        mine = copy.copy(error)
-        if type(mine) is not type(error) or str(mine) != str(error):
-            raise TypeError("not the same error")
-    except Exception:
-        try:
-            mine = type(error).__new__(type(error))
-            mine.args = error.args
-            mine.__dict__.update(vars(error))
-            if str(mine) != str(error):
-                return error
-        except Exception:
-            return error
-    if "__notes__" in vars(error):
-        mine.__notes__ = list(error.__notes__)
-    mine.__cause__, mine.__suppress_context__ = error.__cause__, error.__suppress_context__
-    return mine.with_traceback(None)
 
 
 @attrs.define(eq=False)
@@ -115,16 +52,18 @@ class Tray:
     the tray is open; the Ledger's thread reads them once it is closed.
     """
 
-    items: list[store.Settlement] = attrs.field(factory=list)
+    items: list[Settlement] = attrs.field(factory=list)
     is_open: bool = True
     wakes_poller: bool = False  # it holds a RELEASE: that job is due again at once
     reply: Reply = attrs.field(factory=Reply)  # answered with one bool per item: True if the lease still held
 
-    def add(self, item: store.Settlement) -> int:
-        self.items.append(item)
-        if item.transition is Transition.RELEASE:
-            self.wakes_poller = True
-        return len(self.items) - 1
+    def add_all(self, items: Sequence[Settlement]) -> int:
+        """Add outcomes; returns where the first one stands (its answer's index)."""
+        first = len(self.items)
+        self.items.extend(items)
+        if not self.wakes_poller:
+            self.wakes_poller = any(item.transition is Transition.RELEASE for item in items)
+        return first
 
 
 @attrs.frozen
@@ -142,7 +81,7 @@ class Command:
     reply: Reply
     wakes_poller: bool = False
     tray: Tray | None = None
-    rows: list[store.NewJobRow] | None = None  # an insert: written with every other insert of the batch
+    rows: list[NewJob] | None = None  # an insert: written with every other insert of the batch
 
     @property
     def wakes(self) -> bool:
@@ -201,7 +140,7 @@ def _apply_batch(conn: sqlite3.Connection, batch: list[Command]) -> list[tuple[b
     return results
 
 
-def _insert_all(conn: sqlite3.Connection, inserts: list[tuple[int, list[store.NewJobRow]]], results: list[tuple[bool, Any]]) -> None:
+def _insert_all(conn: sqlite3.Connection, inserts: list[tuple[int, list[NewJob]]], results: list[tuple[bool, Any]]) -> None:
     conn.execute("SAVEPOINT inserts")
     try:
         store.insert_jobs(conn, [row for _, rows in inserts for row in rows])
@@ -270,21 +209,26 @@ class LedgerStats:
 async def run_ledger(
     db: Database,
     inbox_recv: trio.MemoryReceiveChannel[Command],
-    wake_send: trio.MemorySendChannel[None],
+    nudge_send: trio.MemorySendChannel[Nudge],
     stats: LedgerStats,
     *,
-    eager: Callable[[], Command | None] | None = None,
+    offers_recv: trio.MemoryReceiveChannel[ClaimOffer] | None = None,
     batch_limit: int = BATCH_LIMIT,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """``eager()``, when given, is asked for one more command whenever a batch inserts
-    work: the Poller's claim, run in the same transaction, so a job written by this
-    process starts as soon as its insert commits."""
+    """Write batches until every sender of the inbox has closed its end.
+
+    Whenever a batch makes work due (an insert, a revive, a release), the Ledger takes the
+    Poller's standing offer from ``offers_recv``, if one waits, and claims for it in the
+    same transaction: a job written by this process starts as soon as its insert commits.
+    The leases go back on ``nudge_send`` as a :class:`Claimed`; every offer taken is
+    answered, with no leases if the batch failed."""
     batch: list[Command] = []
-    with inbox_recv, wake_send:
+    taken: list[ClaimOffer] = []  # the offer in the batch in hand, until answered
+    with inbox_recv, nudge_send, (offers_recv or _NO_OFFERS):
         task_status.started()
         try:
-            await _serve(db, inbox_recv, wake_send, stats, eager, batch_limit, batch)
+            await _serve(db, inbox_recv, nudge_send, stats, offers_recv, batch_limit, batch, taken)
         finally:
             # Only a cancellation (the caller's scope, not a graceful stop) gets here with
             # work in hand: answer it all, so that no caller (the Poller, shielded) waits forever.
@@ -292,6 +236,8 @@ async def run_ledger(
             for command in batch:
                 if not command.reply.answered:
                     command.reply.fail(gone)
+            for offer in taken:
+                _answer(nudge_send, Claimed(offer, []))
             while True:
                 try:
                     command = inbox_recv.receive_nowait()
@@ -302,17 +248,40 @@ async def run_ledger(
                 command.reply.fail(gone)
 
 
+_NO_OFFERS = contextlib.nullcontext()
+
+
+def _answer(nudge_send: trio.MemorySendChannel[Nudge], claimed: Claimed) -> None:
+    try:
+        nudge_send.send_nowait(claimed)  # never full: one offer is out at a time (see base.nudge)
+    except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+        # the Poller is gone: the jobs stay running under its lease, which nobody renews,
+        # and are rescued when it expires
+        if claimed.leases:
+            log.warning("%d jobs claimed for a Poller that stopped; their leases will return them", len(claimed.leases))
+
+
+def _take_offer(offers_recv: trio.MemoryReceiveChannel[ClaimOffer] | None) -> ClaimOffer | None:
+    if offers_recv is None:
+        return None
+    try:
+        return offers_recv.receive_nowait()
+    except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+        return None
+
+
 async def _serve(
     db: Database,
     inbox_recv: trio.MemoryReceiveChannel[Command],
-    wake_send: trio.MemorySendChannel[None],
+    nudge_send: trio.MemorySendChannel[Nudge],
     stats: LedgerStats,
-    eager: Callable[[], Command | None] | None,
+    offers_recv: trio.MemoryReceiveChannel[ClaimOffer] | None,
     batch_limit: int,
     batch: list[Command],
+    taken: list[ClaimOffer],
 ) -> None:
-    """The Ledger's loop. ``batch`` is the caller's list, so that what is in hand when a
-    cancellation lands can still be answered."""
+    """The Ledger's loop. ``batch`` and ``taken`` are the caller's lists, so that what is
+    in hand when a cancellation lands can still be answered."""
     async for first in inbox_recv:
         batch.clear()
         batch.append(first)
@@ -326,10 +295,11 @@ async def _serve(
             if command.tray is not None:
                 command.tray.is_open = False  # later outcomes go on the next tray
                 outcomes += len(command.tray.items) - 1
-        if eager is not None and any(command.wakes for command in batch):
-            extra = eager()
-            if extra is not None:
-                batch.append(extra)
+        offer = _take_offer(offers_recv) if any(command.wakes for command in batch) else None
+        if offer is not None:
+            taken.append(offer)
+            batch.append(Command("claim", functools.partial(store.claim_leases, wants=offer.wants, owner=offer.owner,
+                                                            lease_seconds=offer.lease_seconds), Reply()))
         try:
             results = await _write_patiently(db, batch, stats)
         except sqlite3.Error as exc:
@@ -341,6 +311,9 @@ async def _serve(
             log.warning("ledger batch of %d commands not written: %s", len(batch), error)
             for command in batch:
                 command.reply.fail(error)
+            if offer is not None:
+                taken.clear()
+                _answer(nudge_send, Claimed(offer, []))
             continue
         stats.batches += 1
         stats.commands += len(batch) + outcomes  # each outcome counts as one
@@ -353,10 +326,9 @@ async def _serve(
                 if isinstance(value, sqlite3.Error):
                     value = describe(value, db.path)
                 command.reply.fail(value)
+        if offer is not None:
+            ok, value = results[-1]
+            taken.clear()
+            _answer(nudge_send, Claimed(offer, value if ok else []))
         if wake:
-            try:
-                wake_send.send_nowait(None)
-            except trio.WouldBlock:
-                pass  # already nudged; the Poller will look anyway
-            except trio.BrokenResourceError:
-                pass  # the Poller has stopped (shutdown, or workers disabled)
+            nudge(nudge_send)

@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 
 import trio
 
+from ...errors import DatabaseUnavailable, StoreError
 from . import migrations, store
-from .errors import DatabaseUnavailable, StoreError
 
 T = TypeVar("T")
 
@@ -39,8 +39,8 @@ def describe(exc: sqlite3.Error, path: Path) -> StoreError:
 class Database:
     def __init__(self, path: Path, *, busy_timeout_ms: int, synchronous: str, readers: int = 4) -> None:
         self.path = path
-        self._busy_timeout_ms = busy_timeout_ms
-        self._synchronous = synchronous
+        self.busy_timeout_ms = busy_timeout_ms
+        self.synchronous = synchronous
         self._writer: sqlite3.Connection | None = None
         self._write_limiter = trio.CapacityLimiter(1)  # one thread at a time on the writing connection
         self._read_limiter = trio.CapacityLimiter(readers)
@@ -48,7 +48,7 @@ class Database:
         self._all: list[sqlite3.Connection] = []
 
     def connect(self) -> sqlite3.Connection:
-        conn = store.connect(self.path, busy_timeout_ms=self._busy_timeout_ms, synchronous=self._synchronous)
+        conn = store.connect(self.path, busy_timeout_ms=self.busy_timeout_ms, synchronous=self.synchronous)
         self._all.append(conn)
         return conn
 

@@ -1,0 +1,61 @@
+"""Where job state lives: the :class:`Backend` protocol (base.py) and the one factory that
+picks a backend from DATABASE_URL.
+
+    async with open_backend(config) as backend:
+        await backend.insert(jobs)
+
+The engine, the CLI and the admin API reach job state only through what this returns.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+
+from ..errors import ConfigError
+from .base import Backend, Claimed, ClaimOffer, JobRecord, Lease, LeaseRenewer, NewJob, Nudge, Settlement, nudge
+
+if TYPE_CHECKING:
+    import trio
+
+    from ..config import Config
+    from ..diagrams import Wiring
+
+__all__ = [
+    "Backend", "ClaimOffer", "Claimed", "JobRecord", "Lease", "LeaseRenewer", "NewJob", "Nudge", "Settlement",
+    "masked_url", "nudge", "open_backend",
+]
+
+SCHEMES = ("sqlite:///",)
+
+
+def masked_url(url: str) -> str:
+    """The URL with any password replaced by ``***``: the form to show in logs, errors and pages."""
+    return re.sub(r"^([a-z][a-z0-9+.-]*://[^/:@]*:)[^/@]*@", r"\1***@", url, flags=re.I)
+
+
+@asynccontextmanager
+async def open_backend(
+    config: Config,
+    *,
+    nudge_send: trio.MemorySendChannel[Nudge] | None = None,
+    offers_recv: trio.MemoryReceiveChannel[ClaimOffer] | None = None,
+    wiring: Wiring | None = None,
+) -> AsyncIterator[Backend]:
+    """The backend DATABASE_URL names, open (its schema created or migrated) until the block ends.
+
+    ``nudge_send`` is where the backend tells the Poller that work may be due (and answers
+    its :class:`ClaimOffer` from ``offers_recv``, if the backend can claim with an insert)."""
+    url = config.database_url
+    if url.startswith("sqlite:///"):
+        from .sqlite import open_sqlite_backend
+
+        async with open_sqlite_backend(
+            config.database_path, url=masked_url(url), busy_timeout_ms=config.sqlite_busy_timeout_ms,
+            synchronous=config.sqlite_synchronous, nudge_send=nudge_send, offers_recv=offers_recv, wiring=wiring,
+        ) as backend:
+            yield backend
+        return
+    raise ConfigError(f"DATABASE_URL={masked_url(url)!r}: this version stores jobs in SQLite only (sqlite:///PATH.db)")

@@ -1,0 +1,233 @@
+"""The one boundary between the engine and where job state lives: the ``Backend`` protocol.
+
+The actors (Enqueuer, Poller, handler pools, lease keeper), the CLI and the admin API touch
+job state only through these methods; a backend passes tests/backends/, the conformance
+suite, or it is not a backend. The engine gives every write what it needs to be fenced
+and ordered the same way on any store:
+
+* a job is inserted ``pending`` with an id (UUID v7 text) chosen by the engine;
+* a claim turns due ``pending`` jobs of each requested type into ``running`` under an
+  owner and a lease: attempts + 1, a new fencing token, in the order priority ASC, then
+  run_after, then id;
+* every outcome names ``(id, token)`` and changes the row only while it is ``running``
+  with that token: a stale outcome (the lease expired and the job was rescued, claimed by
+  someone else, or finished) changes nothing and says so;
+* leases are renewed from a thread (:class:`LeaseRenewer`) so that a blocked event loop
+  cannot starve them;
+* a lease that expired is rescued: back to ``pending`` after a backoff, or ``dead`` when
+  out of attempts.
+
+Times are ISO 8601 UTC text with milliseconds (``clock.format_ts``), so they sort as text.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple, Protocol
+
+import attrs
+import trio
+
+from ..states import Transition
+
+
+class NewJob(NamedTuple):
+    """A job to insert, already validated and encoded by the engine. (A tuple: a bulk load
+    makes one per line, and a batch goes to the driver as it is.)"""
+
+    id: str
+    job_type: str
+    payload: str  # canonical JSON of the job's class
+    max_attempts: int
+    run_after: str  # when it is due; the insert's created_at when not delayed
+    priority: int  # lower runs first
+    created_at: str
+
+
+@attrs.frozen
+class Lease:
+    """What a worker holds for a claimed job; every outcome is fenced by ``(id, token)``."""
+
+    id: str
+    job_type: str
+    payload: str
+    attempts: int  # including this one
+    max_attempts: int
+    token: int
+    created_at: str
+    run_after: str
+
+
+@attrs.frozen
+class Settlement:
+    """One outcome to write. ``transition`` is one of SUCCEED, RETRY, BURY, RELEASE; RETRY is
+    due ``delay`` seconds after the write; RELEASE is due at once and does not count the
+    attempt (a graceful stop, a job that never started)."""
+
+    id: str
+    token: int
+    transition: Transition
+    error: str | None = None
+    delay: float = 0.0
+
+
+@attrs.frozen
+class JobRecord:
+    """One job as operators see it."""
+
+    id: str
+    job_type: str
+    payload: str
+    status: str
+    attempts: int
+    max_attempts: int
+    run_after: str
+    error: str | None
+    created_at: str
+    updated_at: str
+    priority: int
+    lease_owner: str | None = None
+    lease_expires_at: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields of ``--json`` and the admin API; payload as an object."""
+        try:
+            payload: Any = json.loads(self.payload)
+        except ValueError:
+            payload = self.payload  # a malformed row still shows what it holds
+        return {
+            "id": self.id,
+            "job_type": self.job_type,
+            "payload": payload,
+            "status": self.status,
+            "attempts": self.attempts,
+            "max_attempts": self.max_attempts,
+            "run_after": self.run_after,
+            "error": self.error,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+            "priority": self.priority,
+        }
+
+
+@attrs.frozen
+class ClaimOffer:
+    """Free worker capacity the Poller offers to the next batch that makes work due: a
+    backend that can claim in the same transaction as an insert (SQLite's Ledger) takes
+    it and answers with a :class:`Claimed` on the Poller's nudge channel, so a job written
+    by this process starts as soon as its insert commits. One offer is out at a time; the
+    Poller takes back one that was not taken before it claims on its own."""
+
+    wants: Mapping[str, int]
+    owner: str
+    lease_seconds: float
+
+
+@attrs.frozen
+class Claimed:
+    """The answer to a :class:`ClaimOffer` (no leases if the batch failed)."""
+
+    offer: ClaimOffer
+    leases: list[Lease]
+
+
+# What the Poller hears on its nudge channel: None for "work may be due, or a pool has
+# room: look again", or the answer to its offer. The channel holds two messages: nudges
+# are sent only into an empty channel (see nudge), so an answer always fits.
+Nudge = Claimed | None
+
+
+def nudge(send: trio.MemorySendChannel[Nudge]) -> None:
+    """Tell the Poller to look again, unless a message already waits for it."""
+    if send.statistics().current_buffer_used:
+        return
+    try:
+        send.send_nowait(None)
+    except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+        pass  # already nudged, or the Poller has stopped
+
+
+class LeaseRenewer(Protocol):
+    """Blocking calls for the lease heartbeat's OS thread (one connection of its own)."""
+
+    def renew(self, owner: str, job_types: Sequence[str], held: Sequence[tuple[str, int]], *, lease_seconds: float) -> list[str]:
+        """Record ``owner`` as a live worker knowing ``job_types``, push the expiry of the
+        leases ``held`` (id, token) to now + ``lease_seconds``; return the ids whose lease
+        is no longer held (the job changed hands or finished)."""
+
+    def forget(self, owner: str) -> None:
+        """``owner`` stopped: remove it from the worker registry."""
+
+    def close(self) -> None: ...
+
+
+class Backend(Protocol):
+    """Where job state lives. Every method may raise StoreError (the store refused or is
+    unreachable: try again) and PipelineClosed (the backend is closing)."""
+
+    url: str  # DATABASE_URL with any password masked: the one to show in logs and pages
+
+    # -- producing --------------------------------------------------------------------------
+
+    async def insert(self, jobs: Sequence[NewJob]) -> None:
+        """Commit every job, or none (a duplicate id fails the whole call)."""
+
+    async def bulk_insert(self, jobs: Iterable[NewJob], *, commit_every: int | None = None) -> int:
+        """Insert an iterable too big to hold, in one transaction (or one per
+        ``commit_every`` jobs); the iterable is consumed in a worker thread and may raise
+        (a bad line): nothing of the open transaction is kept. Returns the jobs committed."""
+
+    # -- the worker side ----------------------------------------------------------------------
+
+    async def claim(self, wants: Mapping[str, int], *, owner: str, lease_seconds: float) -> list[Lease]:
+        """Claim up to ``wants[job_type]`` due jobs of each type, in claim order."""
+
+    async def settle(self, outcomes: Sequence[Settlement]) -> list[bool]:
+        """Write outcomes, each fenced by (id, running, token); one bool per outcome: True
+        if it was written, False if its lease was stale and nothing changed."""
+
+    async def rescue_expired(self, *, base_seconds: float, exclude_owner: str | None = None) -> int:
+        """Running jobs whose lease expired: back to pending after a backoff (the attempt
+        counts as failed), or dead when out of attempts. Leases of ``exclude_owner`` are
+        left alone. Safe to run from several processes at once. Returns how many moved."""
+
+    async def bury_unknown_types(self, known: Iterable[str], *, grace_seconds: float) -> int:
+        """Pending jobs of types neither ``known`` nor known to a live worker, due for
+        longer than ``grace_seconds`` → dead, with an error that says why."""
+
+    def lease_renewer(self) -> LeaseRenewer:
+        """A renewer for the heartbeat thread, with a connection of its own."""
+
+    # -- operators ----------------------------------------------------------------------------
+
+    async def get(self, job_id: str) -> JobRecord | None: ...
+
+    async def list(
+        self, *, status: str | None = None, job_type: str | None = None, limit: int = 50, offset: int = 0
+    ) -> tuple[list[JobRecord], int]:
+        """Newest first, with the total that matches the filters."""
+
+    async def stats(self) -> dict[str, Any]:
+        """Counts by status and by type; jobs finished per minute over the last hour; the
+        age of the oldest due pending job."""
+
+    async def revive(self, job_id: str) -> JobRecord:
+        """dead → pending, attempts reset, due now. LookupError if unknown, UsageError if not dead."""
+
+    async def delete(self, job_id: str) -> None:
+        """LookupError if unknown, UsageError while it runs."""
+
+    async def cleanup(self, *, statuses: Sequence[str] = ("completed", "dead"), older_than_seconds: float | None = None) -> int:
+        """Delete finished jobs; returns how many."""
+
+    async def ping(self) -> None:
+        """Raise StoreError unless the store answers."""
+
+    # -- the engine's housekeeping ----------------------------------------------------------------
+
+    def counters(self) -> list[tuple[str, str, float]]:
+        """(metric name, help, value) of the backend's own work, for /metrics."""
+
+    def begin_stop(self, grace: float) -> None:
+        """A graceful stop began: a store that does not answer may hold it up ``grace`` seconds more."""

@@ -1,0 +1,287 @@
+"""The SQLite backend: one file, one writer (the Ledger), readers in threads.
+
+    async with open_sqlite_backend(path, ...) as backend:   # migrates, starts the Ledger
+        await backend.insert(jobs)                          # → the Ledger's next batch
+
+Every write of job state is a command to the Ledger (ledger.py), which groups whatever is
+waiting into one ``BEGIN IMMEDIATE ... COMMIT``; reads run on pooled connections (db.py);
+the lease heartbeat renews from its own thread and connection (:class:`SqliteLeaseRenewer`);
+a bulk load takes a connection of its own (bulk.py). Nothing outside this package imports
+its modules: the engine sees the :class:`~pipeline.backends.base.Backend` protocol.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ...clock import format_ts, now_ts, to_epoch
+from ...errors import PipelineClosed, StoreError, UsageError
+from ...messages import Reply
+from ..base import ClaimOffer, JobRecord, Lease, NewJob, Nudge, Settlement
+from . import migrations, store
+from .bulk import BulkInsert
+from .db import Database, describe, open_database
+from .ledger import Command, LedgerStats, Tray, run_ledger
+
+if TYPE_CHECKING:
+    from ...diagrams import Wiring
+
+LEDGER_INBOX = 4096  # commands waiting for the Ledger before writers block
+
+__all__ = ["SqliteBackend", "SqliteLeaseRenewer", "open_sqlite_backend"]
+
+
+class SqliteBackend:
+    """:class:`~pipeline.backends.base.Backend` on one SQLite file; writes go through the Ledger."""
+
+    def __init__(
+        self, db: Database, ledger_send: trio.MemorySendChannel[Command], stats: LedgerStats, *, url: str,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.url = url
+        self._db = db
+        self._ledger_send = ledger_send
+        self._stats = stats
+        self._rng = rng or random.Random()
+        self._tray: Tray | None = None  # outcomes waiting for the Ledger (see ledger.Tray)
+
+    @property
+    def path(self) -> Path:
+        return self._db.path
+
+    # for this backend's own tests and benchmarks: the engine never looks past the protocol
+    @property
+    def database(self) -> Database:
+        return self._db
+
+    @property
+    def ledger_stats(self) -> LedgerStats:
+        return self._stats
+
+    async def _call(self, kind: str, fn: Any, *, wakes_poller: bool = False, rows: list[NewJob] | None = None) -> Any:
+        reply = Reply()
+        try:
+            await self._ledger_send.send(Command(kind, fn, reply, wakes_poller, rows=rows))
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise PipelineClosed("the pipeline is shut down; the job store takes no more writes") from None
+        return await reply.wait()
+
+    # -- producing ----------------------------------------------------------------------------
+
+    async def insert(self, jobs: Sequence[NewJob]) -> None:
+        if jobs:
+            await self._call("insert", None, wakes_poller=True, rows=list(jobs))
+
+    async def bulk_insert(self, jobs: Iterable[NewJob], *, commit_every: int | None = None) -> int:
+        """On a connection of its own, in a thread: checking the next chunk (the iterable's
+        work) overlaps inserting this one (see bulk.BulkInsert)."""
+        db = self._db
+        return await trio.to_thread.run_sync(_bulk_load, db.path, db.busy_timeout_ms, db.synchronous, jobs, commit_every)
+
+    # -- the worker side ------------------------------------------------------------------------
+
+    async def claim(self, wants: Mapping[str, int], *, owner: str, lease_seconds: float) -> list[Lease]:
+        return await self._call("claim", functools.partial(store.claim_leases, wants=dict(wants), owner=owner,
+                                                             lease_seconds=lease_seconds))
+
+    async def settle(self, outcomes: Sequence[Settlement]) -> list[bool]:
+        """On the open tray if there is one, else on a new tray sent to the Ledger (see
+        ledger.Tray): concurrent callers share one command and one commit."""
+        if not outcomes:
+            return []
+        tray = self._tray
+        if tray is not None and tray.is_open:
+            first = tray.add_all(outcomes)
+            return (await tray.reply.wait())[first : first + len(outcomes)]
+        tray = self._tray = Tray()
+        tray.add_all(outcomes)
+        try:
+            await self._ledger_send.send(Command("outcomes", None, tray.reply, tray=tray))
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            tray.is_open = False
+            closed = PipelineClosed("the pipeline is shut down; the job store takes no more writes")
+            tray.reply.fail(closed)
+            raise closed from None
+        except BaseException:
+            # cancelled while the inbox was full: the outcomes added meanwhile were never
+            # sent; their callers hear so and send them again
+            tray.is_open = False
+            tray.reply.fail(StoreError("outcome not handed to the Ledger (the task carrying it was cancelled); trying again"))
+            raise
+        return (await tray.reply.wait())[: len(outcomes)]
+
+    async def rescue_expired(self, *, base_seconds: float, exclude_owner: str | None = None) -> int:
+        rng = self._rng
+        rescued = await self._call(
+            "rescue",
+            lambda conn, now: store.rescue_expired(conn, now=now, base_seconds=base_seconds, rng=rng, exclude_owner=exclude_owner),
+            wakes_poller=True,
+        )
+        return len(rescued)
+
+    async def bury_unknown_types(self, known: Iterable[str], *, grace_seconds: float) -> int:
+        known = set(known)
+
+        def write(conn: sqlite3.Connection, now: str) -> int:
+            unknown = [t for t in store.pending_job_types(conn) if t not in known]
+            if not unknown:
+                return 0
+            return store.bury_unknown_types(conn, unknown, now=now, due_before=format_ts(to_epoch(now) - grace_seconds))
+
+        return await self._call("bury_unknown", write)
+
+    def lease_renewer(self) -> SqliteLeaseRenewer:
+        return SqliteLeaseRenewer(self._db.path, busy_timeout_ms=self._db.busy_timeout_ms, synchronous=self._db.synchronous)
+
+    # -- operators ------------------------------------------------------------------------------
+
+    async def get(self, job_id: str) -> JobRecord | None:
+        return await self._db.read(store.get_job, job_id)
+
+    async def list(
+        self, *, status: str | None = None, job_type: str | None = None, limit: int = 50, offset: int = 0
+    ) -> tuple[list[JobRecord], int]:
+        return await self._db.read(
+            functools.partial(store.list_jobs, status=status, job_type=job_type, limit=limit, offset=offset)
+        )
+
+    async def stats(self) -> dict[str, Any]:
+        return await self._db.read(lambda conn: store.operator_stats(conn, now=now_ts()))
+
+    async def revive(self, job_id: str) -> JobRecord:
+        return await self._call("revive", lambda conn, now: store.revive(conn, job_id, now=now), wakes_poller=True)
+
+    async def delete(self, job_id: str) -> None:
+        await self._call("delete", lambda conn, now: store.delete_job(conn, job_id))
+
+    async def cleanup(self, *, statuses: Sequence[str] = ("completed", "dead"), older_than_seconds: float | None = None) -> int:
+        statuses = tuple(statuses)
+
+        def write(conn: sqlite3.Connection, now: str) -> int:
+            cutoff = None if older_than_seconds is None else format_ts(to_epoch(now) - older_than_seconds)
+            return store.cleanup(conn, statuses=statuses, older_than=cutoff)
+
+        return await self._call("cleanup", write)
+
+    async def ping(self) -> None:
+        await self._db.read(store.ping)
+
+    # -- the engine's housekeeping -----------------------------------------------------------------
+
+    def counters(self) -> list[tuple[str, str, float]]:
+        """(metric name, help, value) for /metrics: the Ledger's own work."""
+        stats = self._stats
+        return [
+            ("pipeline_ledger_batches_total", "Transactions the Ledger committed.", stats.batches),
+            ("pipeline_ledger_commands_total", "Commands (inserts, claims, outcomes, ...) the Ledger committed.", stats.commands),
+            ("pipeline_ledger_failed_batches_total", "Ledger transactions the database refused.", stats.failed_batches),
+        ]
+
+    def begin_stop(self, grace: float) -> None:
+        """A graceful stop began: a database locked by someone else holds it up for at most
+        ``grace`` seconds more."""
+        self._stats.give_up_at = trio.current_time() + grace
+
+
+def _bulk_load(path: Path, busy_timeout_ms: int, synchronous: str, jobs: Iterable[NewJob], commit_every: int | None) -> int:
+    """All of ``jobs`` in one transaction, or ``commit_every`` at a time; an error (a bad line
+    raised by the iterable, the database) keeps the parts committed before it and says so."""
+    conn = store.connect(path, busy_timeout_ms=busy_timeout_ms, synchronous=synchronous)
+    committed = 0
+    try:
+        migrations.migrate(conn, path)
+        rows = iter(jobs)
+        while True:
+            with BulkInsert(conn) as bulk:  # one transaction: everything, or commit_every of it
+                for row in rows:
+                    bulk.add(row)
+                    if bulk.count == commit_every:
+                        break
+            committed += bulk.count
+            if bulk.count == 0 or commit_every is None:
+                return committed
+    except (UsageError, StoreError, sqlite3.Error) as exc:
+        if isinstance(exc, sqlite3.Error):
+            exc = describe(exc, path)
+        if committed:
+            kept = f"the {committed} jobs before it were enqueued (in parts of {commit_every}), nothing from there on"
+            raise type(exc)(f"{exc}; {kept}") from None
+        raise exc from None
+    finally:
+        conn.close()
+
+
+class SqliteLeaseRenewer:
+    """The heartbeat thread's connection: renews leases and keeps this worker in ``workers``.
+    It writes one column of the jobs table, ``lease_expires_at``, only of rows whose token
+    matches: the Ledger stays the only writer of job status."""
+
+    def __init__(self, path: Path, *, busy_timeout_ms: int, synchronous: str) -> None:
+        self._path = path
+        self._busy_timeout_ms = busy_timeout_ms
+        self._synchronous = synchronous
+        self._conn: sqlite3.Connection | None = None
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            self._conn = store.connect(self._path, busy_timeout_ms=self._busy_timeout_ms, synchronous=self._synchronous)
+        return self._conn
+
+    def renew(self, owner: str, job_types: Sequence[str], held: Sequence[tuple[str, int]], *, lease_seconds: float) -> list[str]:
+        conn = self._connection()
+        with store.write_transaction(conn):
+            now = time.time()
+            store.beat(conn, owner, job_types, now=format_ts(now))
+            return store.renew(conn, held, expires=format_ts(now + lease_seconds))
+
+    def forget(self, owner: str) -> None:
+        conn = self._connection()
+        with store.write_transaction(conn):
+            store.forget_worker(conn, owner)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+@asynccontextmanager
+async def open_sqlite_backend(
+    path: Path | str,
+    *,
+    url: str | None = None,
+    busy_timeout_ms: int = 5000,
+    synchronous: str = "full",
+    nudge_send: trio.MemorySendChannel[Nudge] | None = None,
+    offers_recv: trio.MemoryReceiveChannel[ClaimOffer] | None = None,
+    wiring: Wiring | None = None,
+) -> AsyncIterator[SqliteBackend]:
+    """Open (and migrate) the file, run the Ledger until the block ends; then the Ledger
+    writes whatever is still in its inbox and stops.
+
+    ``nudge_send`` and ``offers_recv`` are the Poller's channels (see base.ClaimOffer);
+    without them nobody is told of new work (the CLI, the admin API alone)."""
+    if nudge_send is None:
+        nudge_send, nudge_recv = trio.open_memory_channel[Nudge](2)
+        nudge_recv.close()  # nobody listens: nudges and offers' answers are dropped
+    stats = LedgerStats()
+    async with open_database(path, busy_timeout_ms=busy_timeout_ms, synchronous=synchronous) as db, trio.open_nursery() as tn:
+        if wiring is not None:
+            ledger_send, ledger_recv = wiring.channel("Backend", "Ledger", "commands (SQLite)", LEDGER_INBOX)
+            wiring.edge("Ledger", "SQLite", "one writer: BEGIN IMMEDIATE per batch")
+        else:
+            ledger_send, ledger_recv = trio.open_memory_channel[Command](LEDGER_INBOX)
+        await tn.start(functools.partial(run_ledger, db, ledger_recv, nudge_send, stats, offers_recv=offers_recv))
+        try:
+            yield SqliteBackend(db, ledger_send, stats, url=url or f"sqlite:///{path}")
+        finally:
+            ledger_send.close()  # the Ledger drains its inbox, commits, and ends

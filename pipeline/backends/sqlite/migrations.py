@@ -1,0 +1,87 @@
+"""The jobs schema: numbered migrations, applied at start-up, recorded in ``schema_migrations``.
+
+Each migration runs in its own ``BEGIN IMMEDIATE`` transaction together with the row
+that records it, so two processes starting at once cannot both apply one, and a crash
+mid-migration leaves nothing half-done. A database whose recorded version is newer
+than :data:`LATEST` is refused: this code does not know what the newer one changed.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Final
+
+from ...sqlite_files import Migration, apply_migrations, recorded_versions
+
+MIGRATIONS: Final[list[Migration]] = [
+    (
+        1,
+        "jobs",
+        """
+        -- the seed's migrations/006_jobs.sql, with what leases and priorities need
+        CREATE TABLE IF NOT EXISTS jobs (
+            id               TEXT PRIMARY KEY,                  -- UUID v7
+            job_type         TEXT NOT NULL,
+            payload          TEXT NOT NULL,                     -- JSON object
+            status           TEXT NOT NULL DEFAULT 'pending'
+                             CHECK (status IN ('pending', 'running', 'completed', 'dead')),
+            attempts         INTEGER NOT NULL DEFAULT 0,
+            max_attempts     INTEGER NOT NULL DEFAULT 3 CHECK (max_attempts >= 1),
+            -- never NULL, so the claim index can range-scan it; "now" when not delayed
+            run_after        TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+            error            TEXT,
+            created_at       TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+            updated_at       TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+            priority         INTEGER NOT NULL DEFAULT 5,        -- lower runs first (seed 13)
+            lease_owner      TEXT,                              -- worker holding a running job
+            lease_token      INTEGER NOT NULL DEFAULT 0,        -- +1 per claim, never reset: fences outcomes
+            lease_expires_at TEXT                               -- running jobs: rescue after this
+        );
+        CREATE INDEX IF NOT EXISTS idx_jobs_status ON jobs(status);
+        CREATE INDEX IF NOT EXISTS idx_jobs_run_after ON jobs(run_after) WHERE status = 'pending';
+        CREATE INDEX IF NOT EXISTS idx_jobs_type ON jobs(job_type);
+        -- serves the claim query: equality on job_type, then already in claim order,
+        -- so LIMIT n reads n entries instead of sorting every pending row
+        CREATE INDEX IF NOT EXISTS idx_jobs_claim ON jobs(job_type, priority, run_after) WHERE status = 'pending';
+        """,
+    ),
+    (
+        3,
+        "workers",
+        """
+        -- The worker processes on this file and the job types each knows, kept fresh by each
+        -- one's lease heartbeat. A pending job of a type no process here knows goes dead only
+        -- if no live worker knows it either (another process's backlog is not ours to bury).
+        CREATE TABLE IF NOT EXISTS workers (
+            owner        TEXT PRIMARY KEY,       -- host:pid, as in jobs.lease_owner
+            job_types    TEXT NOT NULL,          -- JSON array
+            started_at   TEXT NOT NULL,
+            heartbeat_at TEXT NOT NULL
+        );
+        """,
+    ),
+    (
+        5,
+        "the bundled site's tables are its own",
+        """
+        -- Versions 2 and 4 created the bundled site's tables (users, posts, media, the search
+        -- index) in every job database; the site now creates them itself, in site_migrations,
+        -- only where it runs. Files that have them keep them; nothing else changes.
+        SELECT 1;
+        """,
+    ),
+]
+RETIRED: Final = (2, 4)  # the site's, once: known here, no longer applied
+LATEST: Final = max(v for v, _, _ in MIGRATIONS)
+TABLE: Final = "schema_migrations"
+
+
+def migrate(conn: sqlite3.Connection, path: Path | str = "<database>") -> list[int]:
+    """Apply every migration not yet recorded; return the versions applied now."""
+    return apply_migrations(conn, MIGRATIONS, table=TABLE, path=path, known=RETIRED)
+
+
+def current_version(conn: sqlite3.Connection) -> int:
+    """The highest version recorded; 0 for a new file. Reads only."""
+    return max(recorded_versions(conn, TABLE), default=0)

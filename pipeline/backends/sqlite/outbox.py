@@ -1,0 +1,40 @@
+"""Enqueue inside the host application's own SQLite transaction (the outbox pattern).
+
+    with sqlite3.connect("pipeline.db", isolation_level=None) as conn:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("INSERT INTO posts ...")
+        pipeline.enqueue_in_transaction(conn, RebuildSearchIndex(post_ids=[post_id]))
+        conn.execute("COMMIT")   # the post and its job commit or roll back together
+
+The running pipeline's Poller finds such rows within WORKER_POLL_INTERVAL_MS.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from ...registry import Registry
+from ...requests import JobRequest, prepare_rows
+from .store import insert_jobs
+
+
+def enqueue_in_transaction(
+    conn: sqlite3.Connection,
+    job: Any,
+    *,
+    registry: Registry | None = None,
+    run_after: Any = None,
+    max_attempts: int | None = None,
+    priority: int = 5,
+) -> str:
+    """Insert ``job`` with the caller's connection, in the caller's open transaction.
+
+    Nothing is committed here: the job becomes visible when the caller commits, and
+    vanishes if it rolls back. Returns the new job's id.
+    """
+    registry = registry or Registry.with_builtins()
+    job_type, payload = registry.encode(job)
+    (row,) = prepare_rows(registry, [JobRequest(job_type, payload, max_attempts, run_after, priority)])
+    insert_jobs(conn, [row])
+    return row.id

@@ -1,0 +1,141 @@
+"""SQLite files as the SQLite backend and the bundled site both open them: WAL, a busy
+timeout, write transactions that take the lock up front, and numbered migrations each
+applied once in its own transaction (safe when several processes start at once).
+Nothing here knows about jobs or posts."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from .clock import now_ts
+from .errors import DatabaseUnavailable, SchemaTooNew, StoreError
+
+
+def connect(path: Path | str, *, busy_timeout_ms: int = 5000, synchronous: str = "full") -> sqlite3.Connection:
+    """Open the database in autocommit mode with WAL and a busy timeout; say clearly what is wrong."""
+    path = Path(path)
+    if path.is_dir():
+        raise DatabaseUnavailable(f"database {path} is a directory, not a SQLite file")
+    if not path.parent.exists() and str(path.parent) != "":
+        raise DatabaseUnavailable(f"cannot create database {path}: folder {path.parent} does not exist")
+    try:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_ms / 1000)
+    except sqlite3.Error as exc:
+        raise DatabaseUnavailable(f"cannot open database {path}: {exc}") from None
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        mode = _journal_mode_wal(conn, busy_timeout_ms)
+        if mode.lower() != "wal":
+            raise DatabaseUnavailable(f"database {path} cannot use WAL mode (journal_mode is {mode})")
+        conn.execute(f"PRAGMA synchronous = {'FULL' if synchronous == 'full' else 'NORMAL'}")
+        conn.execute("PRAGMA foreign_keys = ON")
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        if "locked" in str(exc):
+            raise StoreError(f"database {path} stayed locked by another process past busy_timeout: {exc}") from None
+        raise DatabaseUnavailable(f"database {path} is unreadable or not a SQLite database: {exc}") from None
+    return conn
+
+
+def _journal_mode_wal(conn: sqlite3.Connection, busy_timeout_ms: int) -> str:
+    """Switch to WAL. The switch does not wait out busy_timeout: when several processes
+    open a new file at once it can answer "locked" at once, so wait here instead."""
+    deadline = time.monotonic() + busy_timeout_ms / 1000
+    delay = 0.005
+    while True:
+        try:
+            return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+
+@contextlib.contextmanager
+def write_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """BEGIN IMMEDIATE ... COMMIT: take the write lock up front, so no upgrade can deadlock."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:  # SQLite may have rolled back already (disk full, I/O error)
+            conn.execute("ROLLBACK")
+        raise
+
+
+
+
+Migration = tuple[int, str, str]  # (version, name, SQL)
+
+
+def _ensure_table(conn: sqlite3.Connection, table: str) -> None:
+    conn.execute(
+        f"CREATE TABLE IF NOT EXISTS {table} (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
+    )
+
+
+def recorded_versions(conn: sqlite3.Connection, table: str) -> set[int]:
+    """The versions recorded in ``table``; none for a new file. Reads only."""
+    if not conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone():
+        return set()
+    return {int(v) for (v,) in conn.execute(f"SELECT version FROM {table}")}
+
+
+def apply_migrations(
+    conn: sqlite3.Connection, steps: Sequence[Migration], *, table: str, path: Path | str = "<database>",
+    known: Sequence[int] = (), setting: str = "DATABASE_URL",
+) -> list[int]:
+    """Apply every step not yet recorded in ``table`` (a gap included); return the versions
+    applied now. A file that records a version newer than every step (and ``known``) is
+    refused: this code does not know what the newer one changed."""
+    recorded = recorded_versions(conn, table)
+    latest = max([number for number, _, _ in steps] + list(known))
+    if recorded and max(recorded) > latest:
+        raise SchemaTooNew(
+            f"{path} has schema version {max(recorded)}, newer than this pipeline knows ({latest}); "
+            f"upgrade the pipeline package, or point {setting} at another file"
+        )
+    applied = []
+    for number, name, sql in steps:
+        if number in recorded:
+            continue
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            _ensure_table(conn, table)
+            # re-check inside the write lock: another process may have just applied it
+            if conn.execute(f"SELECT 1 FROM {table} WHERE version = ?", (number,)).fetchone():
+                conn.execute("COMMIT")
+                continue
+            for statement in _statements(sql):
+                conn.execute(statement)
+            conn.execute(f"INSERT INTO {table} (version, name, applied_at) VALUES (?, ?, ?)", (number, name, now_ts()))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        applied.append(number)
+    return applied
+
+
+def _statements(sql: str) -> list[str]:
+    """Split a migration into statements (sqlite3's execute takes one at a time).
+
+    executescript would COMMIT our transaction first; complete_statement keeps
+    triggers' inner semicolons together.
+    """
+    out, buf = [], ""
+    for line in sql.splitlines(keepends=True):
+        buf += line
+        if sqlite3.complete_statement(buf):
+            if buf.strip():
+                out.append(buf.strip())
+            buf = ""
+    if buf.strip() and not buf.strip().startswith("--"):
+        out.append(buf.strip())
+    return out
