@@ -64,8 +64,8 @@ examples:
 
 MAIN_EPILOG = """\
 Settings come from the environment and a .env file (DATABASE_URL=sqlite:///pipeline.db by
-default, WORKER_*, ADMIN_*, LOG_FORMAT=json, ...; see the README). The job commands work on
-the database file directly: no running service is needed.
+default, WORKER_*, ADMIN_*, LOG_FORMAT=json, ...; see docs/configuration.md). The job commands work on
+the job store through the same backend the service uses: no running service is needed.
 
 exit status: 0 success; 2 bad usage or configuration; 1 runtime failure (the database
 refused, a file is unreadable, no such job).
@@ -156,9 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="give up waiting for the jobs after this long")
     p.add_argument("--verbose", action="store_true", help="also print the pipeline's log (stderr)")
 
-    p = sub.add_parser("diagrams", help="redraw diagrams/*.mmd and the README's copies from the code")
+    p = sub.add_parser("diagrams", help="redraw diagrams/*.mmd and docs/architecture.md's copies from the code")
     p.add_argument("--out", default="diagrams")
-    p.add_argument("--readme", default="README.md")
+    p.add_argument("--readme", default="docs/architecture.md", help="the Markdown page that holds copies of the drawings")
 
     # every flag after `bench` is benchmarks/bench.py's own (`python -m pipeline bench --help`)
     sub.add_parser("bench", add_help=False, help="measure throughput and latency against Huey's SQLite backend "

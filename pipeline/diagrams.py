@@ -1,8 +1,8 @@
 """Mermaid drawings generated from the code: the state machine from ``states.TRANSITIONS``,
 the actor topology from the channels ``open_pipeline`` actually creates (``Wiring``).
 
-``python -m pipeline diagrams`` rewrites ``diagrams/*.mmd`` and the README's copies;
-tests/test_diagrams.py fails when the files and the code disagree.
+``python -m pipeline diagrams`` rewrites ``diagrams/*.mmd`` and their copies in
+docs/architecture.md; tests/test_core_units.py fails when the files and the code disagree.
 """
 
 from __future__ import annotations

@@ -142,10 +142,12 @@ async def test_diagrams_match_the_code(tmp_path: Path) -> None:
 
     wiring = await record_wiring(None)
     expected = {"states.mmd": diagrams.state_diagram(), "actors.mmd": diagrams.topology_diagram(wiring)}
-    readme = (ROOT / "README.md").read_text()
+    architecture = (ROOT / "docs" / "architecture.md").read_text()
     for name, text in expected.items():
         assert (ROOT / "diagrams" / name).read_text() == text, f"diagrams/{name} is stale: run python -m pipeline diagrams"
-        assert diagrams.readme_block(readme, name) == text, f"README's copy of {name} is stale: run python -m pipeline diagrams"
+        assert diagrams.readme_block(architecture, name) == text, (
+            f"docs/architecture.md's copy of {name} is stale: run python -m pipeline diagrams --readme docs/architecture.md"
+        )
 
 
 def test_public_names_are_exported_and_exist() -> None:
