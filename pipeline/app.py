@@ -248,10 +248,7 @@ async def open_pipeline(config: Config | None = None, registry: Registry | None 
     attempt; everything waiting for the backend is written.
     """
     config = config or Config.from_env()
-    if registry is None:
-        from .handlers import default_registry
-
-        registry = default_registry(config)
+    registry = registry if registry is not None else Registry()
     wiring = Wiring()
     # the Poller's two channels across the backend boundary (see backends.base.ClaimOffer)
     nudge_send, nudge_recv = wiring.channel("Backend", "Poller", "nudge: work due, or the offer's claim", 2)

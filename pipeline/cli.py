@@ -259,10 +259,12 @@ def _with_backend(config: Config, work: Callable[[Backend], Awaitable[T]]) -> T:
 
 
 def _registry(config: Config, registry: Registry | None) -> Registry:
-    """What the commands on the file validate against. They run no handler, so the
-    design's job types and events suffice; importing the handlers (httpx, Pillow, redis)
+    """What the commands on the job store validate against. They run no handler, so the
+    bundled site's job types and events suffice; importing the handlers (httpx, Pillow, redis)
     would only slow every command down."""
-    return registry if registry is not None else Registry.with_builtins()
+    from .site import types_registry
+
+    return registry if registry is not None else types_registry()
 
 
 def _json_object(text: str, what: str) -> dict[str, Any]:
@@ -502,8 +504,8 @@ def cmd_diagrams(args: argparse.Namespace, config: Config, registry: Registry | 
 
 
 def cmd_search(args: argparse.Namespace, config: Config, registry: Registry | None, out: TextIO) -> int:
-    from .handlers import site_schema
-    from .handlers.search import print_search
+    from .site import schema
+    from .site.search import print_search
     from .sqlite_files import connect
 
     if args.limit < 1:
@@ -511,14 +513,14 @@ def cmd_search(args: argparse.Namespace, config: Config, registry: Registry | No
     path = config.site_database_path
     conn = connect(path, busy_timeout_ms=config.sqlite_busy_timeout_ms, synchronous=config.sqlite_synchronous)
     try:
-        site_schema.migrate(conn, path)
+        schema.migrate(conn, path)
         return print_search(conn, args.query, limit=args.limit, out=out)
     finally:
         conn.close()
 
 
 def cmd_demo(args: argparse.Namespace, config: Config, registry: Registry | None, out: TextIO) -> int:
-    from .demo import run_demo
+    from .site.demo import run_demo
 
     return run_demo(config, Path(args.dir), registry=registry, timeout=args.timeout, verbose=args.verbose, out=out)
 

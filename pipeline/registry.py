@@ -2,7 +2,7 @@
 
 A new job type is one attrs class plus one handler, registered at runtime::
 
-    registry = pipeline.Registry.with_builtins()
+    registry = pipeline.Registry()
     registry.register("resize_avatar", ResizeAvatar, handle_resize_avatar, concurrency=4)
 
 The registry owns the one cattrs converter, used only at the edges (database rows,
@@ -13,6 +13,7 @@ or an unknown key is refused with a message that names the field.
 from __future__ import annotations
 
 import collections
+import datetime as dt
 import json
 import re
 import typing
@@ -23,10 +24,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import cattrs
 from cattrs.cols import homogenous_tuple_structure_factory, is_any_set, is_sequence, list_structure_factory
-from cattrs.gen import make_dict_structure_fn
 
-from . import events as events_mod
-from . import jobs as jobs_mod
 from .errors import InvalidPayload, UnknownEvent, UnknownJobType
 
 if TYPE_CHECKING:
@@ -34,7 +32,17 @@ if TYPE_CHECKING:
     from .pools import JobContext
 
 Handler = Callable[[Any, "JobContext"], Awaitable[None]]
-Route = Callable[[Any, "Config"], list[events_mod.Routed]]
+
+
+@attrs.frozen
+class Routed:
+    """One job an event leads to, with when it may run (None: now)."""
+
+    job: Any
+    run_after: dt.datetime | str | None = None
+
+
+Route = Callable[[Any, "Config"], list[Routed]]
 
 MAX_PAYLOAD_BYTES = 1_048_576  # a job's JSON payload (and an event's data) may be at most 1 MiB
 
@@ -112,23 +120,6 @@ def _make_converter() -> cattrs.Converter:
     conv.register_structure_hook(float, lambda v, _: float(_strict((int, float), "a number")(v, _)))
     conv.register_structure_hook(Any, lambda v, _: v)
 
-    # The seed's externally tagged ImageOperation: {"Resize": {...}} | {"Compress": {...}}.
-    ops = {"Resize": jobs_mod.Resize, "Compress": jobs_mod.Compress}
-    resize_fn = make_dict_structure_fn(jobs_mod.Resize, conv, _cattrs_forbid_extra_keys=True)
-    compress_fn = make_dict_structure_fn(jobs_mod.Compress, conv, _cattrs_forbid_extra_keys=True)
-    fns = {"Resize": resize_fn, "Compress": compress_fn}
-
-    def structure_op(value: Any, _type: Any) -> Any:
-        if not isinstance(value, dict) or len(value) != 1:
-            raise TypeError('an image operation is {"Resize": {"width", "height"}} or {"Compress": {"quality"}}')
-        (tag, body), = value.items()
-        if tag not in ops:
-            raise TypeError(f"unknown image operation {tag!r}; expected Resize or Compress")
-        return fns[tag](body, ops[tag])
-
-    conv.register_structure_hook(jobs_mod.ImageOperation, structure_op)
-    for tag, cls in ops.items():
-        conv.register_unstructure_hook(cls, lambda op, tag=tag: {tag: attrs.asdict(op)})
     return conv
 
 
@@ -167,16 +158,6 @@ class Registry:
         self._resources: dict[str, Callable[[Any], Any]] = {}
         self.converter = _make_converter()
         self._to_json = _compact_json()
-
-    @classmethod
-    def with_builtins(cls, **options: Any) -> Registry:
-        """The ten job types and five events of the design, no handlers attached."""
-        registry = cls(**options)
-        for name, job_cls in jobs_mod.BUILTIN_JOB_TYPES.items():
-            registry.register(name, job_cls)
-        for name, (event_cls, route) in events_mod.BUILTIN_EVENTS.items():
-            registry.add_event(name, event_cls, route)
-        return registry
 
     # -- job types -----------------------------------------------------------------------
 
@@ -350,5 +331,5 @@ class Registry:
         self._check_size(text, f"data of event {name!r}")
         return self._structure(spec.cls, dict(data), f"data of event {name!r}")
 
-    def route(self, event: Any, config: Config) -> list[events_mod.Routed]:
+    def route(self, event: Any, config: Config) -> list[Routed]:
         return self.event_spec(self.event_name_of(event)).route(event, config)

@@ -47,6 +47,10 @@ async def serve(config: Config, registry: Registry | None = None, *, ready: Call
 async def _serve(config: Config, registry: Registry | None, listener: Any, ready: Callable[[Any], None] | None) -> None:
     from .app import open_pipeline
 
+    if registry is None:  # the bundled site, as `python -m pipeline` runs it
+        from .site import default_registry
+
+        registry = default_registry(config)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         stop = trio.Event()
 
@@ -91,9 +95,9 @@ async def record_wiring(registry: Registry | None) -> diagrams.Wiring:
     import tempfile
 
     from .app import open_pipeline
-    from .jobs import GenerateSitemap
+    from .site import GenerateSitemap, types_registry
 
-    reg = registry or Registry.with_builtins()
+    reg = registry or types_registry()
     if not reg.handled():
         reg.register("generate_sitemap", GenerateSitemap, _noop)
     with tempfile.TemporaryDirectory() as tmp:

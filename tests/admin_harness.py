@@ -12,16 +12,17 @@ from typing import Any
 
 import trio
 
-from pipeline import Config, PermanentError, Registry, SendEmail, open_pipeline
+from pipeline import Config, PermanentError, Registry, open_pipeline
 from pipeline.admin import run_admin_server
-from pipeline.jobs import GenerateSitemap, InvalidateCache
+from pipeline.site import SendEmail, types_registry
+from pipeline.site.jobs import GenerateSitemap, InvalidateCache
 
 FAILING_SUBJECT = "bounce"
 
 
 def seed_registry() -> Registry:
     """The built-in types; send_email and invalidate_cache have test handlers (the rest stay pending)."""
-    registry = Registry.with_builtins()
+    registry = types_registry()
 
     async def send_email(job: SendEmail, ctx: Any) -> None:
         if job.subject.startswith(FAILING_SUBJECT):

@@ -11,7 +11,7 @@ import attrs
 import trio
 
 import pipeline
-from pipeline import Registry
+from pipeline import Registry, site
 
 
 @attrs.frozen
@@ -46,7 +46,7 @@ async def echo(job: Echo, ctx: pipeline.JobContext) -> None:
 
 
 def registry(**options: Any) -> Registry:
-    reg = Registry.with_builtins()
+    reg = site.types_registry()
     reg.register("echo", Echo, echo, **options)
     return reg
 

@@ -16,9 +16,10 @@ from admin_harness import seed, seed_registry
 from conftest import fast_config
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipeline import Config, ConfigError, Registry, SendEmail, open_pipeline
+from pipeline import Config, ConfigError, Registry, open_pipeline
 from pipeline.admin import AdminBindError, check_bind, open_admin_listener, run_admin_server
-from pipeline.jobs import GenerateSitemap
+from pipeline.site import SendEmail
+from pipeline.site.jobs import GenerateSitemap
 
 TOKEN = "s3cret-token"
 

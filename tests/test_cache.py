@@ -19,8 +19,8 @@ from conftest import fast_config, require_service, service_available
 from jobkit import wait_status
 
 import pipeline
-from pipeline import InvalidateCache, PostCreated, Registry
-from pipeline.handlers import cache, default_registry
+from pipeline import site
+from pipeline.site import InvalidateCache, PostCreated, cache, default_registry
 
 REDIS_DB = 15
 REDIS_URL = f"redis://127.0.0.1:6379/{REDIS_DB}"
@@ -218,7 +218,7 @@ async def test_unreachable_redis_is_retried(db_path: Path) -> None:
         port = s.getsockname()[1]
     assert not service_available("127.0.0.1", port)
     config = fast_config(db_path, cache_url=f"redis://127.0.0.1:{port}/0")
-    registry = Registry.with_builtins()
+    registry = site.types_registry()
     cache.install(registry, config)
     async with pipeline.open_pipeline(config, registry) as p:  # starting does not need Redis
         job_id = await p.enqueue(InvalidateCache(keys=("post:1",)), max_attempts=2)

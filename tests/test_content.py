@@ -21,18 +21,24 @@ import trio
 from conftest import fast_config
 
 import pipeline
-from pipeline import (
+import pipeline.site.events
+from pipeline import Registry, cli, site
+from pipeline.backends.sqlite import migrations, store
+from pipeline.clock import format_ts, now_ts, to_epoch
+from pipeline.site import (
     GenerateSitemap,
     PostCreated,
     PostPublished,
     PostScheduled,
-    Registry,
     ScheduledPublish,
-    cli,
+    content,
+    content_store,
+    default_registry,
+    sitemap,
 )
-from pipeline.backends.sqlite import migrations, store
-from pipeline.clock import format_ts, now_ts, to_epoch
-from pipeline.handlers import content, content_store, default_registry, site_schema, sitemap
+from pipeline.site import (
+    schema as site_schema,
+)
 
 NS = {"sm": sitemap.NAMESPACE}
 SITE = "https://blog.example"
@@ -60,7 +66,7 @@ def post_row(conn: sqlite3.Connection, post_id: str) -> tuple[Any, ...]:
     return conn.execute("SELECT status, published_at, updated_at FROM posts WHERE id = ?", (post_id,)).fetchone()
 
 
-def schema(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
+def schema_of(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
     return conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name").fetchall()
 
 
@@ -102,10 +108,10 @@ def test_migrating_twice_changes_nothing(db_path: Path) -> None:
     conn = store.connect(db_path)
     assert migrations.migrate(conn, db_path) == [n for n, _, _ in migrations.MIGRATIONS]
     assert site_schema.migrate(conn, db_path) == [n for n, _, _ in site_schema.MIGRATIONS]
-    before = schema(conn)
+    before = schema_of(conn)
     versions = conn.execute("SELECT version, name, applied_at FROM site_migrations").fetchall()
     assert migrations.migrate(conn, db_path) == [] and site_schema.migrate(conn, db_path) == []
-    assert schema(conn) == before
+    assert schema_of(conn) == before
     assert conn.execute("SELECT version, name, applied_at FROM site_migrations").fetchall() == versions
 
     # the statements themselves are idempotent: replaying the site's first migration over its
@@ -115,7 +121,7 @@ def test_migrating_twice_changes_nothing(db_path: Path) -> None:
         conn.execute("INSERT INTO posts_fts (post_id, title, body) VALUES ('p1', 'kept', 'still here')")
         conn.execute("DELETE FROM site_migrations WHERE version = 1")
     assert site_schema.migrate(conn, db_path) == [1]
-    assert schema(conn) == before
+    assert schema_of(conn) == before
     assert conn.execute("SELECT title FROM posts").fetchall() == [("kept",)]
     assert conn.execute("SELECT post_id FROM posts_fts WHERE posts_fts MATCH 'kept'").fetchall() == [("p1",)]
 
@@ -168,7 +174,7 @@ async def test_a_newer_schema_is_refused(db_path: Path) -> None:
     with pytest.raises(pipeline.SchemaTooNew, match=rf"schema version {migrations.LATEST + 1}, newer than this pipeline knows \({migrations.LATEST}\)"):
         migrations.migrate(conn, db_path)
     with pytest.raises(pipeline.SchemaTooNew):
-        async with pipeline.open_pipeline(fast_config(db_path), Registry.with_builtins()):
+        async with pipeline.open_pipeline(fast_config(db_path), site.types_registry()):
             pass  # pragma: no cover
 
 
@@ -227,7 +233,7 @@ def test_a_publication_record_goes_with_its_job(db_path: Path) -> None:
     """Kept while the job may run again (a retry must know it published the post); deleted with
     the job's row by cleanup, so the table does not grow with every scheduled post."""
     conn = connect(db_path)
-    registry = pipeline.Registry.with_builtins()
+    registry = pipeline.site.types_registry()
     ids = []
     for post_id in ("a", "b"):
         add_post(conn, post_id, status="scheduled")
@@ -273,7 +279,7 @@ async def test_a_failed_emit_is_retried_and_the_retry_emits_post_published(db_pa
     add_post(conn, "p1", title="Retried", body="published once, announced after a retry", status="scheduled",
              publish_at=format_ts(time.time() - 1))
     registry = default_registry(config)
-    (_, real_route) = pipeline.events.BUILTIN_EVENTS["PostPublished"]
+    (_, real_route) = pipeline.site.events.BUILTIN_EVENTS["PostPublished"]
     calls = []
 
     def flaky_route(event: PostPublished, cfg: pipeline.Config) -> list[pipeline.Routed]:
@@ -479,7 +485,7 @@ async def test_generate_sitemap_handler_splits_with_the_installed_limit(db_path:
     for i in range(5):
         add_post(conn, f"p{i}", slug=f"s{i}", published_at=f"2024-05-0{i + 1}T00:00:00.000Z")
     add_post(conn, "draft", status="draft")
-    registry = Registry.with_builtins()
+    registry = site.types_registry()
     content.install(registry, config, sitemap_limit=2)
     async with pipeline.open_pipeline(config, registry) as p:
         job_id = await p.enqueue(GenerateSitemap())

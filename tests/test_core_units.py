@@ -18,6 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import pipeline
+import pipeline.site
 from pipeline import Config, ConfigError, cli, diagrams, states
 from pipeline.backends.sqlite import migrations, store
 from pipeline.ids import UUID7Factory
@@ -210,18 +211,18 @@ def test_stored_times_survive_a_round_trip(epoch: float) -> None:
 def test_oversized_payloads_and_events_are_refused_naming_the_limit() -> None:
     from pipeline.registry import MAX_PAYLOAD_BYTES
 
-    registry = pipeline.Registry.with_builtins()
+    registry = pipeline.site.types_registry()
     big = "é" * (MAX_PAYLOAD_BYTES // 2 + 1)  # two bytes each in UTF-8: just over the limit
     with pytest.raises(pipeline.InvalidPayload, match=r"over the limit of 1,048,576"):
-        registry.encode(pipeline.SendEmail(to="a@example.com", subject="s", body=big))
+        registry.encode(pipeline.site.SendEmail(to="a@example.com", subject="s", body=big))
     with pytest.raises(pipeline.InvalidPayload, match="over the limit"):
         registry.validate("send_email", '{"to": "a@example.com", "subject": "s", "body": "' + "x" * MAX_PAYLOAD_BYTES + '"}')
     with pytest.raises(pipeline.InvalidPayload, match="data of event 'UserRegistered'.*over the limit"):
         registry.decode_event("UserRegistered", {"user_id": "x" * MAX_PAYLOAD_BYTES, "email": "e", "username": "u"})
-    small = pipeline.Registry.with_builtins(max_payload_bytes=100)
-    small.encode(pipeline.SendEmail(to="a@example.com", subject="s", body="fits"))
+    small = pipeline.site.types_registry(max_payload_bytes=100)
+    small.encode(pipeline.site.SendEmail(to="a@example.com", subject="s", body="fits"))
     with pytest.raises(pipeline.InvalidPayload):
-        small.encode(pipeline.SendEmail(to="a@example.com", subject="s", body="x" * 100))
+        small.encode(pipeline.site.SendEmail(to="a@example.com", subject="s", body="x" * 100))
 
 
 @pytest.mark.parametrize("when", ["10000-01-01T00:00:00Z", "0001-01-01T00:00:00Z", 1e12 * 1000, -5.0, "soon", float("nan")])
@@ -240,13 +241,13 @@ async def test_run_after_outside_what_sorts_as_text_is_refused(tmp_path: Path, w
             await p.enqueue(Tick(1), run_after=when)
         assert (await p.backend.stats())["total"] == 0
     with pytest.raises(pipeline.InvalidPayload, match="publish_at 'someday'"):
-        pipeline.Registry.with_builtins().decode_event("PostScheduled", {"id": "1", "publish_at": "someday"})
+        pipeline.site.types_registry().decode_event("PostScheduled", {"id": "1", "publish_at": "someday"})
 
 
 def test_text_sqlite_cannot_store_and_deep_nesting_are_invalid_payloads() -> None:
-    registry = pipeline.Registry.with_builtins()
+    registry = pipeline.site.types_registry()
     with pytest.raises(pipeline.InvalidPayload, match="lone surrogate"):
-        registry.encode(pipeline.SendEmail(to="a@example.com", subject="photo-\udcff.jpg", body="b"))
+        registry.encode(pipeline.site.SendEmail(to="a@example.com", subject="photo-\udcff.jpg", body="b"))
     with pytest.raises(pipeline.InvalidPayload, match="lone surrogate"):
         registry.decode_event("UserRegistered", {"user_id": "1", "email": "e@example.com", "username": "J\udcf6rg"})
     deep = '{"keys": ' + "[" * 100_000 + "]" * 100_000 + "}"
@@ -297,7 +298,7 @@ def test_sequence_fields_take_json_arrays_only() -> None:
         with pytest.raises(pipeline.InvalidPayload, match=rf"expected an array, got \w+ @ {re.escape(where)}$"):
             registry.decode("shapes", {field: value})
     with pytest.raises(pipeline.InvalidPayload, match=r"InvalidateCache: expected an array, got str @ \$\.keys"):
-        pipeline.Registry.with_builtins().validate("invalidate_cache", {"keys": "post:1"})
+        pipeline.site.types_registry().validate("invalidate_cache", {"keys": "post:1"})
 
 
 @pytest.mark.parametrize(
@@ -331,8 +332,8 @@ def test_retry_later_delays_are_finite_and_capped(delay: float) -> None:
 
 
 async def test_an_emit_the_store_cannot_take_fails_alone(config: Config) -> None:
-    async with pipeline.open_pipeline(config, pipeline.Registry.with_builtins()) as p:
+    async with pipeline.open_pipeline(config, pipeline.site.types_registry()) as p:
         with pytest.raises(pipeline.InvalidPayload, match="lone surrogate"):
-            await p.emit(pipeline.UserRegistered(user_id="1", email="e@example.com", username="J\udcf6rg"))
-        ids = await p.emit(pipeline.UserRegistered(user_id="2", email="f@example.com", username="Jörg"))
+            await p.emit(pipeline.site.UserRegistered(user_id="1", email="e@example.com", username="J\udcf6rg"))
+        ids = await p.emit(pipeline.site.UserRegistered(user_id="2", email="f@example.com", username="Jörg"))
         assert len(ids) == 1

@@ -13,9 +13,8 @@ from pathlib import Path
 from conftest import fast_config
 from PIL import Image
 
-from pipeline import Registry
-from pipeline.demo import run_demo
-from pipeline.handlers import content
+from pipeline.site import content, types_registry
+from pipeline.site.demo import run_demo
 
 ALL_TYPES = {
     "convert_webp": 3, "generate_sitemap": 1, "generate_thumbnail": 3, "invalidate_cache": 7, "process_image": 1,
@@ -76,7 +75,7 @@ def test_the_demo_command_shows_every_handler_working(tmp_path: Path) -> None:
 
 def test_the_demo_runs_with_whatever_handlers_are_registered_and_again(tmp_path: Path) -> None:
     config = fast_config(tmp_path / "ignored.db")
-    registry = Registry.with_builtins()
+    registry = types_registry()
     content.install(registry, config)  # publishing, search and sitemap only
     for run in (1, 2):  # a second run re-seeds the same rows and reports only its own jobs
         out = io.StringIO()

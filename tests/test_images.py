@@ -17,10 +17,9 @@ from conftest import fast_config
 from PIL import Image
 
 import pipeline
-from pipeline import Compress, ConvertWebP, GenerateThumbnail, MediaUploaded, ProcessImage, Resize
 from pipeline.backends import JobRecord
-from pipeline.handlers import default_registry, images
-from pipeline.handlers.images import derived_dir_name, fit_within, operations_hash
+from pipeline.site import Compress, ConvertWebP, GenerateThumbnail, MediaUploaded, ProcessImage, Resize, default_registry, images
+from pipeline.site.images import derived_dir_name, fit_within, operations_hash
 from pipeline.sqlite_files import write_transaction
 
 RED, BLUE, GREEN = (220, 20, 20), (20, 20, 220), (20, 200, 20)

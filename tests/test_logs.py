@@ -15,8 +15,9 @@ import pytest
 import trio
 from conftest import fast_config
 
-from pipeline import Config, PermanentError, Registry, SendEmail, open_pipeline
+from pipeline import Config, PermanentError, Registry, open_pipeline
 from pipeline.logs import configure
+from pipeline.site import SendEmail, types_registry
 
 TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
@@ -31,7 +32,7 @@ def log_stream() -> Iterator[io.StringIO]:
 
 
 def registry() -> Registry:
-    reg = Registry.with_builtins()
+    reg = types_registry()
     tries: dict[str, int] = {}
 
     async def send_email(job: SendEmail, ctx: Any) -> None:

@@ -24,8 +24,8 @@ from conftest import fast_config
 from jobkit import wait_status
 
 import pipeline
-from pipeline import Registry, SendEmail, SendWelcomeEmail, UserRegistered
-from pipeline.handlers import default_registry, mail
+from pipeline import Registry, site
+from pipeline.site import SendEmail, SendWelcomeEmail, UserRegistered, default_registry, mail
 
 SENDER = "Blog <noreply@example.com>"
 
@@ -122,7 +122,7 @@ def mail_config(db_path: Path, port: int, **overrides: Any) -> pipeline.Config:
 
 
 def mail_registry(config: pipeline.Config, **options: Any) -> Registry:
-    registry = Registry.with_builtins()
+    registry = site.types_registry()
     mail.install(registry, config, **options)
     return registry
 

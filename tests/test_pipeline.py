@@ -12,8 +12,9 @@ from conftest import fast_config
 from jobkit import Echo, echo, registry, wait_status
 
 import pipeline
-from pipeline import Config, UserRegistered
+from pipeline import Config
 from pipeline.clock import now_ts, to_epoch
+from pipeline.site import UserRegistered
 
 
 async def test_enqueue_returns_once_committed(config: Config, db_path) -> None:
@@ -113,7 +114,7 @@ async def test_unknown_job_type_goes_dead_with_the_reason_after_a_grace_period(d
 
 async def test_types_without_a_handler_here_are_not_claimed(config: Config) -> None:
     async with pipeline.open_pipeline(config, registry()) as p:
-        mail = await p.enqueue(pipeline.SendEmail(to="a@example.com", subject="s", body="b"))
+        mail = await p.enqueue(pipeline.site.SendEmail(to="a@example.com", subject="s", body="b"))
         done = await p.enqueue(Echo("x"))
         await wait_status(p, done, "completed")
         await trio.sleep(config.poll_interval * 5)
@@ -145,7 +146,7 @@ async def test_emit_returns_the_committed_ids_of_the_routed_jobs(config: Config,
         job = await p.backend.get(ids[0])
         assert job.job_type == "send_welcome_email"
         assert json.loads(job.payload) == {"user_id": "u1", "email": "ann@example.com", "username": "ann"}
-        media = await p.emit(pipeline.MediaUploaded(id="m1"))
+        media = await p.emit(pipeline.site.MediaUploaded(id="m1"))
         types = sorted([(await p.backend.get(i)).job_type for i in media])
         assert types == ["convert_webp", "generate_thumbnail"]
 
@@ -155,7 +156,7 @@ async def test_many_concurrent_emits_are_all_committed(config: Config) -> None:
         results: list[list[str]] = []
 
         async def one(i: int) -> None:
-            results.append(await p.emit(pipeline.MediaUploaded(id=f"m{i}")))
+            results.append(await p.emit(pipeline.site.MediaUploaded(id=f"m{i}")))
 
         async with trio.open_nursery() as tn:
             for i in range(200):
@@ -171,7 +172,7 @@ async def test_priority_then_due_time_orders_the_claims(db_path) -> None:
     async def record(job: Echo, ctx: pipeline.JobContext) -> None:
         order.append(job.text)
 
-    reg = pipeline.Registry.with_builtins()
+    reg = pipeline.site.types_registry()
     reg.register("echo", Echo, record, concurrency=1)
     config = fast_config(db_path, worker_prefetch=0)
     async with pipeline.open_pipeline(config, reg) as p:
@@ -204,7 +205,7 @@ async def test_concurrency_is_bounded_per_type(config: Config) -> None:
         await trio.sleep(0.02)
         running -= 1
 
-    reg = pipeline.Registry.with_builtins()
+    reg = pipeline.site.types_registry()
     reg.register("echo", Echo, track, concurrency=3)
     async with pipeline.open_pipeline(config, reg) as p:
         ids = await p.enqueue_many([Echo(str(i)) for i in range(30)])
@@ -242,7 +243,7 @@ async def test_graceful_shutdown_returns_unfinished_jobs_uncounted(db_path) -> N
         started_runs[job.text].set()
         await echo(job, ctx)
 
-    reg = pipeline.Registry.with_builtins()
+    reg = pipeline.site.types_registry()
     reg.register("echo", Echo, run, concurrency=2)
     async with pipeline.open_pipeline(config, reg) as p:
         hung = await p.enqueue(Echo("hung", mode="hang"))
@@ -321,7 +322,7 @@ async def test_a_handler_that_blocks_the_loop_fails_saying_so_and_keeps_its_leas
         time.sleep(1.5)  # by mistake: blocks the whole event loop
         await trio.sleep(1)  # where the timeout lands, late
 
-    reg = pipeline.Registry.with_builtins()
+    reg = pipeline.site.types_registry()
     reg.register("echo", Echo, blocking, timeout=0.3)
     config = fast_config(db_path, worker_lease_seconds=0.6)
     rescued: list[object] = []
@@ -375,7 +376,7 @@ async def test_a_handler_that_finishes_late_without_being_cancelled_is_completed
                          (swallows_the_cancel, "or caught the Cancelled exception")):
         done.clear()
         caplog.clear()
-        reg = pipeline.Registry.with_builtins()
+        reg = pipeline.site.types_registry()
         reg.register("echo", Echo, handler, timeout=0.3)
         async with pipeline.open_pipeline(fast_config(db_path), reg) as p:
             job_id = await p.enqueue(Echo(handler.__name__))
@@ -391,7 +392,7 @@ async def test_a_job_finishing_in_the_shutdown_grace_can_still_emit(db_path) -> 
 
     async def slow_then_emit(job: Echo, ctx: pipeline.JobContext) -> None:
         await trio.sleep(0.3)  # still running when the pipeline starts shutting down
-        emitted.append(await ctx.emit(pipeline.MediaUploaded(id=job.text)))
+        emitted.append(await ctx.emit(pipeline.site.MediaUploaded(id=job.text)))
 
     started = trio.Event()
 
@@ -399,7 +400,7 @@ async def test_a_job_finishing_in_the_shutdown_grace_can_still_emit(db_path) -> 
         started.set()
         await slow_then_emit(job, ctx)
 
-    reg = pipeline.Registry.with_builtins()
+    reg = pipeline.site.types_registry()
     reg.register("echo", Echo, run)
     config = fast_config(db_path, worker_shutdown_timeout=2.0)
     async with pipeline.open_pipeline(config, reg) as p:
@@ -429,7 +430,7 @@ async def test_handler_errors_that_are_groups_or_hold_bad_text_settle_like_any_o
         if job.mode == "bad_text":
             raise pipeline.PermanentError(b"cannot read photo-\xff.jpg".decode("utf-8", "surrogateescape"))
 
-    reg = pipeline.Registry.with_builtins()
+    reg = pipeline.site.types_registry()
     reg.register("echo", Echo, grouped, timeout=0.2)
     async with pipeline.open_pipeline(fast_config(db_path), reg) as p:
         ids = [await p.enqueue(Echo(m, mode=m), max_attempts=1) for m in ("group_timeout", "group_permanent", "bad_text")]

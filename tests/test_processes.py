@@ -140,7 +140,7 @@ async def test_a_process_does_not_bury_the_backlog_of_a_live_worker_that_knows_i
         conn.execute("INSERT INTO jobs (id, job_type, payload) VALUES ('ghost', 'nobody_knows', '{}')")
         conn.commit()
         conn.close()
-        other = pipeline.Registry.with_builtins()  # no `echo` here
+        other = pipeline.site.types_registry()  # no `echo` here
         config = fast_config(db_path, worker_unknown_type_grace_seconds=0.5, worker_lease_seconds=0.6, admin_enabled=False)
         async with pipeline.open_pipeline(config, other) as p:
             await wait_status(p, "ghost", "dead", timeout=15)

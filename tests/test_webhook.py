@@ -36,9 +36,10 @@ from hypothesis import strategies as st
 from jobkit import wait_status
 
 import pipeline
-from pipeline import PostCreated, Registry
-from pipeline.handlers import default_registry, webhook
-from pipeline.handlers.webhook import (
+from pipeline import Registry, site
+from pipeline.site import PostCreated, default_registry, webhook
+from pipeline.site.jobs import WebhookNotify
+from pipeline.site.webhook import (
     DestinationRefused,
     GuardedNetworkBackend,
     open_http_client,
@@ -47,7 +48,6 @@ from pipeline.handlers.webhook import (
     retry_after_seconds,
     sign,
 )
-from pipeline.jobs import WebhookNotify
 
 SECRET = "whsec_" + base64.b64encode(b"test key: 32 bytes of randomness").decode()
 
@@ -428,7 +428,7 @@ async def test_https_verifies_the_host_name_while_connecting_to_the_checked_numb
     server = Receiver(SECRET, tls=server_tls)
     try:
         config = webhook_config(db_path)
-        registry = Registry.with_builtins()
+        registry = site.types_registry()
         webhook.install(registry, config, ssl_context=client_tls)
         async with running(config, registry) as p:
             good = await p.enqueue(WebhookNotify(url=server.url(host="localhost", scheme="https"), payload={"n": 1}))

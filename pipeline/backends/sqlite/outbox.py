@@ -33,7 +33,10 @@ def enqueue_in_transaction(
     Nothing is committed here: the job becomes visible when the caller commits, and
     vanishes if it rolls back. Returns the new job's id.
     """
-    registry = registry or Registry.with_builtins()
+    if registry is None:
+        from ...site import types_registry
+
+        registry = types_registry()
     job_type, payload = registry.encode(job)
     (row,) = prepare_rows(registry, [JobRequest(job_type, payload, max_attempts, run_after, priority)])
     insert_jobs(conn, [row])

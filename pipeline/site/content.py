@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..config import Config
-from ..jobs import GenerateSitemap, RebuildSearchIndex, ScheduledPublish
 from .content_db import RESOURCE as CONTENT
 from .content_db import open_content_database
+from .jobs import GenerateSitemap, RebuildSearchIndex, ScheduledPublish
 from .publish import scheduled_publish
 from .search import rebuild_search_index
 from .sitemap import RESOURCE as SITEMAP_RESOURCE

@@ -21,7 +21,7 @@ import trio
 from ..config import Config
 from ..errors import StoreError
 from ..sqlite_files import connect
-from . import site_schema
+from . import schema
 
 T = TypeVar("T")
 RESOURCE = "content"
@@ -79,7 +79,7 @@ async def open_content_database(config: Config) -> AsyncIterator[ContentDatabase
     """Open the content database, creating or migrating the site's tables."""
     db = ContentDatabase(content_path(config), busy_timeout_ms=config.sqlite_busy_timeout_ms, synchronous=config.sqlite_synchronous)
     try:
-        await db.run(site_schema.migrate, db.path)
+        await db.run(schema.migrate, db.path)
         yield db
     finally:
         db.close()

@@ -43,7 +43,7 @@ import trio
 
 from ..config import Config
 from ..errors import PermanentError
-from ..jobs import SendEmail, SendWelcomeEmail
+from .jobs import SendEmail, SendWelcomeEmail
 
 if TYPE_CHECKING:
     from ..pools import JobContext

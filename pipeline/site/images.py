@@ -71,10 +71,10 @@ from PIL import Image, ImageOps
 from ..clock import now_ts
 from ..config import Config
 from ..errors import PermanentError
-from ..jobs import Compress, ConvertWebP, GenerateThumbnail, ImageOperation, ProcessImage, Resize
 from ..sqlite_files import write_transaction
 from .content_db import RESOURCE as CONTENT
 from .content_db import ContentDatabase, open_content_database
+from .jobs import Compress, ConvertWebP, GenerateThumbnail, ImageOperation, ProcessImage, Resize
 
 if TYPE_CHECKING:
     from ..pools import JobContext

@@ -19,9 +19,9 @@ import logging
 import sqlite3
 from typing import TYPE_CHECKING, TextIO
 
-from ..jobs import RebuildSearchIndex
 from . import content_store
 from .content_db import RESOURCE as CONTENT
+from .jobs import RebuildSearchIndex
 
 if TYPE_CHECKING:
     from ..pools import JobContext

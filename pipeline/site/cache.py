@@ -31,7 +31,7 @@ import trio
 
 from ..config import Config
 from ..errors import ConfigError
-from ..jobs import InvalidateCache
+from .jobs import InvalidateCache
 
 if TYPE_CHECKING:
     from ..pools import JobContext

@@ -40,14 +40,13 @@ from typing import Any, TextIO
 import attrs
 import trio
 
-from . import events, jobs
-from .clock import format_ts, now_ts
-from .config import Config
+from ..clock import format_ts, now_ts
+from ..config import Config
+from ..registry import Registry
+from ..sqlite_files import write_transaction
+from . import content_store, events, jobs
+from .content_db import RESOURCE as CONTENT
 from .demo_sinks import HttpSink, SmtpSink
-from .handlers import content_store
-from .handlers.content_db import RESOURCE as CONTENT
-from .registry import Registry
-from .sqlite_files import write_transaction
 
 SCHEDULE_AHEAD = 3.0  # seconds until the scheduled post is due
 SEARCH_WORD = "trio"
@@ -181,8 +180,8 @@ async def wait_settled(p: Any, started: str, handled: set[str], timeout: float) 
 
 
 async def run(config: Config, root: Path, registry: Registry | None, timeout: float, schedule_ahead: float, out: TextIO) -> int:
-    from .app import open_pipeline
-    from .handlers import default_registry
+    from ..app import open_pipeline
+    from . import default_registry
 
     secret = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
     smtp, http = SmtpSink(), HttpSink(secret)
@@ -368,12 +367,12 @@ def _sitemap_urls(path: Path) -> list[tuple[str, str | None]] | None:
 def run_demo(config: Config, root: Path, *, registry: Registry | None = None, timeout: float = 60.0,
              verbose: bool = False, schedule_ahead: float = SCHEDULE_AHEAD, out: TextIO) -> int:
     """The ``demo`` command. Exit status 0 when no job of the run died and none was left running, 1 otherwise."""
-    from .errors import UsageError
+    from ..errors import UsageError
 
     if not timeout > 0:
         raise UsageError(f"--timeout must be a number of seconds > 0, got {timeout}")
     if verbose:
-        from .logs import configure
+        from ..logs import configure
 
         configure(config)
     root = root.resolve()

@@ -22,10 +22,10 @@ import logging
 from typing import TYPE_CHECKING
 
 from ..clock import now_ts
-from ..events import PostPublished
-from ..jobs import ScheduledPublish
 from . import content_store
 from .content_db import RESOURCE as CONTENT
+from .events import PostPublished
+from .jobs import ScheduledPublish
 
 if TYPE_CHECKING:
     from ..pools import JobContext

@@ -33,9 +33,9 @@ import attrs
 import trio
 
 from ..clock import UTC, parse_ts
-from ..jobs import GenerateSitemap
 from . import content_store
 from .content_db import RESOURCE as CONTENT
+from .jobs import GenerateSitemap
 
 if TYPE_CHECKING:
     from ..pools import JobContext

@@ -3,7 +3,7 @@
 Each is stored as ``job_type`` + a JSON payload of its fields; the names used in the
 ``job_type`` column are given in :data:`BUILTIN_JOB_TYPES`. ``ImageOperation`` keeps
 the seed's externally tagged shape: ``{"Resize": {"width": 800, "height": 600}}`` and
-``{"Compress": {"quality": 80}}`` (see ``Registry`` for the converter hooks).
+``{"Compress": {"quality": 80}}`` (:func:`register_hooks` teaches a registry's converter).
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+import cattrs
 from attrs import validators as v
+from cattrs.gen import make_dict_structure_fn
 
 _positive = [v.instance_of(int), v.gt(0)]
 
@@ -99,3 +101,21 @@ BUILTIN_JOB_TYPES: dict[str, type] = {
     "invalidate_cache": InvalidateCache,
     "generate_sitemap": GenerateSitemap,
 }
+
+
+def register_hooks(conv: cattrs.Converter) -> None:
+    """The seed's externally tagged ImageOperation: {"Resize": {...}} | {"Compress": {...}}."""
+    ops: dict[str, type] = {"Resize": Resize, "Compress": Compress}
+    fns = {tag: make_dict_structure_fn(cls, conv, _cattrs_forbid_extra_keys=True) for tag, cls in ops.items()}
+
+    def structure_op(value: Any, _type: Any) -> Any:
+        if not isinstance(value, dict) or len(value) != 1:
+            raise TypeError('an image operation is {"Resize": {"width", "height"}} or {"Compress": {"quality"}}')
+        ((tag, body),) = value.items()
+        if tag not in ops:
+            raise TypeError(f"unknown image operation {tag!r}; expected Resize or Compress")
+        return fns[tag](body, ops[tag])
+
+    conv.register_structure_hook(ImageOperation, structure_op)
+    for tag, cls in ops.items():
+        conv.register_unstructure_hook(cls, lambda op, tag=tag: {tag: attrs.asdict(op)})

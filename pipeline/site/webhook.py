@@ -86,7 +86,7 @@ import trio
 
 from ..config import Config
 from ..errors import PermanentError, RetryLater
-from ..jobs import WebhookNotify
+from .jobs import WebhookNotify
 
 if TYPE_CHECKING:
     from ..pools import JobContext

@@ -6,16 +6,16 @@ them. An application adds its own events and routes through ``Registry.add_event
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from ..clock import to_ts
+from ..registry import Routed
 from . import jobs
-from .clock import to_ts
 
 if TYPE_CHECKING:
-    from .config import Config
+    from ..config import Config
 
 
 @attrs.frozen
@@ -53,14 +53,6 @@ class UserRegistered:
 @attrs.frozen
 class MediaUploaded:
     id: str
-
-
-@attrs.frozen
-class Routed:
-    """One job an event leads to, with when it may run (None: now)."""
-
-    job: Any
-    run_after: dt.datetime | str | None = None
 
 
 def _webhooks(event_name: str, data: dict[str, Any], config: Config) -> list[Routed]:
