@@ -1,0 +1,83 @@
+"""The tree keeps the architecture: who may import whom, checked on the source (ast)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "pipeline"
+
+ACTORS = ["bus", "enqueuer", "poller", "pools", "leases", "backends.sqlite.ledger"]
+SQLITE_INTERNALS = {f"pipeline.backends.sqlite.{name}" for name in ("store", "db", "ledger", "migrations", "bulk")}
+ENTRY_POINTS = {"pipeline.cli", "pipeline.service"}  # where the application (the bundled site) is chosen
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module ``path`` imports, TYPE_CHECKING and function-level imports included."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.add(target)
+            found.update(f"{target}.{alias.name}" for alias in node.names)  # `from . import store`
+    return found
+
+
+MODULES = {module_name(path): imports_of(path) for path in ROOT.rglob("*.py")}
+
+
+def test_the_scan_sees_the_tree() -> None:
+    assert "pipeline.poller" in MODULES and "pipeline.backends.sqlite.store" in MODULES["pipeline.backends.sqlite.ledger"]
+
+
+@pytest.mark.parametrize("actor", ACTORS)
+def test_no_actor_imports_the_wiring(actor: str) -> None:
+    imported = MODULES[f"pipeline.{actor}"]
+    assert "pipeline.app" not in imported, f"pipeline.{actor} imports the wiring module"
+
+
+def test_nothing_outside_the_sqlite_backend_imports_its_store_or_database() -> None:
+    offenders = {
+        name: sorted(imported & SQLITE_INTERNALS)
+        for name, imported in MODULES.items()
+        if not name.startswith("pipeline.backends.sqlite") and imported & SQLITE_INTERNALS
+    }
+    assert offenders == {}
+
+
+def test_the_engine_does_not_depend_on_the_bundled_site() -> None:
+    offenders = {
+        name: sorted(m for m in imported if m.startswith("pipeline.site"))
+        for name, imported in MODULES.items()
+        if not name.startswith("pipeline.site") and name not in ENTRY_POINTS
+        and any(m.startswith("pipeline.site") for m in imported)
+    }
+    # the outbox's default registry is the site's types, imported only when no registry is given
+    assert offenders == {"pipeline.backends.sqlite.outbox": ["pipeline.site", "pipeline.site.types_registry"]}
+
+
+def test_the_site_reaches_jobs_only_through_the_engines_public_names() -> None:
+    offenders = {
+        name: sorted(m for m in imported if m.startswith("pipeline.backends"))
+        for name, imported in MODULES.items()
+        if name.startswith("pipeline.site") and any(m.startswith("pipeline.backends") for m in imported)
+    }
+    assert offenders == {}
