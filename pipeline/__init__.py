@@ -16,10 +16,11 @@ import importlib as _importlib
 import typing as _typing
 
 if _typing.TYPE_CHECKING:
-    from .app import Pipeline, open_pipeline
     from .backends import Backend, JobRecord
     from .backends.sqlite.outbox import enqueue_in_transaction
     from .config import Config
+    from .engine.actors.pools import JobContext
+    from .engine.wiring import Pipeline, open_pipeline
     from .errors import (
         ConfigError,
         DatabaseUnavailable,
@@ -35,7 +36,6 @@ if _typing.TYPE_CHECKING:
         UnknownJobType,
         UsageError,
     )
-    from .pools import JobContext
     from .registry import Registry, Routed
     from .service import serve
     from .states import Status
@@ -46,11 +46,11 @@ _MODULE_OF = {
     "ConfigError": "errors",
     "DatabaseUnavailable": "errors",
     "InvalidPayload": "errors",
-    "JobContext": "pools",
+    "JobContext": "engine.actors.pools",
     "JobError": "errors",
     "JobRecord": "backends",
     "PermanentError": "errors",
-    "Pipeline": "app",
+    "Pipeline": "engine.wiring",
     "PipelineClosed": "errors",
     "PipelineError": "errors",
     "Registry": "registry",
@@ -63,7 +63,7 @@ _MODULE_OF = {
     "UnknownJobType": "errors",
     "UsageError": "errors",
     "enqueue_in_transaction": "backends.sqlite.outbox",
-    "open_pipeline": "app",
+    "open_pipeline": "engine.wiring",
     "serve": "service",
 }
 

@@ -494,7 +494,7 @@ def cmd_stats(args: argparse.Namespace, config: Config, registry: Registry | Non
 def cmd_diagrams(args: argparse.Namespace, config: Config, registry: Registry | None, out: TextIO) -> int:
     import trio
 
-    from . import diagrams
+    from .engine import diagrams
     from .service import record_wiring
 
     wiring = trio.run(record_wiring, registry)

@@ -29,7 +29,7 @@ from .errors import InvalidPayload, UnknownEvent, UnknownJobType
 
 if TYPE_CHECKING:
     from .config import Config
-    from .pools import JobContext
+    from .engine.actors.pools import JobContext
 
 Handler = Callable[[Any, "JobContext"], Awaitable[None]]
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import trio
 
-from . import diagrams
 from .config import Config
+from .engine import diagrams
 from .registry import Registry
 
 log = logging.getLogger("pipeline")
@@ -45,7 +45,7 @@ async def serve(config: Config, registry: Registry | None = None, *, ready: Call
 
 
 async def _serve(config: Config, registry: Registry | None, listener: Any, ready: Callable[[Any], None] | None) -> None:
-    from .app import open_pipeline
+    from .engine.wiring import open_pipeline
 
     if registry is None:  # the bundled site, as `python -m pipeline` runs it
         from .site import default_registry
@@ -94,7 +94,7 @@ async def record_wiring(registry: Registry | None) -> diagrams.Wiring:
     """Open a throw-away pipeline on a temporary file to record the channels it creates."""
     import tempfile
 
-    from .app import open_pipeline
+    from .engine.wiring import open_pipeline
     from .site import GenerateSitemap, types_registry
 
     reg = registry or types_registry()

@@ -9,7 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "pipeline"
 
-ACTORS = ["bus", "enqueuer", "poller", "pools", "leases", "backends.sqlite.ledger"]
+ACTORS = [*(f"engine.actors.{name}" for name in ("bus", "enqueuer", "poller", "pools", "leases")), "backends.sqlite.ledger"]
 SQLITE_INTERNALS = {f"pipeline.backends.sqlite.{name}" for name in ("store", "db", "ledger", "migrations", "bulk")}
 ENTRY_POINTS = {"pipeline.cli", "pipeline.service"}  # where the application (the bundled site) is chosen
 
@@ -45,13 +45,13 @@ MODULES = {module_name(path): imports_of(path) for path in ROOT.rglob("*.py")}
 
 
 def test_the_scan_sees_the_tree() -> None:
-    assert "pipeline.poller" in MODULES and "pipeline.backends.sqlite.store" in MODULES["pipeline.backends.sqlite.ledger"]
+    assert "pipeline.engine.actors.poller" in MODULES and "pipeline.backends.sqlite.store" in MODULES["pipeline.backends.sqlite.ledger"]
 
 
 @pytest.mark.parametrize("actor", ACTORS)
 def test_no_actor_imports_the_wiring(actor: str) -> None:
     imported = MODULES[f"pipeline.{actor}"]
-    assert "pipeline.app" not in imported, f"pipeline.{actor} imports the wiring module"
+    assert "pipeline.engine.wiring" not in imported, f"pipeline.{actor} imports the wiring module"
 
 
 def test_nothing_outside_the_sqlite_backend_imports_its_store_or_database() -> None:

@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 
 import pipeline
 import pipeline.site
-from pipeline import Config, ConfigError, cli, diagrams, states
+from pipeline import Config, ConfigError, cli, states
 from pipeline.backends.sqlite import migrations, store
+from pipeline.engine import diagrams
 from pipeline.ids import UUID7Factory
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -168,7 +169,7 @@ def test_commands_on_the_job_store_import_neither_the_actors_nor_the_handlers() 
     # `enqueue --from-file` and friends open the backend alone: the actors and the handlers'
     # libraries (httpx, Pillow, redis) would only slow every command's start-up down
     code = ("import sys, pipeline.cli, pipeline.admin.inputs; "
-            "print(sorted(m for m in ('pipeline.app', 'httpx', 'PIL', 'redis') if m in sys.modules))")
+            "print(sorted(m for m in ('pipeline.engine.wiring', 'httpx', 'PIL', 'redis') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]", result.stdout
 

@@ -31,7 +31,7 @@ from . import inputs
 from .metrics import CONTENT_TYPE, Metrics
 
 if TYPE_CHECKING:
-    from ..app import Pipeline
+    from ..engine.wiring import Pipeline
 
 log = logging.getLogger("pipeline.admin")
 

@@ -36,7 +36,7 @@ from .openapi import openapi_document
 from .security import AdminGuard, is_loopback_name
 
 if TYPE_CHECKING:
-    from ..app import Pipeline
+    from ..engine.wiring import Pipeline
 
 log = logging.getLogger("pipeline.admin")
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import trio
 
     from ..config import Config
-    from ..diagrams import Wiring
+    from ..engine.diagrams import Wiring
 
 __all__ = [
     "Backend", "ClaimOffer", "Claimed", "JobRecord", "Lease", "LeaseRenewer", "NewJob", "Nudge", "Settlement",

@@ -34,7 +34,7 @@ from ..errors import ConfigError
 from .jobs import InvalidateCache
 
 if TYPE_CHECKING:
-    from ..pools import JobContext
+    from ..engine.actors.pools import JobContext
     from ..registry import Registry
 
 log = logging.getLogger("pipeline.cache")

@@ -180,7 +180,7 @@ async def wait_settled(p: Any, started: str, handled: set[str], timeout: float) 
 
 
 async def run(config: Config, root: Path, registry: Registry | None, timeout: float, schedule_ahead: float, out: TextIO) -> int:
-    from ..app import open_pipeline
+    from ..engine.wiring import open_pipeline
     from . import default_registry
 
     secret = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()

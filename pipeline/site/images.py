@@ -77,7 +77,7 @@ from .content_db import ContentDatabase, open_content_database
 from .jobs import Compress, ConvertWebP, GenerateThumbnail, ImageOperation, ProcessImage, Resize
 
 if TYPE_CHECKING:
-    from ..pools import JobContext
+    from ..engine.actors.pools import JobContext
     from ..registry import Registry
 
 RESOURCE = "images"

@@ -46,7 +46,7 @@ from ..errors import PermanentError
 from .jobs import SendEmail, SendWelcomeEmail
 
 if TYPE_CHECKING:
-    from ..pools import JobContext
+    from ..engine.actors.pools import JobContext
     from ..registry import Registry
 
 log = logging.getLogger("pipeline.mail")

@@ -38,7 +38,7 @@ from .content_db import RESOURCE as CONTENT
 from .jobs import GenerateSitemap
 
 if TYPE_CHECKING:
-    from ..pools import JobContext
+    from ..engine.actors.pools import JobContext
 
 log = logging.getLogger("pipeline.sitemap")
 

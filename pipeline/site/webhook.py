@@ -89,7 +89,7 @@ from ..errors import PermanentError, RetryLater
 from .jobs import WebhookNotify
 
 if TYPE_CHECKING:
-    from ..pools import JobContext
+    from ..engine.actors.pools import JobContext
     from ..registry import Registry
 
 RESOURCE = "http"

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ...clock import format_ts, now_ts, to_epoch
+from ...engine.messages import Reply
 from ...errors import PipelineClosed, StoreError, UsageError
-from ...messages import Reply
 from ..base import ClaimOffer, JobRecord, Lease, NewJob, Nudge, Settlement
 from . import migrations, store
 from .bulk import BulkInsert
@@ -33,7 +33,7 @@ from .db import Database, describe, open_database
 from .ledger import Command, LedgerStats, Tray, run_ledger
 
 if TYPE_CHECKING:
-    from ...diagrams import Wiring
+    from ...engine.diagrams import Wiring
 
 LEDGER_INBOX = 4096  # commands waiting for the Ledger before writers block
 

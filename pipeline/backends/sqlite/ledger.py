@@ -27,8 +27,8 @@ import attrs
 import trio
 
 from ...clock import now_ts
+from ...engine.messages import Reply
 from ...errors import PipelineClosed
-from ...messages import Reply
 from ...states import Transition
 from ..base import Claimed, ClaimOffer, NewJob, Nudge, Settlement, nudge
 from . import store

@@ -28,8 +28,8 @@ from collections.abc import Mapping, Sequence
 
 import trio
 
-from .backends.base import Backend, LeaseRenewer
-from .errors import PipelineError, StoreError
+from ...backends.base import Backend, LeaseRenewer
+from ...errors import PipelineError, StoreError
 from .pools import Pool
 
 log = logging.getLogger("pipeline.leases")

@@ -29,15 +29,15 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from . import states
-from .backends.base import Backend, Lease, Nudge, Settlement, nudge
-from .clock import to_epoch
-from .errors import InvalidPayload, PermanentError, PipelineError, RetryLater, StoreError
-from .states import Transition
+from ... import states
+from ...backends.base import Backend, Lease, Nudge, Settlement, nudge
+from ...clock import to_epoch
+from ...errors import InvalidPayload, PermanentError, PipelineError, RetryLater, StoreError
+from ...states import Transition
 
 if TYPE_CHECKING:
-    from .config import Config
-    from .registry import JobSpec
+    from ...config import Config
+    from ...registry import JobSpec
 
 log = logging.getLogger("pipeline.jobs")
 

@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 import trio
 
-from .backends.base import Backend, NewJob
+from ...backends.base import Backend, NewJob
+from ...errors import PipelineError
 from .bus import Envelope
-from .errors import PipelineError
 
 log = logging.getLogger("pipeline.enqueuer")
 

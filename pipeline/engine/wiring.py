@@ -28,19 +28,19 @@ from typing import Any
 
 import trio
 
-from .backends import Backend, ClaimOffer, Lease, NewJob, Nudge, open_backend
-from .bus import Envelope, run_event_bus
-from .clock import now_ts, to_ts
-from .config import Config
+from ..backends import Backend, ClaimOffer, Lease, NewJob, Nudge, open_backend
+from ..clock import now_ts, to_ts
+from ..config import Config
+from ..errors import PipelineClosed, UsageError
+from ..ids import UUID7Factory
+from ..registry import Registry
+from .actors.bus import Envelope, run_event_bus
+from .actors.enqueuer import run_enqueuer
+from .actors.leases import Heartbeat, run_lease_keeper
+from .actors.poller import run_poller
+from .actors.pools import JobContext, Outcome, Pool, Workers, describe_outcome, run_worker
 from .diagrams import Wiring
-from .enqueuer import run_enqueuer
-from .errors import PipelineClosed, UsageError
-from .ids import UUID7Factory
-from .leases import Heartbeat, run_lease_keeper
 from .messages import Reply
-from .poller import run_poller
-from .pools import JobContext, Outcome, Pool, Workers, describe_outcome, run_worker
-from .registry import Registry
 
 log = logging.getLogger("pipeline")
 

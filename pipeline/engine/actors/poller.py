@@ -17,8 +17,8 @@ from collections.abc import Mapping
 
 import trio
 
-from .backends.base import Backend, Claimed, ClaimOffer, Lease, Nudge
-from .errors import PipelineError, StoreError
+from ...backends.base import Backend, Claimed, ClaimOffer, Lease, Nudge
+from ...errors import PipelineError, StoreError
 from .pools import Pool
 
 log = logging.getLogger("pipeline.poller")

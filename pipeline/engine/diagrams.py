@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 import trio
 
-from .states import TRANSITIONS, Status
+from ..states import TRANSITIONS, Status
 
 
 @attrs.define
