@@ -10,7 +10,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent / "pipeline"
 
 ACTORS = [*(f"engine.actors.{name}" for name in ("bus", "enqueuer", "poller", "pools", "leases")), "backends.sqlite.ledger"]
-SQLITE_INTERNALS = {f"pipeline.backends.sqlite.{name}" for name in ("store", "db", "ledger", "migrations", "bulk")}
+SQLITE_INTERNALS = {f"pipeline.backends.sqlite.{name}" for name in ("store", "queries", "db", "ledger", "migrations", "bulk")}
 ENTRY_POINTS = {"pipeline.cli", "pipeline.service"}  # where the application (the bundled site) is chosen
 
 

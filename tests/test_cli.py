@@ -25,7 +25,7 @@ import trio
 from admin_harness import seed
 from conftest import fast_config
 
-from pipeline.backends.sqlite import store
+from pipeline.backends.sqlite import queries, store
 from pipeline.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,7 +49,7 @@ def run(*argv: str) -> tuple[int, str]:
 def rows(path: Path) -> list[store.JobRecord]:
     conn = store.connect(path)
     try:
-        return store.list_jobs(conn, limit=10_000)[0]
+        return queries.list_jobs(conn, limit=10_000)[0]
     finally:
         conn.close()
 
@@ -57,7 +57,7 @@ def rows(path: Path) -> list[store.JobRecord]:
 def status_of(path: Path, job_id: str) -> str | None:
     conn = store.connect(path)
     try:
-        job = store.get_job(conn, job_id)
+        job = queries.get_job(conn, job_id)
         return None if job is None else job.status
     finally:
         conn.close()
@@ -172,7 +172,7 @@ def test_retry_delete_cleanup(db: Path, seeded: dict[str, list[str]], capsys: py
     dead = seeded["dead"][0]
     code, out = run("jobs", "retry", dead)
     assert code == 0 and "dead → pending" in out
-    job = store.get_job(store.connect(db), dead)
+    job = queries.get_job(store.connect(db), dead)
     assert job is not None and (job.status, job.attempts) == ("pending", 0)
     code, _ = run("jobs", "retry", dead)
     assert code == 2 and "only dead jobs can be retried" in capsys.readouterr().err

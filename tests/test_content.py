@@ -23,7 +23,7 @@ from conftest import fast_config
 import pipeline
 import pipeline.site.events
 from pipeline import Registry, cli, site
-from pipeline.backends.sqlite import migrations, store
+from pipeline.backends.sqlite import migrations, queries, store
 from pipeline.clock import format_ts, now_ts, to_epoch
 from pipeline.site import (
     GenerateSitemap,
@@ -242,7 +242,7 @@ def test_a_publication_record_goes_with_its_job(db_path: Path) -> None:
         assert content_store.publish_scheduled(conn, post_id, ids[-1], now_ts()).outcome == "published"
     conn.execute("UPDATE jobs SET status = 'completed' WHERE id = ?", (ids[0],))
     with store.write_transaction(conn):
-        assert store.cleanup(conn, statuses=["completed"]) == 1
+        assert queries.cleanup(conn, statuses=["completed"]) == 1
     assert conn.execute("SELECT job_id, post_id FROM post_publications").fetchall() == [(ids[1], "b")]
     # a file from before migration 4 loses its orphans when it is applied
     conn.execute("INSERT INTO post_publications (job_id, post_id, published_at) VALUES ('gone', 'x', 'now')")

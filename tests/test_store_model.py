@@ -14,7 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from pipeline import states
 from pipeline.backends import NewJob, Settlement
-from pipeline.backends.sqlite import migrations, store
+from pipeline.backends.sqlite import migrations, queries, store
 from pipeline.clock import format_ts
 from pipeline.ids import UUID7Factory
 from pipeline.states import Transition
@@ -170,7 +170,7 @@ class StoreVsModel(RuleBasedStateMachine):
     def admin_retry(self, data: st.DataObject) -> None:
         job_id = data.draw(st.sampled_from(sorted(i for i, j in self.model.items() if j.status == "dead")))
         with store.write_transaction(self.conn):
-            record = store.revive(self.conn, job_id, now=self.ts)
+            record = queries.revive(self.conn, job_id, now=self.ts)
         assert (record.status, record.attempts) == ("pending", 0)
         job = self.model[job_id]
         job.status, job.attempts, job.run_after, job.permanent = "pending", 0, self.now, False

@@ -38,16 +38,9 @@ from jobkit import wait_status
 import pipeline
 from pipeline import Registry, site
 from pipeline.site import PostCreated, default_registry, webhook
+from pipeline.site.egress import DestinationRefused, GuardedNetworkBackend, parse_ip_literal, refusal_reason
 from pipeline.site.jobs import WebhookNotify
-from pipeline.site.webhook import (
-    DestinationRefused,
-    GuardedNetworkBackend,
-    open_http_client,
-    parse_ip_literal,
-    refusal_reason,
-    retry_after_seconds,
-    sign,
-)
+from pipeline.site.webhook import open_http_client, retry_after_seconds, sign
 
 SECRET = "whsec_" + base64.b64encode(b"test key: 32 bytes of randomness").decode()
 

@@ -27,7 +27,7 @@ from ...clock import format_ts, now_ts, to_epoch
 from ...engine.messages import Reply
 from ...errors import PipelineClosed, StoreError, UsageError
 from ..base import ClaimOffer, JobRecord, Lease, NewJob, Nudge, Settlement
-from . import migrations, store
+from . import migrations, queries, store
 from .bulk import BulkInsert
 from .db import Database, describe, open_database
 from .ledger import Command, LedgerStats, Tray, run_ledger
@@ -145,35 +145,35 @@ class SqliteBackend:
     # -- operators ------------------------------------------------------------------------------
 
     async def get(self, job_id: str) -> JobRecord | None:
-        return await self._db.read(store.get_job, job_id)
+        return await self._db.read(queries.get_job, job_id)
 
     async def list(
         self, *, status: str | None = None, job_type: str | None = None, limit: int = 50, offset: int = 0
     ) -> tuple[list[JobRecord], int]:
         return await self._db.read(
-            functools.partial(store.list_jobs, status=status, job_type=job_type, limit=limit, offset=offset)
+            functools.partial(queries.list_jobs, status=status, job_type=job_type, limit=limit, offset=offset)
         )
 
     async def stats(self) -> dict[str, Any]:
-        return await self._db.read(lambda conn: store.operator_stats(conn, now=now_ts()))
+        return await self._db.read(lambda conn: queries.operator_stats(conn, now=now_ts()))
 
     async def revive(self, job_id: str) -> JobRecord:
-        return await self._call("revive", lambda conn, now: store.revive(conn, job_id, now=now), wakes_poller=True)
+        return await self._call("revive", lambda conn, now: queries.revive(conn, job_id, now=now), wakes_poller=True)
 
     async def delete(self, job_id: str) -> None:
-        await self._call("delete", lambda conn, now: store.delete_job(conn, job_id))
+        await self._call("delete", lambda conn, now: queries.delete_job(conn, job_id))
 
     async def cleanup(self, *, statuses: Sequence[str] = ("completed", "dead"), older_than_seconds: float | None = None) -> int:
         statuses = tuple(statuses)
 
         def write(conn: sqlite3.Connection, now: str) -> int:
             cutoff = None if older_than_seconds is None else format_ts(to_epoch(now) - older_than_seconds)
-            return store.cleanup(conn, statuses=statuses, older_than=cutoff)
+            return queries.cleanup(conn, statuses=statuses, older_than=cutoff)
 
         return await self._call("cleanup", write)
 
     async def ping(self) -> None:
-        await self._db.read(store.ping)
+        await self._db.read(queries.ping)
 
     # -- the engine's housekeeping -----------------------------------------------------------------
 

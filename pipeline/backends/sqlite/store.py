@@ -19,17 +19,11 @@ import attrs
 
 from ... import states
 from ...clock import format_ts, to_epoch
-from ...errors import UsageError
 from ...sqlite_files import connect, write_transaction  # noqa: F401 - re-exported: store.connect, store.write_transaction
-from ...states import Status
-from ..base import JobRecord, Lease, NewJob, Settlement
+from ..base import Lease, NewJob, Settlement
 
 # -- records --------------------------------------------------------------------------------
 
-COLUMNS = (
-    "id, job_type, payload, status, attempts, max_attempts, run_after, error, "
-    "created_at, updated_at, priority, lease_owner, lease_expires_at"
-)
 
 
 @attrs.frozen
@@ -257,140 +251,3 @@ def live_job_types(conn: sqlite3.Connection, *, since: str) -> set[str]:
         except (ValueError, TypeError):
             continue
     return types
-
-
-# -- operator actions -----------------------------------------------------------------------
-
-
-def revive(conn: sqlite3.Connection, job_id: str, *, now: str) -> JobRecord:
-    """Admin retry: dead → pending, attempts reset, due now. UsageError if not dead."""
-    job = get_job(conn, job_id)
-    if job is None:
-        raise LookupError(f"no job with id {job_id!r}")
-    if job.status != Status.DEAD:
-        raise UsageError(f"job {job_id} is {job.status}, only dead jobs can be retried")
-    conn.execute(
-        "UPDATE jobs SET status = 'pending', attempts = 0, run_after = ?, updated_at = ? WHERE id = ? AND status = 'dead'",
-        (now, now, job_id),
-    )
-    return get_job(conn, job_id)  # type: ignore[return-value]
-
-
-def delete_job(conn: sqlite3.Connection, job_id: str) -> None:
-    """Delete a job record; LookupError if unknown, UsageError if it is running."""
-    job = get_job(conn, job_id)
-    if job is None:
-        raise LookupError(f"no job with id {job_id!r}")
-    if job.status == Status.RUNNING:
-        raise UsageError(f"job {job_id} is running; wait for it to finish before deleting it")
-    conn.execute("DELETE FROM jobs WHERE id = ? AND status != 'running'", (job_id,))
-
-
-def cleanup(conn: sqlite3.Connection, *, statuses: Sequence[str] = ("completed", "dead"), older_than: str | None = None) -> int:
-    """Delete finished records (completed/dead), optionally only those last updated before ``older_than``."""
-    bad = [s for s in statuses if s not in states.TERMINAL]
-    if bad or not statuses:
-        raise UsageError(f"cleanup deletes only completed or dead jobs, not {bad or 'nothing'}")
-    marks = ",".join("?" for _ in statuses)
-    if older_than is None:
-        return conn.execute(f"DELETE FROM jobs WHERE status IN ({marks})", tuple(statuses)).rowcount
-    return conn.execute(
-        f"DELETE FROM jobs WHERE status IN ({marks}) AND updated_at < ?", (*statuses, older_than)
-    ).rowcount
-
-
-# -- reads ------------------------------------------------------------------------------------
-
-
-def get_job(conn: sqlite3.Connection, job_id: str) -> JobRecord | None:
-    row = conn.execute(f"SELECT {COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
-    return JobRecord(*row) if row else None
-
-
-def list_jobs(
-    conn: sqlite3.Connection, *, status: str | None = None, job_type: str | None = None, limit: int = 50, offset: int = 0
-) -> tuple[list[JobRecord], int]:
-    """Newest first (ids are time-ordered), with the total that matches the filters."""
-    if status is not None and status not in set(Status):
-        raise UsageError(f"unknown status {status!r}; expected one of {', '.join(Status)}")
-    where, params = [], []
-    if status is not None:
-        where.append("status = ?")
-        params.append(status)
-    if job_type is not None:
-        where.append("job_type = ?")
-        params.append(job_type)
-    clause = f"WHERE {' AND '.join(where)}" if where else ""
-    (total,) = conn.execute(f"SELECT count(*) FROM jobs {clause}", params).fetchone()
-    rows = conn.execute(
-        f"SELECT {COLUMNS} FROM jobs {clause} ORDER BY id DESC LIMIT ? OFFSET ?", (*params, limit, offset)
-    ).fetchall()
-    return [JobRecord(*r) for r in rows], int(total)
-
-
-def count_by_status(conn: sqlite3.Connection, status: str) -> int:
-    (n,) = conn.execute("SELECT count(*) FROM jobs WHERE status = ?", (status,)).fetchone()
-    return int(n)
-
-
-def stats(conn: sqlite3.Connection) -> dict[str, Any]:
-    """Counts by status, and by type and status."""
-    by_status = {s.value: 0 for s in Status}
-    for status, n in conn.execute("SELECT status, count(*) FROM jobs GROUP BY status"):
-        by_status[status] = n
-    by_type: dict[str, dict[str, int]] = {}
-    for job_type, status, n in conn.execute("SELECT job_type, status, count(*) FROM jobs GROUP BY job_type, status"):
-        by_type.setdefault(job_type, {s.value: 0 for s in Status})[status] = n
-    return {"by_status": by_status, "by_type": by_type, "total": sum(by_status.values())}
-
-
-# -- operator views (the admin API, the dashboard, `stats`, /metrics) ---------------------------
-
-_FINISHED_PER_MINUTE = (
-    "SELECT substr(updated_at, 1, 16) AS minute, status, count(*) FROM jobs "
-    "WHERE status IN ('completed', 'dead') AND updated_at >= ? GROUP BY minute, status"
-)
-
-
-def finished_per_minute(conn: sqlite3.Connection, *, now: str, minutes: int = 60) -> list[dict[str, Any]]:
-    """Jobs that reached completed or dead in each of the last ``minutes`` minutes, oldest first.
-
-    Counted from the rows still in the table (``updated_at`` of a final row is when it
-    finished), so records removed by cleanup are no longer counted.
-    """
-    end = int(to_epoch(now) // 60) * 60  # start of the current minute
-    first = end - (minutes - 1) * 60
-    buckets = {format_ts(first + i * 60)[:16]: {"completed": 0, "dead": 0} for i in range(minutes)}
-    for minute, status, n in conn.execute(_FINISHED_PER_MINUTE, (format_ts(first),)):
-        if minute in buckets:  # a clock set back can leave rows "in the future"
-            buckets[minute][status] = n
-    return [{"minute": f"{minute}:00Z", **counts} for minute, counts in buckets.items()]
-
-
-def oldest_due_pending(conn: sqlite3.Connection, *, now: str) -> str | None:
-    """``run_after`` of the pending job that has been due the longest (None: nothing is due)."""
-    # INDEXED BY: the planner would otherwise pick idx_jobs_status and sort every pending
-    # row (33 ms at 40k pending); the partial index answers in microseconds
-    (oldest,) = conn.execute(
-        "SELECT min(run_after) FROM jobs INDEXED BY idx_jobs_run_after WHERE status = 'pending' AND run_after <= ?", (now,)
-    ).fetchone()
-    return oldest
-
-
-def operator_stats(conn: sqlite3.Connection, *, now: str) -> dict[str, Any]:
-    """:func:`stats` plus throughput over the last hour and how late the queue is running."""
-    out = stats(conn)
-    out["finished_per_minute"] = finished_per_minute(conn, now=now)
-    oldest = oldest_due_pending(conn, now=now)
-    try:
-        age = None if oldest is None else round(max(to_epoch(now) - to_epoch(oldest), 0.0), 3)
-    except ValueError:  # a row written by other SQL with a run_after that is not ISO 8601
-        age = None
-    out["oldest_due_pending_age_seconds"] = age
-    out["now"] = now
-    return out
-
-
-def ping(conn: sqlite3.Connection) -> None:
-    """Health check: the file opens and the jobs table can be read."""
-    conn.execute("SELECT 1 FROM jobs LIMIT 1").fetchall()
