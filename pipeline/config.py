@@ -8,6 +8,7 @@ DESIGN 6). A bad value raises ConfigError naming the variable and what it accept
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -81,9 +82,7 @@ def _database_url(text: str) -> str:
     text = text.strip()
     if text.startswith("sqlite:///") and len(text) > len("sqlite:///"):
         return text
-    if text.startswith(("redis://", "rediss://")):
-        return text
-    raise ValueError("sqlite:///RELATIVE/PATH.db, sqlite:////ABSOLUTE/PATH.db or redis://HOST:PORT/DB")
+    raise ValueError("sqlite:///RELATIVE/PATH.db or sqlite:////ABSOLUTE/PATH.db (this version stores jobs in SQLite only)")
 
 
 def _site_database_url(text: str) -> str:
@@ -188,6 +187,39 @@ _PARSERS: dict[str, tuple[str, Callable[[str], Any]]] = {
 }
 
 
+_KIND_NAMES = {int: "an integer", float: "a number", bool: "True or False", str: "text", tuple: "a tuple of text"}
+_SECRETS = {"WEBHOOK_SECRET", "SMTP_PASSWORD", "ADMIN_TOKEN"}  # never echoed in a message
+_URLS = {"DATABASE_URL", "SITE_DATABASE_URL", "CACHE_URL"}  # echoed with any password masked
+
+
+def masked_url(url: str) -> str:
+    """The URL with any password replaced by ``***``: the form to show in logs, errors and pages."""
+    return re.sub(r"^([a-z][a-z0-9+.-]*://[^/:@]*:)[^/@]*@", r"\1***@", url, flags=re.I)
+
+
+def _shown(var: str, value: Any) -> str:
+    if var in _SECRETS:
+        return "'***'"
+    if var in _URLS and isinstance(value, str):
+        return repr(masked_url(value))
+    return repr(value)
+
+
+def _check_value(value: Any, default: Any, parse: Callable[[str], Any]) -> None:
+    """A value given in code checked by the parser of its environment variable: of the
+    default's type (an int where an int is expected, not a bool or a string), then as text."""
+    kind = int if default is None else type(default)  # WORKER_PREFETCH: None or an int
+    if isinstance(value, bool) and kind is not bool or not isinstance(value, kind if kind is not float else (int, float)):
+        raise ValueError(f"{_KIND_NAMES[kind]}, got {type(value).__name__}")
+    if kind is tuple:
+        if not all(isinstance(item, str) for item in value):
+            raise ValueError("a tuple of strings")
+        value = ",".join(value)
+    if value == "":
+        return  # empty text means "not set", as an empty variable does
+    parse(str(value).lower() if kind is bool else str(value))
+
+
 @attrs.frozen
 class Config:
     """All settings of one pipeline. Build with ``Config.from_env()`` or directly."""
@@ -234,6 +266,18 @@ class Config:
     log_level: str = "info"
     log_format: str = "text"
 
+    def __attrs_post_init__(self) -> None:
+        """Refuse what the environment would refuse, whichever way the config was built."""
+        defaults = {field.name: field.default for field in attrs.fields(type(self))}
+        for var, (attr, parse) in _PARSERS.items():
+            value, default = getattr(self, attr), defaults[attr]
+            if value == default:
+                continue
+            try:
+                _check_value(value, default, parse)
+            except ValueError as exc:
+                raise ConfigError(f"{attr}={_shown(var, value)} is not valid (the setting {var}): expected {exc}") from None
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, *, env_file: str | os.PathLike[str] | None = ".env", **overrides: Any) -> Config:
         """Read settings from ``env_file`` (if it exists), then the environment, then ``overrides``."""
@@ -249,7 +293,7 @@ class Config:
                 try:
                     kwargs[attr] = parse(values[var])
                 except ValueError as exc:
-                    raise ConfigError(f"{var}={values[var]!r} is not valid: expected {exc}") from None
+                    raise ConfigError(f"{var}={_shown(var, values[var])} is not valid: expected {exc}") from None
         kwargs.update(overrides)
         return cls(**kwargs)
 

@@ -338,3 +338,29 @@ async def test_an_emit_the_store_cannot_take_fails_alone(config: Config) -> None
             await p.emit(pipeline.site.UserRegistered(user_id="1", email="e@example.com", username="J\udcf6rg"))
         ids = await p.emit(pipeline.site.UserRegistered(user_id="2", email="f@example.com", username="Jörg"))
         assert len(ids) == 1
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("worker_concurrency", 0, "WORKER_CONCURRENCY): expected an integer >= 1"),
+        ("worker_concurrency", True, "expected an integer, got bool"),
+        ("worker_lease_seconds", "30", "expected a number, got str"),
+        ("smtp_security", "ssl", "expected one of none, starttls, tls"),
+        ("admin_port", 70_000, "expected a TCP port 1-65535"),
+        ("webhook_urls", ("ftp://example.com",), "http(s) URLs"),
+        ("database_url", "sqlite:///", "DATABASE_URL"),
+    ],
+)
+def test_a_config_built_in_code_is_checked_as_the_environment_is(field: str, value: object, says: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        Config(**{field: value})  # type: ignore[arg-type]
+
+
+def test_secrets_and_url_passwords_are_not_echoed_by_config_errors() -> None:
+    with pytest.raises(ConfigError) as caught:
+        Config.from_env({"WEBHOOK_SECRET": "whsec_MARKER"}, env_file=None)
+    assert "MARKER" not in str(caught.value) and "WEBHOOK_SECRET='***'" in str(caught.value)
+    with pytest.raises(ConfigError) as caught:
+        Config.from_env({"CACHE_URL": "ftp://user:MARKER@host/"}, env_file=None)
+    assert "MARKER" not in str(caught.value) and "user:***@host" in str(caught.value)

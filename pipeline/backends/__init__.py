@@ -9,11 +9,11 @@ The engine, the CLI and the admin API reach job state only through what this ret
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
+from ..config import masked_url
 from ..errors import ConfigError
 from .base import Backend, Claimed, ClaimOffer, JobRecord, Lease, LeaseRenewer, NewJob, Nudge, Settlement, nudge
 
@@ -29,11 +29,6 @@ __all__ = [
 ]
 
 SCHEMES = ("sqlite:///",)
-
-
-def masked_url(url: str) -> str:
-    """The URL with any password replaced by ``***``: the form to show in logs, errors and pages."""
-    return re.sub(r"^([a-z][a-z0-9+.-]*://[^/:@]*:)[^/@]*@", r"\1***@", url, flags=re.I)
 
 
 @asynccontextmanager
