@@ -207,8 +207,8 @@ def main(argv: Sequence[str] | None = None, *, registry: Registry | None = None,
         leaves = list(_leaves(group))
         if not all(isinstance(e, (PipelineError, sqlite3.Error, OSError)) for e in leaves):
             raise
-        for exc in leaves:
-            print(f"error: {exc}", file=sys.stderr)
+        for leaf in leaves:
+            print(f"error: {leaf}", file=sys.stderr)
         return 2 if all(isinstance(e, (ConfigError, UsageError)) for e in leaves) else 1
 
 

@@ -211,13 +211,14 @@ def _check_value(value: Any, default: Any, parse: Callable[[str], Any]) -> None:
     kind = int if default is None else type(default)  # WORKER_PREFETCH: None or an int
     if isinstance(value, bool) and kind is not bool or not isinstance(value, kind if kind is not float else (int, float)):
         raise ValueError(f"{_KIND_NAMES[kind]}, got {type(value).__name__}")
-    if kind is tuple:
+    text = str(value)
+    if isinstance(value, tuple):
         if not all(isinstance(item, str) for item in value):
             raise ValueError("a tuple of strings")
-        value = ",".join(value)
-    if value == "":
+        text = ",".join(value)
+    if text == "":
         return  # empty text means "not set", as an empty variable does
-    parse(str(value).lower() if kind is bool else str(value))
+    parse(text.lower() if kind is bool else text)
 
 
 @attrs.frozen

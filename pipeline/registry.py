@@ -19,6 +19,7 @@ import re
 import typing
 from collections import abc
 from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -43,6 +44,8 @@ class Routed:
 
 
 Route = Callable[[Any, "Config"], list[Routed]]
+# factory(config, registry) -> an async context manager whose value handlers see as ctx.resources[name]
+ResourceFactory = Callable[["Config", "Registry"], AbstractAsyncContextManager[Any]]
 
 MAX_PAYLOAD_BYTES = 1_048_576  # a job's JSON payload (and an event's data) may be at most 1 MiB
 
@@ -109,10 +112,14 @@ def _arrays_only(conv: cattrs.Converter) -> Callable[[Any], Callable[[Any, Any],
     return factory
 
 
+def _origin(type_: Any) -> Any:
+    return typing.get_origin(type_)  # (typeshed types the result too narrowly to compare with tuple)
+
+
 def _make_converter() -> cattrs.Converter:
     conv = cattrs.Converter(forbid_extra_keys=True)
     conv.register_structure_hook_factory(
-        lambda t: is_sequence(t) or is_any_set(t) or typing.get_origin(t) is tuple, _arrays_only(conv)
+        lambda t: is_sequence(t) or is_any_set(t) or _origin(t) is tuple, _arrays_only(conv)
     )
     conv.register_structure_hook(str, _strict(str, "a string"))
     conv.register_structure_hook(int, _strict(int, "an integer"))
@@ -155,7 +162,7 @@ class Registry:
         self._names_by_cls: dict[type, str] = {}
         self._events: dict[str, EventSpec] = {}
         self._event_names_by_cls: dict[type, str] = {}
-        self._resources: dict[str, Callable[[Any], Any]] = {}
+        self._resources: dict[str, ResourceFactory] = {}
         self.converter = _make_converter()
         self._to_json = _compact_json()
 
@@ -284,7 +291,7 @@ class Registry:
 
     # -- resources --------------------------------------------------------------------------
 
-    def add_resource(self, name: str, factory: Callable[[Any], Any]) -> None:
+    def add_resource(self, name: str, factory: ResourceFactory) -> None:
         """Declare a resource handlers share (an HTTP client, a cache connection).
 
         ``factory(config, registry)`` returns an async context manager; ``open_pipeline``
@@ -293,7 +300,7 @@ class Registry:
         """
         self._resources[name] = factory
 
-    def resources(self) -> dict[str, Callable[[Any], Any]]:
+    def resources(self) -> dict[str, ResourceFactory]:
         return dict(self._resources)
 
     # -- events ---------------------------------------------------------------------------

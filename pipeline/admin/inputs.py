@@ -132,7 +132,7 @@ def seconds(value: Any, what: str) -> float:
     return float(value)
 
 
-def _no_unknown(obj: Mapping[str, Any], fields: tuple[str, ...], what: str) -> None:
+def _no_unknown(obj: Mapping[str, Any], fields: tuple[str, str, str, str, str] | tuple[str, str], what: str) -> None:
     if obj.keys() <= _FIELD_SETS[fields]:
         return
     unknown = [key for key in obj if key not in fields]

@@ -22,6 +22,7 @@ Times are ISO 8601 UTC text with milliseconds (``clock.format_ts``), so they sor
 
 from __future__ import annotations
 
+import builtins
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
@@ -226,7 +227,7 @@ class Backend(Protocol):
 
     # -- the engine's housekeeping ----------------------------------------------------------------
 
-    def counters(self) -> list[tuple[str, str, float]]:
+    def counters(self) -> builtins.list[tuple[str, str, float]]:
         """(metric name, help, value) of the backend's own work, for /metrics."""
 
     def begin_stop(self, grace: float) -> None:

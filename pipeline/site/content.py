@@ -10,11 +10,12 @@ Their SQL is in ``content_store.py``. They run it in the database's threads
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
 from ..config import Config
 from .content_db import RESOURCE as CONTENT
-from .content_db import open_content_database
+from .content_db import ContentDatabase, open_content_database
 from .jobs import GenerateSitemap, RebuildSearchIndex, ScheduledPublish
 from .publish import scheduled_publish
 from .search import rebuild_search_index
@@ -37,8 +38,12 @@ def install(registry: Registry, config: Config, *, sitemap_limit: int = SITEMAP_
         return open_sitemap_writer(sitemap_limit)
 
     registry.add_resource(SITEMAP_RESOURCE, factory)
-    registry.add_resource(CONTENT, lambda config, registry: open_content_database(config))
+    registry.add_resource(CONTENT, _open_content)
     registry.register("scheduled_publish", ScheduledPublish, scheduled_publish)
     registry.register("rebuild_search_index", RebuildSearchIndex, rebuild_search_index)
     # one at a time: two runs writing the same files could interleave their parts
     registry.register("generate_sitemap", GenerateSitemap, generate_sitemap, concurrency=1)
+
+
+def _open_content(config: Config, registry: Registry) -> AbstractAsyncContextManager[ContentDatabase]:
+    return open_content_database(config)

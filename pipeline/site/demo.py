@@ -234,7 +234,7 @@ async def _emit(p: Any, seeded: Seeded, out: TextIO) -> None:
     await emit(events.PostScheduled(id="demo-launch", publish_at=seeded.publish_at))
     for media_id in seeded.media:
         await emit(events.MediaUploaded(id=media_id))
-    direct = [jobs.SendEmail(to="editor@example.com", subject="Demo: launch-day is scheduled",
+    direct: list[Any] = [jobs.SendEmail(to="editor@example.com", subject="Demo: launch-day is scheduled",
                              body=f"The post launch-day goes live at {seeded.publish_at}.\n")]
     if "demo-photo" in seeded.media:
         direct.append(jobs.ProcessImage(media_id="demo-photo", operations=(jobs.Resize(width=800, height=800), jobs.Compress(quality=70))))

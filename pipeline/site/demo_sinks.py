@@ -96,7 +96,7 @@ class SmtpSink:
     port: int = 0  # set once listening
     received: list[ReceivedMail] = attrs.field(factory=list)
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_tcp_listeners(0, host=self.host)
         self.port = listeners[0].socket.getsockname()[1]
         await trio.serve_listeners(_tolerant(self._session), listeners, task_status=task_status)
@@ -106,7 +106,7 @@ class SmtpSink:
             lines = _Lines(stream)
             reply = stream.send_all
             await reply(b"220 pipeline-demo SMTP sink\r\n")
-            mail_from, rcpts = "", []
+            mail_from, rcpts = "", list[str]()
             while (line := await lines.line()) is not None:
                 verb, _, arg = line.decode("utf-8", "replace").partition(" ")
                 verb = verb.upper()
@@ -128,7 +128,7 @@ class SmtpSink:
                     if data is None:
                         return
                     message = email.message_from_bytes(b"\n".join(body) + b"\n", policy=email.policy.default)
-                    self.received.append(ReceivedMail(mail_from, tuple(rcpts), message))  # type: ignore[arg-type]
+                    self.received.append(ReceivedMail(mail_from, tuple(rcpts), message))
                     await reply(b"250 OK: kept by the demo\r\n")
                 elif verb in ("RSET", "NOOP"):
                     mail_from, rcpts = ("", []) if verb == "RSET" else (mail_from, rcpts)
@@ -168,7 +168,7 @@ class HttpSink:
     port: int = 0
     received: list[ReceivedRequest] = attrs.field(factory=list)
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_tcp_listeners(0, host=self.host)
         self.port = listeners[0].socket.getsockname()[1]
         await trio.serve_listeners(_tolerant(self._session), listeners, task_status=task_status)

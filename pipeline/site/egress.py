@@ -121,8 +121,8 @@ def refusal_reason(address: IPAddress) -> str | None:
             embedded = ipaddress.IPv4Address(address.packed[-4:])
             inner = refusal_reason(embedded)
             return None if inner is None else f"{form} form of {embedded}, {inner}"
-    for network, reason in _REFUSED_V6:
-        if address in network:
+    for network6, reason in _REFUSED_V6:
+        if address in network6:
             return reason
     if address not in _GLOBAL_UNICAST:
         return "a reserved IPv6 address (outside global unicast 2000::/3)"
@@ -208,8 +208,9 @@ class GuardedNetworkBackend(httpcore.AsyncNetworkBackend):
                 reason = refusal_reason(ipaddress.ip_address(number))
                 if reason is not None:
                     raise DestinationRefused(host, number, reason)
-            if family == trio.socket.AF_INET6 and sockaddr[3]:
-                number = f"{number}%{sockaddr[3]}"  # link-local needs its interface (allowed mode only)
+            scope = sockaddr[3] if len(sockaddr) == 4 else 0
+            if family == trio.socket.AF_INET6 and scope:
+                number = f"{number}%{scope}"  # link-local needs its interface (allowed mode only)
             if number not in addresses:
                 addresses.append(number)
         if not addresses:
@@ -315,7 +316,7 @@ class GuardedTransport(httpx.AsyncBaseTransport):
                 target=request.url.raw_path,
             ),
             headers=request.headers.raw,
-            content=request.stream,  # type: ignore[arg-type]
+            content=request.stream,
             extensions=request.extensions,
         )
         with _as_httpx_errors():

@@ -60,7 +60,7 @@ import sqlite3
 import stat
 import struct
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager, suppress
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
@@ -302,7 +302,8 @@ def normalise(img: Image.Image) -> Image.Image:
     """RGB, or RGBA when the image really has transparent pixels (an opaque alpha channel is dropped)."""
     if img.has_transparency_data:
         rgba = img.convert("RGBA")
-        if rgba.getchannel("A").getextrema()[0] < 255:
+        lowest, _ = rgba.getchannel("A").getextrema()  # one band: (min, max)
+        if isinstance(lowest, (int, float)) and lowest < 255:
             return rgba
         return rgba.convert("RGB")
     return img if img.mode == "RGB" else img.convert("RGB")
@@ -420,7 +421,11 @@ def install(registry: Registry, config: Config, *, threads: int | None = None) -
         return open_image_worker(config, threads=threads)
 
     registry.add_resource(RESOURCE, factory)
-    registry.add_resource(CONTENT, lambda config, registry: open_content_database(config))
+    registry.add_resource(CONTENT, _open_content)
     registry.register("generate_thumbnail", GenerateThumbnail, generate_thumbnail)
     registry.register("convert_webp", ConvertWebP, convert_webp)
     registry.register("process_image", ProcessImage, process_image)
+
+
+def _open_content(config: Config, registry: Registry) -> AbstractAsyncContextManager[ContentDatabase]:
+    return open_content_database(config)

@@ -8,6 +8,7 @@ the seed's externally tagged shape: ``{"Resize": {"width": 800, "height": 600}}`
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
@@ -16,6 +17,14 @@ from attrs import validators as v
 from cattrs.gen import make_dict_structure_fn
 
 _positive = [v.instance_of(int), v.gt(0)]
+
+
+def _strings(items: Iterable[str]) -> tuple[str, ...]:
+    return tuple(items)
+
+
+def _tuple_of(items: Iterable[Any]) -> tuple[Any, ...]:
+    return tuple(items)
 
 
 @attrs.frozen
@@ -49,7 +58,7 @@ ImageOperation = Resize | Compress
 @attrs.frozen
 class ProcessImage:
     media_id: str
-    operations: tuple[ImageOperation, ...] = attrs.field(converter=tuple)
+    operations: tuple[ImageOperation, ...] = attrs.field(converter=_tuple_of)
 
 
 @attrs.frozen
@@ -76,12 +85,12 @@ class WebhookNotify:
 
 @attrs.frozen
 class RebuildSearchIndex:
-    post_ids: tuple[str, ...] = attrs.field(converter=tuple, factory=tuple)
+    post_ids: tuple[str, ...] = attrs.field(converter=_strings, factory=tuple)
 
 
 @attrs.frozen
 class InvalidateCache:
-    keys: tuple[str, ...] = attrs.field(converter=tuple)
+    keys: tuple[str, ...] = attrs.field(converter=_strings)
 
 
 @attrs.frozen
@@ -106,7 +115,7 @@ BUILTIN_JOB_TYPES: dict[str, type] = {
 def register_hooks(conv: cattrs.Converter) -> None:
     """The seed's externally tagged ImageOperation: {"Resize": {...}} | {"Compress": {...}}."""
     ops: dict[str, type] = {"Resize": Resize, "Compress": Compress}
-    fns = {tag: make_dict_structure_fn(cls, conv, _cattrs_forbid_extra_keys=True) for tag, cls in ops.items()}
+    fns: dict[str, Callable[..., Any]] = {tag: make_dict_structure_fn(cls, conv, _cattrs_forbid_extra_keys=True) for tag, cls in ops.items()}
 
     def structure_op(value: Any, _type: Any) -> Any:
         if not isinstance(value, dict) or len(value) != 1:
@@ -118,4 +127,11 @@ def register_hooks(conv: cattrs.Converter) -> None:
 
     conv.register_structure_hook(ImageOperation, structure_op)
     for tag, cls in ops.items():
-        conv.register_unstructure_hook(cls, lambda op, tag=tag: {tag: attrs.asdict(op)})
+        conv.register_unstructure_hook(cls, _tagged(tag))
+
+
+def _tagged(tag: str) -> Callable[[Any], dict[str, Any]]:
+    def unstructure(op: Any) -> dict[str, Any]:
+        return {tag: attrs.asdict(op)}
+
+    return unstructure

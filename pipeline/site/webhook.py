@@ -138,7 +138,7 @@ def _checked_url(raw: str, *, allow_private: bool) -> httpx.URL:
             host = ""
         literal = None if allow_private else parse_ip_literal(host)
         reason = None if literal is None else refusal_reason(literal)
-        if reason is not None:
+        if literal is not None and reason is not None:
             raise PermanentError(f"POST {raw} refused: {_literal_refusal(host, literal, reason)}") from None
         raise PermanentError(f"webhook URL {raw!r} is not a valid URL: {exc}") from None
     if url.scheme not in ("http", "https"):
@@ -148,7 +148,7 @@ def _checked_url(raw: str, *, allow_private: bool) -> httpx.URL:
     if not allow_private:
         literal = parse_ip_literal(url.host)
         reason = None if literal is None else refusal_reason(literal)
-        if reason is not None:
+        if literal is not None and reason is not None:
             raise PermanentError(f"POST {_shown(url)} refused: {_literal_refusal(url.host, literal, reason)}")
     return url
 

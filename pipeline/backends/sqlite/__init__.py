@@ -12,6 +12,7 @@ its modules: the engine sees the :class:`~pipeline.backends.base.Backend` protoc
 
 from __future__ import annotations
 
+import builtins
 import functools
 import random
 import sqlite3
@@ -177,7 +178,7 @@ class SqliteBackend:
 
     # -- the engine's housekeeping -----------------------------------------------------------------
 
-    def counters(self) -> list[tuple[str, str, float]]:
+    def counters(self) -> builtins.list[tuple[str, str, float]]:
         """(metric name, help, value) for /metrics: the Ledger's own work."""
         stats = self._stats
         return [
@@ -236,7 +237,7 @@ class SqliteLeaseRenewer:
             self._conn = store.connect(self._path, busy_timeout_ms=self._busy_timeout_ms, synchronous=self._synchronous)
         return self._conn
 
-    def renew(self, owner: str, job_types: Sequence[str], held: Sequence[tuple[str, int]], *, lease_seconds: float) -> list[str]:
+    def renew(self, owner: str, job_types: Sequence[str], held: Sequence[tuple[str, int]], *, lease_seconds: float) -> builtins.list[str]:
         conn = self._connection()
         with store.write_transaction(conn):
             now = time.time()

@@ -101,6 +101,7 @@ def _apply_batch(conn: sqlite3.Connection, batch: list[Command]) -> list[tuple[b
             items = [item for _, tray in trays for item in tray.items]
             conn.execute("SAVEPOINT outcomes")
             try:
+                held: list[bool]
                 if store.settle(conn, items, now=now) == len(items):
                     held = [True] * len(items)
                 else:  # some leases were stale: redo one at a time to learn which
@@ -113,7 +114,7 @@ def _apply_batch(conn: sqlite3.Connection, batch: list[Command]) -> list[tuple[b
                 # alone; one that still fails counts as not held (its lease returns the job)
                 conn.execute("ROLLBACK TO outcomes")
                 log.warning("writing %d outcomes together failed (%r); writing them one by one", len(items), exc)
-                held: list[bool] = []
+                held = []
                 for item in items:
                     ok, value = _alone(conn, functools.partial(store.settle, conn, [item], now=now))
                     if not ok:
