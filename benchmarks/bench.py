@@ -78,9 +78,10 @@ def registry_for(concurrency: int, handler: Callable[..., Any] = noop) -> pipeli
 
 
 def config_for(db: Path, **overrides: Any) -> pipeline.Config:
-    values: dict[str, Any] = {"database_url": f"sqlite:///{db}", "log_level": "warning", "admin_enabled": False}
-    values.update(overrides)
-    return pipeline.Config(**values)
+    """Settings named as their variables in lower case (worker_concurrency=256), read as text."""
+    values: dict[str, Any] = {"database_url": f"sqlite:///{db}", "log_level": "warning", "admin_enabled": False, **overrides}
+    return pipeline.Config.from_env({k.upper(): str(v).lower() if isinstance(v, bool) else str(v) for k, v in values.items()},
+                                    env_file=None)
 
 
 # -- files built fast: executemany in one transaction -------------------------------------------
@@ -212,11 +213,11 @@ async def m_cross_latency(db: str, samples: int, concurrency: int, spread: float
             [sys.executable, __file__, "_measure", "insert", json.dumps({"db": db, "samples": samples, "spread": spread})],
             capture_stdout=True,
         )
-        with trio.fail_after(30 + 2 * config.poll_interval):
+        with trio.fail_after(30 + 2 * config.worker.poll_interval):
             await all_seen.wait()
     committed = json.loads(inserter.stdout.decode().splitlines()[-1])
     waits = [started[job_id] - at for job_id, at in committed.items()]
-    return percentiles(waits, "cross") | {"poll_interval_ms": config.worker_poll_interval_ms}
+    return percentiles(waits, "cross") | {"poll_interval_ms": config.worker.poll_interval_ms}
 
 
 def m_insert(db: str, samples: int, spread: float) -> dict[str, float]:
@@ -477,7 +478,7 @@ def progress(message: str) -> None:
 
 
 def bench(sizes: Sizes, *, with_huey: bool, only: set[str] | None = None) -> dict[str, Figure]:
-    poll_ms = pipeline.Config().worker_poll_interval_ms
+    poll_ms = pipeline.Config().worker.poll_interval_ms
     figs = figures(sizes, poll_ms)
     s = sizes
 
@@ -668,7 +669,7 @@ def main(argv: list[str] | None = None) -> int:
 
         runs = f"median of {sizes.runs} runs" if sizes.runs > 1 else "1 run"
         draw(figs, args.chart, title=f"pipeline vs Huey (SQLite), no-op jobs, {runs}, {os.cpu_count()} cores, synchronous=FULL",
-             scale_rows=sizes.scale_rows, poll_ms=pipeline.Config().worker_poll_interval_ms, callers=sizes.callers)
+             scale_rows=sizes.scale_rows, poll_ms=pipeline.Config().worker.poll_interval_ms, callers=sizes.callers)
         print(f"chart: {args.chart}", file=sys.stderr)
     return 0
 

@@ -54,11 +54,11 @@ def registry() -> pipeline.Registry:
 
 
 def worker_main(db: str) -> None:
-    config = pipeline.Config(
-        database_url=f"sqlite:///{db}", worker_lease_seconds=LEASE_SECONDS, worker_poll_interval_ms=50,
-        worker_backoff_base_ms=50, worker_shutdown_timeout=5.0, sqlite_synchronous="full", log_level="error",
-        admin_enabled=False,
-    )
+    config = pipeline.Config.from_env({
+        "DATABASE_URL": f"sqlite:///{db}", "WORKER_LEASE_SECONDS": str(LEASE_SECONDS), "WORKER_POLL_INTERVAL_MS": "50",
+        "WORKER_BACKOFF_BASE_MS": "50", "WORKER_SHUTDOWN_TIMEOUT": "5", "SQLITE_SYNCHRONOUS": "full", "LOG_LEVEL": "error",
+        "ADMIN_ENABLED": "false",
+    }, env_file=None)
     trio.run(functools.partial(pipeline.serve, config, registry(), ready=lambda p: print("ready", flush=True)))
 
 

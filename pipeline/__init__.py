@@ -18,7 +18,7 @@ import typing as _typing
 if _typing.TYPE_CHECKING:
     from .backends import Backend, JobRecord
     from .backends.sqlite.outbox import enqueue_in_transaction
-    from .config import Config
+    from .config import AdminSettings, Config, LogSettings, SqliteSettings, WorkerSettings
     from .engine.actors.pools import JobContext
     from .engine.wiring import Pipeline, open_pipeline
     from .errors import (
@@ -41,6 +41,7 @@ if _typing.TYPE_CHECKING:
     from .states import Status
 
 _MODULE_OF = {
+    "AdminSettings": "config",
     "Backend": "backends",
     "Config": "config",
     "ConfigError": "errors",
@@ -49,6 +50,7 @@ _MODULE_OF = {
     "JobContext": "engine.actors.pools",
     "JobError": "errors",
     "JobRecord": "backends",
+    "LogSettings": "config",
     "PermanentError": "errors",
     "Pipeline": "engine.wiring",
     "PipelineClosed": "errors",
@@ -57,17 +59,20 @@ _MODULE_OF = {
     "RetryLater": "errors",
     "Routed": "registry",
     "SchemaTooNew": "errors",
+    "SqliteSettings": "config",
     "Status": "states",
     "StoreError": "errors",
     "UnknownEvent": "errors",
     "UnknownJobType": "errors",
     "UsageError": "errors",
+    "WorkerSettings": "config",
     "enqueue_in_transaction": "backends.sqlite.outbox",
     "open_pipeline": "engine.wiring",
     "serve": "service",
 }
 
 __all__ = [
+    "AdminSettings",
     "Backend",
     "Config",
     "ConfigError",
@@ -76,6 +81,7 @@ __all__ = [
     "JobContext",
     "JobError",
     "JobRecord",
+    "LogSettings",
     "PermanentError",
     "Pipeline",
     "PipelineClosed",
@@ -84,11 +90,13 @@ __all__ = [
     "RetryLater",
     "Routed",
     "SchemaTooNew",
+    "SqliteSettings",
     "Status",
     "StoreError",
     "UnknownEvent",
     "UnknownJobType",
     "UsageError",
+    "WorkerSettings",
     "enqueue_in_transaction",
     "open_pipeline",
     "serve",

@@ -294,7 +294,7 @@ def cmd_enqueue(args: argparse.Namespace, config: Config, registry: Registry | N
     run_after = format_ts(to_epoch(now_ts()) + args.delay) if args.delay is not None else args.run_after
     request = JobRequest(args.job_type, payload, args.max_attempts, run_after, 5 if args.priority is None else args.priority)
     inputs.with_bounds(request, "the job")
-    (row,) = prepare_rows(reg, [request], default_max_attempts=config.worker_default_max_attempts)  # validates before opening
+    (row,) = prepare_rows(reg, [request], default_max_attempts=config.worker.default_max_attempts)  # validates before opening
 
     async def work(backend: Backend) -> JobRecord | None:
         await backend.insert([row])
@@ -338,7 +338,7 @@ def _enqueue_file(args: argparse.Namespace, config: Config, registry: Registry |
         lines = sum(chunk.count(b"\n") for chunk in iter(lambda: source.read(1 << 20), b""))
         source.seek(0)
         task = bar.task(f"enqueueing lines of {Path(name).name}", lines)  # the bar has one line: no folders
-        rows = inputs.read_jobs(source, name, reg, default_max_attempts=config.worker_default_max_attempts,
+        rows = inputs.read_jobs(source, name, reg, default_max_attempts=config.worker.default_max_attempts,
                                 on_lines=lambda n: bar.advance(task, n))
         if args.json:
             rows = _keeping_ids(rows, ids)
@@ -369,7 +369,7 @@ def cmd_emit(args: argparse.Namespace, config: Config, registry: Registry | None
     for routed in reg.route(event, config):
         job_type, payload = reg.encode(routed.job)
         requests.append(JobRequest(job_type, payload, None, routed.run_after))
-    rows = prepare_rows(reg, requests, default_max_attempts=config.worker_default_max_attempts)
+    rows = prepare_rows(reg, requests, default_max_attempts=config.worker.default_max_attempts)
     _with_backend(config, lambda backend: backend.insert(rows))
     if args.json:
         _emit_json(out, {"job_ids": [row.id for row in rows]})
@@ -510,8 +510,10 @@ def cmd_search(args: argparse.Namespace, config: Config, registry: Registry | No
 
     if args.limit < 1:
         raise UsageError(f"--limit must be >= 1, got {args.limit}")
-    path = config.site_database_path
-    conn = connect(path, busy_timeout_ms=config.sqlite_busy_timeout_ms, synchronous=config.sqlite_synchronous)
+    from .site.settings import SiteSettings
+
+    path = config.section(SiteSettings).database_path(config)
+    conn = connect(path, busy_timeout_ms=config.sqlite.busy_timeout_ms, synchronous=config.sqlite.synchronous)
     try:
         schema.migrate(conn, path)
         return print_search(conn, args.query, limit=args.limit, out=out)

@@ -32,11 +32,11 @@ class JsonFormatter(logging.Formatter):
 
 def configure(config: Config, stream: object = None) -> None:
     handler = logging.StreamHandler(stream or sys.stderr)  # type: ignore[arg-type]
-    if config.log_format == "json":
+    if config.log.format == "json":
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger("pipeline")
     root.handlers[:] = [handler]
-    root.setLevel(config.log_level.upper())
+    root.setLevel(config.log.level.upper())
     root.propagate = False

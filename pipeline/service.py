@@ -33,7 +33,7 @@ async def serve(config: Config, registry: Registry | None = None, *, ready: Call
     requests first, then the pipeline drains.
     """
     listener = None
-    if config.admin_enabled:
+    if config.admin.enabled:
         from .admin.server import open_admin_listener
 
         listener = open_admin_listener(config)
@@ -77,11 +77,11 @@ async def _serve(config: Config, registry: Registry | None, listener: Any, ready
                     from .admin.server import run_admin_server
 
                     admin = await admin_tn.start(run_admin_server, pipeline, listener, stop.wait)
-                handled = sorted(pipeline.registry.handled()) if config.worker_enabled else []
+                handled = sorted(pipeline.registry.handled()) if config.worker.enabled else []
                 log.info(
                     "pipeline running on %s (owner %s); workers %s; admin API %s; handling: %s",
                     pipeline.backend.url, pipeline.owner,
-                    "on" if config.worker_enabled else "off", admin, ", ".join(handled) or "no job types",
+                    "on" if config.worker.enabled else "off", admin, ", ".join(handled) or "no job types",
                 )
                 if ready is not None:
                     ready(pipeline)

@@ -25,7 +25,21 @@ def fast_config(db_path: Path, **overrides: object) -> Config:
         sqlite_synchronous="normal",
     )
     values.update(overrides)
-    return Config(**values)  # type: ignore[arg-type]
+    return config_of(**values)
+
+
+def config_of(**settings: object) -> Config:
+    """A config from settings named as their variables in lower case (``worker_concurrency=4``
+    is WORKER_CONCURRENCY), read as ``Config.from_env`` reads text: sections included."""
+    return Config.from_env({name.upper(): _as_text(value) for name, value in settings.items()}, env_file=None)
+
+
+def _as_text(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return ",".join(value)
+    return "" if value is None else str(value)
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import trio
 from admin_harness import seed, seed_registry
-from conftest import fast_config
+from conftest import config_of, fast_config
 from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline import Config, ConfigError, Registry, open_pipeline
@@ -31,7 +31,7 @@ async def served(cfg: Config, registry: Registry | None = None, *, auth: bool = 
     async with open_pipeline(cfg, registry or seed_registry()) as pipeline, trio.open_nursery() as tn:
         stop = trio.Event()
         url = await tn.start(run_admin_server, pipeline, None, stop.wait)
-        headers = {"Authorization": f"Bearer {cfg.admin_token}"} if cfg.admin_token and auth else {}
+        headers = {"Authorization": f"Bearer {cfg.admin.token}"} if cfg.admin.token and auth else {}
         async with httpx.AsyncClient(base_url=url, headers=headers, timeout=10) as client:
             yield pipeline, client
         stop.set()
@@ -495,18 +495,18 @@ async def test_metrics_count_outcomes_and_time_them(db_path: Any) -> None:
 def test_without_token_only_loopback_binds() -> None:
     for host in ("0.0.0.0", "::", "192.0.2.10", "example.invalid"):
         with pytest.raises(ConfigError, match="not a loopback address and ADMIN_TOKEN is empty"):
-            check_bind(Config(admin_host=host))
+            check_bind(config_of(admin_host=host))
     for host in ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"):
-        check_bind(Config(admin_host=host))
-    check_bind(Config(admin_host="0.0.0.0", admin_token=TOKEN))
+        check_bind(config_of(admin_host=host))
+    check_bind(config_of(admin_host="0.0.0.0", admin_token=TOKEN))
 
 
 def test_listener_reports_the_port_it_got_and_a_busy_port_is_refused() -> None:
-    listener = open_admin_listener(Config(admin_port=0))
+    listener = open_admin_listener(config_of(admin_port=0))
     try:
         assert listener.port > 0 and listener.url == f"http://127.0.0.1:{listener.port}"
         with pytest.raises(AdminBindError, match=f"cannot listen on 127.0.0.1:{listener.port} .ADMIN_HOST, ADMIN_PORT."):
-            open_admin_listener(Config(admin_port=listener.port))
+            open_admin_listener(config_of(admin_port=listener.port))
     finally:
         listener.close()
     with socket.socket() as s:  # closed means free again

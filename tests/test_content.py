@@ -39,6 +39,7 @@ from pipeline.site import (
 from pipeline.site import (
     schema as site_schema,
 )
+from pipeline.site.settings import SiteSettings
 
 NS = {"sm": sitemap.NAMESPACE}
 SITE = "https://blog.example"
@@ -297,7 +298,7 @@ async def test_a_failed_emit_is_retried_and_the_retry_emits_post_published(db_pa
     assert calls == ["p1", "p1"]
     assert post_row(conn, "p1")[0] == "published"
     assert content_store.indexed_post_ids(conn) == ["p1"]  # the follow-up jobs ran
-    assert parse_locs(Path(config.public_dir) / "sitemap.xml") == ["http://localhost:8000/posts/p1"]
+    assert parse_locs(Path(config.section(SiteSettings).public_dir) / "sitemap.xml") == ["http://localhost:8000/posts/p1"]
 
 
 # -- search -----------------------------------------------------------------------------------

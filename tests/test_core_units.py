@@ -11,9 +11,11 @@ import subprocess
 import sys
 from collections import abc
 from pathlib import Path
+from typing import Any
 
 import cattrs
 import pytest
+from conftest import config_of
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -21,8 +23,10 @@ import pipeline
 import pipeline.site
 from pipeline import Config, ConfigError, cli, states
 from pipeline.backends.sqlite import migrations, store
+from pipeline.config import AdminSettings, WorkerSettings
 from pipeline.engine import diagrams
 from pipeline.ids import UUID7Factory
+from pipeline.site.settings import SECTIONS, CacheSettings, MailSettings, SiteSettings, WebhookSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,16 +36,18 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_defaults_follow_the_seed() -> None:
     config = Config.from_env({}, env_file=None)
-    assert (config.worker_enabled, config.worker_concurrency, config.worker_poll_interval_ms, config.worker_default_max_attempts) == (True, 2, 500, 3)
+    worker = config.worker
+    assert (worker.enabled, worker.concurrency, worker.poll_interval_ms, worker.default_max_attempts) == (True, 2, 500, 3)
     assert config.database_path == Path("pipeline.db")
-    assert config.worker_lease_seconds == 30 and config.worker_backoff_base_ms == 10_000
+    assert worker.lease_seconds == 30 and worker.backoff_base_ms == 10_000
+    assert config.section(MailSettings).smtp_port == 25 and config.section(SiteSettings).url == "http://localhost:8000"
 
 
 def test_env_file_then_environment(tmp_path: Path) -> None:
     env = tmp_path / ".env"
     env.write_text("WORKER_CONCURRENCY=7\nWORKER_ENABLED=false\n# a comment\nDATABASE_URL=sqlite:////tmp/x.db\n")
     config = Config.from_env({"WORKER_CONCURRENCY": "9"}, env_file=env)
-    assert (config.worker_concurrency, config.worker_enabled, config.database_path) == (9, False, Path("/tmp/x.db"))
+    assert (config.worker.concurrency, config.worker.enabled, config.database_path) == (9, False, Path("/tmp/x.db"))
 
 
 @pytest.mark.parametrize(
@@ -60,8 +66,16 @@ def test_env_file_then_environment(tmp_path: Path) -> None:
 )
 def test_a_bad_value_names_the_variable_and_what_it_accepts(var: str, value: str, accepts: str) -> None:
     with pytest.raises(ConfigError) as info:
-        Config.from_env({var: value}, env_file=None)
+        config = Config.from_env({var: value}, env_file=None)
+        for section in SECTIONS:  # the site's, read when first asked for (default_registry asks for all)
+            config.section(section)
     assert var in str(info.value) and accepts in str(info.value)
+
+
+def test_the_site_reads_its_sections_when_its_registry_is_built() -> None:
+    config = Config.from_env({"SMTP_PORT": "smtp"}, env_file=None)  # the engine needs none of it
+    with pytest.raises(ConfigError, match="SMTP_PORT='smtp' is not valid"):
+        pipeline.site.default_registry(config)
 
 
 def test_cli_exits_2_on_bad_configuration(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
@@ -236,7 +250,7 @@ async def test_run_after_outside_what_sorts_as_text_is_refused(tmp_path: Path, w
 
     registry = pipeline.Registry()
     registry.register("tick", Tick)
-    config = Config(database_url=f"sqlite:///{tmp_path}/t.db", worker_enabled=False, admin_enabled=False)
+    config = config_of(database_url=f"sqlite:///{tmp_path}/t.db", worker_enabled=False, admin_enabled=False)
     async with pipeline.open_pipeline(config, registry) as p:
         with pytest.raises(pipeline.UsageError, match="run_after"):
             await p.enqueue(Tick(1), run_after=when)
@@ -341,26 +355,32 @@ async def test_an_emit_the_store_cannot_take_fails_alone(config: Config) -> None
 
 
 @pytest.mark.parametrize(
-    ("field", "value", "says"),
+    ("build", "says"),
     [
-        ("worker_concurrency", 0, "WORKER_CONCURRENCY): expected an integer >= 1"),
-        ("worker_concurrency", True, "expected an integer, got bool"),
-        ("worker_lease_seconds", "30", "expected a number, got str"),
-        ("smtp_security", "ssl", "expected one of none, starttls, tls"),
-        ("admin_port", 70_000, "expected a TCP port 1-65535"),
-        ("webhook_urls", ("ftp://example.com",), "http(s) URLs"),
-        ("database_url", "sqlite:///", "DATABASE_URL"),
+        (lambda: WorkerSettings(concurrency=0), "WORKER_CONCURRENCY): expected an integer >= 1"),
+        (lambda: WorkerSettings(concurrency=True), "expected an integer, got bool"),
+        (lambda: WorkerSettings(lease_seconds="30"), "expected a number, got str"),
+        (lambda: MailSettings(smtp_security="ssl"), "expected one of none, starttls, tls"),
+        (lambda: AdminSettings(port=70_000), "expected a TCP port 1-65535"),
+        (lambda: WebhookSettings(urls=("ftp://example.com",)), "http(s) URLs"),
+        (lambda: Config(database_url="sqlite:///"), "DATABASE_URL"),
     ],
 )
-def test_a_config_built_in_code_is_checked_as_the_environment_is(field: str, value: object, says: str) -> None:
+def test_settings_built_in_code_are_checked_as_the_environment_is(build: Any, says: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(says)):
-        Config(**{field: value})  # type: ignore[arg-type]
+        build()
+
+
+def test_secrets_are_masked_in_reprs() -> None:
+    config = Config(database_url="sqlite:///x.db", admin=AdminSettings(token="MARKER"))
+    mail = MailSettings(smtp_password="MARKER")
+    assert "MARKER" not in repr(config) and "MARKER" not in repr(mail) and "'***'" in repr(mail)
 
 
 def test_secrets_and_url_passwords_are_not_echoed_by_config_errors() -> None:
     with pytest.raises(ConfigError) as caught:
-        Config.from_env({"WEBHOOK_SECRET": "whsec_MARKER"}, env_file=None)
+        Config.from_env({"WEBHOOK_SECRET": "whsec_MARKER"}, env_file=None).section(WebhookSettings)
     assert "MARKER" not in str(caught.value) and "WEBHOOK_SECRET='***'" in str(caught.value)
     with pytest.raises(ConfigError) as caught:
-        Config.from_env({"CACHE_URL": "ftp://user:MARKER@host/"}, env_file=None)
+        Config.from_env({"CACHE_URL": "ftp://user:MARKER@host/"}, env_file=None).section(CacheSettings)
     assert "MARKER" not in str(caught.value) and "user:***@host" in str(caught.value)

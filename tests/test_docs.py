@@ -25,3 +25,24 @@ def test_every_test_the_reliability_promise_names_exists() -> None:
     assert named >= 30
     for script in re.findall(r"`python (benchmarks/\w+\.py)", text):
         assert (ROOT / script).exists(), script
+
+
+def test_every_setting_is_documented_with_its_default() -> None:
+    import attrs
+
+    from pipeline.config import ENGINE_SECTIONS, Config, variables
+    from pipeline.site.settings import SECTIONS
+
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    sections = [Config, *ENGINE_SECTIONS.values(), *SECTIONS]
+    documented = 0
+    for section in sections:
+        for env, field in variables(section):
+            row = re.search(rf"^\| `{env}` \| ([^|]+) \|", text, re.M)
+            assert row, f"{env} is not in docs/configuration.md"
+            default = field.default
+            if default not in (None, "", ()) and not isinstance(default, bool):
+                shown = f"{default:g}" if isinstance(default, float) else str(default)
+                assert shown in row.group(1).replace(",", ""), f"{env}: the docs say {row.group(1).strip()}, the code {default!r}"
+            documented += 1
+    assert documented >= 35 and attrs.has(Config)

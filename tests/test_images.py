@@ -20,6 +20,7 @@ import pipeline
 from pipeline.backends import JobRecord
 from pipeline.site import Compress, ConvertWebP, GenerateThumbnail, MediaUploaded, ProcessImage, Resize, default_registry, images
 from pipeline.site.images import derived_dir_name, fit_within, operations_hash
+from pipeline.site.settings import SiteSettings
 from pipeline.sqlite_files import write_transaction
 
 RED, BLUE, GREEN = (220, 20, 20), (20, 20, 220), (20, 200, 20)
@@ -129,7 +130,7 @@ class Images:
 @asynccontextmanager
 async def running_images(config: pipeline.Config) -> AsyncIterator[Images]:
     async with pipeline.open_pipeline(config, default_registry(config)) as p:  # migration 2 made the media table
-        yield Images(p, Path(config.media_dir))
+        yield Images(p, Path(config.section(SiteSettings).media_dir))
 
 
 @pytest.fixture

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 import trio
-from conftest import fast_config
+from conftest import config_of, fast_config
 
-from pipeline import Config, PermanentError, Registry, open_pipeline
+from pipeline import PermanentError, Registry, open_pipeline
 from pipeline.logs import configure
 from pipeline.site import SendEmail, types_registry
 
@@ -59,7 +59,7 @@ async def run_jobs(db_path: Path) -> dict[str, str]:
 
 
 async def test_json_lines_carry_each_job_outcome(db_path: Path, log_stream: io.StringIO) -> None:
-    configure(Config(log_format="json", log_level="info"), stream=log_stream)
+    configure(config_of(log_format="json", log_level="info"), stream=log_stream)
     ids = await run_jobs(db_path)
     records = [json.loads(line) for line in log_stream.getvalue().splitlines()]  # every line is JSON
     outcomes = [r for r in records if "job_id" in r]
@@ -82,7 +82,7 @@ async def test_json_lines_carry_each_job_outcome(db_path: Path, log_stream: io.S
 
 
 async def test_text_lines_for_people(db_path: Path, log_stream: io.StringIO) -> None:
-    configure(Config(log_format="text", log_level="info"), stream=log_stream)
+    configure(config_of(log_format="text", log_level="info"), stream=log_stream)
     ids = await run_jobs(db_path)
     text = log_stream.getvalue()
     assert re.search(rf" INFO pipeline: job {ids['fine']} send_email attempt 1/3 ok → completed in [\d.]+ ms$", text, re.M), text
@@ -93,7 +93,7 @@ async def test_text_lines_for_people(db_path: Path, log_stream: io.StringIO) -> 
 
 
 async def test_log_level_filters(db_path: Path, log_stream: io.StringIO) -> None:
-    configure(Config(log_format="json", log_level="warning"), stream=log_stream)
+    configure(config_of(log_format="json", log_level="warning"), stream=log_stream)
     ids = await run_jobs(db_path)
     records = [json.loads(line) for line in log_stream.getvalue().splitlines()]
     assert {r["job_id"] for r in records if "job_id" in r} == {ids["flaky"], ids["never"]}
@@ -101,7 +101,7 @@ async def test_log_level_filters(db_path: Path, log_stream: io.StringIO) -> None
 
 
 def test_exceptions_are_one_json_line(log_stream: io.StringIO) -> None:
-    configure(Config(log_format="json"), stream=log_stream)
+    configure(config_of(log_format="json"), stream=log_stream)
     try:
         raise ValueError("boom\nsecond line")
     except ValueError:

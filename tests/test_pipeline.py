@@ -117,7 +117,7 @@ async def test_types_without_a_handler_here_are_not_claimed(config: Config) -> N
         mail = await p.enqueue(pipeline.site.SendEmail(to="a@example.com", subject="s", body="b"))
         done = await p.enqueue(Echo("x"))
         await wait_status(p, done, "completed")
-        await trio.sleep(config.poll_interval * 5)
+        await trio.sleep(config.worker.poll_interval * 5)
         assert (await p.backend.get(mail)).status == "pending"  # another process may run it
 
 
@@ -284,7 +284,7 @@ async def test_worker_disabled_runs_nothing(db_path) -> None:
     config = fast_config(db_path, worker_enabled=False)
     async with pipeline.open_pipeline(config, registry()) as p:
         job_id = await p.enqueue(Echo("x"))
-        await trio.sleep(config.poll_interval * 5)
+        await trio.sleep(config.worker.poll_interval * 5)
         assert (await p.backend.get(job_id)).status == "pending"
 
 

@@ -103,7 +103,7 @@ class AdminApi:
         self.pipeline = pipeline
         self.backend = pipeline.backend
         self.metrics = metrics
-        self.max_body = pipeline.config.admin_max_body_bytes
+        self.max_body = pipeline.config.admin.max_body_bytes
         self._stats_lock = trio.Lock()
         self._stats_cache: tuple[float, dict[str, Any]] | None = None  # (reuse until, stats); trio thread only
         self._stats_generation = 0  # bumped by every write through this API
@@ -194,7 +194,7 @@ class AdminApi:
     async def create_job(self, request: Request) -> Response:
         """POST /admin/jobs — {"job_type", "payload", "priority"?, "max_attempts"?, "run_after"?} → 201."""
         request_ = inputs.job_request(await self._body(request, required=True), "the request body")
-        rows = prepare_rows(self.pipeline.registry, [request_], default_max_attempts=self.pipeline.config.worker_default_max_attempts)
+        rows = prepare_rows(self.pipeline.registry, [request_], default_max_attempts=self.pipeline.config.worker.default_max_attempts)
         await self.backend.insert(rows)
         job_id = rows[0].id
         self._forget_stats()
@@ -226,7 +226,7 @@ class AdminApi:
         await self.backend.ping()
         if self.pipeline.closed:
             raise ApiError(503, "the pipeline is shutting down")
-        return JSONResponse({"status": "ok", "workers": self.pipeline.config.worker_enabled})
+        return JSONResponse({"status": "ok", "workers": self.pipeline.config.worker.enabled})
 
     async def metrics_text(self, request: Request) -> Response:
         """GET /metrics — Prometheus text format."""

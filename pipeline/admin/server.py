@@ -60,7 +60,7 @@ def create_app(pipeline: Pipeline, *, metrics: Metrics | None = None) -> Starlet
     pipeline.add_observer(metrics.observe)
     api = AdminApi(pipeline, metrics)
     dashboard = Dashboard()
-    document = openapi_document(pipeline.registry, auth=bool(config.admin_token))
+    document = openapi_document(pipeline.registry, auth=bool(config.admin.token))
 
     async def openapi(request: Request) -> Response:
         return JSONResponse(document)
@@ -78,8 +78,8 @@ def create_app(pipeline: Pipeline, *, metrics: Metrics | None = None) -> Starlet
     routes = [Route(path, _dispatch(methods), methods=list(methods)) for path, methods in by_path.items()]
     return Starlette(
         routes=routes,
-        middleware=[Middleware(AdminGuard, token=config.admin_token, max_body=config.admin_max_body_bytes,
-                               admin_host=config.admin_host)],
+        middleware=[Middleware(AdminGuard, token=config.admin.token, max_body=config.admin.max_body_bytes,
+                               admin_host=config.admin.host)],
         exception_handlers={HTTPException: _http_error, Exception: _server_error},
     )
 
@@ -110,10 +110,10 @@ async def _server_error(request: Request, exc: Exception) -> Response:
 
 def check_bind(config: Config) -> None:
     """Without ADMIN_TOKEN, listen on loopback only (ConfigError otherwise, CLI exit 2)."""
-    if config.admin_token or _resolves_to_loopback(config.admin_host):
+    if config.admin.token or _resolves_to_loopback(config.admin.host):
         return
     raise ConfigError(
-        f"ADMIN_HOST={config.admin_host!r} is not a loopback address and ADMIN_TOKEN is empty: refusing to serve "
+        f"ADMIN_HOST={config.admin.host!r} is not a loopback address and ADMIN_TOKEN is empty: refusing to serve "
         "the admin API (which can delete and enqueue jobs) to the network without a token. Set ADMIN_TOKEN, "
         "or ADMIN_HOST=127.0.0.1"
     )
@@ -157,15 +157,15 @@ class AdminListener:
 def open_admin_listener(config: Config) -> AdminListener:
     """Bind ADMIN_HOST:ADMIN_PORT (0: a free port). ConfigError / AdminBindError say what is wrong."""
     check_bind(config)
-    host = config.admin_host.strip("[]")
+    host = config.admin.host.strip("[]")
     hc = HypercornConfig()
-    hc.bind = [f"[{host}]:{config.admin_port}" if ":" in host else f"{host}:{config.admin_port}"]
+    hc.bind = [f"[{host}]:{config.admin.port}" if ":" in host else f"{host}:{config.admin.port}"]
     try:
         (sock,) = hc.create_sockets().insecure_sockets
         sock.listen(hc.backlog)
     except OSError as exc:
         raise AdminBindError(
-            f"cannot listen on {config.admin_host}:{config.admin_port} (ADMIN_HOST, ADMIN_PORT): {exc.strerror or exc}"
+            f"cannot listen on {config.admin.host}:{config.admin.port} (ADMIN_HOST, ADMIN_PORT): {exc.strerror or exc}"
         ) from None
     return AdminListener(sock)
 
@@ -203,7 +203,7 @@ async def run_admin_server(
         hc.errorlog = logging.getLogger("pipeline.admin.http")
         hc.include_server_header = False
         log.info("admin API on %s (dashboard: %s/admin, metrics: %s/metrics)%s", listener.url, listener.url, listener.url,
-                 "" if pipeline.config.admin_token else "; no ADMIN_TOKEN: loopback only")
+                 "" if pipeline.config.admin.token else "; no ADMIN_TOKEN: loopback only")
         await hypercorn_serve(app, hc, shutdown_trigger=shutdown_trigger, task_status=_Started(task_status, listener.url))  # type: ignore[arg-type]
     finally:
         listener.close()

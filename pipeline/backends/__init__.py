@@ -48,8 +48,8 @@ async def open_backend(
         from .sqlite import open_sqlite_backend
 
         async with open_sqlite_backend(
-            config.database_path, url=masked_url(url), busy_timeout_ms=config.sqlite_busy_timeout_ms,
-            synchronous=config.sqlite_synchronous, nudge_send=nudge_send, offers_recv=offers_recv, wiring=wiring,
+            config.database_path, url=masked_url(url), busy_timeout_ms=config.sqlite.busy_timeout_ms,
+            synchronous=config.sqlite.synchronous, nudge_send=nudge_send, offers_recv=offers_recv, wiring=wiring,
         ) as backend:
             yield backend
         return

@@ -72,7 +72,7 @@ class Pipeline:
         self.registry.decode(job_type, payload)  # round trip: what we store must load again
         spec = self.registry.spec(job_type)
         if max_attempts is None:
-            max_attempts = spec.max_attempts or self.config.worker_default_max_attempts
+            max_attempts = spec.max_attempts or self.config.worker.default_max_attempts
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
             raise UsageError(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
         if isinstance(priority, bool) or not isinstance(priority, int):
@@ -159,10 +159,10 @@ def default_owner() -> str:
 def _make_pools(config: Config, registry: Registry, wiring: Wiring) -> dict[str, Pool]:
     pools = {}
     for name, spec in registry.handled().items():
-        concurrency = spec.concurrency or config.worker_concurrency
-        capacity = concurrency + config.prefetch_for(concurrency)
+        concurrency = spec.concurrency or config.worker.concurrency
+        capacity = concurrency + config.worker.prefetch_for(concurrency)
         send, recv = wiring.channel("Poller", "Handler pools", "claimed jobs, one channel per type", capacity, size_label="workers + prefetch")
-        timeout = spec.timeout or config.worker_job_timeout_seconds
+        timeout = spec.timeout or config.worker.job_timeout_seconds
         pools[name] = Pool(spec, concurrency, capacity, timeout, send, recv)
     return pools
 
@@ -183,13 +183,13 @@ async def _run_keeper_and_bus(pipeline: Pipeline, pools: Mapping[str, Pool]) -> 
     outlive the workers, so the keeper renews and a job in its shutdown grace can emit."""
     config, wiring, backend = pipeline.config, pipeline.wiring, pipeline.backend
     async with trio.open_nursery() as tn:
-        if config.worker_enabled:
+        if config.worker.enabled:
             wiring.edge("Lease keeper", "Backend", "rescue expired leases, bury unknown types")
             wiring.edge("Lease heartbeat (thread)", "Backend", "renew this process's leases")
             pipeline.heartbeat = await tn.start(functools.partial(
                 run_lease_keeper, backend, pools, owner=pipeline.owner, job_types=pipeline.registry.job_types(),
-                lease_seconds=config.worker_lease_seconds, backoff_base_seconds=config.backoff_base_seconds,
-                unknown_type_grace_seconds=config.worker_unknown_type_grace_seconds,
+                lease_seconds=config.worker.lease_seconds, backoff_base_seconds=config.worker.backoff_base_seconds,
+                unknown_type_grace_seconds=config.worker.unknown_type_grace_seconds,
             ))
         bus_send, bus_recv = wiring.channel("business code", "EventBus", "emit", BUS_BUFFER)
         events_send, events_recv = wiring.channel("EventBus", "Enqueuer", "events", BUS_BUFFER)
@@ -217,7 +217,7 @@ async def _run_workers(
     """The handler pools' workers and the Poller that feeds them; on leaving, no new claims,
     and running jobs get WORKER_SHUTDOWN_TIMEOUT before they are released."""
     config, wiring, backend = pipeline.config, pipeline.wiring, pipeline.backend
-    workers = Workers(backend, pipeline.registry.decode, config.backoff_base_seconds, nudge_send,
+    workers = Workers(backend, pipeline.registry.decode, config.worker.backoff_base_seconds, nudge_send,
                       pipeline.observe, pipeline.context_for)
     async with trio.open_nursery() as tn:
         for pool in pools.values():
@@ -229,14 +229,14 @@ async def _run_workers(
         wiring.edge("Handler pools", "Poller", "nudge: a full pool has room")
         claiming = await tn.start(functools.partial(
             run_poller, backend, pools, nudge_recv, offers_send, offers_recv, owner=pipeline.owner,
-            lease_seconds=config.worker_lease_seconds, interval=config.poll_interval,
+            lease_seconds=config.worker.lease_seconds, interval=config.worker.poll_interval,
         ))
         try:
             yield
         finally:
             claiming.cancel()  # the Poller closes the pools' channels
             for pool in pools.values():
-                pool.stop(config.worker_shutdown_timeout)
+                pool.stop(config.worker.shutdown_timeout)
 
 
 @asynccontextmanager
@@ -253,7 +253,7 @@ async def open_pipeline(config: Config | None = None, registry: Registry | None 
     # the Poller's two channels across the backend boundary (see backends.base.ClaimOffer)
     nudge_send, nudge_recv = wiring.channel("Backend", "Poller", "nudge: work due, or the offer's claim", 2)
     offers_send, offers_recv = wiring.channel("Poller", "Backend", "offer: free capacity for the next insert", 1)
-    working = config.worker_enabled
+    working = config.worker.enabled
     async with AsyncExitStack() as stack:
         backend = await stack.enter_async_context(open_backend(
             config, nudge_send=nudge_send.clone() if working else None, offers_recv=offers_recv.clone() if working else None,
@@ -275,4 +275,4 @@ async def open_pipeline(config: Config | None = None, registry: Registry | None 
             # scope is being cancelled, the actors are cancelled too: running jobs stay
             # running until their lease expires and another run rescues them.)
             pipeline.closed = True  # enqueue and emit from outside refuse from now on
-            backend.begin_stop(config.worker_shutdown_timeout + 1)
+            backend.begin_stop(config.worker.shutdown_timeout + 1)

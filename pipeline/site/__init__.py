@@ -60,7 +60,10 @@ def types_registry(**options: Any) -> Registry:
 def default_registry(config: Config) -> Registry:
     """The site's types with every handler attached, and their resources."""
     from . import cache, content, images, mail, webhook
+    from .settings import SECTIONS
 
+    for section in SECTIONS:  # a bad SMTP_PORT or WEBHOOK_URLS is refused now, not at the first job
+        config.section(section)
     registry = types_registry()
     # each handler module attaches itself here, one line each
     mail.install(registry, config)

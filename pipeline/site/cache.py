@@ -32,6 +32,7 @@ import trio
 from ..config import Config
 from ..errors import ConfigError
 from .jobs import InvalidateCache
+from .settings import CacheSettings
 
 if TYPE_CHECKING:
     from ..engine.actors.pools import JobContext
@@ -205,7 +206,7 @@ def install(registry: Registry, config: Config, *, prefix: str = "") -> None:
     pipeline opens). ``prefix`` goes in front of every key in Redis, for sharing a database."""
 
     def factory(config: Config, registry: Registry) -> Any:
-        return open_cache_store(config.cache_url, prefix=prefix)
+        return open_cache_store(config.section(CacheSettings).url, prefix=prefix)
 
     registry.add_resource(RESOURCE, factory)
     registry.register("invalidate_cache", InvalidateCache, invalidate_cache)

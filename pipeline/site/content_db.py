@@ -2,7 +2,7 @@
 the ``"content"`` resource: handlers reach it as ``ctx.resources["content"]``, never
 through the job backend.
 
-It is a SQLite file (FTS5 keeps the search index), ``SITE_DATABASE_URL``; by default the
+It is a SQLite file (FTS5 keeps the search index), ``SITE_DATABASE_URL`` (settings.SiteSettings); by default the
 job database's own file when jobs are in SQLite, so that one file holds everything.
 Queries run in threads on a few pooled connections behind their own limiter, so a slow
 one cannot hold up the job backend's threads.
@@ -22,6 +22,7 @@ from ..config import Config
 from ..errors import StoreError
 from ..sqlite_files import connect
 from . import schema
+from .settings import SiteSettings
 
 T = TypeVar("T")
 RESOURCE = "content"
@@ -71,13 +72,13 @@ class ContentDatabase:
 
 def content_path(config: Config) -> Path:
     """Where the site's content lives (see the module docstring)."""
-    return config.site_database_path
+    return config.section(SiteSettings).database_path(config)
 
 
 @asynccontextmanager
 async def open_content_database(config: Config) -> AsyncIterator[ContentDatabase]:
     """Open the content database, creating or migrating the site's tables."""
-    db = ContentDatabase(content_path(config), busy_timeout_ms=config.sqlite_busy_timeout_ms, synchronous=config.sqlite_synchronous)
+    db = ContentDatabase(content_path(config), busy_timeout_ms=config.sqlite.busy_timeout_ms, synchronous=config.sqlite.synchronous)
     try:
         await db.run(schema.migrate, db.path)
         yield db

@@ -47,6 +47,7 @@ from ..sqlite_files import write_transaction
 from . import content_store, events, jobs
 from .content_db import RESOURCE as CONTENT
 from .demo_sinks import HttpSink, SmtpSink
+from .settings import CacheSettings, MailSettings, SiteSettings, WebhookSettings
 
 SCHEDULE_AHEAD = 3.0  # seconds until the scheduled post is due
 SEARCH_WORD = "trio"
@@ -77,16 +78,18 @@ class Seeded:
 
 
 def demo_config(base: Config, root: Path, smtp: SmtpSink, http: HttpSink) -> Config:
-    return attrs.evolve(
-        base,
+    return base.replace(
         database_url=f"sqlite:///{root / 'demo.db'}",
-        media_dir=str(root / "media"),
-        public_dir=str(root / "public"),
-        smtp_host=smtp.host, smtp_port=smtp.port, smtp_security="none", smtp_username="", smtp_password="",
-        smtp_timeout=10.0, mail_from="Pipeline demo <demo@example.com>",
-        webhook_urls=(http.url("/hooks/demo"),), webhook_secret=http.secret, webhook_allow_private_networks=True,
-        cache_url="", admin_enabled=False,
-        worker_enabled=True, worker_poll_interval_ms=100, worker_backoff_base_ms=500,
+        worker=attrs.evolve(base.worker, enabled=True, poll_interval_ms=100, backoff_base_ms=500),
+        admin=attrs.evolve(base.admin, enabled=False),
+        sections={
+            SiteSettings: attrs.evolve(base.section(SiteSettings), database_url="", media_dir=str(root / "media"),
+                                       public_dir=str(root / "public")),
+            MailSettings: MailSettings(smtp_host=smtp.host, smtp_port=smtp.port, smtp_timeout=10.0,
+                                       mail_from="Pipeline demo <demo@example.com>"),
+            WebhookSettings: WebhookSettings(urls=(http.url("/hooks/demo"),), secret=http.secret, allow_private_networks=True),
+            CacheSettings: CacheSettings(),
+        },
     )
 
 
@@ -212,7 +215,7 @@ async def _seed(p: Any, config: Config, schedule_ahead: float) -> Seeded:
     media: list[tuple[str, str, str, int]] = []
     skipped = None
     try:
-        media = await trio.to_thread.run_sync(make_images, Path(config.media_dir))
+        media = await trio.to_thread.run_sync(make_images, Path(config.section(SiteSettings).media_dir))
     except ImportError as exc:
         skipped = f"Pillow is not installed ({exc}); pip install pillow"
     await p.resources[CONTENT].run(seed, publish_at, media)
@@ -284,7 +287,8 @@ def _print_report(out: TextIO, r: Report, seeded: Seeded, smtp: SmtpSink, http: 
         say(f"  dead: {job_type}: {(error or '').splitlines()[0] if error else ''}")
 
     say("\nfiles made")
-    media_dir, public_dir = Path(config.media_dir), Path(config.public_dir)
+    site = config.section(SiteSettings)
+    media_dir, public_dir = Path(site.media_dir), Path(site.public_dir)
     files = [(f"media/{rel}", _describe_image(media_dir / rel)) for _, derived in r.derived for rel in sorted(derived.values())]
     sitemap_urls = _sitemap_urls(public_dir / "sitemap.xml")
     if sitemap_urls is not None:

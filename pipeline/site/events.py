@@ -13,6 +13,7 @@ import attrs
 from ..clock import to_ts
 from ..registry import Routed
 from . import jobs
+from .settings import WebhookSettings
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -57,7 +58,7 @@ class MediaUploaded:
 
 def _webhooks(event_name: str, data: dict[str, Any], config: Config) -> list[Routed]:
     body = {"event": event_name, "data": data}
-    return [Routed(jobs.WebhookNotify(url=url, payload=body)) for url in config.webhook_urls]
+    return [Routed(jobs.WebhookNotify(url=url, payload=body)) for url in config.section(WebhookSettings).urls]
 
 
 def route_post_created(event: PostCreated, config: Config) -> list[Routed]:

@@ -75,6 +75,7 @@ from ..sqlite_files import write_transaction
 from .content_db import RESOURCE as CONTENT
 from .content_db import ContentDatabase, open_content_database
 from .jobs import Compress, ConvertWebP, GenerateThumbnail, ImageOperation, ProcessImage, Resize
+from .settings import ImageSettings, SiteSettings
 
 if TYPE_CHECKING:
     from ..engine.actors.pools import JobContext
@@ -107,7 +108,8 @@ class ImageWorker:
 
 @asynccontextmanager
 async def open_image_worker(config: Config, *, threads: int | None = None) -> AsyncIterator[ImageWorker]:
-    yield ImageWorker(Path(config.media_dir), config.image_max_pixels, trio.CapacityLimiter(threads or os.cpu_count() or 1))
+    media_dir, max_pixels = config.section(SiteSettings).media_dir, config.section(ImageSettings).max_pixels
+    yield ImageWorker(Path(media_dir), max_pixels, trio.CapacityLimiter(threads or os.cpu_count() or 1))
 
 
 # -- the media row ------------------------------------------------------------------------

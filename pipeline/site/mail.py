@@ -44,6 +44,7 @@ import trio
 from ..config import Config
 from ..errors import PermanentError
 from .jobs import SendEmail, SendWelcomeEmail
+from .settings import MailSettings, SiteSettings
 
 if TYPE_CHECKING:
     from ..engine.actors.pools import JobContext
@@ -240,21 +241,22 @@ async def open_mailer(
     # as many threads as the two mail pools have workers: the limiter never throttles
     # them further, it only keeps mail off the threads everybody else shares
     threads = sum(_concurrency(config, registry, name) for name in MAIL_JOB_TYPES)
-    if config.smtp_security != "none" and ssl_context is None:
+    mail = config.section(MailSettings)
+    if mail.smtp_security != "none" and ssl_context is None:
         ssl_context = ssl.create_default_context()  # verifies the certificate and host name
-    if not config.smtp_host or not config.mail_from:
+    if not mail.smtp_host or not mail.mail_from:
         log.info("SMTP is not configured (SMTP_HOST / MAIL_FROM empty): mail jobs will fail permanently")
     yield Mailer(
-        host=config.smtp_host,
-        port=config.smtp_port,
-        username=config.smtp_username,
-        password=config.smtp_password,
-        security=config.smtp_security,
-        timeout=config.smtp_timeout,
-        mail_from=config.mail_from,
-        site_url=config.site_url,
+        host=mail.smtp_host,
+        port=mail.smtp_port,
+        username=mail.smtp_username,
+        password=mail.smtp_password,
+        security=mail.smtp_security,
+        timeout=mail.smtp_timeout,
+        mail_from=mail.mail_from,
+        site_url=config.section(SiteSettings).url,
         limiter=trio.CapacityLimiter(max(1, threads)),
-        ssl_context=ssl_context if config.smtp_security != "none" else None,
+        ssl_context=ssl_context if mail.smtp_security != "none" else None,
         welcome=welcome or WelcomeTemplate(),
     )
 
@@ -263,7 +265,7 @@ def _concurrency(config: Config, registry: Registry, name: str) -> int:
     handled = registry.handled()
     if name not in handled:
         return 0
-    return handled[name].concurrency or config.worker_concurrency
+    return handled[name].concurrency or config.worker.concurrency
 
 
 def install(

@@ -36,6 +36,7 @@ from ..clock import UTC, parse_ts
 from . import content_store
 from .content_db import RESOURCE as CONTENT
 from .jobs import GenerateSitemap
+from .settings import SiteSettings
 
 if TYPE_CHECKING:
     from ..engine.actors.pools import JobContext
@@ -165,11 +166,11 @@ async def open_sitemap_writer(limit: int = SITEMAP_LIMIT) -> AsyncIterator[Sitem
 
 
 async def generate_sitemap(job: GenerateSitemap, ctx: JobContext) -> None:
-    config = ctx.config
+    site = ctx.config.section(SiteSettings)
     writer: SitemapWriter = ctx.resources[RESOURCE]
     rows = await ctx.resources[CONTENT].run(content_store.published_for_sitemap)
-    public_dir = Path(config.public_dir)
-    write = functools.partial(write_sitemap, public_dir, config.site_url, rows, limit=writer.limit)
+    public_dir = Path(site.public_dir)
+    write = functools.partial(write_sitemap, public_dir, site.url, rows, limit=writer.limit)
     try:
         result = await trio.to_thread.run_sync(write, limiter=writer.limiter)
     except OSError as exc:  # retried: a full disk or a permission fixed by the operator can clear

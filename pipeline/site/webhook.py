@@ -53,6 +53,7 @@ from ..config import Config
 from ..errors import PermanentError, RetryLater
 from .egress import DestinationRefused, GuardedTransport, IPAddress, parse_ip_literal, refusal_reason
 from .jobs import WebhookNotify
+from .settings import WebhookSettings
 
 if TYPE_CHECKING:
     from ..engine.actors.pools import JobContext
@@ -77,12 +78,13 @@ async def open_http_client(config: Config, *, ssl_context: ssl.SSLContext | None
     """The ``"http"`` resource: one pooled, guarded client for the pipeline's lifetime."""
     if ssl_context is None:
         ssl_context = httpx.create_ssl_context()  # certifi's CAs, or SSL_CERT_FILE / SSL_CERT_DIR
-    transport = GuardedTransport(allow_private=config.webhook_allow_private_networks, ssl_context=ssl_context)
+    settings = config.section(WebhookSettings)
+    transport = GuardedTransport(allow_private=settings.allow_private_networks, ssl_context=ssl_context)
     async with httpx.AsyncClient(
         transport=transport,
         follow_redirects=False,
         trust_env=False,  # no HTTP(S)_PROXY or .netrc: a proxy would connect where the guard cannot see
-        timeout=httpx.Timeout(config.webhook_timeout_seconds),
+        timeout=httpx.Timeout(settings.timeout_seconds),
         headers={"user-agent": USER_AGENT},
     ) as client:
         yield client
@@ -203,15 +205,15 @@ async def _snippet(response: httpx.Response) -> str:
 
 
 async def webhook_notify(job: WebhookNotify, ctx: JobContext) -> None:
-    config: Config = ctx.config
+    settings = ctx.config.section(WebhookSettings)
     client: httpx.AsyncClient = ctx.resources[RESOURCE]
-    url = _checked_url(job.url, allow_private=config.webhook_allow_private_networks)
+    url = _checked_url(job.url, allow_private=settings.allow_private_networks)
     shown = _shown(url)
     body = encode_body(job.payload)
     headers = {"content-type": "application/json", "accept-encoding": "identity"}
-    if config.webhook_secret:
-        headers.update(sign(config.webhook_secret, ctx.id, int(time.time()), body))
-    timeout = config.webhook_timeout_seconds
+    if settings.secret:
+        headers.update(sign(settings.secret, ctx.id, int(time.time()), body))
+    timeout = settings.timeout_seconds
     try:
         with trio.fail_after(timeout):
             async with client.stream("POST", url, content=body, headers=headers) as response:
