@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import trio
 from conftest import fast_config
-from jobkit import Echo, registry
+from jobkit import Echo, registry, wait_status
 
 import pipeline
 from pipeline.backends import NewJob
@@ -106,3 +106,17 @@ async def test_each_waiter_of_a_failed_batch_raises_its_own_error() -> None:
     with pytest.raises(FileNotFoundError) as lost:
         await reply.wait()
     assert (lost.value.errno, lost.value.filename, str(lost.value)) == (2, "/f", "[Errno 2] No such file: '/f'")
+
+
+async def test_a_job_at_a_time_costs_two_transactions(db_path) -> None:
+    """Its insert, which also claims it for the Poller's standing offer, and its outcome: a
+    worker freeing room the offer holds does not send the Poller to claim for nothing."""
+    config = fast_config(db_path, worker_poll_interval_ms=10_000)  # no poll in the way
+    async with pipeline.open_pipeline(config, registry()) as p:
+        await trio.sleep(0.1)  # the Poller's first (empty) claim, then its offer
+        before = p.backend.ledger_stats.batches
+        for i in range(20):
+            job_id = await p.enqueue(Echo(str(i)))
+            await wait_status(p, job_id, "completed")
+            await trio.sleep(0.01)  # let every nudge be heard
+        assert p.backend.ledger_stats.batches - before <= 2 * 20 + 2, p.backend.ledger_stats

@@ -322,7 +322,7 @@ async def _serve(
         for command, (ok, value) in zip(batch, results):
             if ok:
                 command.reply.set(value)
-                wake = wake or command.wakes
+                wake = wake or (command.wakes and value != [])  # a rescue that moved nothing made nothing due
             else:
                 if isinstance(value, sqlite3.Error):
                     value = describe(value, db.path)
@@ -331,5 +331,8 @@ async def _serve(
             ok, value = results[-1]
             taken.clear()
             _answer(nudge_send, Claimed(offer, value if ok else []))
+            # the answer is the nudge: its claim saw everything this batch made due, for every
+            # pool with room (a pool full of claimed jobs nudges the Poller when it has room)
+            wake = not ok
         if wake:
             nudge(nudge_send)

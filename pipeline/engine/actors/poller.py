@@ -5,9 +5,10 @@ pool's worth) minus what it holds. The prefetch keeps workers busy while the
 transaction that freed them commits: the database thread and the handlers overlap.
 
 It claims again at once when a claim came back full (more is likely waiting), when the
-Ledger committed something due (the wake channel), or when a full pool freed a slot;
-otherwise every ``WORKER_POLL_INTERVAL_MS``, for jobs written by other processes and
-delayed jobs that came due.
+backend nudged it (something due was committed), or when a pool full of claimed jobs freed
+a slot; otherwise every ``WORKER_POLL_INTERVAL_MS``, for jobs written by other processes and
+delayed jobs that came due. While it waits, its free room stands as an offer the backend
+may claim for in the transaction of the next insert (see :class:`Offer`).
 """
 
 from __future__ import annotations
@@ -78,16 +79,22 @@ class Offer:
     def post(self) -> None:
         if self.out is not None:
             return
-        wants = self._claimer.reserve()
+        pools = self._claimer.pools
+        wants = {name: pool.free for name, pool in pools.items() if pool.free > 0}
         if not wants:
             return
         offer = ClaimOffer(wants, self._owner, self._lease_seconds)
         try:
             self._send.send_nowait(offer)
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
-            self._claimer.deliver(wants, [])  # no backend takes offers
-            return
+            return  # no backend takes offers
+        for name, n in wants.items():
+            pools[name].offered += n
         self.out = offer
+
+    def _unreserve(self, offer: ClaimOffer) -> None:
+        for name, n in offer.wants.items():
+            self._claimer.pools[name].offered -= n
 
     def withdraw(self) -> None:
         if self.out is None:
@@ -97,11 +104,14 @@ class Offer:
         except trio.WouldBlock:
             return  # taken: its answer is on its way
         assert offer is self.out
-        self._claimer.deliver(offer.wants, [])
+        self._unreserve(offer)
         self.out = None
 
     def answered(self, claimed: Claimed) -> dict[str, int]:
         self.out = None
+        self._unreserve(claimed.offer)
+        for name, n in claimed.offer.wants.items():
+            self._claimer.pools[name].outstanding += n  # what deliver hands back when unused
         return self._claimer.deliver(claimed.offer.wants, claimed.leases)
 
 
@@ -154,14 +164,7 @@ async def run_poller(
                     if more:
                         await trio.lowlevel.checkpoint()
                         continue
-                    offer.post()  # free capacity waits for the next insert of this process
-                    with trio.move_on_after(interval):
-                        try:
-                            message = await nudge_recv.receive()
-                        except trio.EndOfChannel:
-                            raise PipelineError("the backend closed") from None
-                        if isinstance(message, Claimed):
-                            offer.answered(message)
+                    await _wait(offer, nudge_recv, interval)
         except PipelineError as exc:
             log.info("poller stopping: %s", exc)
         finally:
@@ -176,3 +179,21 @@ async def run_poller(
                         offer.answered(message)
             for pool in pools.values():
                 pool.send.close()
+
+
+async def _wait(offer: Offer, nudge_recv: trio.MemoryReceiveChannel[Nudge], interval: float) -> None:
+    """Until a nudge or the poll interval, with the free room standing as an offer. An
+    answered offer that came back short claimed everything due that this process has room
+    for: the offer stands again, with no claim of the Poller's own in between."""
+    with trio.move_on_after(interval):
+        while True:
+            offer.post()  # free room waits for the next insert of this process
+            try:
+                message = await nudge_recv.receive()
+            except trio.EndOfChannel:
+                raise PipelineError("the backend closed") from None
+            if not isinstance(message, Claimed):
+                return  # work may be due, or a pool full of claimed jobs has room: claim
+            got = offer.answered(message)
+            if any(got.get(name, 0) == n for name, n in message.offer.wants.items()):
+                return  # it came back full: more is likely waiting

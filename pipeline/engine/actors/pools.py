@@ -104,6 +104,7 @@ class Pool:
     send: trio.MemorySendChannel[Lease]  # Poller's end
     recv: trio.MemoryReceiveChannel[Lease]  # workers' end
     outstanding: int = 0  # Poller +1 per claim, worker −1 per settle
+    offered: int = 0  # Poller: room in its standing offer to the backend (see poller.Offer)
     # A job can be claimed again while an older run of it is still known here (its lease
     # expired and it was rescued), so everything but ``held`` is keyed by (id, lease token).
     held: dict[str, Lease] = attrs.field(factory=dict)  # Poller adds, worker removes: the heartbeat renews these
@@ -134,7 +135,7 @@ class Pool:
 
     @property
     def free(self) -> int:
-        return self.capacity - self.outstanding
+        return self.capacity - self.outstanding - self.offered
 
     def stop(self, grace: float) -> None:
         """Stop starting jobs; give the running ones ``grace`` seconds, then cancel them."""
@@ -273,7 +274,8 @@ async def _settle(workers: Workers, pool: Pool, lease: Lease, outcome: Outcome, 
         del pool.held[lease.id]
     pool.lost.discard(key)
     pool.settling.discard(key)
-    was_full = pool.free <= 0
+    # full of claimed jobs (room held by the offer does not count: it claims with the next insert)
+    was_full = pool.capacity - pool.outstanding <= 0
     pool.outstanding -= 1
     workers.observe(lease, outcome, result, duration)
     if was_full:
