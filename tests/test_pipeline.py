@@ -344,7 +344,6 @@ async def test_a_handler_that_blocks_the_loop_fails_saying_so_and_keeps_its_leas
         finally:
             stop.set()
             thread.join()
-        assert p.heartbeat.renewals >= 2
     assert rescued == [], "the lease expired while the loop was blocked"
     assert job.attempts == 1
     assert job.error.startswith("timed out after 0.3 s") and "blocking the event loop" in job.error

@@ -36,7 +36,7 @@ from ..ids import UUID7Factory
 from ..registry import Registry
 from .actors.bus import Envelope, run_event_bus
 from .actors.enqueuer import run_enqueuer
-from .actors.leases import Heartbeat, run_lease_keeper
+from .actors.leases import run_lease_keeper
 from .actors.poller import run_poller
 from .actors.pools import JobContext, Outcome, Pool, Workers, describe_outcome, run_worker
 from .diagrams import Wiring
@@ -58,7 +58,6 @@ class Pipeline:
         self.wiring = wiring  # the channels the wiring created: diagrams/actors.mmd is drawn from it
         self.resources: dict[str, Any] = {}  # entered by open_pipeline from registry.resources()
         self.closed = False  # set by the wiring when a graceful stop begins
-        self.heartbeat: Heartbeat | None = None  # the lease heartbeat, while workers run
         self._new_id = UUID7Factory()
         self._bus_send: trio.MemorySendChannel[Envelope] | None = None  # set once the bus runs
         self._observers: list[Callable[[dict[str, Any]], None]] = []
@@ -186,7 +185,7 @@ async def _run_keeper_and_bus(pipeline: Pipeline, pools: Mapping[str, Pool]) -> 
         if config.worker.enabled:
             wiring.edge("Lease keeper", "Backend", "rescue expired leases, bury unknown types")
             wiring.edge("Lease heartbeat (thread)", "Backend", "renew this process's leases")
-            pipeline.heartbeat = await tn.start(functools.partial(
+            await tn.start(functools.partial(
                 run_lease_keeper, backend, pools, owner=pipeline.owner, job_types=pipeline.registry.job_types(),
                 lease_seconds=config.worker.lease_seconds, backoff_base_seconds=config.worker.backoff_base_seconds,
                 unknown_type_grace_seconds=config.worker.unknown_type_grace_seconds,
@@ -202,7 +201,6 @@ async def _run_keeper_and_bus(pipeline: Pipeline, pools: Mapping[str, Pool]) -> 
         finally:
             bus_send.close()  # the bus, then the Enqueuer, drain and close in turn
             tn.cancel_scope.cancel()  # the keeper: every worker has settled or released its jobs
-            pipeline.heartbeat = None
 
 
 @asynccontextmanager
