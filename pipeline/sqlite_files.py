@@ -8,8 +8,11 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
+
+import trio
 
 from .clock import now_ts
 from .errors import DatabaseUnavailable, SchemaTooNew, StoreError
@@ -69,6 +72,55 @@ def write_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         raise
 
 
+
+
+T = TypeVar("T")
+
+
+class ConnectionPool:
+    """A few connections to one file, each used by one thread at a time: ``run(fn, ...)``
+    calls ``fn(conn, ...)`` in a thread behind the pool's own limiter, so that slow queries
+    cannot take the threads others need. A connection is opened when none is idle."""
+
+    def __init__(
+        self, path: Path, *, busy_timeout_ms: int, synchronous: str, size: int,
+        describe: Callable[[sqlite3.Error], Exception],
+    ) -> None:
+        self.path = path
+        self.busy_timeout_ms = busy_timeout_ms
+        self.synchronous = synchronous
+        self._describe = describe  # a sqlite3 error as the exception callers should see
+        self._limiter = trio.CapacityLimiter(size)
+        self._idle: list[sqlite3.Connection] = []
+        self._all: list[sqlite3.Connection] = []
+
+    def connect(self) -> sqlite3.Connection:
+        conn = connect(self.path, busy_timeout_ms=self.busy_timeout_ms, synchronous=self.synchronous)
+        self._all.append(conn)
+        return conn
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        def call() -> T:
+            try:
+                conn = self._idle.pop()
+            except IndexError:  # none idle (another thread may have taken the last one)
+                conn = self.connect()
+            try:
+                return fn(conn, *args)
+            except sqlite3.Error as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise self._describe(exc) from None
+            finally:
+                self._idle.append(conn)
+
+        return await trio.to_thread.run_sync(call, limiter=self._limiter)
+
+    def close(self) -> None:
+        for conn in self._all:
+            conn.close()
+        self._all.clear()
+        self._idle.clear()
 
 
 Migration = tuple[int, str, str]  # (version, name, SQL)

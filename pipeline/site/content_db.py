@@ -10,17 +10,14 @@ one cannot hold up the job backend's threads.
 
 from __future__ import annotations
 
-import sqlite3
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
-
-import trio
+from typing import TypeVar
 
 from ..config import Config
 from ..errors import StoreError
-from ..sqlite_files import connect
+from ..sqlite_files import ConnectionPool
 from . import schema
 from .settings import SiteSettings
 
@@ -29,45 +26,14 @@ RESOURCE = "content"
 READERS = 4  # threads (and connections) the content handlers use at once
 
 
-class ContentDatabase:
+class ContentDatabase(ConnectionPool):
+    """``await content.run(fn, *args)``: ``fn(conn, *args)`` on a pooled connection, in a
+    thread; sqlite3 errors become StoreError. Functions that write open their own write
+    transaction."""
+
     def __init__(self, path: Path, *, busy_timeout_ms: int, synchronous: str, readers: int = READERS) -> None:
-        self.path = path
-        self._busy_timeout_ms = busy_timeout_ms
-        self._synchronous = synchronous
-        self._limiter = trio.CapacityLimiter(readers)
-        self._idle: list[sqlite3.Connection] = []
-        self._all: list[sqlite3.Connection] = []
-
-    def _connect(self) -> sqlite3.Connection:
-        conn = connect(self.path, busy_timeout_ms=self._busy_timeout_ms, synchronous=self._synchronous)
-        self._all.append(conn)
-        return conn
-
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(conn, *args)`` on a pooled connection, in a thread; sqlite3 errors become StoreError.
-        Functions that write open their own write transaction."""
-
-        def call() -> T:
-            try:
-                conn = self._idle.pop()
-            except IndexError:
-                conn = self._connect()
-            try:
-                return fn(conn, *args)
-            except sqlite3.Error as exc:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise StoreError(f"content database {self.path}: {exc}") from None
-            finally:
-                self._idle.append(conn)
-
-        return await trio.to_thread.run_sync(call, limiter=self._limiter)
-
-    def close(self) -> None:
-        for conn in self._all:
-            conn.close()
-        self._all.clear()
-        self._idle.clear()
+        super().__init__(path, busy_timeout_ms=busy_timeout_ms, synchronous=synchronous, size=readers,
+                         describe=lambda exc: StoreError(f"content database {path}: {exc}"))
 
 
 def content_path(config: Config) -> Path:

@@ -19,7 +19,8 @@ from typing import Any, TypeVar
 import trio
 
 from ...errors import DatabaseUnavailable, StoreError
-from . import migrations, store
+from ...sqlite_files import ConnectionPool
+from . import migrations
 
 T = TypeVar("T")
 
@@ -43,18 +44,12 @@ class Database:
         self.synchronous = synchronous
         self._writer: sqlite3.Connection | None = None
         self._write_limiter = trio.CapacityLimiter(1)  # one thread at a time on the writing connection
-        self._read_limiter = trio.CapacityLimiter(readers)
-        self._idle_readers: list[sqlite3.Connection] = []
-        self._all: list[sqlite3.Connection] = []
-
-    def connect(self) -> sqlite3.Connection:
-        conn = store.connect(self.path, busy_timeout_ms=self.busy_timeout_ms, synchronous=self.synchronous)
-        self._all.append(conn)
-        return conn
+        self._readers = ConnectionPool(path, busy_timeout_ms=busy_timeout_ms, synchronous=synchronous, size=readers,
+                                       describe=lambda exc: describe(exc, path))
 
     async def open(self) -> None:
         def setup() -> sqlite3.Connection:
-            conn = self.connect()
+            conn = self._readers.connect()  # closed with the pool's
             try:
                 migrations.migrate(conn, self.path)
             except sqlite3.Error as exc:
@@ -70,28 +65,10 @@ class Database:
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(conn, *args)`` on a pooled connection; sqlite3 errors become StoreError."""
-
-        def call() -> T:
-            try:
-                conn = self._idle_readers.pop()
-            except IndexError:  # none idle (another thread may have taken the last one)
-                conn = self.connect()
-            try:
-                return fn(conn, *args)
-            except sqlite3.Error as exc:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise describe(exc, self.path) from None
-            finally:
-                self._idle_readers.append(conn)
-
-        return await trio.to_thread.run_sync(call, limiter=self._read_limiter)
+        return await self._readers.run(fn, *args)
 
     def close(self) -> None:
-        for conn in self._all:
-            conn.close()
-        self._all.clear()
-        self._idle_readers.clear()
+        self._readers.close()
         self._writer = None
 
 
