@@ -71,6 +71,17 @@ MIGRATIONS: Final[list[Migration]] = [
         SELECT 1;
         """,
     ),
+    (
+        6,
+        "claim order ends with the id",
+        """
+        -- The claim order is priority, then due time, then id (the protocol's); ties of the
+        -- first two were taken in insertion order. With id in the index the claim still walks
+        -- it in order and reads only the rows it takes, however many share a due time.
+        CREATE INDEX IF NOT EXISTS idx_jobs_claim_order ON jobs(job_type, priority, run_after, id) WHERE status = 'pending';
+        DROP INDEX IF EXISTS idx_jobs_claim;
+        """,
+    ),
 ]
 RETIRED: Final = (2, 4)  # the site's, once: known here, no longer applied
 LATEST: Final = max(v for v, _, _ in MIGRATIONS)

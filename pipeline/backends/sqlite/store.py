@@ -66,7 +66,7 @@ UPDATE jobs
        lease_owner = :owner, lease_expires_at = :expires, updated_at = :now
  WHERE rowid IN (SELECT rowid FROM jobs
                   WHERE status = 'pending' AND job_type = :job_type AND run_after <= :now
-                  ORDER BY priority, run_after
+                  ORDER BY priority, run_after, id
                   LIMIT :limit)
 RETURNING id, job_type, payload, attempts, max_attempts, lease_token, created_at, run_after, priority
 """
