@@ -1,8 +1,8 @@
 """The job state machine: one pure table, applied by the Ledger, drawn in diagrams/.
 
-This module imports neither trio nor sqlite3. The store turns each transition into
-a guarded UPDATE; the hypothesis model in tests/test_store_model.py checks the store
-against :func:`settle_failure` and :data:`TRANSITIONS`.
+This module imports neither trio nor sqlite3. The engine decides here; a backend turns
+each transition into a fenced write. The conformance suite (tests/backends/) checks every
+backend against a model of its own, not against these decisions.
 """
 
 from __future__ import annotations

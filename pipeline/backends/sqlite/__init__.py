@@ -241,7 +241,7 @@ class SqliteLeaseRenewer:
         conn = self._connection()
         with store.write_transaction(conn):
             now = time.time()
-            store.beat(conn, owner, job_types, now=format_ts(now))
+            store.beat(conn, owner, job_types, now=format_ts(now), lease_seconds=lease_seconds)
             return store.renew(conn, held, expires=format_ts(now + lease_seconds))
 
     def forget(self, owner: str) -> None:

@@ -82,6 +82,15 @@ MIGRATIONS: Final[list[Migration]] = [
         DROP INDEX IF EXISTS idx_jobs_claim;
         """,
     ),
+    (
+        7,
+        "a worker's own lease in the registry",
+        """
+        -- A worker beats every third of its lease: one that beat within its lease is alive,
+        -- whatever WORKER_UNKNOWN_TYPE_GRACE_SECONDS another process runs with.
+        ALTER TABLE workers ADD COLUMN lease_seconds REAL NOT NULL DEFAULT 30;
+        """,
+    ),
 ]
 RETIRED: Final = (2, 4)  # the site's, once: known here, no longer applied
 LATEST: Final = max(v for v, _, _ in MIGRATIONS)

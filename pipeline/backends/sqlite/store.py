@@ -208,8 +208,8 @@ def pending_job_types(conn: sqlite3.Connection) -> list[str]:
 def bury_unknown_types(conn: sqlite3.Connection, job_types: Iterable[str], *, now: str, due_before: str) -> int:
     """Pending jobs of types no code here knows, due since before ``due_before`` (nobody
     claimed them meanwhile) → dead, with an error that says why; but not the types a
-    worker that was alive since ``due_before`` knows (see :func:`beat`)."""
-    live = live_job_types(conn, since=due_before)
+    worker knows that was alive since ``due_before``, or is alive now (see :func:`live_job_types`)."""
+    live = live_job_types(conn, since=due_before, now=now)
     n = 0
     for job_type in job_types:
         if job_type in live:
@@ -229,23 +229,33 @@ def bury_unknown_types(conn: sqlite3.Connection, job_types: Iterable[str], *, no
 # -- worker processes ---------------------------------------------------------------------------
 
 _BEAT = """
-INSERT INTO workers (owner, job_types, started_at, heartbeat_at) VALUES (:owner, :types, :now, :now)
-ON CONFLICT (owner) DO UPDATE SET job_types = :types, heartbeat_at = :now
+INSERT INTO workers (owner, job_types, started_at, heartbeat_at, lease_seconds) VALUES (:owner, :types, :now, :now, :lease)
+ON CONFLICT (owner) DO UPDATE SET job_types = :types, heartbeat_at = :now, lease_seconds = :lease
 """
 
 
-def beat(conn: sqlite3.Connection, owner: str, job_types: Sequence[str], *, now: str) -> None:
-    """Record that the worker process ``owner``, knowing ``job_types``, is alive."""
-    conn.execute(_BEAT, {"owner": owner, "types": json.dumps(sorted(job_types)), "now": now})
+def beat(conn: sqlite3.Connection, owner: str, job_types: Sequence[str], *, now: str, lease_seconds: float) -> None:
+    """Record that the worker process ``owner``, knowing ``job_types``, is alive; it beats
+    again within ``lease_seconds`` (three times, in fact) for as long as it lives."""
+    conn.execute(_BEAT, {"owner": owner, "types": json.dumps(sorted(job_types)), "now": now, "lease": lease_seconds})
 
 
 def forget_worker(conn: sqlite3.Connection, owner: str) -> None:
     conn.execute("DELETE FROM workers WHERE owner = ?", (owner,))
 
 
-def live_job_types(conn: sqlite3.Connection, *, since: str) -> set[str]:
+_LIVE = """
+SELECT job_types FROM workers
+ WHERE heartbeat_at >= :since
+    OR julianday(heartbeat_at) + lease_seconds / 86400.0 >= julianday(:now)
+"""
+
+
+def live_job_types(conn: sqlite3.Connection, *, since: str, now: str) -> set[str]:
+    """The job types of the workers that beat since ``since``, or that are alive by their own
+    clock: a worker beats every third of its lease, so one that beat within a lease lives."""
     types: set[str] = set()
-    for (text,) in conn.execute("SELECT job_types FROM workers WHERE heartbeat_at >= ?", (since,)):
+    for (text,) in conn.execute(_LIVE, {"since": since, "now": now}):
         try:
             types.update(json.loads(text))
         except (ValueError, TypeError):

@@ -1,0 +1,114 @@
+"""Helpers of the conformance suite: NewJob rows with UUID7 ids and ISO times, lease
+renewals from a thread (as the heartbeat does), and time arithmetic on stored text."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+
+import trio
+
+from pipeline.backends import Backend, JobRecord, Lease, NewJob, Settlement
+from pipeline.clock import format_ts, to_epoch
+from pipeline.ids import UUID7Factory
+from pipeline.states import Transition
+
+new_id = UUID7Factory()
+
+PAST = -60.0  # a run_after offset that is due
+FUTURE = 3600.0  # one that is not, during a test
+LONG = 3600.0  # a lease that does not expire during a test
+SHORT = 0.05  # one that does, after a short real wait
+
+
+def ts(offset: float = 0.0) -> str:
+    """Now + ``offset`` seconds, as stored."""
+    return format_ts(time.time() + offset)
+
+
+def epoch(text: str) -> float:
+    return to_epoch(text)
+
+
+def job(
+    job_type: str = "t", *, delay: float = PAST, priority: int = 5, max_attempts: int = 3,
+    payload: dict[str, object] | None = None, job_id: str | None = None, run_after: str | None = None,
+) -> NewJob:
+    """A row as the engine inserts it: due ``delay`` seconds from now (due a minute ago by default)."""
+    created = ts()
+    return NewJob(
+        id=job_id or new_id(),
+        job_type=job_type,
+        payload=json.dumps(payload if payload is not None else {"n": 1}, sort_keys=True, separators=(",", ":")),
+        max_attempts=max_attempts,
+        run_after=run_after if run_after is not None else ts(delay),
+        priority=priority,
+        created_at=created,
+    )
+
+
+async def insert(backend: Backend, *rows: NewJob) -> list[str]:
+    await backend.insert(list(rows))
+    return [r.id for r in rows]
+
+
+async def add(backend: Backend, n: int = 1, job_type: str = "t", **fields: object) -> list[str]:
+    return await insert(backend, *(job(job_type, **fields) for _ in range(n)))  # type: ignore[arg-type]
+
+
+async def record(backend: Backend, job_id: str) -> JobRecord:
+    found = await backend.get(job_id)
+    assert found is not None, f"job {job_id} is gone"
+    return found
+
+
+async def claim_one(backend: Backend, job_type: str = "t", *, owner: str = "owner-a", lease_seconds: float = LONG) -> Lease:
+    (lease,) = await backend.claim({job_type: 1}, owner=owner, lease_seconds=lease_seconds)
+    return lease
+
+
+async def settle_one(backend: Backend, settlement: Settlement) -> bool:
+    (held,) = await backend.settle([settlement])
+    return held
+
+
+def succeed(lease: Lease) -> Settlement:
+    return Settlement(lease.id, lease.token, Transition.SUCCEED)
+
+
+def retry(lease: Lease, delay: float, error: str = "boom") -> Settlement:
+    return Settlement(lease.id, lease.token, Transition.RETRY, error=error, delay=delay)
+
+
+def bury(lease: Lease, error: str = "fatal") -> Settlement:
+    return Settlement(lease.id, lease.token, Transition.BURY, error=error)
+
+
+def release(lease: Lease) -> Settlement:
+    return Settlement(lease.id, lease.token, Transition.RELEASE)
+
+
+async def renew(
+    backend: Backend, owner: str, job_types: Sequence[str], held: Sequence[tuple[str, int]], *, lease_seconds: float = LONG
+) -> list[str]:
+    """One heartbeat, from a thread as the lease keeper runs it; the ids whose lease is lost."""
+    renewer = backend.lease_renewer()
+    try:
+        return await trio.to_thread.run_sync(lambda: renewer.renew(owner, job_types, held, lease_seconds=lease_seconds))
+    finally:
+        renewer.close()
+
+
+async def forget(backend: Backend, owner: str) -> None:
+    renewer = backend.lease_renewer()
+    try:
+        await trio.to_thread.run_sync(renewer.forget, owner)
+    finally:
+        renewer.close()
+
+
+async def outlive(lease_seconds: float) -> None:
+    """Sleep past a lease of this many seconds taken before the call (real time: leases are
+    wall-clock times in the store, with millisecond resolution)."""
+    await trio.sleep(lease_seconds + 0.03)
