@@ -52,7 +52,8 @@ import attrs
 import trio
 
 import pipeline
-import pipeline.engine.wiring  # noqa: F401 -- the package imports its parts on first use: not inside a timed section
+import pipeline.backends.sqlite  # noqa: F401 -- the package imports its parts on first use: not inside a timed section
+import pipeline.engine.wiring  # noqa: F401
 from pipeline.backends import NewJob
 from pipeline.backends.sqlite import migrations, store
 from pipeline.clock import format_ts

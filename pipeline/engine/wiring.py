@@ -215,7 +215,8 @@ async def _run_workers(
     """The handler pools' workers and the Poller that feeds them; on leaving, no new claims,
     and running jobs get WORKER_SHUTDOWN_TIMEOUT before they are released."""
     config, wiring, backend = pipeline.config, pipeline.wiring, pipeline.backend
-    workers = Workers(backend, pipeline.registry.decode, config.worker.backoff_base_seconds, nudge_send,
+    decode = functools.partial(pipeline.registry.decode, stored=True)
+    workers = Workers(backend, decode, config.worker.backoff_base_seconds, nudge_send,
                       pipeline.observe, pipeline.context_for)
     async with trio.open_nursery() as tn:
         for pool in pools.values():

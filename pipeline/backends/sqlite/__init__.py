@@ -102,7 +102,8 @@ class SqliteBackend:
         tray = self._tray
         if tray is not None and tray.is_open:
             first = tray.add_all(outcomes)
-            return (await tray.reply.wait())[first : first + len(outcomes)]
+            held = await tray.reply.wait()
+            return [held[first]] if len(outcomes) == 1 else held[first : first + len(outcomes)]
         tray = self._tray = Tray()
         tray.add_all(outcomes)
         try:

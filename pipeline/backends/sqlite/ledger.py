@@ -60,9 +60,10 @@ class Tray:
     def add_all(self, items: Sequence[Settlement]) -> int:
         """Add outcomes; returns where the first one stands (its answer's index)."""
         first = len(self.items)
-        self.items.extend(items)
-        if not self.wakes_poller:
-            self.wakes_poller = any(item.transition is Transition.RELEASE for item in items)
+        for item in items:  # (a loop: one outcome per call is the rule, and a generator costs more)
+            self.items.append(item)
+            if item.transition is Transition.RELEASE:
+                self.wakes_poller = True
         return first
 
 
