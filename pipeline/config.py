@@ -161,7 +161,28 @@ def setting(default: Any, env: str, parse: Callable[[str], Any], *, secret: bool
     text, which also checks a value given in code. ``secret``: never shown in a message;
     ``url``: shown with its password masked."""
     shown: Any = (lambda value: "'***'" if value else "''") if secret else (lambda value: repr(masked_url(value))) if url else True
-    return attrs.field(default=default, validator=_check, repr=shown, metadata={"env": env, "parse": parse, "secret": secret, "url": url})
+    return attrs.field(default=default, converter=_normalised(default, parse), validator=_check, repr=shown,
+                       metadata={"env": env, "parse": parse, "secret": secret, "url": url})
+
+
+def _normalised(default: Any, parse: Callable[[str], Any]) -> Callable[[Any], Any]:
+    """Text given in code is stored as its variable's parser leaves it ("FULL" as "full", a
+    trailing / dropped from an URL); empty text means the default, as an empty variable does.
+    Text the parser refuses is kept, for the check to refuse with the variable's name."""
+
+    def convert(value: Any) -> Any:
+        if isinstance(value, list):
+            return tuple(value)
+        if not isinstance(value, str) or not isinstance(default, str):
+            return value
+        if value.strip() == "":
+            return default
+        try:
+            return parse(value)
+        except ValueError:
+            return value
+
+    return convert
 
 
 def _shown(attribute: attrs.Attribute[Any], value: Any) -> str:
@@ -176,7 +197,7 @@ def _check(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     """A value given in code, checked by the parser of its variable: of the default's type
     (an int where an int is expected, not a bool or a string), then as text."""
     default = attribute.default
-    if value == default:
+    if type(value) is type(default) and value == default:  # (1 == True: a bool setting wants a bool)
         return
     kind = int if default is None else type(default)  # WORKER_PREFETCH: None or an int
     try:
@@ -293,7 +314,7 @@ class Config:
     admin: AdminSettings = attrs.field(factory=AdminSettings)
     log: LogSettings = attrs.field(factory=LogSettings)
     # applications' sections, by class: given here, or read from ``environ`` when first asked for
-    sections: Mapping[type, Any] = attrs.field(factory=dict, repr=False)
+    sections: Mapping[type, Any] = attrs.field(factory=dict, repr=False, hash=False)
     environ: Mapping[str, str] = attrs.field(factory=dict, repr=False, eq=False)  # the text from_env read
     _read: dict[type, Any] = attrs.field(factory=dict, init=False, repr=False, eq=False)  # sections built from it
 

@@ -384,3 +384,17 @@ def test_secrets_and_url_passwords_are_not_echoed_by_config_errors() -> None:
     with pytest.raises(ConfigError) as caught:
         Config.from_env({"CACHE_URL": "ftp://user:MARKER@host/"}, env_file=None).section(CacheSettings)
     assert "MARKER" not in str(caught.value) and "user:***@host" in str(caught.value)
+
+
+def test_text_given_in_code_is_stored_as_the_environment_would_store_it() -> None:
+    from pipeline.config import LogSettings, SqliteSettings
+
+    assert SqliteSettings(synchronous="FULL").synchronous == "full"  # not a silent NORMAL
+    assert SqliteSettings(synchronous="").synchronous == "full"  # empty: the default
+    assert LogSettings(level="DEBUG").level == "debug"
+    assert SiteSettings(url="https://example.com/").url == "https://example.com"
+    assert Config(database_url=" sqlite:///x.db ").database_path == Path("x.db")
+    assert WebhookSettings(urls=["https://example.com/hook"]).urls == ("https://example.com/hook",)
+    with pytest.raises(ConfigError, match="WORKER_ENABLED"):
+        WorkerSettings(enabled=1)
+    hash(Config())  # frozen, and usable as a key

@@ -134,14 +134,17 @@ class Claimed:
 
 
 # What the Poller hears on its nudge channel: None for "work may be due, or a pool has
-# room: look again", or the answer to its offer. The channel holds two messages: nudges
-# are sent only into an empty channel (see nudge), so an answer always fits.
+# room: look again", or the answer to its offer. The channel holds three messages: nudges
+# are sent only while fewer than two wait (see nudge), and one offer is out at a time, so
+# an answer always fits, and a nudge always follows an answer waiting ahead of it (an
+# answer that came back short does not send the Poller to claim).
 Nudge = Claimed | None
+NUDGE_BUFFER = 3
 
 
 def nudge(send: trio.MemorySendChannel[Nudge]) -> None:
-    """Tell the Poller to look again, unless a message already waits for it."""
-    if send.statistics().current_buffer_used:
+    """Tell the Poller to look again, unless a nudge already waits for it."""
+    if send.statistics().current_buffer_used >= NUDGE_BUFFER - 1:
         return
     try:
         send.send_nowait(None)

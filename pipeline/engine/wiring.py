@@ -29,6 +29,7 @@ from typing import Any
 import trio
 
 from ..backends import Backend, ClaimOffer, Lease, NewJob, Nudge, open_backend
+from ..backends.base import NUDGE_BUFFER
 from ..clock import now_ts, to_ts
 from ..config import Config
 from ..errors import PipelineClosed, UsageError
@@ -250,7 +251,7 @@ async def open_pipeline(config: Config | None = None, registry: Registry | None 
     registry = registry if registry is not None else Registry()
     wiring = Wiring()
     # the Poller's two channels across the backend boundary (see backends.base.ClaimOffer)
-    nudge_send, nudge_recv = wiring.channel("Backend", "Poller", "nudge: work due, or the offer's claim", 2)
+    nudge_send, nudge_recv = wiring.channel("Backend", "Poller", "nudge: work due, or the offer's claim", NUDGE_BUFFER)
     offers_send, offers_recv = wiring.channel("Poller", "Backend", "offer: free capacity for the next insert", 1)
     working = config.worker.enabled
     async with AsyncExitStack() as stack:

@@ -27,7 +27,7 @@ import trio
 from ...clock import format_ts, now_ts, to_epoch
 from ...engine.messages import Reply
 from ...errors import PipelineClosed, StoreError, UsageError
-from ..base import ClaimOffer, JobRecord, Lease, NewJob, Nudge, Settlement
+from ..base import NUDGE_BUFFER, ClaimOffer, JobRecord, Lease, NewJob, Nudge, Settlement
 from . import migrations, queries, store
 from .bulk import BulkInsert
 from .db import Database, describe, open_database
@@ -273,7 +273,7 @@ async def open_sqlite_backend(
     ``nudge_send`` and ``offers_recv`` are the Poller's channels (see base.ClaimOffer);
     without them nobody is told of new work (the CLI, the admin API alone)."""
     if nudge_send is None:
-        nudge_send, nudge_recv = trio.open_memory_channel[Nudge](2)
+        nudge_send, nudge_recv = trio.open_memory_channel[Nudge](NUDGE_BUFFER)
         nudge_recv.close()  # nobody listens: nudges and offers' answers are dropped
     stats = LedgerStats()
     async with open_database(path, busy_timeout_ms=busy_timeout_ms, synchronous=synchronous) as db, trio.open_nursery() as tn:

@@ -1,0 +1,81 @@
+"""The Poller's standing offer and its nudges, on hand-made channels.
+
+The interleaving below (an offer's answer waiting in the channel while a full pool frees a
+slot, during the Poller's own claim) cannot be arranged on purpose with a real Ledger, so the
+backend here is a few lines that answer claims from counts; the Poller, the pools and the
+channels are the real ones.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+
+import trio
+
+from pipeline.backends.base import NUDGE_BUFFER, Claimed, Lease, nudge
+from pipeline.engine.actors.poller import run_poller
+from pipeline.engine.actors.pools import Pool
+
+_ids = itertools.count()
+
+
+class CountingBackend:
+    """Claims answer from ``due`` after a short batch; records every claim."""
+
+    def __init__(self, due: dict[str, int]) -> None:
+        self.due = due
+        self.claims: list[dict[str, int]] = []
+
+    async def claim(self, wants: Mapping[str, int], *, owner: str, lease_seconds: float) -> list[Lease]:
+        self.claims.append(dict(wants))
+        await trio.sleep(0.1)  # the batch the claim rides on
+        leases = []
+        for job_type, n in wants.items():
+            k = min(n, self.due[job_type])
+            self.due[job_type] -= k
+            leases += [Lease(f"{job_type}{next(_ids)}", job_type, "{}", 1, 3, 1, "", "") for _ in range(k)]
+        return leases
+
+
+def settle_one(pool: Pool, nudge_send: trio.MemorySendChannel[object]) -> None:
+    """What a worker does with the job it ran: free its slot, and nudge if the pool was full."""
+    lease = pool.recv.receive_nowait()
+    was_full = pool.capacity - pool.outstanding <= 0
+    pool.held.pop(lease.id, None)
+    pool.outstanding -= 1
+    if was_full:
+        nudge(nudge_send)  # type: ignore[arg-type]
+
+
+async def test_a_pool_that_frees_a_slot_behind_a_waiting_answer_is_claimed_for() -> None:
+    backend = CountingBackend({"a": 5, "b": 0, "e": 5})
+    pools = {}
+    for name in "abe":
+        send, recv = trio.open_memory_channel[Lease](1)
+        pools[name] = Pool(None, 1, 1, 10.0, send, recv)  # type: ignore[arg-type]
+    nudge_send, nudge_recv = trio.open_memory_channel[object](NUDGE_BUFFER)
+    offers_send, offers_recv = trio.open_memory_channel[object](1)
+    async with trio.open_nursery() as tn:
+        claiming = await tn.start(lambda task_status: run_poller(
+            backend, pools, nudge_recv, offers_send, offers_recv.clone(),  # type: ignore[arg-type]
+            owner="me", lease_seconds=30, interval=30.0, task_status=task_status,
+        ))
+        await trio.sleep(0.2)  # a and e are full (one job each), b's room stands as the offer
+        offer = offers_recv.receive_nowait()  # the Ledger takes it into a batch
+        settle_one(pools["a"], nudge_send)  # a has room: the Poller claims for it...
+        await trio.sleep(0.05)
+        nudge_send.send_nowait(Claimed(offer, []))  # ...while the offer's batch commits: nothing for b
+        settle_one(pools["e"], nudge_send)  # e has room, behind the waiting answer
+        with trio.fail_after(1):  # far less than the 30 s poll interval
+            while pools["e"].outstanding == 0:
+                await trio.sleep(0.01)
+        assert any("e" in wants for wants in backend.claims[1:])
+        claiming.cancel()
+        for pool in pools.values():
+            while True:
+                try:
+                    pool.recv.receive_nowait()
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+        nudge_send.close()
