@@ -182,11 +182,12 @@ async def _run_keeper_and_bus(pipeline: Pipeline, pools: Mapping[str, Pool]) -> 
     """The lease keeper (with its heartbeat thread), the EventBus and the Enqueuer: they
     outlive the workers, so the keeper renews and a job in its shutdown grace can emit."""
     config, wiring, backend = pipeline.config, pipeline.wiring, pipeline.backend
-    async with trio.open_nursery() as tn:
+    # two nurseries: the keeper is cancelled at the end, the bus and the Enqueuer drain
+    async with trio.open_nursery() as tn, trio.open_nursery() as keeper_tn:
         if config.worker.enabled:
             wiring.edge("Lease keeper", "Backend", "rescue expired leases, bury unknown types")
             wiring.edge("Lease heartbeat (thread)", "Backend", "renew this process's leases")
-            await tn.start(functools.partial(
+            await keeper_tn.start(functools.partial(
                 run_lease_keeper, backend, pools, owner=pipeline.owner, job_types=pipeline.registry.job_types(),
                 lease_seconds=config.worker.lease_seconds, backoff_base_seconds=config.worker.backoff_base_seconds,
                 unknown_type_grace_seconds=config.worker.unknown_type_grace_seconds,
@@ -201,7 +202,7 @@ async def _run_keeper_and_bus(pipeline: Pipeline, pools: Mapping[str, Pool]) -> 
             yield
         finally:
             bus_send.close()  # the bus, then the Enqueuer, drain and close in turn
-            tn.cancel_scope.cancel()  # the keeper: every worker has settled or released its jobs
+            keeper_tn.cancel_scope.cancel()  # every worker has settled or released its jobs
 
 
 @asynccontextmanager
@@ -219,7 +220,7 @@ async def _run_workers(
     decode = functools.partial(pipeline.registry.decode, stored=True)
     workers = Workers(backend, decode, config.worker.backoff_base_seconds, nudge_send,
                       pipeline.observe, pipeline.context_for)
-    async with trio.open_nursery() as tn:
+    async with trio.open_nursery() as tn, nudge_send:  # the workers' nudges end with the workers
         for pool in pools.values():
             for _ in range(pool.concurrency):
                 await tn.start(run_worker, workers, pool, pool.recv.clone())

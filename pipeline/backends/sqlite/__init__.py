@@ -125,8 +125,8 @@ class SqliteBackend:
         rng = self._rng
         rescued = await self._call(
             "rescue",
+            # no nudge: a rescued job is due only after its backoff (or dead), which a poll finds
             lambda conn, now: store.rescue_expired(conn, now=now, base_seconds=base_seconds, rng=rng, exclude_owner=exclude_owner),
-            wakes_poller=True,
         )
         return len(rescued)
 

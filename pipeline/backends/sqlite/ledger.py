@@ -323,7 +323,7 @@ async def _serve(
         for command, (ok, value) in zip(batch, results):
             if ok:
                 command.reply.set(value)
-                wake = wake or (command.wakes and value != [])  # a rescue that moved nothing made nothing due
+                wake = wake or command.wakes
             else:
                 if isinstance(value, sqlite3.Error):
                     value = describe(value, db.path)

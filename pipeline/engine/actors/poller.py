@@ -31,16 +31,19 @@ SHIELD_LIMIT = 60.0
 
 
 class Claimer:
-    """The Poller's bookkeeping of pool capacity. Capacity is reserved (``outstanding``
-    raised) before a claim is sent, or offered to the backend, and the unused part handed
-    back when its answer arrives, so the Poller's claims and its offer can never together
-    claim more than the pools' channels hold."""
+    """The Poller's bookkeeping of pool capacity. Room is reserved before a claim is sent
+    (``outstanding``) or offered to the backend (``offered``, see :class:`Offer`), and the
+    unused part handed back when its answer arrives, so the Poller's claims and its offer
+    can never together claim more than the pools' channels hold."""
 
     def __init__(self, pools: Mapping[str, Pool]) -> None:
         self.pools = pools
 
+    def room(self) -> dict[str, int]:
+        return {name: pool.free for name, pool in self.pools.items() if pool.free > 0}
+
     def reserve(self) -> dict[str, int]:
-        wants = {name: pool.free for name, pool in self.pools.items() if pool.free > 0}
+        wants = self.room()
         for name, n in wants.items():
             self.pools[name].outstanding += n
         return wants
@@ -80,7 +83,7 @@ class Offer:
         if self.out is not None:
             return
         pools = self._claimer.pools
-        wants = {name: pool.free for name, pool in pools.items() if pool.free > 0}
+        wants = self._claimer.room()
         if not wants:
             return
         offer = ClaimOffer(wants, self._owner, self._lease_seconds)
