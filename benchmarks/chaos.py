@@ -57,7 +57,7 @@ def worker_main(db: str) -> None:
     config = pipeline.Config.from_env({
         "DATABASE_URL": f"sqlite:///{db}", "WORKER_LEASE_SECONDS": str(LEASE_SECONDS), "WORKER_POLL_INTERVAL_MS": "50",
         "WORKER_BACKOFF_BASE_MS": "50", "WORKER_SHUTDOWN_TIMEOUT": "5", "SQLITE_SYNCHRONOUS": "full", "LOG_LEVEL": "error",
-        "ADMIN_ENABLED": "false",
+        "ADMIN_ENABLED": "false", "SQLITE_BUSY_TIMEOUT_MS": "500",  # below two thirds of the lease
     }, env_file=None)
     trio.run(functools.partial(pipeline.serve, config, registry(), ready=lambda p: print("ready", flush=True)))
 

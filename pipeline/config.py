@@ -318,6 +318,17 @@ class Config:
     environ: Mapping[str, str] = attrs.field(factory=dict, repr=False, eq=False)  # the text from_env read
     _read: dict[type, Any] = attrs.field(factory=dict, init=False, repr=False, eq=False)  # sections built from it
 
+    def __attrs_post_init__(self) -> None:
+        # A renewal is tried every third of the lease; one that waits out the whole busy
+        # timeout for another writer's lock must still commit before the lease runs out.
+        limit = self.worker.lease_seconds * 1000 * 2 / 3
+        if self.database_url.startswith("sqlite:") and self.sqlite.busy_timeout_ms >= limit:
+            raise ConfigError(
+                f"SQLITE_BUSY_TIMEOUT_MS={self.sqlite.busy_timeout_ms} could eat the lease of WORKER_LEASE_SECONDS="
+                f"{self.worker.lease_seconds:g}: a lease renewal waiting that long for a lock would let the lease run "
+                f"out under a running job; set it below two thirds of the lease ({limit:.0f} ms), or lengthen the lease"
+            )
+
     def section(self, cls: type[S]) -> S:
         """An application's section (``MailSettings``, ...): as given in ``sections``, else
         read from the environment this config was read from (defaults if built in code)."""

@@ -24,23 +24,27 @@ class Status(enum.StrEnum):
 class Transition(enum.StrEnum):
     """Every way a job changes status. The value is the label drawn on the diagram."""
 
-    CLAIM = "claim (attempts + 1)"
+    CLAIM = "claim (attempts + 1, unless claimed ahead of a free worker)"
+    START = "a job claimed ahead starts (attempts + 1)"
     SUCCEED = "ok"
     RETRY = "error, attempts < max_attempts: run_after = now + backoff"
     BURY = "error, attempts >= max_attempts, or permanent error"
     RESCUE = "lease expired, attempts < max_attempts: backoff"
     RESCUE_BURY = "lease expired, out of attempts"
+    UNCLAIM = "lease expired before the job started (attempt not counted)"
     RELEASE = "graceful shutdown, unfinished (attempt not counted)"
     REVIVE = "admin retry (attempts reset)"
 
 
 TRANSITIONS: Final[dict[Transition, tuple[Status, Status]]] = {
     Transition.CLAIM: (Status.PENDING, Status.RUNNING),
+    Transition.START: (Status.RUNNING, Status.RUNNING),
     Transition.SUCCEED: (Status.RUNNING, Status.COMPLETED),
     Transition.RETRY: (Status.RUNNING, Status.PENDING),
     Transition.BURY: (Status.RUNNING, Status.DEAD),
     Transition.RESCUE: (Status.RUNNING, Status.PENDING),
     Transition.RESCUE_BURY: (Status.RUNNING, Status.DEAD),
+    Transition.UNCLAIM: (Status.RUNNING, Status.PENDING),
     Transition.RELEASE: (Status.RUNNING, Status.PENDING),
     Transition.REVIVE: (Status.DEAD, Status.PENDING),
 }

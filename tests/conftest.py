@@ -25,6 +25,8 @@ def fast_config(db_path: Path, **overrides: object) -> Config:
         sqlite_synchronous="normal",
     )
     values.update(overrides)
+    if "sqlite_busy_timeout_ms" not in overrides:  # below two thirds of the lease (the config refuses more)
+        values["sqlite_busy_timeout_ms"] = min(1000, int(float(values["worker_lease_seconds"]) * 1000 / 3))  # type: ignore[arg-type]
     return config_of(**values)
 
 

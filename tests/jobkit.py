@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ class Echo:
     text: str
     sleep: float = 0.0
     fail_times: int = 0  # raise on the first N attempts
-    mode: str = "ok"  # ok | permanent | retry_later | hang | record
+    mode: str = "ok"  # ok | permanent | retry_later | hang | kill | record
 
 
 async def echo(job: Echo, ctx: pipeline.JobContext) -> None:
@@ -34,6 +35,8 @@ async def echo(job: Echo, ctx: pipeline.JobContext) -> None:
         await trio.sleep(job.sleep)
     if job.mode == "hang":
         await trio.sleep_forever()
+    if job.mode == "kill":  # a poison job: takes its whole process down, as an OOM kill would
+        os.kill(os.getpid(), signal.SIGKILL)
     if ctx.attempt <= job.fail_times:
         raise RuntimeError(f"failing on purpose, attempt {ctx.attempt}")
     if job.mode == "permanent":

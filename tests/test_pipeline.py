@@ -109,7 +109,7 @@ async def test_unknown_job_type_goes_dead_with_the_reason_after_a_grace_period(d
         await trio.sleep(1.0)
         assert (await p.backend.get("ghost")).status == "pending"  # another process may still take it
         job = await wait_status(p, "ghost", "dead", timeout=15)
-        assert "unknown job type 'no_such_type'" in job.error
+        assert "no worker handles job type 'no_such_type'" in job.error
 
 
 async def test_types_without_a_handler_here_are_not_claimed(config: Config) -> None:

@@ -222,10 +222,17 @@ class AdminApi:
         return JSONResponse(await self._stats())
 
     async def healthz(self, request: Request) -> Response:
-        """GET /healthz — 200 while the database answers and the pipeline takes work."""
+        """GET /healthz — 200 while the database answers and the pipeline takes work: 503
+        naming the reasons while the store cannot commit or the Poller cannot claim."""
         await self.backend.ping()
         if self.pipeline.closed:
             raise ApiError(503, "the pipeline is shutting down")
+        reasons = self.pipeline.health.reasons(trio.current_time())
+        trouble = self.backend.trouble()
+        if trouble:
+            reasons.insert(0, trouble)
+        if reasons:
+            raise ApiError(503, "; ".join(reasons))
         return JSONResponse({"status": "ok", "workers": self.pipeline.config.worker.enabled})
 
     async def metrics_text(self, request: Request) -> Response:

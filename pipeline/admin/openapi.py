@@ -229,7 +229,8 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
                 "responses": {
                     "200": _json(_ref("Health"), "Healthy."),
                     "403": _error(_ERRORS[403]),
-                    "503": _error("The database does not answer, or the pipeline is shutting down."),
+                    "503": _error("The database does not answer or cannot commit, the Poller cannot claim, "
+                                  "or the pipeline is shutting down: the message names which."),
                 },
             }
         },

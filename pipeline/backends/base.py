@@ -7,15 +7,16 @@ and ordered the same way on any store:
 
 * a job is inserted ``pending`` with an id (UUID v7 text) chosen by the engine;
 * a claim turns due ``pending`` jobs of each requested type into ``running`` under an
-  owner and a lease: attempts + 1, a new fencing token, in the order priority ASC, then
-  run_after, then id;
+  owner and a lease, with a new fencing token, in the order priority ASC, then run_after,
+  then id; the attempt counts (attempts + 1) for the jobs that start at once, and, for the
+  jobs claimed ahead of a free worker, only when a START outcome says they started;
 * every outcome names ``(id, token)`` and changes the row only while it is ``running``
   with that token: a stale outcome (the lease expired and the job was rescued, claimed by
   someone else, or finished) changes nothing and says so;
 * leases are renewed from a thread (:class:`LeaseRenewer`) so that a blocked event loop
   cannot starve them;
 * a lease that expired is rescued: back to ``pending`` after a backoff, or ``dead`` when
-  out of attempts.
+  out of attempts; a job that never started goes back to ``pending`` with nothing counted.
 
 Times are ISO 8601 UTC text with milliseconds (``clock.format_ts``), so they sort as text.
 """
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import builtins
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import attrs
@@ -58,13 +59,17 @@ class Lease:
     token: int
     created_at: str
     run_after: str
+    # False for a job claimed ahead of a free worker: its attempt is counted (a START
+    # outcome) only when it starts, so a job that never started is never charged one
+    started: bool = True
 
 
 @attrs.frozen
 class Settlement:
-    """One outcome to write. ``transition`` is one of SUCCEED, RETRY, BURY, RELEASE; RETRY is
-    due ``delay`` seconds after the write; RELEASE is due at once and does not count the
-    attempt (a graceful stop, a job that never started)."""
+    """One outcome to write. ``transition`` is one of SUCCEED, RETRY, BURY, RELEASE, START;
+    RETRY is due ``delay`` seconds after the write; RELEASE is due at once and gives back the
+    attempt if it was counted (a graceful stop, a job that never started); START counts the
+    attempt of a job claimed ahead, which keeps running under its lease."""
 
     id: str
     token: int
@@ -123,6 +128,7 @@ class ClaimOffer:
     wants: Mapping[str, int]
     owner: str
     lease_seconds: float
+    start: Mapping[str, int] | None = None  # as Backend.claim's
 
 
 @attrs.frozen
@@ -184,17 +190,25 @@ class Backend(Protocol):
 
     # -- the worker side ----------------------------------------------------------------------
 
-    async def claim(self, wants: Mapping[str, int], *, owner: str, lease_seconds: float) -> list[Lease]:
-        """Claim up to ``wants[job_type]`` due jobs of each type, in claim order."""
+    async def claim(
+        self, wants: Mapping[str, int], *, owner: str, lease_seconds: float, start: Mapping[str, int] | None = None,
+    ) -> list[Lease]:
+        """Claim up to ``wants[job_type]`` due jobs of each type. Of each type the first
+        ``start[job_type]`` start at once (their attempt counts now; all of them when
+        ``start`` is None); the rest are claimed ahead (``Lease.started`` False, attempts
+        unchanged until a START outcome). Started ones first, each part in claim order. The
+        lease runs ``lease_seconds`` from the claim's own commit, however long it waited."""
 
     async def settle(self, outcomes: Sequence[Settlement]) -> list[bool]:
         """Write outcomes, each fenced by (id, running, token); one bool per outcome: True
-        if it was written, False if its lease was stale and nothing changed."""
+        if it was written, False if its lease was stale and nothing changed. StoreError if
+        one could not be written (the others may have been: writing one again answers False)."""
 
-    async def rescue_expired(self, *, base_seconds: float, exclude_owner: str | None = None) -> int:
-        """Running jobs whose lease expired: back to pending after a backoff (the attempt
-        counts as failed), or dead when out of attempts. Leases of ``exclude_owner`` are
-        left alone. Safe to run from several processes at once. Returns how many moved."""
+    async def rescue_expired(self, *, base_seconds: float, spare: Collection[tuple[str, int]] = ()) -> int:
+        """Running jobs whose lease expired, whoever held it, except the leases ``spare``
+        (id, token) that the caller still holds: back to pending after a backoff (the attempt
+        counts as failed), or dead when out of attempts; a job that never started back to
+        pending, nothing counted. Safe to run from several processes at once. Returns how many moved."""
 
     async def bury_unknown_types(self, known: Iterable[str], *, grace_seconds: float) -> int:
         """Pending jobs of types neither ``known`` nor known to a live worker, due for
@@ -232,6 +246,10 @@ class Backend(Protocol):
 
     def counters(self) -> builtins.list[tuple[str, str, float]]:
         """(metric name, help, value) of the backend's own work, for /metrics."""
+
+    def trouble(self) -> str | None:
+        """Why the store cannot take writes right now (a lock held past patience, a server
+        that does not answer), for /healthz; None while it does."""
 
     def begin_stop(self, grace: float) -> None:
         """A graceful stop began: a store that does not answer may hold it up ``grace`` seconds more."""

@@ -41,6 +41,7 @@ from .actors.leases import run_lease_keeper
 from .actors.poller import run_poller
 from .actors.pools import JobContext, Outcome, Pool, Workers, describe_outcome, run_worker
 from .diagrams import Wiring
+from .health import Health
 from .messages import Reply
 
 log = logging.getLogger("pipeline")
@@ -59,6 +60,7 @@ class Pipeline:
         self.wiring = wiring  # the channels the wiring created: diagrams/actors.mmd is drawn from it
         self.resources: dict[str, Any] = {}  # entered by open_pipeline from registry.resources()
         self.closed = False  # set by the wiring when a graceful stop begins
+        self.health = Health()  # what the actors cannot do right now (/healthz)
         self._new_id = UUID7Factory()
         self._bus_send: trio.MemorySendChannel[Envelope] | None = None  # set once the bus runs
         self._observers: list[Callable[[dict[str, Any]], None]] = []
@@ -188,7 +190,7 @@ async def _run_keeper_and_bus(pipeline: Pipeline, pools: Mapping[str, Pool]) -> 
             wiring.edge("Lease keeper", "Backend", "rescue expired leases, bury unknown types")
             wiring.edge("Lease heartbeat (thread)", "Backend", "renew this process's leases")
             await keeper_tn.start(functools.partial(
-                run_lease_keeper, backend, pools, owner=pipeline.owner, job_types=pipeline.registry.job_types(),
+                run_lease_keeper, backend, pools, owner=pipeline.owner, job_types=sorted(pools),  # the types handled here
                 lease_seconds=config.worker.lease_seconds, backoff_base_seconds=config.worker.backoff_base_seconds,
                 unknown_type_grace_seconds=config.worker.unknown_type_grace_seconds,
             ))
@@ -230,7 +232,7 @@ async def _run_workers(
         wiring.edge("Handler pools", "Poller", "nudge: a full pool has room")
         claiming = await tn.start(functools.partial(
             run_poller, backend, pools, nudge_recv, offers_send, offers_recv, owner=pipeline.owner,
-            lease_seconds=config.worker.lease_seconds, interval=config.worker.poll_interval,
+            lease_seconds=config.worker.lease_seconds, interval=config.worker.poll_interval, health=pipeline.health,
         ))
         try:
             yield

@@ -58,7 +58,7 @@ async def test_a_rescued_lease_backs_off_base_times_two_to_the_failed_attempts_w
     assert lease.attempts == attempts
     await outlive(SHORT)
     before = ts()
-    assert await backend.rescue_expired(base_seconds=base, exclude_owner=None) == 1
+    assert await backend.rescue_expired(base_seconds=base) == 1
     after = ts()
     got = await record(backend, job_id)
     assert (got.status, got.attempts, got.lease_owner) == ("pending", attempts, None)

@@ -85,7 +85,7 @@ async def rescued(backend: Backend) -> Lease:
     await add(backend)
     lease = await claim_one(backend, owner="owner-a", lease_seconds=SHORT)
     await outlive(SHORT)
-    assert await backend.rescue_expired(base_seconds=60.0, exclude_owner=None) == 1
+    assert await backend.rescue_expired(base_seconds=60.0) == 1
     assert (await record(backend, lease.id)).status == "pending"
     return lease
 
@@ -94,7 +94,7 @@ async def rescued_to_death(backend: Backend) -> Lease:
     await add(backend, max_attempts=1)
     lease = await claim_one(backend, owner="owner-a", lease_seconds=SHORT)
     await outlive(SHORT)
-    assert await backend.rescue_expired(base_seconds=60.0, exclude_owner=None) == 1
+    assert await backend.rescue_expired(base_seconds=60.0) == 1
     assert (await record(backend, lease.id)).status == "dead"
     return lease
 
@@ -147,7 +147,7 @@ async def test_after_a_rescue_and_a_new_claim_the_old_token_is_stale_and_the_new
     await add(backend)
     old = await claim_one(backend, owner="owner-a", lease_seconds=SHORT)
     await outlive(SHORT)
-    assert await backend.rescue_expired(base_seconds=0.0, exclude_owner=None) == 1  # no backoff: due at once
+    assert await backend.rescue_expired(base_seconds=0.0) == 1  # no backoff: due at once
     new = await claim_one(backend, owner="owner-b", lease_seconds=LONG)
     assert new.id == old.id and new.token != old.token and new.attempts == 2
     assert (await record(backend, new.id)).lease_owner == "owner-b"

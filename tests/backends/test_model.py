@@ -98,6 +98,7 @@ class ModelJob:
     owner: str | None = None
     lease: str = "long"
     expires_by: float = 0.0  # epoch by which its lease has surely run out (short leases)
+    started: bool = False  # while running: its attempt is counted (claimed to start, or a START written)
     error: object = None  # str | None | ANY
 
 
@@ -207,10 +208,12 @@ class BackendVsModel(RuleBasedStateMachine):
     @rule(
         wants=st.dictionaries(st.sampled_from(TYPES), st.integers(1, 3), min_size=1, max_size=3),
         owner=st.sampled_from(OWNERS), lease=st.sampled_from(sorted(LEASES)),
+        # how many of each type start at once; the rest are claimed ahead (None: all start)
+        start=st.none() | st.dictionaries(st.sampled_from(TYPES), st.integers(0, 3), max_size=3),
     )
-    def claim(self, wants: dict[str, int], owner: str, lease: str) -> None:
+    def claim(self, wants: dict[str, int], owner: str, lease: str, start: dict[str, int] | None = None) -> None:
         before = time.time()
-        leases = self.call(self.backend.claim, wants, owner=owner, lease_seconds=LEASES[lease])
+        leases = self.call(self.backend.claim, wants, owner=owner, lease_seconds=LEASES[lease], start=start)
         after = time.time()
         low, high = stamp(before), stamp(after)
         for job_type, limit in wants.items():
@@ -222,15 +225,23 @@ class BackendVsModel(RuleBasedStateMachine):
             assert got == expected, f"claimed {got} of type {job_type!r}, expected {expected} (claim order)"
         assert {lease.job_type for lease in leases} <= set(wants)
         event(f"claim: {len(leases)}")
+        nth: Counter[str] = Counter()
         for claimed in leases:
             job = self.model[claimed.id]
             assert (claimed.job_type, claimed.payload, claimed.max_attempts, claimed.run_after) == (
                 job.job_type, job.payload, job.max_attempts, job.run_after)
             assert claimed.attempts == job.attempts + 1
             assert claimed.token not in job.tokens, "a claim reused a token"
+            starts = start is None or nth[claimed.job_type] < start.get(claimed.job_type, 0)
+            nth[claimed.job_type] += 1
+            assert claimed.started == starts, f"lease {nth[claimed.job_type]} of {claimed.job_type!r}: started={claimed.started}"
+            if not starts:
+                event("claim: claimed ahead")
             if job.tokens:
                 event("claim: a job claimed again")
-            job.status, job.attempts, job.token, job.owner, job.lease = "running", job.attempts + 1, claimed.token, owner, lease
+            job.status, job.token, job.owner, job.lease = "running", claimed.token, owner, lease
+            job.attempts += starts
+            job.started = starts
             job.tokens.add(claimed.token)
             job.expires_by = after + LEASES[lease]
             self.held.append(claimed)
@@ -242,6 +253,8 @@ class BackendVsModel(RuleBasedStateMachine):
             return Settlement(lease.id, lease.token, Transition.SUCCEED)
         if kind == "release":
             return Settlement(lease.id, lease.token, Transition.RELEASE)
+        if kind == "start":
+            return Settlement(lease.id, lease.token, Transition.START)
         if kind == "fail permanently" or lease.attempts >= lease.max_attempts:
             return Settlement(lease.id, lease.token, Transition.BURY, error=self.next_error())
         return Settlement(lease.id, lease.token, Transition.RETRY, error=self.next_error(), delay=delay)
@@ -249,6 +262,10 @@ class BackendVsModel(RuleBasedStateMachine):
     def apply(self, outcome: Settlement, before: float, after: float) -> None:
         """What a written outcome did, in the model (``before``/``after``: around the write)."""
         job = self.model[outcome.id]
+        if outcome.transition is Transition.START:  # still running, its attempt counted (once)
+            job.attempts += not job.started
+            job.started = True
+            return
         self.finish(job)
         if outcome.transition is Transition.SUCCEED:
             job.status, job.error = "completed", ANY
@@ -257,11 +274,11 @@ class BackendVsModel(RuleBasedStateMachine):
         elif outcome.transition is Transition.RETRY:  # the attempt counts
             job.status, job.error = "pending", outcome.error
             self.adopt_run_after(outcome.id, before + outcome.delay, after + outcome.delay)
-        else:  # RELEASE: the attempt does not count; due at once
-            job.status, job.attempts, job.error = "pending", job.attempts - 1, ANY
+        else:  # RELEASE: the attempt, if counted, is given back; due at once
+            job.status, job.attempts, job.error = "pending", job.attempts - job.started, ANY
             self.adopt_run_after(outcome.id, before, after)
 
-    @rule(data=st.data(), kind=st.sampled_from(["succeed", "fail", "fail permanently", "release"]),
+    @rule(data=st.data(), kind=st.sampled_from(["succeed", "fail", "fail permanently", "release", "start"]),
           delay=st.sampled_from([0.0, FAR]))
     def settle(self, data: st.DataObject, kind: str, delay: float) -> None:
         if not self.held:
@@ -280,7 +297,7 @@ class BackendVsModel(RuleBasedStateMachine):
         else:
             assert self.get(lease.id) == before_record, "a stale outcome changed the job"
 
-    @rule(data=st.data(), kinds=st.lists(st.sampled_from(["succeed", "fail", "fail permanently", "release"]), min_size=2,
+    @rule(data=st.data(), kinds=st.lists(st.sampled_from(["succeed", "fail", "fail permanently", "release", "start"]), min_size=2,
                                          max_size=5))
     def settle_several_at_once(self, data: st.DataObject, kinds: list[str]) -> None:
         """One call, leases of different jobs, some stale: each answered for itself."""
@@ -313,7 +330,7 @@ class BackendVsModel(RuleBasedStateMachine):
                 job = self.model[h.id]
                 job.lease, job.expires_by = lease, after + LEASES[lease]
 
-    @rule(data=st.data(), kind=st.sampled_from(["succeed", "fail", "fail permanently", "release", "renew"]))
+    @rule(data=st.data(), kind=st.sampled_from(["succeed", "fail", "fail permanently", "release", "start", "renew"]))
     def stale_lease_changes_nothing(self, data: st.DataObject, kind: str) -> None:
         stale = self.stale()
         if not stale:
@@ -332,23 +349,30 @@ class BackendVsModel(RuleBasedStateMachine):
     @rule(data=st.data(), base=st.sampled_from([0.0, FAR]))
     def rescue(self, data: st.DataObject, base: float) -> None:
         running = {job_id: job for job_id, job in self.model.items() if job.status == "running"}
-        exclude = data.draw(st.sampled_from([None, *sorted({job.owner for job in running.values() if job.owner}), *OWNERS]))
+        # the leases the caller still holds: not rescued, whoever owns them
+        current = sorted({(lease.id, lease.token) for lease in self.held if self.is_current(lease)})
+        spare = set(data.draw(st.lists(st.sampled_from(current), unique=True) if current else st.just([])))
         short = [job.expires_by for job in running.values() if job.lease == "short"]
         if short:
             wait = max(short) + SLACK - time.time()
             if wait > 0:
                 time.sleep(wait)  # every short lease has run out; no long one will
         before = time.time()
-        moved = self.call(self.backend.rescue_expired, base_seconds=base, exclude_owner=exclude)
+        moved = self.call(self.backend.rescue_expired, base_seconds=base, spare=spare)
         after = time.time()
-        expected = [job_id for job_id, job in running.items() if job.lease == "short" and job.owner != exclude]
+        expected = [job_id for job_id, job in running.items() if job.lease == "short" and (job_id, job.token) not in spare]
         assert moved == len(expected)
-        if any(job.lease == "short" and job.owner == exclude for job in running.values()):
-            event("rescue: an expired lease of the excluded owner")
+        if any(job.lease == "short" and (job_id, job.token) in spare for job_id, job in running.items()):
+            event("rescue: an expired lease the caller still holds")
         for job_id in expected:
             job = self.model[job_id]
+            started = job.started
             self.finish(job)
             got = self.get(job_id)
+            if not started:  # claimed ahead, never started: back in its place, nothing counted
+                job.status = "pending"
+                event("rescue: a job that never started")
+                continue
             assert got is not None and isinstance(got.error, str) and "lease" in got.error
             job.error = got.error
             if job.attempts >= job.max_attempts:

@@ -17,7 +17,7 @@ import functools
 import random
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -90,9 +90,11 @@ class SqliteBackend:
 
     # -- the worker side ------------------------------------------------------------------------
 
-    async def claim(self, wants: Mapping[str, int], *, owner: str, lease_seconds: float) -> list[Lease]:
+    async def claim(
+        self, wants: Mapping[str, int], *, owner: str, lease_seconds: float, start: Mapping[str, int] | None = None,
+    ) -> list[Lease]:
         return await self._call("claim", functools.partial(store.claim_leases, wants=dict(wants), owner=owner,
-                                                             lease_seconds=lease_seconds))
+                                                             lease_seconds=lease_seconds, start=start))
 
     async def settle(self, outcomes: Sequence[Settlement]) -> list[bool]:
         """On the open tray if there is one, else on a new tray sent to the Ledger (see
@@ -102,10 +104,17 @@ class SqliteBackend:
         tray = self._tray
         if tray is not None and tray.is_open:
             first = tray.add_all(outcomes)
-            held = await tray.reply.wait()
-            return [held[first]] if len(outcomes) == 1 else held[first : first + len(outcomes)]
-        tray = self._tray = Tray()
-        tray.add_all(outcomes)
+        else:
+            tray = self._tray = Tray()
+            first = tray.add_all(outcomes)
+            await self._send_tray(tray)
+        held = (await tray.reply.wait())[first : first + len(outcomes)]
+        for value in held:
+            if isinstance(value, StoreError):
+                raise value
+        return held
+
+    async def _send_tray(self, tray: Tray) -> None:
         try:
             await self._ledger_send.send(Command("outcomes", None, tray.reply, tray=tray))
         except (trio.ClosedResourceError, trio.BrokenResourceError):
@@ -119,14 +128,14 @@ class SqliteBackend:
             tray.is_open = False
             tray.reply.fail(StoreError("outcome not handed to the Ledger (the task carrying it was cancelled); trying again"))
             raise
-        return (await tray.reply.wait())[: len(outcomes)]
 
-    async def rescue_expired(self, *, base_seconds: float, exclude_owner: str | None = None) -> int:
+    async def rescue_expired(self, *, base_seconds: float, spare: Collection[tuple[str, int]] = ()) -> int:
         rng = self._rng
+        spare = frozenset(spare)
         rescued = await self._call(
             "rescue",
             # no nudge: a rescued job is due only after its backoff (or dead), which a poll finds
-            lambda conn, now: store.rescue_expired(conn, now=now, base_seconds=base_seconds, rng=rng, exclude_owner=exclude_owner),
+            lambda conn, now: store.rescue_expired(conn, now=now, base_seconds=base_seconds, rng=rng, spare=spare),
         )
         return len(rescued)
 
@@ -187,6 +196,9 @@ class SqliteBackend:
             ("pipeline_ledger_commands_total", "Commands (inserts, claims, outcomes, ...) the Ledger committed.", stats.commands),
             ("pipeline_ledger_failed_batches_total", "Ledger transactions the database refused.", stats.failed_batches),
         ]
+
+    def trouble(self) -> str | None:
+        return self._stats.trouble
 
     def begin_stop(self, grace: float) -> None:
         """A graceful stop began: a database locked by someone else holds it up for at most

@@ -20,15 +20,16 @@ import functools
 import logging
 import math
 import sqlite3
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
 import trio
 
-from ...clock import now_ts
+from ...clock import format_ts, now_ts
 from ...engine.messages import Reply
-from ...errors import PipelineClosed
+from ...errors import PipelineClosed, StoreError
 from ...states import Transition
 from ..base import Claimed, ClaimOffer, NewJob, Nudge, Settlement, nudge
 from . import store
@@ -55,7 +56,9 @@ class Tray:
     items: list[Settlement] = attrs.field(factory=list)
     is_open: bool = True
     wakes_poller: bool = False  # it holds a RELEASE: that job is due again at once
-    reply: Reply = attrs.field(factory=Reply)  # answered with one bool per item: True if the lease still held
+    # answered with one bool per item, True if the lease still held; or the StoreError that
+    # kept that item from being written
+    reply: Reply = attrs.field(factory=Reply)
 
     def add_all(self, items: Sequence[Settlement]) -> int:
         """Add outcomes; returns where the first one stands (its answer's index)."""
@@ -89,20 +92,23 @@ class Command:
         return self.wakes_poller or (self.tray is not None and self.tray.wakes_poller)
 
 
-def _apply_batch(conn: sqlite3.Connection, batch: list[Command]) -> list[tuple[bool, Any]]:
+def _apply_batch(conn: sqlite3.Connection, batch: list[Command], wait_ms: int) -> list[tuple[bool, Any]]:
     """Runs in the database thread: one transaction; all outcomes in one executemany per
     kind, all inserted rows in one executemany; every other command under a savepoint of
-    its own."""
-    now = now_ts()
+    its own. ``BEGIN IMMEDIATE`` waits at most ``wait_ms`` for another writer's lock."""
+    conn.execute(f"PRAGMA busy_timeout = {int(wait_ms)}")
     results: list[tuple[bool, Any]] = [(False, None)] * len(batch)
     conn.execute("BEGIN IMMEDIATE")
+    # the clock is read once the lock is ours: a lease claimed after a long wait for the
+    # lock runs its full length from the commit, not from when the batch began to wait
+    now = now_ts()
     try:
         trays = [(i, command.tray) for i, command in enumerate(batch) if command.tray is not None]
         if trays:
             items = [item for _, tray in trays for item in tray.items]
             conn.execute("SAVEPOINT outcomes")
             try:
-                held: list[bool]
+                held: Sequence[bool | StoreError]
                 if store.settle(conn, items, now=now) == len(items):
                     held = [True] * len(items)
                 else:  # some leases were stale: redo one at a time to learn which
@@ -115,12 +121,14 @@ def _apply_batch(conn: sqlite3.Connection, batch: list[Command]) -> list[tuple[b
                 # alone; one that still fails counts as not held (its lease returns the job)
                 conn.execute("ROLLBACK TO outcomes")
                 log.warning("writing %d outcomes together failed (%r); writing them one by one", len(items), exc)
-                held = []
+                held = each = []
                 for item in items:
                     ok, value = _alone(conn, functools.partial(store.settle, conn, [item], now=now))
-                    if not ok:
+                    if not ok:  # its worker hears so and writes it again (never taken for stale)
                         log.error("job %s: its outcome could not be written: %r", item.id, value)
-                    held.append(ok and value == 1)
+                        each.append(StoreError(f"job {item.id}: its outcome could not be written: {value}"))
+                    else:
+                        each.append(value == 1)
             start = 0
             for i, tray in trays:
                 results[i] = (True, held[start : start + len(tray.items)])
@@ -176,25 +184,36 @@ def _alone(conn: sqlite3.Connection, fn: Callable[[], Any]) -> tuple[bool, Any]:
     return True, value
 
 
-LOCK_PATIENCE = 30.0  # seconds the Ledger keeps retrying a batch while another process holds the lock
+LOCK_PATIENCE = 30.0  # seconds a batch waits, in all, while another process holds the write lock
 
 
 async def _write_patiently(db: Database, batch: list[Command], stats: LedgerStats) -> list[tuple[bool, Any]]:
-    """Run the batch; while another process holds the write lock past busy_timeout, try
-    again (the batch was rolled back whole) rather than failing every caller at once."""
-    waited = 0.0
+    """Run the batch; while another process holds the write lock, wait for it (SQLite's
+    busy handler) and try again, until LOCK_PATIENCE has passed on the clock since the
+    first try: one deadline, whatever busy_timeout is, so that nobody waits longer than that
+    for the Ledger. Then the batch fails, and each caller decides (an enqueue raises, a worker
+    tries its outcome again, the Poller claims again)."""
+    now = trio.current_time()
+    deadline = min(now + stats.patience, stats.give_up_at)
     delay = 0.05
     while True:
+        wait_ms = max(0, min(db.busy_timeout_ms, int((deadline - trio.current_time()) * 1000)))
         try:
-            return await db.write(_apply_batch, batch)
+            results = await db.write(_apply_batch, batch, wait_ms)
         except sqlite3.OperationalError as exc:
             locked = "locked" in str(exc) or "busy" in str(exc)
-            if not locked or waited >= LOCK_PATIENCE or trio.current_time() >= stats.give_up_at:
+            left = deadline - trio.current_time()
+            if not locked or left <= 0:
                 raise
-            log.warning("database %s is locked by another writer; retrying the batch of %d in %.2f s", db.path, len(batch), delay)
-            await trio.sleep(delay)
-            waited += delay
+            if stats.trouble is None:
+                since = format_ts(time.time() - (trio.current_time() - now))
+                stats.trouble = f"database {db.path} is locked by another writer; the Ledger has waited for it since {since}"
+            log.warning("database %s is locked by another writer; retrying the batch of %d for %.1f s more", db.path, len(batch), left)
+            await trio.sleep(min(delay, left))
             delay = min(delay * 2, 1.0)
+            continue
+        stats.trouble = None
+        return results
 
 
 @attrs.define
@@ -206,6 +225,8 @@ class LedgerStats:
     commands: int = 0
     failed_batches: int = 0
     give_up_at: float = math.inf  # trio time after which a locked database fails the batch at once
+    patience: float = attrs.field(factory=lambda: LOCK_PATIENCE)  # read when the Ledger starts (tests shorten it)
+    trouble: str | None = None  # why batches cannot commit right now (for /healthz), None while they do
 
 
 async def run_ledger(
@@ -301,7 +322,7 @@ async def _serve(
         if offer is not None:
             taken.append(offer)
             batch.append(Command("claim", functools.partial(store.claim_leases, wants=offer.wants, owner=offer.owner,
-                                                            lease_seconds=offer.lease_seconds), Reply()))
+                                                            lease_seconds=offer.lease_seconds, start=offer.start), Reply()))
         try:
             results = await _write_patiently(db, batch, stats)
         except sqlite3.Error as exc:
@@ -310,6 +331,7 @@ async def _serve(
             # decides (an enqueue raises, a worker retries its outcome)
             stats.failed_batches += 1
             error = describe(exc, db.path)
+            stats.trouble = f"the Ledger could not commit: {error}"
             log.warning("ledger batch of %d commands not written: %s", len(batch), error)
             for command in batch:
                 command.reply.fail(error)

@@ -91,6 +91,17 @@ MIGRATIONS: Final[list[Migration]] = [
         ALTER TABLE workers ADD COLUMN lease_seconds REAL NOT NULL DEFAULT 30;
         """,
     ),
+    (
+        8,
+        "when the running attempt started",
+        """
+        -- A job claimed ahead of a free worker (the prefetch) is running under its lease but
+        -- has not started: its attempt counts only once it starts, when started_at is set. A
+        -- lease that expires before that returns the job without charging an attempt.
+        ALTER TABLE jobs ADD COLUMN started_at TEXT;
+        UPDATE jobs SET started_at = updated_at WHERE status = 'running';
+        """,
+    ),
 ]
 RETIRED: Final = (2, 4)  # the site's, once: known here, no longer applied
 LATEST: Final = max(v for v, _, _ in MIGRATIONS)

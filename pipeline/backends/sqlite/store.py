@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import random
 import sqlite3
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -59,25 +59,30 @@ def insert_jobs(conn: sqlite3.Connection, rows: Iterable[NewJob]) -> None:
 
 # rowid, not id, between the subquery and the update: the claim index holds the rowid,
 # so each claimed row is found directly instead of through the primary-key index on id
-# (measured: 7.2 -> 5.9 us per claimed row, 50,000 pending)
+# (measured: 7.2 -> 5.9 us per claimed row, 50,000 pending). ``counted`` is 1 for jobs that
+# start at once (their attempt counts now) and 0 for jobs claimed ahead of a free worker
+# (it counts when they start: see _START); the lease says the attempt it is, either way.
 _CLAIM = """
 UPDATE jobs
-   SET status = 'running', attempts = attempts + 1, lease_token = lease_token + 1,
-       lease_owner = :owner, lease_expires_at = :expires, updated_at = :now
+   SET status = 'running', attempts = attempts + :counted, started_at = CASE WHEN :counted THEN :now END,
+       lease_token = lease_token + 1, lease_owner = :owner, lease_expires_at = :expires, updated_at = :now
  WHERE rowid IN (SELECT rowid FROM jobs
                   WHERE status = 'pending' AND job_type = :job_type AND run_after <= :now
                   ORDER BY priority, run_after, id
                   LIMIT :limit)
-RETURNING id, job_type, payload, attempts, max_attempts, lease_token, created_at, run_after, priority
+RETURNING id, job_type, payload, attempts + 1 - :counted, max_attempts, lease_token, created_at, run_after, priority
 """
 
 
-def claim_rows(conn: sqlite3.Connection, job_type: str, limit: int, *, now: str, owner: str, expires: str) -> list[tuple[Any, ...]]:
+def claim_rows(
+    conn: sqlite3.Connection, job_type: str, limit: int, *, now: str, owner: str, expires: str, counted: bool = True,
+) -> list[tuple[Any, ...]]:
     """pending → running for up to ``limit`` due jobs of one type, in priority then due
     order; the rows as tuples in :class:`ClaimedRow`'s field order (the Ledger's hot path
     makes its leases from them directly)."""
     rows = conn.execute(
-        _CLAIM, {"owner": owner, "expires": expires, "now": now, "job_type": job_type, "limit": limit}
+        _CLAIM,
+        {"owner": owner, "expires": expires, "now": now, "job_type": job_type, "limit": limit, "counted": int(counted)},
     ).fetchall()
     rows.sort(key=_claim_order)  # RETURNING's order is unspecified
     return rows
@@ -92,13 +97,27 @@ def claim(conn: sqlite3.Connection, job_type: str, limit: int, *, now: str, owne
     return [ClaimedRow(*r) for r in claim_rows(conn, job_type, limit, now=now, owner=owner, expires=expires)]
 
 
-def claim_leases(conn: sqlite3.Connection, now: str, *, wants: Mapping[str, int], owner: str, lease_seconds: float) -> list[Lease]:
-    """Claim for every job type of ``wants`` in one go (the Ledger's claim command)."""
+def claim_leases(
+    conn: sqlite3.Connection, now: str, *, wants: Mapping[str, int], owner: str, lease_seconds: float,
+    start: Mapping[str, int] | None = None,
+) -> list[Lease]:
+    """Claim for every job type of ``wants`` in one go (the Ledger's claim command): of each
+    type, the first ``start[job_type]`` start at once (all when ``start`` is None), the rest
+    are claimed ahead; in that order, so a FIFO hands the started ones to the free workers."""
     expires = format_ts(to_epoch(now) + lease_seconds)
     claimed: list[Lease] = []
     for job_type, limit in wants.items():
-        if limit > 0:
-            claimed.extend(Lease(*row[:8]) for row in claim_rows(conn, job_type, limit, now=now, owner=owner, expires=expires))
+        if limit <= 0:
+            continue
+        now_n = limit if start is None else max(0, min(limit, start.get(job_type, 0)))
+        got = 0
+        if now_n:
+            rows = claim_rows(conn, job_type, now_n, now=now, owner=owner, expires=expires)
+            claimed.extend(Lease(*row[:8]) for row in rows)
+            got = len(rows)
+        if limit > now_n and got == now_n:  # (fewer than asked: nothing more is due)
+            rows = claim_rows(conn, job_type, limit - now_n, now=now, owner=owner, expires=expires, counted=False)
+            claimed.extend(Lease(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], False) for row in rows)
     return claimed
 
 
@@ -109,9 +128,15 @@ _RETRY = (
     f"lease_owner = NULL, lease_expires_at = NULL {_FENCE}"
 )
 _BURY = f"UPDATE jobs SET status = 'dead', error = ?, updated_at = ?, lease_owner = NULL, lease_expires_at = NULL {_FENCE}"
-_RELEASE = (
-    "UPDATE jobs SET status = 'pending', attempts = max(attempts - 1, 0), run_after = ?, updated_at = ?, "
-    f"lease_owner = NULL, lease_expires_at = NULL {_FENCE}"
+_RELEASE = (  # the attempt is given back if it was counted (it started)
+    "UPDATE jobs SET status = 'pending', attempts = max(attempts - (started_at IS NOT NULL), 0), started_at = NULL, "
+    f"run_after = ?, updated_at = ?, lease_owner = NULL, lease_expires_at = NULL {_FENCE}"
+)
+_START = (  # a job claimed ahead starts: its attempt counts from now (twice is once)
+    f"UPDATE jobs SET attempts = attempts + (started_at IS NULL), started_at = coalesce(started_at, ?) {_FENCE}"
+)
+_UNCLAIM = (  # a lease that expired before its job started: back in its place, nothing counted
+    f"UPDATE jobs SET status = 'pending', updated_at = ?, lease_owner = NULL, lease_expires_at = NULL {_FENCE}"
 )
 _RENEW = f"UPDATE jobs SET lease_expires_at = ? {_FENCE}"
 
@@ -121,6 +146,7 @@ _SETTLE_SQL = {
     states.Transition.RETRY: _RETRY,
     states.Transition.BURY: _BURY,
     states.Transition.RELEASE: _RELEASE,
+    states.Transition.START: _START,
 }
 
 
@@ -140,6 +166,8 @@ def settle(conn: sqlite3.Connection, items: Sequence[Settlement], *, now: str) -
             params = (s.error, now, s.id, s.token)
         elif s.transition is states.Transition.RELEASE:
             params = (now, now, s.id, s.token)
+        elif s.transition is states.Transition.START:
+            params = (now, s.id, s.token)
         else:
             raise ValueError(f"{s.transition!r} is not an outcome")
         by_kind.setdefault(s.transition, []).append(params)
@@ -164,23 +192,33 @@ def renew(conn: sqlite3.Connection, leases: Iterable[tuple[str, int]], *, expire
 
 
 _EXPIRED = (
-    "SELECT id, lease_token, attempts, max_attempts, lease_owner FROM jobs "
-    "WHERE status = 'running' AND lease_expires_at < ? AND lease_owner IS NOT ?"
+    "SELECT id, lease_token, attempts, max_attempts, lease_owner, started_at FROM jobs "
+    "WHERE status = 'running' AND lease_expires_at < ?"
 )
 
 
 def rescue_expired(
-    conn: sqlite3.Connection, *, now: str, base_seconds: float, rng: random.Random | None = None, exclude_owner: str | None = None
+    conn: sqlite3.Connection, *, now: str, base_seconds: float, rng: random.Random | None = None,
+    spare: Collection[tuple[str, int]] = (),
 ) -> list[tuple[str, states.Transition]]:
-    """running jobs whose lease ran out (their worker died) → pending with backoff, or dead.
+    """running jobs whose lease ran out (their worker died, or lost them) → pending with
+    backoff, or dead; a job that never started → pending in its place, nothing counted.
 
-    ``exclude_owner``: the caller's own leases. A live process never rescues its own jobs:
-    if its renewals failed (the database locked by a third process for longer than a
-    lease), they are still running here, and its heartbeat renews them once it can.
+    ``spare``: the leases (id, token) the caller still holds. A live process does not rescue
+    those (if its renewals failed, the database locked by a third process for longer than a
+    lease, they are still running here and its heartbeat renews them once it can); every
+    other expired lease is rescued, the caller's own included (a row left running that no
+    worker of it holds would otherwise stay running for as long as the process lives).
     """
     done = []
     now_epoch = to_epoch(now)
-    for job_id, token, attempts, max_attempts, owner in conn.execute(_EXPIRED, (now, exclude_owner)).fetchall():
+    for job_id, token, attempts, max_attempts, owner, started_at in conn.execute(_EXPIRED, (now,)).fetchall():
+        if (job_id, token) in spare:
+            continue
+        if started_at is None:
+            conn.execute(_UNCLAIM, (now, job_id, token))
+            done.append((job_id, states.Transition.UNCLAIM))
+            continue
         decision = states.rescue(attempts=attempts, max_attempts=max_attempts, base_seconds=base_seconds, rng=rng)
         error = f"lease expired: worker {owner or '?'} stopped renewing it during attempt {attempts}"
         if decision.transition is states.Transition.RESCUE:
@@ -218,8 +256,8 @@ def bury_unknown_types(conn: sqlite3.Connection, job_types: Iterable[str], *, no
             "UPDATE jobs SET status = 'dead', error = ?, updated_at = ? "
             "WHERE status = 'pending' AND job_type = ? AND run_after <= ?",
             (
-                f"unknown job type {job_type!r}: no job class is registered for it in this application "
-                "(and no other process claimed it); register the type, then retry the job",
+                f"no worker handles job type {job_type!r}: no live process registers a handler for it "
+                "(it may be registered without one, or not at all); add a handler, then retry the job",
                 now, job_type, due_before,
             ),
         ).rowcount

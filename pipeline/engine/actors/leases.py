@@ -138,7 +138,10 @@ async def run_lease_keeper(
         while True:
             heartbeat.loop_seen = time.monotonic()
             try:
-                rescued = await backend.rescue_expired(base_seconds=backoff_base_seconds, exclude_owner=owner)
+                # every expired lease but those our workers hold: a row left running under our
+                # name that no worker holds (a claim whose answer came too late, a bug) returns too
+                held = [(lease.id, lease.token) for pool in pools.values() for lease in pool.held.values()]
+                rescued = await backend.rescue_expired(base_seconds=backoff_base_seconds, spare=held)
                 if rescued:
                     log.warning("rescued %d jobs whose lease expired", rescued)
                 buried = await backend.bury_unknown_types(job_types, grace_seconds=unknown_type_grace_seconds)
@@ -146,8 +149,10 @@ async def run_lease_keeper(
                     log.error("%d pending jobs have a job type no code here knows; moved to dead", buried)
             except StoreError as exc:
                 log.warning("lease upkeep failed (%s); retrying", exc)
-            except PipelineError:
-                return
+            except PipelineError as exc:  # the backend closed under it: nothing would rescue jobs
+                await trio.lowlevel.checkpoint()  # (a cancellation of our caller's explains it)
+                log.error("the lease keeper stopped: %s; the pipeline stops", exc)
+                raise
             await trio.sleep(heartbeat.period)
     finally:
         with trio.CancelScope(shield=True):

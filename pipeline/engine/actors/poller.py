@@ -20,14 +20,12 @@ import trio
 
 from ...backends.base import Backend, Claimed, ClaimOffer, Lease, Nudge
 from ...errors import PipelineError, StoreError
+from ..health import Health
 from .pools import Pool
 
 log = logging.getLogger("pipeline.poller")
 
-# The longest the Poller waits, shielded from cancellation, for the backend to answer a
-# claim: past the Ledger's own patience with a locked database, so only a Ledger that
-# is gone hits it.
-SHIELD_LIMIT = 60.0
+RETRY_MAX = 5.0  # seconds between claims while the store refuses them
 
 
 class Claimer:
@@ -42,11 +40,17 @@ class Claimer:
     def room(self) -> dict[str, int]:
         return {name: pool.free for name, pool in self.pools.items() if pool.free > 0}
 
-    def reserve(self) -> dict[str, int]:
+    def starting(self, wants: Mapping[str, int]) -> dict[str, int]:
+        """How many of ``wants`` a free worker takes at once: their attempt counts at the
+        claim; the rest are claimed ahead and count when they start (see Lease.started)."""
+        return {name: min(n, max(0, self.pools[name].concurrency - self.pools[name].outstanding)) for name, n in wants.items()}
+
+    def reserve(self) -> tuple[dict[str, int], dict[str, int]]:
         wants = self.room()
+        start = self.starting(wants)
         for name, n in wants.items():
             self.pools[name].outstanding += n
-        return wants
+        return wants, start
 
     def deliver(self, wants: Mapping[str, int], leases: list[Lease]) -> dict[str, int]:
         got: dict[str, int] = {}
@@ -86,7 +90,7 @@ class Offer:
         wants = self._claimer.room()
         if not wants:
             return
-        offer = ClaimOffer(wants, self._owner, self._lease_seconds)
+        offer = ClaimOffer(wants, self._owner, self._lease_seconds, self._claimer.starting(wants))
         try:
             self._send.send_nowait(offer)
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
@@ -128,13 +132,18 @@ async def run_poller(
     owner: str,
     lease_seconds: float,
     interval: float,
+    health: Health | None = None,
     task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Claim until the returned cancel scope is cancelled; then close every pool's channel,
     which tells its workers no more jobs are coming.
 
-    ``offers_recv`` is the Poller's own clone of the offers channel, to take back an
-    offer the backend has not taken."""
+    A store that refuses claims (locked, unreachable) is tried again, for as long as it
+    takes, and ``health`` says so meanwhile; anything else (the backend closed under it, a
+    bug) is logged at ERROR and raised, which takes the pipeline down rather than leaving
+    workers that are never fed. ``offers_recv`` is the Poller's own clone of the offers
+    channel, to take back an offer the backend has not taken."""
+    health = health if health is not None else Health()
     claimer = Claimer(pools)
     offer = Offer(claimer, offers_send, offers_recv, owner, lease_seconds)
     failures = 0
@@ -144,35 +153,47 @@ async def run_poller(
                 task_status.started(claiming)
                 while True:
                     offer.withdraw()
-                    wants = claimer.reserve()
+                    wants, start = claimer.reserve()
                     more = False
                     if wants:
+                        health.claiming_since = trio.current_time()
                         try:
                             # shielded: a claim cancelled half-way would commit rows as ours
-                            # that no worker holds, stranded as running until their lease ran out
-                            with trio.CancelScope(shield=True) as shield:
-                                shield.deadline = trio.current_time() + SHIELD_LIMIT
-                                leases = await backend.claim(wants, owner=owner, lease_seconds=lease_seconds)
-                            if shield.cancelled_caught:  # the backend never answered: give up on it
-                                raise PipelineError("the backend did not answer a claim")
+                            # that no worker holds. Every backend answers within its patience
+                            # (a failure is an answer), and /healthz tells of a claim that waits long.
+                            with trio.CancelScope(shield=True):
+                                leases = await backend.claim(wants, owner=owner, lease_seconds=lease_seconds, start=start)
                         except StoreError as exc:
                             claimer.deliver(wants, [])
                             failures += 1
+                            health.report("poller", f"claims fail ({failures} in a row): {exc}")
                             log.warning("claim failed (%s); retrying", exc)
-                            await trio.sleep(min(interval * failures, 5.0))
+                            await trio.sleep(min(interval * failures, RETRY_MAX))
                             continue
-                        failures = 0
+                        except PipelineError:
+                            # the backend closed under us: if our caller's scope is being cancelled
+                            # (the Ledger was cancelled with it), that is the way out; otherwise it is a fault
+                            await trio.lowlevel.checkpoint()
+                            raise
+                        finally:
+                            health.claiming_since = None
+                        if failures:
+                            log.warning("claims work again after %d failures", failures)
+                            health.clear("poller")
+                            failures = 0
                         got = claimer.deliver(wants, leases)
                         more = any(got.get(name, 0) == n and pools[name].free > 0 for name, n in wants.items())
                     if more:
                         await trio.lowlevel.checkpoint()
                         continue
                     await _wait(offer, nudge_recv, interval)
-        except PipelineError as exc:
-            log.info("poller stopping: %s", exc)
+        except BaseException as exc:
+            if not isinstance(exc, trio.Cancelled):
+                log.error("the Poller stopped: %r; no job will be claimed: the pipeline stops", exc)
+            raise
         finally:
             offer.withdraw()
-            with trio.move_on_after(SHIELD_LIMIT, shield=True):
+            with trio.CancelScope(shield=True):
                 while offer.out is not None:  # taken by the backend: its answer is on its way
                     try:
                         message = await nudge_recv.receive()
@@ -194,7 +215,8 @@ async def _wait(offer: Offer, nudge_recv: trio.MemoryReceiveChannel[Nudge], inte
             try:
                 message = await nudge_recv.receive()
             except trio.EndOfChannel:
-                raise PipelineError("the backend closed") from None
+                await trio.lowlevel.checkpoint()  # (a cancellation of our caller's explains it)
+                raise PipelineError("the backend closed its channel to the Poller while the pipeline runs") from None
             if not isinstance(message, Claimed):
                 return  # work may be due, or a pool full of claimed jobs has room: claim
             got = offer.answered(message)

@@ -72,10 +72,14 @@ class Workers:
     context: Callable[[Lease], JobContext]
     rng: random.Random = attrs.field(factory=random.Random)
 
-    async def settle(self, lease: Lease, outcome: Outcome) -> str | None:
-        """Write the outcome; what the job became, or None if the lease was stale."""
+    async def settle(self, lease: Lease, outcome: Outcome, start: Lease | None = None) -> tuple[str | None, bool]:
+        """Write the outcome; what the job became, or None if the lease was stale. ``start``:
+        a job claimed ahead that this worker takes next, whose start is written in the same
+        transaction (it costs no round trip of its own); the bool says its lease held."""
         if outcome.kind == "lost":
-            return None
+            if start is None:
+                return None, False
+            return None, await self.start(start)
         if outcome.kind == "ok":
             item = Settlement(lease.id, lease.token, Transition.SUCCEED)
         elif outcome.kind == "released":
@@ -86,8 +90,16 @@ class Workers:
                 base_seconds=self.backoff_base_seconds, retry_delay=outcome.delay, rng=self.rng,
             )
             item = Settlement(lease.id, lease.token, decision.transition, outcome.error or outcome.kind, decision.delay)
-        (held,) = await self.backend.settle([item])
-        return _RESULT[item.transition] if held else None
+        if start is None:
+            (held,) = await self.backend.settle([item])
+            return (_RESULT[item.transition] if held else None), False
+        held, started = await self.backend.settle([item, Settlement(start.id, start.token, Transition.START)])
+        return (_RESULT[item.transition] if held else None), started
+
+    async def start(self, lease: Lease) -> bool:
+        """Count the attempt of a job claimed ahead, before it runs; False if its lease is gone."""
+        (held,) = await self.backend.settle([Settlement(lease.id, lease.token, Transition.START)])
+        return held
 
 
 _RESULT = {Transition.SUCCEED: "completed", Transition.RELEASE: "released", Transition.RETRY: "retry", Transition.BURY: "dead"}
@@ -192,15 +204,28 @@ async def _invoke(handler: Callable[..., Awaitable[None]], job: Any, ctx: JobCon
     return Outcome("ok")
 
 
-async def run_one(workers: Workers, pool: Pool, lease: Lease) -> None:
-    """Run one claimed job and write its outcome."""
+async def run_one(
+    workers: Workers, pool: Pool, lease: Lease, *, counted: bool | None = None,
+    recv: trio.MemoryReceiveChannel[Lease] | None = None,
+) -> tuple[Lease | None, bool]:
+    """Run one claimed job and write its outcome.
+
+    ``counted``: whether the job's attempt is counted already (by the claim, or by the
+    outcome of the job before it); if not, it is counted before the handler starts. With
+    ``recv``, the job this worker runs next is taken before the outcome is written, and, if
+    it was claimed ahead, its start is counted in the same write: returned with whether it
+    is counted."""
     spec = pool.spec
     started = time.monotonic()
     key = (lease.id, lease.token)
+    if counted is None:
+        counted = lease.started
     if key in pool.lost:
         outcome = Outcome("lost")  # another process took it over before it started here
     elif pool.stopping:
         outcome = Outcome("released")
+    elif not counted and not await _count_start(workers, pool, lease):
+        outcome = Outcome("released") if pool.stopping else Outcome("lost")
     else:
         try:
             job = workers.decode(lease.job_type, lease.payload)
@@ -244,21 +269,51 @@ async def run_one(workers: Workers, pool: Pool, lease: Lease) -> None:
                     "the timeout's cancellation did not stop it: it waited on work that cannot be interrupted "
                     "(a thread), or caught the Cancelled exception" if scope.cancel_called else _BLOCKING,
                 )
-    await _settle(workers, pool, lease, outcome, time.monotonic() - started)
+    following: Lease | None = None
+    if recv is not None and not pool.stopping:
+        try:
+            following = recv.receive_nowait()
+        except (trio.WouldBlock, trio.EndOfChannel):
+            pass
+    if following is None or following.started:
+        await _settle(workers, pool, lease, outcome, time.monotonic() - started)
+        return following, True
+    return following, await _settle(workers, pool, lease, outcome, time.monotonic() - started, start=following)
 
 
-async def _settle(workers: Workers, pool: Pool, lease: Lease, outcome: Outcome, duration: float) -> None:
+async def _count_start(workers: Workers, pool: Pool, lease: Lease) -> bool:
+    """Write the START of a job claimed ahead, trying again while the store refuses; False
+    if its lease is gone (or the pipeline stops meanwhile: the job is released)."""
+    delay = 0.05
+    while not pool.stopping:
+        try:
+            return await workers.start(lease)
+        except StoreError as exc:
+            log.warning("job %s: could not record its start yet: %s", lease.id, exc)
+            await trio.sleep(delay)
+            delay = min(delay * 2, SETTLE_RETRY_MAX)
+        except PipelineError:
+            return False
+    return False
+
+
+async def _settle(workers: Workers, pool: Pool, lease: Lease, outcome: Outcome, duration: float, start: Lease | None = None) -> bool:
+    """Write the outcome, trying again while the store refuses it; with ``start``, the START
+    of the job this worker runs next, in the same write: whether it was counted."""
     delay = 0.05
     result: Any = None
+    counted = False
     key = (lease.id, lease.token)
     pool.settling.add(key)
     while True:
         try:
-            result = await workers.settle(lease, outcome)
+            result, counted = await workers.settle(lease, outcome, start)
             break
         except StoreError as exc:
             # the outcome is not written yet: keep it and try again; the lease keeps the
-            # job ours meanwhile (and if we die, rescue takes over)
+            # job ours meanwhile (and if we die, rescue takes over). The next job's start is
+            # left to its own write: one of the two may have been written.
+            start = None
             if pool.stopping and trio.current_time() > pool.stop_deadline + 1:
                 log.error("job %s: giving up recording outcome %s at shutdown (%s); its lease will return it", lease.id, outcome.kind, exc)
                 break
@@ -280,6 +335,9 @@ async def _settle(workers: Workers, pool: Pool, lease: Lease, outcome: Outcome, 
     workers.observe(lease, outcome, result, duration)
     if was_full:
         nudge(workers.nudge_send)
+    if start is not None and not counted:
+        pool.mark_lost(start)  # its lease is gone: it does not start here
+    return counted
 
 
 async def run_worker(
@@ -288,8 +346,16 @@ async def run_worker(
     """One of a pool's ``concurrency`` tasks; ends when the Poller closes the pool's channel."""
     with recv:
         task_status.started()
-        async for lease in recv:
-            await run_one(workers, pool, lease)
+        lease: Lease | None = None
+        counted = False
+        while True:
+            if lease is None:
+                try:
+                    lease = await recv.receive()
+                except trio.EndOfChannel:
+                    return
+                counted = lease.started
+            lease, counted = await run_one(workers, pool, lease, counted=counted, recv=recv)
 
 
 def describe_outcome(lease: Lease, outcome: Outcome, result: str | None, duration: float) -> dict[str, Any]:

@@ -1,0 +1,315 @@
+"""Issue 11: the ways a job, or the whole pipeline, got stuck. Each test failed on the code
+before the fix (how: in its docstring), on a real SQLite file, real threads and processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import attrs
+import httpx
+import pytest
+import trio
+from conftest import fast_config
+from jobkit import Echo, registry, wait_status
+
+import pipeline
+from pipeline import ConfigError, Registry, StoreError
+from pipeline.admin import run_admin_server
+from pipeline.backends import NewJob
+from pipeline.backends.sqlite import ledger, open_sqlite_backend
+from pipeline.clock import now_ts, to_epoch
+
+HERE = Path(__file__).parent
+
+
+@contextmanager
+def write_lock_held(db_path: Path) -> Iterator[threading.Event]:
+    """Another process's writer: holds the file's write lock until the event is set."""
+    taken, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        conn = sqlite3.connect(db_path, isolation_level=None)
+        conn.execute("BEGIN IMMEDIATE")
+        taken.set()
+        release.wait(120)
+        conn.execute("COMMIT")
+        conn.close()
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    taken.wait(10)
+    try:
+        yield release
+    finally:
+        release.set()
+        thread.join(10)
+
+
+# -- 1. the Poller never gives up; /healthz says why it cannot work -------------------------------
+
+
+async def test_a_lock_held_past_every_patience_delays_the_pipeline_and_healthz_says_so(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: the Poller gave up after one claim waited SHIELD_LIMIT (60 s; 1 s here) and
+    closed the pools: a job enqueued after the lock was gone stayed pending, /healthz said 200."""
+    from pipeline.engine.actors import poller
+
+    monkeypatch.setattr(poller, "SHIELD_LIMIT", 1.0, raising=False)
+    monkeypatch.setattr(ledger, "LOCK_PATIENCE", 0.5)
+    config = fast_config(db_path, sqlite_busy_timeout_ms=100)
+    async with pipeline.open_pipeline(config, registry()) as p, trio.open_nursery() as tn:
+        stop = trio.Event()
+        url = await tn.start(run_admin_server, p, None, stop.wait)
+        async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+            assert (await client.get("/healthz")).status_code == 200
+            with write_lock_held(db_path) as release:
+                await trio.sleep(3.0)  # many claims refused, each after the Ledger's whole patience
+                answer = await client.get("/healthz")
+                assert answer.status_code == 503, answer.text
+                assert "locked" in answer.json()["error"]["message"]
+                release.set()
+            job_id = await p.enqueue(Echo("after the lock"))
+            await wait_status(p, job_id, "completed", timeout=10)
+            with trio.fail_after(10):
+                while (await client.get("/healthz")).status_code != 200:
+                    await trio.sleep(0.05)
+        stop.set()
+
+
+async def test_an_actor_that_dies_takes_the_pipeline_down(db_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Before: a Poller that stopped logged at INFO and left a live-looking husk. Now its
+    error leaves open_pipeline (the service exits non-zero), logged at ERROR."""
+    config = fast_config(db_path)
+
+    class Broken(RuntimeError):
+        pass
+
+    with pytest.raises(BaseExceptionGroup) as raised:  # noqa: PT012
+        async with pipeline.open_pipeline(config, registry()) as p:
+            async def claim(*args: object, **kwargs: object) -> list[object]:
+                raise Broken("a bug in the claim")
+
+            p.backend.claim = claim  # type: ignore[method-assign]
+            await p.enqueue(Echo("x"))  # makes the Poller claim
+            await trio.sleep_forever()
+    assert raised.group_contains(Broken)
+    assert any(r.levelname == "ERROR" and "Poller stopped" in r.getMessage() for r in caplog.records)
+
+
+def test_the_service_exits_non_zero_when_an_actor_dies(tmp_path: Path) -> None:
+    """The same, seen from the command line: python -m pipeline on a file whose jobs table the
+    claim cannot read exits 1 with the reason (instead of running on with no Poller)."""
+    db_path = tmp_path / "jobs.db"
+    code = (
+        "import sys, trio, pipeline\n"
+        "sys.path.insert(0, sys.argv[2])\n"
+        "from conftest import fast_config\n"
+        "from jobkit import registry, Echo\n"
+        "async def main():\n"
+        "    config = fast_config(sys.argv[1], admin_enabled=False)\n"
+        "    async with pipeline.open_pipeline(config, registry()) as p:\n"
+        "        async def claim(*a, **k): raise RuntimeError('the claim is broken')\n"
+        "        p.backend.claim = claim\n"
+        "        await p.enqueue(Echo('x'))\n"
+        "        await trio.sleep(30)\n"
+        "trio.run(main)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(db_path), str(HERE)], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "the claim is broken" in done.stderr
+
+
+# -- 2. a live process rescues its own orphaned leases; an unwritten outcome is retried -----------
+
+
+async def test_a_row_left_running_under_this_process_that_no_worker_holds_is_rescued(db_path: Path) -> None:
+    """Before: rescue skipped the process's own owner, so such a row stayed running for as long
+    as the process lived."""
+    config = fast_config(db_path, worker_lease_seconds=0.6)
+    async with pipeline.open_pipeline(config, registry()) as p:
+        job = p.new_job(Echo("orphan"))
+        await p.backend.insert([job])
+        conn = sqlite3.connect(db_path)
+        # as a claim answered after its waiter gave up leaves it: running under our name, no worker
+        conn.execute(
+            "UPDATE jobs SET status = 'running', attempts = 1, lease_token = lease_token + 1, "
+            "lease_owner = ?, lease_expires_at = '2000-01-01T00:00:00.000Z' WHERE id = ?", (p.owner, job.id),
+        )
+        conn.commit()
+        conn.close()
+        await wait_status(p, job.id, "completed", timeout=15)
+
+
+async def test_an_outcome_that_fails_alone_is_written_again_not_dropped_as_stale(db_path: Path) -> None:
+    """Before: when a batch of outcomes was replayed one by one and one still failed, its
+    worker was told its lease was stale: the job stayed running forever."""
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    config = fast_config(db_path)
+    async with pipeline.open_pipeline(config, registry()) as p:
+        conn.execute("CREATE TABLE refuse (job_id TEXT)")
+        conn.execute(
+            "CREATE TRIGGER refuse_completion BEFORE UPDATE OF status ON jobs "
+            "WHEN NEW.status = 'completed' AND NEW.id IN (SELECT job_id FROM refuse) "
+            "BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"
+        )
+        job = p.new_job(Echo("refused for a while"))
+        conn.execute("INSERT INTO refuse VALUES (?)", (job.id,))
+        await p.backend.insert([job])
+        await trio.sleep(1.0)  # its outcome is refused, again and again
+        assert (await p.backend.get(job.id)).status == "running"
+        conn.execute("DELETE FROM refuse")
+        done = await wait_status(p, job.id, "completed", timeout=10)
+        assert done.attempts == 1  # written by the worker that ran it, not by a rescue
+    conn.close()
+
+
+# -- 3. jobs claimed ahead are charged an attempt only when they start ------------------------------
+
+
+def test_a_poison_job_that_kills_its_process_does_not_burn_the_attempts_of_the_jobs_behind_it(tmp_path: Path) -> None:
+    """Before: every job claimed was charged an attempt, and rescue counted it as failed: the
+    job behind a poison job ended dead, attempts=3, never started."""
+    db_path, log = tmp_path / "jobs.db", tmp_path / "runs.log"
+    poison = "poison"
+
+    async def enqueue() -> tuple[str, str]:
+        async with pipeline.open_pipeline(fast_config(db_path, worker_enabled=False), registry()) as p:
+            first = await p.enqueue(Echo(poison, mode="kill"), priority=1)
+            behind = await p.enqueue(Echo("behind"), priority=2)
+            return first, behind
+
+    first, behind = trio.run(enqueue)
+    env = {**os.environ, "PIPELINE_TEST_LOG": str(log)}
+    for _ in range(6):  # three runs are killed by the poison job; then it is dead and the rest runs
+        proc = subprocess.Popen(
+            [sys.executable, str(HERE / "worker_process.py"), str(db_path), "worker_concurrency=1",
+             "worker_lease_seconds=0.6", "worker_backoff_base_ms=1"],
+            env=env, stdout=subprocess.PIPE, text=True,
+        )
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and proc.poll() is None:
+                if _status(db_path, first)[0] == "dead" and _status(db_path, behind)[0] == "completed":
+                    break
+                time.sleep(0.05)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+        if _status(db_path, first)[0] == "dead":
+            break
+    assert _status(db_path, first) == ("dead", 3)
+    assert _status(db_path, behind) == ("completed", 1)
+    starts = [line for line in log.read_text().splitlines() if line.startswith(f"start {behind} ")]
+    assert len(starts) == 1
+
+
+def _status(db_path: Path, job_id: str) -> tuple[str, int]:
+    conn = sqlite3.connect(db_path)
+    try:
+        return conn.execute("SELECT status, attempts FROM jobs WHERE id = ?", (job_id,)).fetchone()
+    finally:
+        conn.close()
+
+
+async def test_a_job_claimed_ahead_and_released_at_shutdown_keeps_its_attempts(db_path: Path) -> None:
+    """A graceful stop releases the jobs claimed ahead: nothing was counted, nothing is given back."""
+    config = fast_config(db_path, worker_concurrency=1, worker_shutdown_timeout=0.2)
+    async with pipeline.open_pipeline(config, registry()) as p:
+        busy = await p.enqueue(Echo("busy", mode="hang"), priority=1)
+        waiting = await p.enqueue(Echo("waiting"), priority=2)
+        await wait_status(p, busy, "running")
+        with trio.fail_after(5):
+            while (await p.backend.get(waiting)).status != "running":  # claimed ahead, behind the busy one
+                await trio.sleep(0.01)
+    async with pipeline.open_pipeline(fast_config(db_path, worker_enabled=False), registry()) as p:
+        assert ((await p.backend.get(busy)).status, (await p.backend.get(busy)).attempts) == ("pending", 0)
+        assert ((await p.backend.get(waiting)).status, (await p.backend.get(waiting)).attempts) == ("pending", 0)
+
+
+# -- 4. lock patience: one deadline on the clock -----------------------------------------------------
+
+
+async def test_an_enqueue_waits_for_a_locked_database_no_longer_than_the_patience(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: the Ledger summed only its sleeps between tries, not the busy_timeout each try
+    waited: about 206 s against the promised 30 (here 7.5 s against 1.5)."""
+    monkeypatch.setattr(ledger, "LOCK_PATIENCE", 1.5)
+    config = fast_config(db_path, sqlite_busy_timeout_ms=1000, worker_enabled=False)
+    async with pipeline.open_pipeline(config, registry()) as p:
+        with write_lock_held(db_path):
+            started = trio.current_time()
+            with pytest.raises(StoreError, match="locked"):
+                await p.enqueue(Echo("x"))
+            waited = trio.current_time() - started
+    assert 1.4 <= waited <= 1.5 + 0.8, f"waited {waited:.2f} s for a patience of 1.5 s"
+
+
+# -- 5. a registered type that no live worker handles is buried, not left pending -------------------
+
+
+async def test_a_type_registered_without_a_handler_anywhere_goes_dead_with_the_reason(db_path: Path) -> None:
+    """Before: every registered type counted as known, so a type with no handler in any live
+    process was never buried and never run."""
+    config = fast_config(db_path, worker_unknown_type_grace_seconds=0.5)
+    reg: Registry = registry()
+    reg.register("unhandled", Unhandled)  # a type without a handler
+    async with pipeline.open_pipeline(config, reg) as p:
+        job_id = await p.enqueue(Unhandled(1))
+        job = await wait_status(p, job_id, "dead", timeout=15)
+    assert "no worker handles job type 'unhandled'" in job.error
+
+
+@attrs.frozen
+class Unhandled:
+    n: int
+
+
+# -- 6. a lease runs its full length from the commit, however long the claim waited -----------------
+
+
+async def test_a_claim_that_waited_for_the_lock_gets_a_whole_lease(db_path: Path) -> None:
+    """Before: the Ledger read the clock before BEGIN IMMEDIATE, so a claim that waited 1.5 s
+    for the lock committed a 2 s lease with 0.5 s left."""
+    async with open_sqlite_backend(db_path, busy_timeout_ms=5000, synchronous="normal") as backend:
+        await backend.insert([pipeline_job("a")])
+        with write_lock_held(db_path) as release:
+            async with trio.open_nursery() as tn:
+                got: list[object] = []
+
+                async def claim() -> None:
+                    got.extend(await backend.claim({"echo": 1}, owner="w", lease_seconds=2.0))
+
+                tn.start_soon(claim)
+                await trio.sleep(1.5)
+                release.set()
+        claimed_at = time.time()
+        (lease,) = got
+        record = await backend.get(lease.id)  # type: ignore[attr-defined]
+        assert record is not None and record.lease_expires_at is not None
+        assert to_epoch(record.lease_expires_at) - claimed_at >= 1.8
+
+
+def pipeline_job(text: str) -> NewJob:
+    now = now_ts()
+    return NewJob(f"job-{text}", "echo", json.dumps({"text": text}), 3, now, 5, now)
+
+
+def test_the_config_refuses_a_busy_timeout_that_could_eat_the_lease() -> None:
+    from conftest import config_of
+
+    with pytest.raises(ConfigError, match="SQLITE_BUSY_TIMEOUT_MS=5000 could eat the lease of WORKER_LEASE_SECONDS=6"):
+        config_of(worker_lease_seconds=6, sqlite_busy_timeout_ms=5000)
+    assert config_of(worker_lease_seconds=30, sqlite_busy_timeout_ms=5000).sqlite.busy_timeout_ms == 5000
