@@ -86,11 +86,23 @@ def url_list(text: str) -> tuple[str, ...]:
     return urls
 
 
+# The job stores DATABASE_URL can name, by the scheme its text starts with.
+DATABASE_SCHEMES = {
+    "sqlite:///": "sqlite",
+    "postgresql://": "postgres",
+    "postgres://": "postgres",
+    "redis://": "redis",
+    "rediss://": "redis",
+}
+DATABASE_URL_FORMS = "sqlite:///PATH.db, postgresql://USER:PASSWORD@HOST:PORT/DB (or postgres://) or redis://HOST:PORT/DB (or rediss://)"
+
+
 def database_url(text: str) -> str:
     text = text.strip()
-    if text.startswith("sqlite:///") and len(text) > len("sqlite:///"):
-        return text
-    raise ValueError("sqlite:///RELATIVE/PATH.db or sqlite:////ABSOLUTE/PATH.db (this version stores jobs in SQLite only)")
+    for scheme in DATABASE_SCHEMES:
+        if text[: len(scheme)].lower() == scheme and len(text) > len(scheme):
+            return text
+    raise ValueError(f"one of {DATABASE_URL_FORMS}")
 
 
 def text(value: str) -> str:
@@ -152,8 +164,26 @@ _KIND_NAMES = {int: "an integer", float: "a number", bool: "True or False", str:
 
 
 def masked_url(url: str) -> str:
-    """The URL with any password replaced by ``***``: the form to show in logs, errors and pages."""
-    return re.sub(r"^([a-z][a-z0-9+.-]*://[^/:@]*:)[^/@]*@", r"\1***@", url, flags=re.I)
+    """The URL with any password replaced by ``***``: the form to show in logs, errors and pages.
+
+    Both places a password can stand: the userinfo (``scheme://user:PASSWORD@host``, the
+    password itself may hold an unescaped ``@``: everything up to the authority's last ``@``
+    is userinfo) and a query parameter (libpq's ``?password=`` and ``?sslpassword=``)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return _masked_query(url)
+    end = min((i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
+    authority, tail = rest[:end], rest[end:]
+    if "@" in authority:
+        userinfo, _, hosts = authority.rpartition("@")
+        if ":" in userinfo:
+            userinfo = userinfo.partition(":")[0] + ":***"
+        authority = f"{userinfo}@{hosts}"
+    return f"{scheme}{sep}{authority}{_masked_query(tail)}"
+
+
+def _masked_query(text: str) -> str:
+    return re.sub(r"((?:^|[?&;\s])(?:ssl)?password=)[^&;#\s]*", r"\1***", text, flags=re.I)
 
 
 def setting(default: Any, env: str, parse: Callable[[str], Any], *, secret: bool = False, url: bool = False) -> Any:
@@ -362,6 +392,10 @@ class Config:
 
     @property
     def backend(self) -> str:
+        """The kind of job store DATABASE_URL names: sqlite, postgres or redis."""
+        for scheme, kind in DATABASE_SCHEMES.items():
+            if self.database_url[: len(scheme)].lower() == scheme:
+                return kind
         return self.database_url.partition("://")[0]
 
     @property

@@ -59,7 +59,7 @@ def test_env_file_then_environment(tmp_path: Path) -> None:
         ("WORKER_POLL_INTERVAL_MS", "-5", "an integer >= 1"),
         ("WORKER_SHUTDOWN_TIMEOUT", "soon", "seconds"),
         ("WORKER_LEASE_SECONDS", "0", "seconds > 0"),
-        ("DATABASE_URL", "postgres://x", "sqlite:///"),
+        ("DATABASE_URL", "mysql://x", "postgresql://"),
         ("SQLITE_SYNCHRONOUS", "off", "full, normal"),
         ("WEBHOOK_URLS", "ftp://x", "http(s)"),
     ],

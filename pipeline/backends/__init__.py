@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
-from ..config import masked_url
+from ..config import DATABASE_URL_FORMS, masked_url
 from ..errors import ConfigError
 from .base import Backend, Claimed, ClaimOffer, JobRecord, Lease, LeaseRenewer, NewJob, Nudge, Settlement, nudge
 
@@ -28,7 +28,6 @@ __all__ = [
     "masked_url", "nudge", "open_backend",
 ]
 
-SCHEMES = ("sqlite:///",)
 
 
 @asynccontextmanager
@@ -44,7 +43,8 @@ async def open_backend(
     ``nudge_send`` is where the backend tells the Poller that work may be due (and answers
     its :class:`ClaimOffer` from ``offers_recv``, if the backend can claim with an insert)."""
     url = config.database_url
-    if url.startswith("sqlite:///"):
+    kind = config.backend
+    if kind == "sqlite":
         from .sqlite import open_sqlite_backend
 
         async with open_sqlite_backend(
@@ -53,4 +53,17 @@ async def open_backend(
         ) as backend:
             yield backend
         return
-    raise ConfigError(f"DATABASE_URL={masked_url(url)!r}: this version stores jobs in SQLite only (sqlite:///PATH.db)")
+    if kind == "postgres":
+        try:
+            from .postgres import open_postgres_backend
+        except ImportError as exc:
+            raise ConfigError(
+                f"DATABASE_URL={masked_url(url)!r} names PostgreSQL, whose driver is not installed ({exc}); "
+                "install it with: pip install 'trio-pipeline[postgres]'"
+            ) from None
+        async with open_postgres_backend(url, nudge_send=nudge_send, offers_recv=offers_recv, wiring=wiring) as backend:
+            yield backend
+        return
+    if kind == "redis":
+        raise ConfigError(f"DATABASE_URL={masked_url(url)!r}: the Redis job store is not built yet; use sqlite:/// or postgresql://")
+    raise ConfigError(f"DATABASE_URL={masked_url(url)!r} is not valid: expected one of {DATABASE_URL_FORMS}")

@@ -7,11 +7,17 @@ removes the store afterwards. Adding a backend to the suite is adding an entry h
 
 from __future__ import annotations
 
+import atexit
+import os
+import threading
+import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
-from conftest import fast_config
+import trio
+from conftest import fast_config, require_service
 
 from pipeline import Config
 
@@ -22,9 +28,58 @@ async def sqlite_store(tmp_path: Path) -> AsyncIterator[Config]:
     yield fast_config(tmp_path / "conformance.db")
 
 
+# The server the postgres entry uses (trust auth on loopback here; CI the same). One database
+# per test run, made at first use and dropped at exit; a schema of its own per test, named in
+# the URL's search_path, so every process given the URL (test_processes) sees the same store.
+POSTGRES_URL = os.environ.get("PIPELINE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+_run_database: list[str] = []  # the test run's database, once made
+_made = threading.Lock()
+
+
+def _admin(sql: str, *, database: str | None = None) -> None:
+    import psycopg
+
+    url = POSTGRES_URL if database is None else _on_database(database)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql)
+
+
+def _on_database(name: str) -> str:
+    parts = urlsplit(POSTGRES_URL)
+    return urlunsplit(parts._replace(path=f"/{name}"))
+
+
+def _run_db() -> str:
+    with _made:
+        if not _run_database:
+            name = f"pipeline_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+            _admin(f"CREATE DATABASE {name}")
+            _run_database.append(name)
+            atexit.register(_admin, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        return _run_database[0]
+
+
+@asynccontextmanager
+async def postgres_store(tmp_path: Path) -> AsyncIterator[Config]:
+    """A fresh schema in the test run's database (skipped when no server answers, unless
+    PIPELINE_REQUIRE_SERVICES=1); the schema is dropped afterwards."""
+    parts = urlsplit(POSTGRES_URL)
+    require_service("PostgreSQL", parts.hostname or "127.0.0.1", parts.port or 5432)
+    database = await trio.to_thread.run_sync(_run_db)
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    await trio.to_thread.run_sync(lambda: _admin(f"CREATE SCHEMA {schema}", database=database))
+    try:
+        yield fast_config(tmp_path / "unused.db").replace(
+            database_url=f"{_on_database(database)}?options=-csearch_path%3D{schema}"
+        )
+    finally:
+        await trio.to_thread.run_sync(lambda: _admin(f"DROP SCHEMA {schema} CASCADE", database=database))
+
+
 StoreFactory = Callable[[Path], AbstractAsyncContextManager[Config]]
 
 BACKENDS: dict[str, StoreFactory] = {
     "sqlite": sqlite_store,
-    # next: "postgres": postgres_store (a fresh database per test), "redis": redis_store (a fresh key prefix/db)
+    "postgres": postgres_store,
+    # next: "redis": redis_store (a fresh key prefix/db)
 }

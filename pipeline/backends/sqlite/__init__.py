@@ -28,10 +28,11 @@ from ...clock import format_ts, now_ts, to_epoch
 from ...engine.messages import Reply
 from ...errors import PipelineClosed, StoreError, UsageError
 from ..base import NUDGE_BUFFER, ClaimOffer, JobRecord, Lease, NewJob, Nudge, Settlement
+from ..trays import Tray, Trays
 from . import migrations, queries, store
 from .bulk import BulkInsert
 from .db import Database, describe, open_database
-from .ledger import Command, LedgerStats, Tray, run_ledger
+from .ledger import Command, LedgerStats, run_ledger
 
 if TYPE_CHECKING:
     from ...engine.diagrams import Wiring
@@ -53,7 +54,7 @@ class SqliteBackend:
         self._ledger_send = ledger_send
         self._stats = stats
         self._rng = rng or random.Random()
-        self._tray: Tray | None = None  # outcomes waiting for the Ledger (see ledger.Tray)
+        self._trays = Trays(self._send_tray)  # outcomes waiting for the Ledger (see trays.Tray)
 
     @property
     def path(self) -> Path:
@@ -97,37 +98,12 @@ class SqliteBackend:
                                                              lease_seconds=lease_seconds, start=start))
 
     async def settle(self, outcomes: Sequence[Settlement]) -> list[bool]:
-        """On the open tray if there is one, else on a new tray sent to the Ledger (see
-        ledger.Tray): concurrent callers share one command and one commit."""
-        if not outcomes:
-            return []
-        tray = self._tray
-        if tray is not None and tray.is_open:
-            first = tray.add_all(outcomes)
-        else:
-            tray = self._tray = Tray()
-            first = tray.add_all(outcomes)
-            await self._send_tray(tray)
-        held = (await tray.reply.wait())[first : first + len(outcomes)]
-        for value in held:
-            if isinstance(value, StoreError):
-                raise value
-        return held
+        """On the open tray, or a new one sent to the Ledger (see trays.Tray): concurrent
+        callers share one command and one commit."""
+        return await self._trays.settle(outcomes)
 
     async def _send_tray(self, tray: Tray) -> None:
-        try:
-            await self._ledger_send.send(Command("outcomes", None, tray.reply, tray=tray))
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            tray.is_open = False
-            closed = PipelineClosed("the pipeline is shut down; the job store takes no more writes")
-            tray.reply.fail(closed)
-            raise closed from None
-        except BaseException:
-            # cancelled while the inbox was full: the outcomes added meanwhile were never
-            # sent; their callers hear so and send them again
-            tray.is_open = False
-            tray.reply.fail(StoreError("outcome not handed to the Ledger (the task carrying it was cancelled); trying again"))
-            raise
+        await self._ledger_send.send(Command("outcomes", None, tray.reply, tray=tray))
 
     async def rescue_expired(self, *, base_seconds: float, spare: Collection[tuple[str, int]] = ()) -> int:
         rng = self._rng

@@ -30,44 +30,14 @@ import trio
 from ...clock import format_ts, now_ts
 from ...engine.messages import Reply
 from ...errors import PipelineClosed, StoreError
-from ...states import Transition
-from ..base import Claimed, ClaimOffer, NewJob, Nudge, Settlement, nudge
+from ..base import Claimed, ClaimOffer, NewJob, Nudge, nudge
+from ..trays import Tray
 from . import store
 from .db import Database, describe
 
 log = logging.getLogger("pipeline.ledger")
 
 BATCH_LIMIT = 1024
-
-
-@attrs.define(eq=False)
-class Tray:
-    """Job outcomes on their way to the Ledger, carried by one command.
-
-    The worker that settles while no tray is open sends the command; the workers after it
-    only add their outcome to the open tray and wait for the same answer. A batch of N
-    outcomes so costs one inbox message and one wake-up event, not N of each (the
-    per-outcome message and event were a fifth of the trio thread's time per job when
-    draining). The Ledger closes the tray when it takes the command into a batch; an
-    outcome that comes after that opens the next tray. Worker tasks write ``items`` while
-    the tray is open; the Ledger's thread reads them once it is closed.
-    """
-
-    items: list[Settlement] = attrs.field(factory=list)
-    is_open: bool = True
-    wakes_poller: bool = False  # it holds a RELEASE: that job is due again at once
-    # answered with one bool per item, True if the lease still held; or the StoreError that
-    # kept that item from being written
-    reply: Reply = attrs.field(factory=Reply)
-
-    def add_all(self, items: Sequence[Settlement]) -> int:
-        """Add outcomes; returns where the first one stands (its answer's index)."""
-        first = len(self.items)
-        for item in items:  # (a loop: one outcome per call is the rule, and a generator costs more)
-            self.items.append(item)
-            if item.transition is Transition.RELEASE:
-                self.wakes_poller = True
-        return first
 
 
 @attrs.frozen

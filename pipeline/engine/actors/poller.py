@@ -41,9 +41,12 @@ class Claimer:
         return {name: pool.free for name, pool in self.pools.items() if pool.free > 0}
 
     def starting(self, wants: Mapping[str, int]) -> dict[str, int]:
-        """How many of ``wants`` a free worker takes at once: their attempt counts at the
-        claim; the rest are claimed ahead and count when they start (see Lease.started)."""
-        return {name: min(n, max(0, self.pools[name].concurrency - self.pools[name].outstanding)) for name, n in wants.items()}
+        """How many of ``wants`` a worker takes as soon as the claim commits (Pool.takers, less
+        the jobs queued ahead of them): their attempt counts at the claim; the rest are claimed
+        ahead and count when they start (see Lease.started). A taker waiting for the commit of
+        its last outcome sent it before this claim, so it commits first (or with it)."""
+        return {name: min(n, max(0, self.pools[name].takers - self.pools[name].send.statistics().current_buffer_used))
+                for name, n in wants.items()}
 
     def reserve(self) -> tuple[dict[str, int], dict[str, int]]:
         wants = self.room()

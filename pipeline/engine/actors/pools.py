@@ -125,6 +125,11 @@ class Pool:
     stop_deadline: float = float("inf")  # trio time by which the grace is over
     lost: set[tuple[str, int]] = attrs.field(factory=set)  # heartbeat: leases another process now holds
     settling: set[tuple[str, int]] = attrs.field(factory=set)  # worker: outcome on its way to the Ledger
+    # workers: how many of them take the next job from the channel as soon as it is there (waiting
+    # for one, or for the commit of their last outcome with no job in hand). The Poller counts
+    # the attempt at the claim for that many jobs (less those already queued): they start as it
+    # commits; the rest are claimed ahead, counted when they start (see Lease.started).
+    takers: int = 0
 
     def hold(self, lease: Lease) -> None:
         """The Poller's: a newly claimed lease. A different lease of the same job still held
@@ -275,7 +280,16 @@ async def run_one(
             following = recv.receive_nowait()
         except (trio.WouldBlock, trio.EndOfChannel):
             pass
-    if following is None or following.started:
+    if following is None:
+        # free once this outcome commits: a claim sent from now on commits after it, so the
+        # job it gives this worker starts as the claim commits (see Pool.takers)
+        pool.takers += 1
+        try:
+            await _settle(workers, pool, lease, outcome, time.monotonic() - started)
+        finally:
+            pool.takers -= 1
+        return None, True
+    if following.started:
         await _settle(workers, pool, lease, outcome, time.monotonic() - started)
         return following, True
     return following, await _settle(workers, pool, lease, outcome, time.monotonic() - started, start=following)
@@ -350,10 +364,13 @@ async def run_worker(
         counted = False
         while True:
             if lease is None:
+                pool.takers += 1
                 try:
                     lease = await recv.receive()
                 except trio.EndOfChannel:
                     return
+                finally:
+                    pool.takers -= 1
                 counted = lease.started
             lease, counted = await run_one(workers, pool, lease, counted=counted, recv=recv)
 

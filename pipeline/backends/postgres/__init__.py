@@ -1,0 +1,282 @@
+"""The Postgres backend: job rows an operator can query, claims that skip each other's locks,
+wake-ups across machines.
+
+    async with open_postgres_backend(url, nudge_send=...) as backend:   # migrates, starts the actors
+        await backend.insert(jobs)                                       # → the Ledger's next batch
+
+psycopg 3's sync API in trio threads (db.py says why), on a pool sized for the Ledger, the
+Poller's claims, the lease keeper and the operators' reads; the lease heartbeat and the
+listener each hold a connection of their own. Outcomes and inserts go through the Ledger
+(ledger.py), which writes each batch as one statement; claims run at once on a pooled
+connection (``FOR UPDATE SKIP LOCKED``: concurrent claimers never wait on each other); the
+listener (listener.py) turns NOTIFY into the Poller's nudge. Times are the server's
+(``now()``): one clock for every process.
+
+Claim offers (base.ClaimOffer) are not taken: a claim here is its own statement anyway, and
+the Ledger's nudge sends the Poller to claim as soon as an insert commits.
+"""
+
+from __future__ import annotations
+
+import builtins
+import functools
+import logging
+import random
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+import trio
+
+from ...clock import now_ts
+from ...engine.messages import Reply
+from ...errors import PipelineClosed, StoreError, UsageError
+from ..base import NUDGE_BUFFER, ClaimOffer, JobRecord, Lease, NewJob, Nudge, Settlement
+from ..trays import Tray, Trays
+from . import queries, schema, store
+from .db import Database, connect, describe
+from .ledger import Command, LedgerStats, run_ledger
+from .listener import run_listener
+
+if TYPE_CHECKING:
+    from ...engine.diagrams import Wiring
+
+LEDGER_INBOX = 4096  # commands waiting for the Ledger before writers block
+
+log = logging.getLogger("pipeline.postgres")
+
+__all__ = ["PostgresBackend", "PostgresLeaseRenewer", "open_postgres_backend"]
+
+
+class PostgresBackend:
+    """:class:`~pipeline.backends.base.Backend` on a Postgres database."""
+
+    def __init__(self, db: Database, ledger_send: trio.MemorySendChannel[Command], stats: LedgerStats,
+                 *, rng: random.Random | None = None) -> None:
+        self.url = db.shown
+        self._db = db
+        self._ledger_send = ledger_send
+        self._stats = stats
+        self._rng = rng or random.Random()
+        self._trays = Trays(self._send_tray)
+
+    # for this backend's own tests and benchmarks: the engine never looks past the protocol
+    @property
+    def database(self) -> Database:
+        return self._db
+
+    @property
+    def ledger_stats(self) -> LedgerStats:
+        return self._stats
+
+    async def _send_tray(self, tray: Tray) -> None:
+        await self._ledger_send.send(Command(tray.reply, tray=tray))
+
+    # -- producing ----------------------------------------------------------------------------
+
+    async def insert(self, jobs: Sequence[NewJob]) -> None:
+        if not jobs:
+            return
+        reply = Reply()
+        try:
+            await self._ledger_send.send(Command(reply, rows=list(jobs)))
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise PipelineClosed("the pipeline is shut down; the job store takes no more writes") from None
+        await reply.wait()
+
+    async def bulk_insert(self, jobs: Iterable[NewJob], *, commit_every: int | None = None) -> int:
+        """COPY on a connection of its own, in a thread: the iterable is consumed as the rows stream."""
+        return await trio.to_thread.run_sync(_bulk_load, self._db.url, jobs, commit_every)
+
+    # -- the worker side ------------------------------------------------------------------------
+
+    async def claim(
+        self, wants: Mapping[str, int], *, owner: str, lease_seconds: float, start: Mapping[str, int] | None = None,
+    ) -> list[Lease]:
+        return await self._db.run(functools.partial(store.claim, wants=dict(wants), owner=owner, lease_seconds=lease_seconds,
+                                                    start=start))
+
+    async def settle(self, outcomes: Sequence[Settlement]) -> list[bool]:
+        """On the open tray, or a new one sent to the Ledger (see trays.Tray)."""
+        return await self._trays.settle(outcomes)
+
+    async def rescue_expired(self, *, base_seconds: float, spare: Collection[tuple[str, int]] = ()) -> int:
+        # no nudge: a rescued job is due only after its backoff (or dead), which a poll finds
+        return await self._db.run(functools.partial(store.rescue_expired, base_seconds=base_seconds, rng=self._rng,
+                                                    spare=frozenset(spare)))
+
+    async def bury_unknown_types(self, known: Iterable[str], *, grace_seconds: float) -> int:
+        return await self._db.run(functools.partial(store.bury_unknown_types, known=set(known), grace_seconds=grace_seconds))
+
+    def lease_renewer(self) -> PostgresLeaseRenewer:
+        return PostgresLeaseRenewer(self._db.url)
+
+    # -- operators ------------------------------------------------------------------------------
+
+    async def get(self, job_id: str) -> JobRecord | None:
+        return await self._db.run(queries.get_job, job_id)
+
+    async def list(
+        self, *, status: str | None = None, job_type: str | None = None, limit: int = 50, offset: int = 0
+    ) -> tuple[builtins.list[JobRecord], int]:
+        return await self._db.run(functools.partial(queries.list_jobs, status=status, job_type=job_type, limit=limit,
+                                                    offset=offset))
+
+    async def stats(self) -> dict[str, Any]:
+        return await self._db.run(queries.operator_stats)
+
+    async def revive(self, job_id: str) -> JobRecord:
+        return await self._db.run(queries.revive, job_id)
+
+    async def delete(self, job_id: str) -> None:
+        await self._db.run(queries.delete_job, job_id)
+
+    async def cleanup(self, *, statuses: Sequence[str] = ("completed", "dead"), older_than_seconds: float | None = None) -> int:
+        return await self._db.run(functools.partial(queries.cleanup, statuses=tuple(statuses),
+                                                    older_than_seconds=older_than_seconds))
+
+    async def ping(self) -> None:
+        await self._db.run(queries.ping)
+
+    # -- the engine's housekeeping -----------------------------------------------------------------
+
+    def counters(self) -> builtins.list[tuple[str, str, float]]:
+        stats = self._stats
+        return [
+            ("pipeline_ledger_batches_total", "Transactions the Ledger committed.", stats.batches),
+            ("pipeline_ledger_commands_total", "Commands (inserts, outcomes) the Ledger committed.", stats.commands),
+            ("pipeline_ledger_failed_batches_total", "Ledger transactions the database refused.", stats.failed_batches),
+        ]
+
+    def trouble(self) -> str | None:
+        return self._stats.trouble
+
+    def begin_stop(self, grace: float) -> None:
+        """A graceful stop began. Nothing to shorten here: a call waits for a pooled connection
+        at most db.CONNECT_TIMEOUT, and a statement is not retried by the backend."""
+        self._stats.give_up_at = trio.current_time() + grace
+
+
+def _bulk_load(url: str, jobs: Iterable[NewJob], commit_every: int | None) -> int:
+    """COPY every row in one transaction, or ``commit_every`` at a time; an error (a bad line
+    raised by the iterable, a duplicate id) keeps the parts committed before it and says so."""
+    conn = connect(url)
+    committed = 0
+    try:
+        rows = iter(jobs)
+        while True:
+            count = 0
+            due = False
+            now = now_ts()
+            with conn.transaction():  # everything, or commit_every of it
+                with conn.cursor().copy(store.COPY_COLUMNS) as copy:
+                    for row in rows:
+                        copy.write_row((row.id, row.job_type, row.payload, row.max_attempts, row.run_after, row.priority,
+                                        row.created_at, row.created_at))
+                        count += 1
+                        due = due or row.run_after <= now
+                        if count == commit_every:
+                            break
+                if due:
+                    conn.execute(store.NOTIFY)
+            committed += count
+            if count == 0 or commit_every is None:
+                return committed
+    except (UsageError, StoreError, psycopg.Error) as exc:
+        error = describe(exc, url) if isinstance(exc, psycopg.Error) else exc
+        if committed:
+            kept = f"the {committed} jobs before it were enqueued (in parts of {commit_every}), nothing from there on"
+            raise type(error)(f"{error}; {kept}") from None
+        raise error from None
+    finally:
+        conn.close()
+
+
+class PostgresLeaseRenewer:
+    """The heartbeat thread's connection: renews leases and keeps this worker in ``workers``,
+    in one transaction. It writes one column of the jobs table, ``lease_expires_at``, only of
+    rows whose token matches. A dropped connection is replaced at the next beat."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def _run(self, fn: Any) -> Any:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self.close()
+            self._conn = connect(self._url)
+        try:
+            return fn(self._conn)
+        except psycopg.Error as exc:
+            if isinstance(exc, psycopg.OperationalError) or self._conn.broken:
+                self.close()
+            raise describe(exc, self._url) from None
+
+    def renew(self, owner: str, job_types: Sequence[str], held: Sequence[tuple[str, int]], *, lease_seconds: float) -> builtins.list[str]:
+        def write(conn: psycopg.Connection[Any]) -> builtins.list[str]:
+            with conn.transaction():
+                store.beat(conn, owner, job_types, lease_seconds=lease_seconds)
+                return store.renew(conn, held, lease_seconds=lease_seconds)
+
+        lost: builtins.list[str] = self._run(write)
+        return lost
+
+    def forget(self, owner: str) -> None:
+        self._run(lambda conn: store.forget_worker(conn, owner))
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+@asynccontextmanager
+async def open_postgres_backend(
+    url: str,
+    *,
+    nudge_send: trio.MemorySendChannel[Nudge] | None = None,
+    offers_recv: trio.MemoryReceiveChannel[ClaimOffer] | None = None,
+    wiring: Wiring | None = None,
+) -> AsyncIterator[PostgresBackend]:
+    """Open the pool, create or migrate the tables, run the Ledger and (when someone listens
+    for nudges) the listener until the block ends; then the Ledger writes whatever is still in
+    its inbox and stops. ``offers_recv`` is closed at once: this backend takes no offers."""
+    if offers_recv is not None:
+        offers_recv.close()  # the Poller keeps its own end and takes back its offer itself
+    listening = nudge_send is not None
+    if nudge_send is None:
+        nudge_send, nudge_recv = trio.open_memory_channel[Nudge](NUDGE_BUFFER)
+        nudge_recv.close()  # nobody listens: nudges are dropped
+    db = Database(url)
+    try:
+        await trio.to_thread.run_sync(db.open)
+        await db.run(schema.migrate, db.shown)
+    except BaseException:
+        await trio.to_thread.run_sync(db.close)
+        nudge_send.close()
+        raise
+    stats = LedgerStats()
+    try:
+        async with trio.open_nursery() as tn:
+            if wiring is not None:
+                ledger_send, ledger_recv = wiring.channel("Backend", "Ledger", "commands (Postgres)", LEDGER_INBOX)
+                wiring.edge("Ledger", "Postgres", "one statement per batch")
+            else:
+                ledger_send, ledger_recv = trio.open_memory_channel[Command](LEDGER_INBOX)
+            await tn.start(functools.partial(run_ledger, db, ledger_recv, nudge_send.clone(), stats))
+            listener_scope = trio.CancelScope()
+            if listening:
+                async def listen(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+                    with listener_scope:
+                        await run_listener(url, nudge_send.clone(), task_status=task_status)
+
+                await tn.start(listen)
+            nudge_send.close()
+            try:
+                yield PostgresBackend(db, ledger_send, stats)
+            finally:
+                listener_scope.cancel()
+                ledger_send.close()  # the Ledger drains its inbox, writes, and ends
+    finally:
+        await trio.to_thread.run_sync(db.close)

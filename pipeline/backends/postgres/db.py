@@ -1,0 +1,155 @@
+"""The Postgres connections: a psycopg pool used from trio threads, and the one translation
+of the driver's errors into the pipeline's.
+
+psycopg 3's sync API runs in worker threads (``trio.to_thread.run_sync``), each kind of work
+behind its own ``CapacityLimiter``: its async API is asyncio's, and a thin trio adapter over
+libpq's non-blocking calls would be a second driver to maintain for little gain, since every
+call here is one round trip whose thread hop (~30 us) is small beside it. The one place that
+waits on the socket from trio itself is the LISTEN connection (listener.py).
+
+The pool holds connections for the Ledger (one at a time: its limiter is 1), the Poller's
+claims, the lease keeper and the operators' reads (admin API, CLI); the heartbeat thread and
+the listener each own one connection outside it. Every connection talks UTC, and times come
+back as the protocol's text (``2026-01-01T00:00:00.000Z``) straight from the wire format
+(:class:`TextTimes`), without a datetime in between.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import psycopg
+import trio
+from psycopg.adapt import Loader
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from ...config import masked_url
+from ...errors import StoreError
+
+log = logging.getLogger("pipeline.postgres")
+
+T = TypeVar("T")
+
+POOL_SIZE = 6  # the Ledger, the Poller's claim, the lease keeper, up to three operator reads at once
+CONNECT_TIMEOUT = 10.0  # seconds to wait for a pooled connection before the call fails with StoreError
+
+
+class TextTimes(Loader):
+    """timestamptz as the protocol's ISO 8601 text, from Postgres's UTC text form
+    (``2026-01-01 00:00:00.12+00``; fraction optional, without trailing zeros). The stored times carry whole
+    milliseconds (the SQL rounds every time it makes), so nothing is lost."""
+
+    def load(self, data: Any) -> str:
+        text = bytes(data).decode()
+        if not text.endswith("+00"):  # the session's TimeZone is UTC (configure); anything else is a bug
+            raise psycopg.DataError(f"timestamp {text!r} is not in UTC")
+        # the fraction is written without trailing zeros, or not at all: ".07+00", "+00"
+        millis = (text[20:-3] + "000")[:3] if text[19:20] == "." else "000"
+        return f"{text[:10]}T{text[11:19]}.{millis}Z"
+
+
+def configure(conn: psycopg.Connection[Any]) -> None:
+    """Every new connection: times in UTC, read back as text."""
+    conn.adapters.register_loader("timestamptz", TextTimes)
+    conn.execute("SET TIME ZONE 'UTC'")
+
+
+def connect(url: str) -> psycopg.Connection[Any]:
+    """A connection outside the pool (the heartbeat's, the bulk loader's, the listener's)."""
+    try:
+        conn = psycopg.connect(url, autocommit=True, connect_timeout=int(CONNECT_TIMEOUT))
+    except psycopg.Error as exc:
+        raise describe(exc, url) from None
+    configure(conn)
+    return conn
+
+
+def describe(exc: BaseException, url: str) -> StoreError:
+    """A driver error as the pipeline's: StoreError naming the (masked) server and what to do."""
+    where = masked_url(url)
+    if isinstance(exc, psycopg.errors.UniqueViolation):
+        return StoreError(f"database {where}: a job with this id already exists ({_first_line(exc)})")
+    if isinstance(exc, psycopg.OperationalError | PoolTimeout):
+        return StoreError(f"database {where} is unreachable or dropped the connection ({_first_line(exc)}); retry later")
+    return StoreError(f"database {where}: {_first_line(exc)}")
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _idle_and_sound(conn: psycopg.Connection[Any]) -> bool:
+    """A pooled connection waits idle and listens to nothing: a socket with something to
+    read means the server spoke first, which it does only to end the session (a restart,
+    ``pg_terminate_backend``, ``idle_session_timeout``). A select of zero seconds, not a
+    round trip: the connection is dropped before a statement is lost on it."""
+    if conn.closed or conn.broken:
+        return False
+    try:
+        readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
+    except (OSError, ValueError, psycopg.OperationalError):
+        return False
+    return not readable
+
+
+class Database:
+    """The pool, and how trio code runs a blocking function on one of its connections."""
+
+    def __init__(self, url: str, *, size: int = POOL_SIZE) -> None:
+        self.url = url
+        self.shown = masked_url(url)
+        self.pool = ConnectionPool(
+            url, min_size=2, max_size=size, kwargs={"autocommit": True}, configure=configure, open=False,
+            name="pipeline", timeout=CONNECT_TIMEOUT, reconnect_timeout=365 * 86400.0,  # keep trying: a server restart ends
+        )
+        self.write_limiter = trio.CapacityLimiter(1)  # the Ledger: one batch at a time
+        self.limiter = trio.CapacityLimiter(size)  # everyone else
+
+    def open(self) -> None:
+        try:
+            self.pool.open(wait=True, timeout=CONNECT_TIMEOUT)
+        except PoolTimeout:
+            # the pool's own error says only "timeout": connect once to learn why
+            connect(self.url).close()
+            raise StoreError(f"database {self.shown}: no connection within {CONNECT_TIMEOUT:g} s") from None
+
+    def close(self) -> None:
+        self.pool.close(timeout=5.0)
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """A sound pooled connection (see _idle_and_sound); driver errors become StoreError."""
+        try:
+            for _ in range(self.pool.max_size + 1):
+                conn = self.pool.getconn()
+                if _idle_and_sound(conn):
+                    break
+                log.info("database %s dropped a pooled connection; reconnecting", self.shown)
+                conn.close()
+                self.pool.putconn(conn)  # closed: the pool replaces it
+            else:
+                raise StoreError(f"database {self.shown}: every pooled connection was dropped; retry later")
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise describe(exc, self.url) from None
+        try:
+            yield conn
+        except psycopg.Error as exc:
+            raise describe(exc, self.url) from None
+        finally:
+            self.pool.putconn(conn)
+
+    def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        with self.connection() as conn:
+            return fn(conn, *args)
+
+    async def write(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(conn, *args)`` for the Ledger, one at a time."""
+        return await trio.to_thread.run_sync(self.run_blocking, fn, *args, limiter=self.write_limiter)
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(conn, *args)`` on a pooled connection, in a thread."""
+        return await trio.to_thread.run_sync(self.run_blocking, fn, *args, limiter=self.limiter)

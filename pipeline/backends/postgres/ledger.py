@@ -1,0 +1,194 @@
+"""The Postgres Ledger: the batch writer of outcomes and inserts. River's batch completer, in trio terms.
+
+It waits for the first command, drains whatever else is already waiting (up to
+``batch_limit``), and writes the whole batch as **one statement** (store.write_batch): the
+outcomes of every tray, fenced row by row, and every inserted row, with the NOTIFY that wakes
+the other processes when the batch made work due. One statement in autocommit is one
+transaction and one round trip, with no BEGIN or COMMIT of its own.
+
+Unlike SQLite's, this Ledger is not the only writer: Postgres takes concurrent writers, so
+claims, rescues and operator actions run on pooled connections of their own (each one
+statement or one short transaction, fenced like everything else). What the Ledger groups
+are the two commands that come by thousands: outcomes (on trays, see trays.Tray) and inserts.
+
+A batch whose statement the database refuses for one caller's sake (a duplicate id) is
+written again split: the outcomes together, then each caller's rows alone, so only that
+caller hears the error. A batch that fails as a whole (the server unreachable) fails every
+caller with StoreError: workers try their outcomes again (fenced, so never twice), an
+enqueue raises.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import attrs
+import psycopg
+import trio
+
+from ...clock import now_ts
+from ...engine.messages import Reply
+from ...errors import PipelineClosed, StoreError
+from ...states import Transition
+from ..base import NewJob, Nudge, Settlement, nudge
+from ..trays import Tray
+from . import store
+from .db import Database, describe
+
+log = logging.getLogger("pipeline.ledger")
+
+BATCH_LIMIT = 1024
+
+
+@attrs.frozen
+class Command:
+    """A tray of outcomes, or the rows of one insert; answered on ``reply``."""
+
+    reply: Reply
+    tray: Tray | None = None
+    rows: list[NewJob] | None = None
+
+
+@attrs.define
+class LedgerStats:
+    """Written by the Ledger only; read by benchmarks and /metrics."""
+
+    batches: int = 0
+    commands: int = 0
+    failed_batches: int = 0
+    give_up_at: float = math.inf  # kept for symmetry with SQLite's: the pool's timeout bounds a stop here
+    trouble: str | None = None  # why batches cannot commit right now (for /healthz), None while they do
+
+
+def _is_outage(exc: BaseException, conn: psycopg.Connection[Any]) -> bool:
+    return isinstance(exc, psycopg.OperationalError) or conn.broken or conn.closed
+
+
+def _apply_batch(conn: psycopg.Connection[Any], batch: list[Command], notify: bool) -> list[tuple[bool, Any]]:
+    """Runs in a worker thread: the batch as one statement; split if the database refused it."""
+    items = [item for command in batch if command.tray is not None for item in command.tray.items]
+    inserts = [(i, command.rows) for i, command in enumerate(batch) if command.rows is not None]
+    rows = [row for _, command_rows in inserts for row in command_rows]
+    results: list[tuple[bool, Any]] = [(True, None)] * len(batch)
+    try:
+        held = store.write_batch(conn, items, rows, notify=notify)
+    except psycopg.Error as exc:
+        if _is_outage(exc, conn):
+            raise
+        log.info("a batch of %d outcomes and %d inserts was refused (%s); writing it split", len(items), len(rows), exc)
+        held = _outcomes_alone(conn, items, notify=notify and not rows)
+        for i, command_rows in inserts:
+            try:
+                store.insert_jobs(conn, command_rows, notify=notify)
+            except psycopg.Error as insert_exc:
+                if _is_outage(insert_exc, conn):
+                    raise
+                results[i] = (False, insert_exc)
+    start = 0
+    for i, command in enumerate(batch):
+        if command.tray is not None:
+            n = len(command.tray.items)
+            results[i] = (True, held[start : start + n])
+            start += n
+    return results
+
+
+def _outcomes_alone(conn: psycopg.Connection[Any], items: list[Settlement], *, notify: bool) -> list[bool]:
+    """The outcomes of a split batch together; if even they are refused, each alone (one the
+    database will not take counts as not held: its lease returns the job)."""
+    if not items:
+        return []
+    try:
+        return store.write_batch(conn, items, [], notify=notify)
+    except psycopg.Error as exc:
+        if _is_outage(exc, conn):
+            raise
+    held = []
+    for item in items:
+        try:
+            held.extend(store.write_batch(conn, [item], [], notify=notify))
+        except psycopg.Error as exc:
+            if _is_outage(exc, conn):
+                raise
+            log.error("job %s: its outcome could not be written: %r", item.id, exc)
+            held.append(False)
+    return held
+
+
+def _makes_work_due(batch: list[Command]) -> bool:
+    """An insert of a job due now, or a release (due again at once): other processes and this
+    one's Poller should look at once. (A retry is due after its backoff: a poll finds it.)"""
+    now: str | None = None
+    for command in batch:
+        if command.tray is not None and any(item.transition is Transition.RELEASE for item in command.tray.items):
+            return True
+        if command.rows:
+            now = now or now_ts()
+            if any(row.run_after <= now for row in command.rows):
+                return True
+    return False
+
+
+async def run_ledger(
+    db: Database,
+    inbox_recv: trio.MemoryReceiveChannel[Command],
+    nudge_send: trio.MemorySendChannel[Nudge],
+    stats: LedgerStats,
+    *,
+    batch_limit: int = BATCH_LIMIT,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Write batches until every sender of the inbox has closed its end."""
+    batch: list[Command] = []
+    with inbox_recv, nudge_send:
+        task_status.started()
+        try:
+            async for first in inbox_recv:
+                batch.clear()
+                batch.append(first)
+                while len(batch) < batch_limit:
+                    try:
+                        batch.append(inbox_recv.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                outcomes = 0
+                for command in batch:
+                    if command.tray is not None:
+                        command.tray.is_open = False  # later outcomes go on the next tray
+                        outcomes += len(command.tray.items) - 1
+                wakes = _makes_work_due(batch)
+                try:
+                    results = await db.write(_apply_batch, batch, wakes)
+                except StoreError as exc:
+                    stats.failed_batches += 1
+                    stats.trouble = f"the Ledger could not commit: {exc}"
+                    log.warning("ledger batch of %d commands not written: %s", len(batch), exc)
+                    for command in batch:
+                        command.reply.fail(exc)
+                    continue
+                stats.batches += 1
+                stats.trouble = None
+                stats.commands += len(batch) + outcomes
+                for command, (ok, value) in zip(batch, results):
+                    if ok:
+                        command.reply.set(value)
+                    else:
+                        command.reply.fail(describe(value, db.url) if isinstance(value, psycopg.Error) else value)
+                if wakes:
+                    nudge(nudge_send)  # this process's Poller: at once, before the NOTIFY comes back
+        finally:
+            # only a cancellation gets here with work in hand: answer it all
+            gone = PipelineClosed("the Ledger was cancelled before writing this")
+            for command in batch:
+                if not command.reply.answered:
+                    command.reply.fail(gone)
+            while True:
+                try:
+                    command = inbox_recv.receive_nowait()
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+                if command.tray is not None:
+                    command.tray.is_open = False
+                command.reply.fail(gone)

@@ -1,0 +1,144 @@
+"""What operators read and do on the Postgres job store (the admin API, the CLI, the
+dashboard, /metrics): the same answers as the SQLite backend's queries.py, as named
+synchronous functions on a psycopg connection."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+
+from ... import states
+from ...clock import format_ts, to_epoch
+from ...errors import UsageError
+from ...states import Status
+from ..base import JobRecord
+from .store import MS
+
+_RECORD = (
+    "SELECT id, job_type, payload, status, attempts, max_attempts, run_after, error, created_at, updated_at, priority, "
+    "lease_owner, lease_expires_at FROM jobs"
+)
+
+
+def get_job(conn: psycopg.Connection[Any], job_id: str) -> JobRecord | None:
+    row = conn.execute(f"{_RECORD} WHERE id = %s", (job_id,)).fetchone()
+    return JobRecord(*row) if row else None
+
+
+# Four fixed forms by which filters are given: no statement text is put together at run time.
+_LIST = {
+    (False, False): (f"{_RECORD} ORDER BY id DESC LIMIT %(limit)s OFFSET %(offset)s", "SELECT count(*) FROM jobs"),
+    (True, False): (f"{_RECORD} WHERE status = %(status)s ORDER BY id DESC LIMIT %(limit)s OFFSET %(offset)s",
+                    "SELECT count(*) FROM jobs WHERE status = %(status)s"),
+    (False, True): (f"{_RECORD} WHERE job_type = %(job_type)s ORDER BY id DESC LIMIT %(limit)s OFFSET %(offset)s",
+                    "SELECT count(*) FROM jobs WHERE job_type = %(job_type)s"),
+    (True, True): (f"{_RECORD} WHERE status = %(status)s AND job_type = %(job_type)s ORDER BY id DESC "
+                   "LIMIT %(limit)s OFFSET %(offset)s",
+                   "SELECT count(*) FROM jobs WHERE status = %(status)s AND job_type = %(job_type)s"),
+}
+
+
+def list_jobs(
+    conn: psycopg.Connection[Any], *, status: str | None = None, job_type: str | None = None, limit: int = 50, offset: int = 0
+) -> tuple[list[JobRecord], int]:
+    """Newest first (ids are time-ordered), with the total that matches the filters; one
+    snapshot for both (REPEATABLE READ), so the page and its total agree."""
+    if status is not None and status not in set(Status):
+        raise UsageError(f"unknown status {status!r}; expected one of {', '.join(Status)}")
+    rows_sql, count_sql = _LIST[(status is not None, job_type is not None)]
+    params = {"status": status, "job_type": job_type, "limit": limit, "offset": offset}
+    with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        row = conn.execute(count_sql, params).fetchone()
+        rows = conn.execute(rows_sql, params).fetchall()
+    return [JobRecord(*r) for r in rows], int(row[0]) if row else 0
+
+
+def revive(conn: psycopg.Connection[Any], job_id: str) -> JobRecord:
+    """Admin retry: dead → pending, attempts reset, due now. UsageError if not dead."""
+    with conn.transaction():
+        row = conn.execute(
+            f"UPDATE jobs SET status = 'pending', attempts = 0, run_after = {MS}, updated_at = {MS}, started_at = NULL "
+            "WHERE id = %s AND status = 'dead' RETURNING id", (job_id,),
+        ).fetchone()
+        job = get_job(conn, job_id)
+        if job is None:
+            raise LookupError(f"no job with id {job_id!r}")
+        if row is None:
+            raise UsageError(f"job {job_id} is {job.status}, only dead jobs can be retried")
+        conn.execute("SELECT pg_notify('pipeline_jobs', current_schema())")
+        return job
+
+
+def delete_job(conn: psycopg.Connection[Any], job_id: str) -> None:
+    """Delete a job record; LookupError if unknown, UsageError if it is running."""
+    row = conn.execute(
+        "WITH gone AS (DELETE FROM jobs WHERE id = %(id)s AND status <> 'running' RETURNING id) "
+        "SELECT (SELECT count(*) FROM gone), (SELECT status FROM jobs WHERE id = %(id)s)", {"id": job_id},
+    ).fetchone()
+    assert row is not None
+    deleted, status = row
+    if deleted:
+        return
+    if status is None:
+        raise LookupError(f"no job with id {job_id!r}")
+    raise UsageError(f"job {job_id} is running; wait for it to finish before deleting it")
+
+
+def cleanup(conn: psycopg.Connection[Any], *, statuses: Sequence[str] = ("completed", "dead"), older_than_seconds: float | None = None) -> int:
+    """Delete finished records (completed/dead), optionally only those last updated more than
+    ``older_than_seconds`` ago (by the server's clock)."""
+    bad = [s for s in statuses if s not in states.TERMINAL]
+    if bad or not statuses:
+        raise UsageError(f"cleanup deletes only completed or dead jobs, not {bad or 'nothing'}")
+    return conn.execute(
+        "DELETE FROM jobs WHERE status = ANY(%(statuses)s::text[]) "
+        "AND (%(age)s::float8 IS NULL OR updated_at < now() - %(age)s::float8 * interval '1 second')",
+        {"statuses": list(statuses), "age": older_than_seconds},
+    ).rowcount
+
+
+# -- operator views ---------------------------------------------------------------------------
+
+_FINISHED_PER_MINUTE = """
+SELECT to_char(date_trunc('minute', updated_at), 'YYYY-MM-DD"T"HH24:MI'), status, count(*) FROM jobs
+ WHERE status IN ('completed', 'dead') AND updated_at >= %(since)s::timestamptz
+ GROUP BY 1, 2
+"""
+
+
+def operator_stats(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+    """Counts by status and by type and status; jobs finished per minute over the last hour;
+    how long the oldest due pending job has waited. One snapshot, the server's "now"."""
+    with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        row = conn.execute(f"SELECT {MS}").fetchone()
+        assert row is not None
+        now: str = row[0]
+        by_status = {s.value: 0 for s in Status}
+        by_type: dict[str, dict[str, int]] = {}
+        for job_type, status, n in conn.execute("SELECT job_type, status, count(*) FROM jobs GROUP BY job_type, status"):
+            by_type.setdefault(job_type, {s.value: 0 for s in Status})[status] = n
+            by_status[status] = by_status.get(status, 0) + n
+        end = int(to_epoch(now) // 60) * 60
+        first = end - 59 * 60
+        buckets = {format_ts(first + i * 60)[:16]: {"completed": 0, "dead": 0} for i in range(60)}
+        for minute, status, n in conn.execute(_FINISHED_PER_MINUTE, {"since": format_ts(first)}):
+            if minute in buckets:
+                buckets[minute][status] = n
+        row = conn.execute(
+            "SELECT min(run_after), extract(epoch FROM now() - min(run_after)) FROM jobs WHERE status = 'pending' AND run_after <= now()"
+        ).fetchone()
+    age = None if row is None or row[1] is None else round(max(float(row[1]), 0.0), 3)
+    return {
+        "by_status": by_status, "by_type": by_type, "total": sum(by_status.values()),
+        "finished_per_minute": [{"minute": f"{minute}:00Z", **counts} for minute, counts in buckets.items()],
+        "oldest_due_pending_age_seconds": age, "now": now,
+    }
+
+
+def ping(conn: psycopg.Connection[Any]) -> None:
+    """Health check: the server answers and the jobs table can be read."""
+    conn.execute("SELECT 1 FROM jobs LIMIT 1").fetchall()

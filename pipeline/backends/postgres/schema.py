@@ -1,0 +1,115 @@
+"""The job tables in Postgres: numbered migrations, applied at start-up under an advisory lock.
+
+Every process runs :func:`migrate` when it opens the backend. The migrations run in one
+transaction that first takes ``pg_advisory_xact_lock`` on a key of the schema's name, so
+processes starting at once apply them one after the other (the second finds them recorded),
+and a crash mid-way leaves nothing half-done. The tables live in the connection's current
+schema (``public`` unless ``?options=-csearch_path%3DNAME`` says otherwise): a database
+shared with an application can keep the pipeline's tables in a schema of their own.
+
+Columns are SQLite's (the protocol's), with Postgres types: times are ``timestamptz``,
+rounded to the millisecond by every statement that makes one (the protocol's text has
+milliseconds, and a stored time must read back as the text it sorts as).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import psycopg
+
+from ...errors import SchemaTooNew, StoreError
+
+Migration = tuple[int, str, str]
+
+MIGRATIONS: Final[list[Migration]] = [
+    (
+        1,
+        "jobs and workers",
+        """
+        CREATE TABLE IF NOT EXISTS jobs (
+            id               text PRIMARY KEY,                      -- UUID v7, chosen by the engine
+            job_type         text NOT NULL,
+            payload          text NOT NULL,                         -- canonical JSON, as the engine wrote it
+            status           text NOT NULL DEFAULT 'pending'
+                             CHECK (status IN ('pending', 'running', 'completed', 'dead')),
+            attempts         integer NOT NULL DEFAULT 0,
+            max_attempts     bigint NOT NULL DEFAULT 3 CHECK (max_attempts >= 1),
+            run_after        timestamptz NOT NULL DEFAULT date_trunc('milliseconds', now()),
+            error            text,
+            created_at       timestamptz NOT NULL DEFAULT date_trunc('milliseconds', now()),
+            updated_at       timestamptz NOT NULL DEFAULT date_trunc('milliseconds', now()),
+            priority         bigint NOT NULL DEFAULT 5,             -- lower runs first
+            lease_token      bigint NOT NULL DEFAULT 0,             -- +1 per claim, never reset: fences outcomes
+            lease_owner      text,                                  -- the worker process holding a running job
+            lease_expires_at timestamptz,                           -- running jobs: rescued after this
+            started_at       timestamptz                            -- when the attempt of a running job began
+        );
+        -- the claim: equality on job_type, then the claim order, so LIMIT n reads n entries
+        CREATE INDEX IF NOT EXISTS jobs_claim ON jobs (job_type, priority, run_after, id) WHERE status = 'pending';
+        -- the lease keeper: expired leases without reading every running row
+        CREATE INDEX IF NOT EXISTS jobs_leases ON jobs (lease_expires_at) WHERE status = 'running';
+        -- operators: newest first by status or by type, and cleanup of finished rows by age
+        CREATE INDEX IF NOT EXISTS jobs_status ON jobs (status, id);
+        CREATE INDEX IF NOT EXISTS jobs_type ON jobs (job_type, id);
+        CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (updated_at) WHERE status IN ('completed', 'dead');
+        -- stats: how long the oldest due job has waited, whatever its type
+        CREATE INDEX IF NOT EXISTS jobs_due ON jobs (run_after) WHERE status = 'pending';
+
+        -- The worker processes and the job types each knows, kept fresh by each one's lease
+        -- heartbeat: a pending job of a type no live worker knows is buried.
+        CREATE TABLE IF NOT EXISTS workers (
+            owner         text PRIMARY KEY,                         -- host:pid, as in jobs.lease_owner
+            job_types     text NOT NULL,                            -- JSON array
+            started_at    timestamptz NOT NULL,
+            heartbeat_at  timestamptz NOT NULL,
+            lease_seconds double precision NOT NULL DEFAULT 30
+        );
+        """,
+    ),
+]
+LATEST: Final = max(v for v, _, _ in MIGRATIONS)
+TABLE: Final = "pipeline_migrations"
+
+
+def migrate(conn: psycopg.Connection[Any], shown: str) -> list[int]:
+    """Apply every migration not yet recorded in the current schema; return those applied now.
+    ``shown``: the masked URL, for messages."""
+    with conn.transaction():
+        row = conn.execute("SELECT current_schema()").fetchone()
+        schema = row[0] if row else None
+        if schema is None:
+            raise StoreError(
+                f"database {shown}: no schema to create the job tables in (the search_path names none that exists); "
+                "create it (CREATE SCHEMA name) or fix ?options=-csearch_path%3Dname"
+            )
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext('pipeline migrations ' || current_schema()))")
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {TABLE} (version integer PRIMARY KEY, name text NOT NULL, "
+            "applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        done = {v for (v,) in conn.execute(f"SELECT version FROM {TABLE}")}
+        if done and max(done) > LATEST:
+            raise SchemaTooNew(
+                f"database {shown} (schema {schema}): its job tables are at version {max(done)}, newer than this "
+                f"pipeline knows ({LATEST}); upgrade the pipeline"
+            )
+        if not done:
+            found = conn.execute(
+                "SELECT string_agg(table_name, ', ') FROM information_schema.tables "
+                "WHERE table_schema = current_schema() AND table_name IN ('jobs', 'workers')"
+            ).fetchone()
+            if found and found[0]:
+                raise StoreError(
+                    f"database {shown} (schema {schema}) already has tables named {found[0]} that the pipeline did not "
+                    "create; give the pipeline a schema of its own: ?options=-csearch_path%3Dpipeline in DATABASE_URL "
+                    "(after CREATE SCHEMA pipeline)"
+                )
+        applied = []
+        for version, name, sql in MIGRATIONS:
+            if version in done:
+                continue
+            conn.execute(sql)
+            conn.execute(f"INSERT INTO {TABLE} (version, name) VALUES (%s, %s)", (version, name))
+            applied.append(version)
+        return applied

@@ -1,0 +1,367 @@
+"""The Postgres job store's statements on the worker side: insert, claim, settle, renew,
+rescue, the worker registry. Named synchronous functions taking a psycopg connection
+(autocommit: a function that needs more than one statement opens its own transaction, and
+a single statement is a transaction of its own, without a BEGIN/COMMIT round trip each).
+
+Every update of a running job is fenced exactly as on SQLite: ``id``, ``status = 'running'``
+and the lease token, matched row by row against an array of (id, token) pairs, and each
+statement says which pairs it changed (``RETURNING j.id, o.token``), so a batch of outcomes
+learns which leases were stale without writing any of them twice.
+
+"Now" is the database server's clock (``now()``, the statement's or transaction's start)
+for every time the store makes: leases, retries, rescues, heartbeats. One clock for every
+process, whatever each machine's clock says. Times it makes are rounded to the millisecond
+(:data:`MS`), the precision of the protocol's text, as
+clock.format_ts rounds.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Any
+
+import psycopg
+
+from ... import states
+from ..base import Lease, NewJob, Settlement
+
+# the statement's "now", as stored: rounded to the nearest millisecond, as clock.format_ts rounds
+MS = "date_trunc('milliseconds', now() + interval '500 microseconds')"
+CHANNEL = "pipeline_jobs"  # NOTIFY channel; the payload is the schema whose jobs became due
+
+
+def seconds_after(value: str) -> str:
+    """SQL for ``now() + value`` seconds (a float8 expression), as stored."""
+    return f"date_trunc('milliseconds', now() + ({value}) * interval '1 second' + interval '500 microseconds')"
+
+
+# -- inserts ----------------------------------------------------------------------------------
+
+_ROWS = (
+    "SELECT id, job_type, payload, 'pending', 0, max_attempts, run_after::timestamptz, created_at::timestamptz, "
+    "created_at::timestamptz, priority FROM unnest(%(ids)s::text[], %(types)s::text[], %(payloads)s::text[], "
+    "%(max_attempts)s::bigint[], %(run_after)s::text[], %(priorities)s::bigint[], %(created)s::text[]) "
+    "AS r(id, job_type, payload, max_attempts, run_after, priority, created_at)"
+)
+_INSERT_INTO = "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, created_at, updated_at, priority) "
+_INSERT = _INSERT_INTO + _ROWS
+
+
+def insert_params(rows: Sequence[NewJob]) -> dict[str, Any]:
+    """NewJob rows as the arrays of :data:`_INSERT` (one parameter per column, not per row)."""
+    ids, types, payloads, max_attempts, run_after, priorities, created = (list(column) for column in zip(*rows))
+    return {"ids": ids, "types": types, "payloads": payloads, "max_attempts": max_attempts, "run_after": run_after,
+            "priorities": priorities, "created": created}
+
+
+def insert_jobs(conn: psycopg.Connection[Any], rows: Sequence[NewJob], *, notify: bool) -> None:
+    """One statement: every row or none (a duplicate id fails it whole)."""
+    if not rows:
+        return
+    with conn.transaction():
+        conn.execute(_INSERT, insert_params(rows))
+        if notify:
+            conn.execute(NOTIFY)
+
+
+NOTIFY = f"SELECT pg_notify('{CHANNEL}', current_schema())"
+
+COPY_COLUMNS = "COPY jobs (id, job_type, payload, max_attempts, run_after, priority, created_at, updated_at) FROM STDIN"
+
+
+# -- settle: the Ledger's batch -----------------------------------------------------------------
+
+_OUTCOMES = (
+    "SELECT * FROM unnest(%(o_ids)s::text[], %(o_tokens)s::bigint[], %(o_kinds)s::text[], %(o_errors)s::text[], "
+    "%(o_delays)s::float8[]) AS o(id, token, kind, error, delay)"
+)
+# One UPDATE for every kind of outcome. RELEASE gives back the attempt only if it was counted
+# (started_at set); START counts the attempt of a job claimed ahead (once) and keeps its lease.
+_SETTLE = f"""
+UPDATE jobs j
+   SET status = CASE o.kind WHEN 'succeed' THEN 'completed' WHEN 'bury' THEN 'dead' WHEN 'start' THEN 'running'
+                            ELSE 'pending' END,
+       attempts = CASE WHEN o.kind = 'release' AND j.started_at IS NOT NULL THEN greatest(j.attempts - 1, 0)
+                       WHEN o.kind = 'start' AND j.started_at IS NULL THEN j.attempts + 1
+                       ELSE j.attempts END,
+       run_after = CASE o.kind WHEN 'retry' THEN {seconds_after('o.delay')} WHEN 'release' THEN {MS} ELSE j.run_after END,
+       error = CASE WHEN o.kind IN ('retry', 'bury') THEN o.error ELSE j.error END,
+       started_at = CASE WHEN o.kind IN ('retry', 'release') THEN NULL WHEN o.kind = 'start' THEN coalesce(j.started_at, {MS})
+                         ELSE j.started_at END,
+       updated_at = {MS},
+       lease_owner = CASE WHEN o.kind = 'start' THEN j.lease_owner END,
+       lease_expires_at = CASE WHEN o.kind = 'start' THEN j.lease_expires_at END
+  FROM ({_OUTCOMES}) o
+ WHERE j.id = ANY(%(o_ids)s::text[]) AND j.id = o.id AND j.status = 'running' AND j.lease_token = o.token
+RETURNING j.id, o.token
+"""
+
+_KINDS = {
+    states.Transition.SUCCEED: "succeed",
+    states.Transition.RETRY: "retry",
+    states.Transition.BURY: "bury",
+    states.Transition.RELEASE: "release",
+    states.Transition.START: "start",
+}
+
+# A batch's one statement: outcomes, inserts and the wake-up together, a transaction of its own.
+# (Three fixed variants, so that no statement text is put together at run time.)
+_FINAL = (
+    "SELECT (SELECT array_agg(id) FROM settled), (SELECT array_agg(token) FROM settled), "
+    f"(SELECT pg_notify('{CHANNEL}', current_schema()) WHERE %(notify)s)"
+)
+BATCH_SETTLE = f"WITH settled AS ({_SETTLE}) {_FINAL}"
+BATCH_INSERT = f"WITH ins AS ({_INSERT} RETURNING 1), settled AS (SELECT NULL::text AS id, NULL::bigint AS token WHERE false) {_FINAL}"
+BATCH_BOTH = f"WITH settled AS ({_SETTLE}), ins AS ({_INSERT} RETURNING 1) {_FINAL}"
+
+
+def outcome_params(items: Sequence[Settlement]) -> dict[str, Any]:
+    kinds = []
+    for s in items:
+        kind = _KINDS.get(s.transition)
+        if kind is None:
+            raise ValueError(f"{s.transition!r} is not an outcome")
+        kinds.append(kind)
+    return {
+        "o_ids": [s.id for s in items],
+        "o_tokens": [s.token for s in items],
+        "o_kinds": kinds,
+        # Postgres text holds no NUL character: an error message that has one keeps it escaped
+        "o_errors": [None if s.error is None else s.error.replace("\x00", "\\x00") for s in items],
+        "o_delays": [float(s.delay) for s in items],
+    }
+
+
+def rounds(items: Sequence[Settlement]) -> list[list[int]]:
+    """The positions of ``items`` split so that no job appears twice in one statement (an
+    UPDATE changes a row once, however many pairs match it): a job's k-th outcome goes in
+    round k, so its outcomes are written in the order given."""
+    out: list[list[int]] = []
+    seen: dict[str, int] = {}
+    for n, item in enumerate(items):
+        k = seen.get(item.id, 0)
+        seen[item.id] = k + 1
+        if k == len(out):
+            out.append([])
+        out[k].append(n)
+    return out
+
+
+def write_batch(
+    conn: psycopg.Connection[Any], items: Sequence[Settlement], rows: Sequence[NewJob], *, notify: bool
+) -> list[bool]:
+    """Outcomes and inserted rows in one statement (one transaction, one round trip); one bool
+    per outcome: whether its lease held. Raises whatever the statement raised (a duplicate
+    id among the rows: the caller splits the batch)."""
+    parts = rounds(items)
+    if len(parts) <= 1:
+        held = _execute_batch(conn, items, rows, notify=notify)
+        return [(s.id, s.token) in held for s in items]
+    answers = [False] * len(items)
+    with conn.transaction():  # the same job twice in one batch: a statement per round, one transaction
+        for k, part in enumerate(parts):
+            last = k == len(parts) - 1
+            chosen = [items[n] for n in part]
+            held = _execute_batch(conn, chosen, rows if last else (), notify=notify and last)
+            for n, s in zip(part, chosen):
+                answers[n] = (s.id, s.token) in held
+    return answers
+
+
+def _execute_batch(conn: psycopg.Connection[Any], items: Sequence[Settlement], rows: Sequence[NewJob], *, notify: bool) -> set[tuple[str, int]]:
+    params: dict[str, Any] = {"notify": notify}
+    if items and rows:
+        sql = BATCH_BOTH
+        params.update(outcome_params(items), **insert_params(rows))
+    elif items:
+        sql = BATCH_SETTLE
+        params.update(outcome_params(items))
+    elif rows:
+        sql = BATCH_INSERT
+        params.update(insert_params(rows))
+    else:
+        return set()
+    row = conn.execute(sql, params).fetchone()
+    assert row is not None
+    ids, tokens = row[0] or [], row[1] or []
+    return set(zip(ids, tokens))
+
+
+# -- claim ----------------------------------------------------------------------------------------
+
+# Per requested type, its first n due pending jobs in claim order, skipping rows another
+# claim has locked (SKIP LOCKED: claimers never wait on each other, nor take a job twice),
+# through jobs_claim; then all of them running under one lease owner. The first k of each
+# type start at once (their attempt counts now); the rest are claimed ahead, counted by START.
+_CLAIM = f"""
+WITH picked AS (
+    SELECT p.id, row_number() OVER (PARTITION BY w.job_type ORDER BY p.priority, p.run_after, p.id) <= w.k AS counted
+      FROM unnest(%(types)s::text[], %(limits)s::int[], %(starts)s::int[]) AS w(job_type, n, k)
+     CROSS JOIN LATERAL (
+        SELECT id, priority, run_after FROM jobs
+         WHERE status = 'pending' AND job_type = w.job_type AND run_after <= now()
+         ORDER BY priority, run_after, id
+         LIMIT w.n
+           FOR UPDATE SKIP LOCKED) p
+)
+UPDATE jobs j
+   SET status = 'running', lease_token = j.lease_token + 1,
+       attempts = j.attempts + (j.id = ANY(ARRAY(SELECT id FROM picked WHERE counted)))::int,
+       started_at = CASE WHEN j.id = ANY(ARRAY(SELECT id FROM picked WHERE counted)) THEN {MS} END,
+       lease_owner = %(owner)s, lease_expires_at = {seconds_after('%(lease)s::float8')}, updated_at = {MS}
+-- = ANY(ARRAY(...)): the planner then reads each row by its key; joined with picked, it guessed
+-- 4000 rows from the lateral join and hashed the whole table (33 ms a claim at 40,000 rows, not 5)
+ WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
+RETURNING j.id, j.job_type, j.payload, j.attempts + (j.started_at IS NULL)::int, j.max_attempts, j.lease_token,
+          j.created_at, j.run_after, j.priority, j.started_at IS NOT NULL
+"""
+
+
+def claim(
+    conn: psycopg.Connection[Any], wants: Mapping[str, int], *, owner: str, lease_seconds: float,
+    start: Mapping[str, int] | None = None,
+) -> list[Lease]:
+    """pending → running for up to ``wants[type]`` due jobs of each type, in claim order; the
+    first ``start[type]`` of each start at once (all when None), the rest are claimed ahead."""
+    wanted = [(t, n) for t, n in wants.items() if n > 0]
+    if not wanted:
+        return []
+    starts = [n if start is None else max(0, min(n, start.get(t, 0))) for t, n in wanted]
+    rows = conn.execute(_CLAIM, {"types": [t for t, _ in wanted], "limits": [n for _, n in wanted], "starts": starts,
+                                 "owner": owner, "lease": float(lease_seconds)}).fetchall()
+    # RETURNING's order is unspecified: by type as asked, started ones first, each in claim order
+    order = {t: i for i, (t, _) in enumerate(wanted)}
+    rows.sort(key=lambda r: (order[r[1]], not r[9], r[8], r[7], r[0]))
+    return [Lease(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[9]) for row in rows]
+
+
+# -- leases ---------------------------------------------------------------------------------------
+
+_RENEW = f"""
+UPDATE jobs j SET lease_expires_at = {seconds_after('%(lease)s::float8')}
+  FROM unnest(%(ids)s::text[], %(tokens)s::bigint[]) AS h(id, token)
+ WHERE j.id = ANY(%(ids)s::text[]) AND j.id = h.id AND j.status = 'running' AND j.lease_token = h.token
+RETURNING j.id, h.token
+"""
+
+
+def renew(conn: psycopg.Connection[Any], held: Sequence[tuple[str, int]], *, lease_seconds: float) -> list[str]:
+    """Push the expiry of held leases to now + ``lease_seconds``; the ids whose lease is lost."""
+    if not held:
+        return []
+    kept = {(i, t) for i, t in conn.execute(_RENEW, {"ids": [i for i, _ in held], "tokens": [t for _, t in held],
+                                                     "lease": float(lease_seconds)})}
+    return [job_id for job_id, token in held if (job_id, token) not in kept]
+
+
+_EXPIRED = """
+SELECT id, lease_token, attempts, max_attempts, lease_owner, started_at IS NOT NULL FROM jobs
+ WHERE status = 'running' AND lease_expires_at < now()
+ ORDER BY lease_expires_at
+ LIMIT 10000
+   FOR UPDATE SKIP LOCKED
+"""
+_RESCUE = f"""
+UPDATE jobs j
+   SET status = CASE WHEN r.dead THEN 'dead' ELSE 'pending' END,
+       run_after = CASE WHEN r.dead OR NOT r.started THEN j.run_after ELSE {seconds_after('r.delay')} END,
+       error = CASE WHEN r.started THEN r.error ELSE j.error END,
+       started_at = NULL, updated_at = {MS}, lease_owner = NULL, lease_expires_at = NULL
+  FROM unnest(%(ids)s::text[], %(tokens)s::bigint[], %(dead)s::bool[], %(delays)s::float8[], %(errors)s::text[],
+              %(started)s::bool[]) AS r(id, token, dead, delay, error, started)
+ WHERE j.id = ANY(%(ids)s::text[]) AND j.id = r.id AND j.status = 'running' AND j.lease_token = r.token
+"""
+
+
+def rescue_expired(
+    conn: psycopg.Connection[Any], *, base_seconds: float, rng: random.Random | None = None,
+    spare: Collection[tuple[str, int]] = (),
+) -> int:
+    """running jobs whose lease ran out (their worker died, or lost them) → pending after a
+    backoff, or dead when out of attempts; the leases ``spare`` (the caller still holds
+    them) are left alone. Rescuers running at once take disjoint rows (SKIP LOCKED), and the
+    fence moves each job once."""
+    with conn.transaction():
+        expired = [row for row in conn.execute(_EXPIRED).fetchall() if (row[0], row[1]) not in spare]
+        if not expired:
+            return 0
+        ids, tokens, dead, delays, errors, started = [], [], [], [], [], []
+        for job_id, token, attempts, max_attempts, owner, has_started in expired:
+            if has_started:
+                decision = states.rescue(attempts=attempts, max_attempts=max_attempts, base_seconds=base_seconds, rng=rng)
+                buried = decision.transition is not states.Transition.RESCUE
+                delay = 0.0 if buried else decision.delay
+                error: str | None = f"lease expired: worker {owner or '?'} stopped renewing it during attempt {attempts}"
+            else:  # claimed ahead, never started: back in its place in line, its attempt never counted
+                buried, delay, error = False, 0.0, None
+            ids.append(job_id)
+            tokens.append(token)
+            dead.append(buried)
+            delays.append(delay)
+            errors.append(error)
+            started.append(has_started)
+        return conn.execute(_RESCUE, {"ids": ids, "tokens": tokens, "dead": dead, "delays": delays, "errors": errors,
+                                      "started": started}).rowcount
+
+
+# -- unknown types and the worker registry ---------------------------------------------------------
+
+# the distinct types of pending jobs, one index seek each (a loose index scan of jobs_claim)
+_PENDING_TYPES = """
+WITH RECURSIVE t(job_type) AS (
+    (SELECT job_type FROM jobs WHERE status = 'pending' ORDER BY job_type LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.job_type FROM jobs j WHERE j.status = 'pending' AND j.job_type > t.job_type ORDER BY j.job_type LIMIT 1)
+      FROM t WHERE t.job_type IS NOT NULL
+)
+SELECT job_type FROM t WHERE job_type IS NOT NULL
+"""
+_LIVE = """
+SELECT job_types FROM workers
+ WHERE heartbeat_at >= now() - %(grace)s::float8 * interval '1 second'
+    OR heartbeat_at + lease_seconds * interval '1 second' >= now()
+"""
+_BURY_TYPE = f"""
+UPDATE jobs SET status = 'dead', error = %(error)s, updated_at = {MS}, started_at = NULL
+ WHERE status = 'pending' AND job_type = %(job_type)s AND run_after <= now() - %(grace)s::float8 * interval '1 second'
+"""
+
+
+def bury_unknown_types(conn: psycopg.Connection[Any], known: set[str], *, grace_seconds: float) -> int:
+    """Pending jobs of types neither ``known`` nor known to a worker alive within the grace
+    (or by its own lease), due for longer than the grace → dead, with an error saying why."""
+    with conn.transaction():
+        unknown = [t for (t,) in conn.execute(_PENDING_TYPES) if t not in known]
+        if not unknown:
+            return 0
+        live: set[str] = set()
+        for (text,) in conn.execute(_LIVE, {"grace": float(grace_seconds)}):
+            try:
+                live.update(json.loads(text))
+            except (ValueError, TypeError):
+                continue
+        n = 0
+        for job_type in unknown:
+            if job_type in live:
+                continue
+            error = (f"no worker handles job type {job_type!r}: no live process registers a handler for it "
+                     "(it may be registered without one, or not at all); add a handler, then retry the job")
+            n += conn.execute(_BURY_TYPE, {"error": error, "job_type": job_type, "grace": float(grace_seconds)}).rowcount
+        return n
+
+
+_BEAT = """
+INSERT INTO workers (owner, job_types, started_at, heartbeat_at, lease_seconds) VALUES (%(owner)s, %(types)s, now(), now(), %(lease)s)
+ON CONFLICT (owner) DO UPDATE SET job_types = EXCLUDED.job_types, heartbeat_at = EXCLUDED.heartbeat_at,
+                                  lease_seconds = EXCLUDED.lease_seconds
+"""
+
+
+def beat(conn: psycopg.Connection[Any], owner: str, job_types: Iterable[str], *, lease_seconds: float) -> None:
+    conn.execute(_BEAT, {"owner": owner, "types": json.dumps(sorted(job_types)), "lease": float(lease_seconds)})
+
+
+def forget_worker(conn: psycopg.Connection[Any], owner: str) -> None:
+    conn.execute("DELETE FROM workers WHERE owner = %s", (owner,))

@@ -1,0 +1,98 @@
+"""What only the Postgres backend promises: wake-ups across processes through LISTEN/NOTIFY,
+and a drain that survives the server dropping every connection."""
+
+from __future__ import annotations
+
+import time
+from urllib.parse import urlsplit
+
+import psycopg
+import pytest
+import trio
+
+import pipeline
+from pipeline import Config
+from pipeline.backends import Nudge, open_backend
+from pipeline.backends.base import NUDGE_BUFFER
+
+from .kit import job
+from .stores import BACKENDS, postgres_store
+
+pytestmark = pytest.mark.skipif("postgres" not in BACKENDS, reason="no postgres entry")
+
+
+def _terminate(config: Config) -> int:
+    """pg_terminate_backend on every other session of the store's database; how many."""
+    database = urlsplit(config.database_url).path.lstrip("/")
+    with psycopg.connect(config.database_url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            (database,),
+        ).fetchall()
+    return len(rows)
+
+
+async def test_an_insert_by_another_process_nudges_the_poller_in_milliseconds(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    async with postgres_store(tmp_path) as config:
+        nudge_send, nudge_recv = trio.open_memory_channel[Nudge](NUDGE_BUFFER)
+        async with open_backend(config, nudge_send=nudge_send) as _listening, open_backend(config) as other:
+            with trio.fail_after(5):
+                await nudge_recv.receive()  # the listener's first nudge, once it listens
+            while True:  # nothing else waits
+                try:
+                    nudge_recv.receive_nowait()
+                except trio.WouldBlock:
+                    break
+            t0 = time.perf_counter()
+            await other.insert([job()])
+            with trio.fail_after(2):
+                assert await nudge_recv.receive() is None
+            assert time.perf_counter() - t0 < 0.5
+
+            await other.insert([job(delay=3600.0)])  # not due: nobody needs waking
+            with trio.move_on_after(0.3) as waited:
+                await nudge_recv.receive()
+            assert waited.cancelled_caught
+        nudge_recv.close()
+
+
+
+
+async def test_a_drain_survives_the_server_dropping_every_connection(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import attrs
+
+    @attrs.frozen
+    class Noop:
+        n: int
+
+    async def run(job: Noop, ctx: pipeline.JobContext) -> None:
+        await trio.sleep(0.001)
+
+    registry = pipeline.Registry()
+    registry.register("noop", Noop, run, concurrency=16)
+    n = 3000
+    async with postgres_store(tmp_path) as config:
+        config = config.replace(worker=attrs.evolve(config.worker, poll_interval_ms=50))
+        async with pipeline.open_pipeline(config, registry) as p:
+            await p.enqueue_many([Noop(i) for i in range(n)])
+            dropped = 0
+            with trio.fail_after(60):
+                while True:
+                    stats = await _stats_patiently(p)
+                    if stats["by_status"]["completed"] == n:
+                        break
+                    if dropped < 5 and stats["by_status"]["completed"] > dropped * n // 6:
+                        dropped += 1
+                        assert await trio.to_thread.run_sync(_terminate, config) > 0
+                    await trio.sleep(0.02)
+            assert dropped == 5
+            stats = await _stats_patiently(p)
+            assert stats["by_status"]["completed"] == n and stats["total"] == n
+
+
+async def _stats_patiently(p: pipeline.Pipeline) -> dict:  # type: ignore[type-arg]
+    while True:
+        try:
+            return await p.backend.stats()
+        except pipeline.StoreError:
+            await trio.sleep(0.05)
