@@ -76,6 +76,21 @@ async def test_a_job_enqueued_here_starts_without_waiting_for_a_poll(db_path: Pa
     assert sorted(starts) == sorted([f"single-{i}" for i in range(3)] + [f"burst-{i}" for i in range(12)] + ["revived"] * 2)
 
 
+async def test_a_job_enqueued_here_is_claimed_in_its_inserts_own_transaction(db_path: Path) -> None:
+    """The Poller's standing offer: the Ledger claims for it in the transaction that inserts,
+    so a job costs two commits (insert with claim, outcome), not three (a nudged claim)."""
+    config = fast_config(db_path, worker_poll_interval_ms=LONG_POLL_MS, worker_lease_seconds=60.0)  # no upkeep meanwhile
+    async with pipeline.open_pipeline(config, registry()) as p:
+        warm_up = await p.enqueue(Echo("warm-up"))
+        await wait_status(p, warm_up, "completed", timeout=QUICK)
+        before = p.backend.ledger_stats.batches
+        for i in range(20):  # one at a time: nothing else shares their transactions
+            job_id = await p.enqueue(Echo(str(i)))
+            await wait_status(p, job_id, "completed", timeout=QUICK)
+        batches = p.backend.ledger_stats.batches - before
+    assert batches <= 2 * 20 + 2, f"{batches} transactions for 20 jobs: claims were not made with the inserts"
+
+
 # -- outcomes the database refused for a while ----------------------------------------------
 
 
