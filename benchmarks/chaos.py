@@ -5,10 +5,14 @@
 One producer enqueues the jobs (in small committed batches, spread over the run) while
 ``--workers`` worker processes run them. Every ``--kill-every`` seconds a random worker
 gets SIGKILL and is started again. Each job's handler appends ``start``/``end`` lines with
-its id, attempt and pid to a side file (O_APPEND). At the end every job must be
-completed (none lost, none stuck running, none dead), and every duplicate execution must
-be one whose worker was killed after the run started. Prints a one-line summary; exit 0
-when the books balance, 1 when they do not.
+its id, attempt and pid to a side file (O_APPEND), and each worker appends a ``settled``
+line once the run's outcome is committed (an outcome observer). At the end every job must
+be completed (none lost, none stuck running, none dead), and every duplicate execution must
+be explained by a kill that came while the repeated run was in flight: its worker was
+killed after the run started, before its outcome was committed (the handler's ``end``
+line is not the end: a kill between it and the commit repeats the job too), and before
+the job's next run started. Prints a one-line summary; exit 0 when the books balance, 1
+when they do not.
 """
 
 from __future__ import annotations
@@ -59,7 +63,18 @@ def worker_main(db: str) -> None:
         "WORKER_BACKOFF_BASE_MS": "50", "WORKER_SHUTDOWN_TIMEOUT": "5", "SQLITE_SYNCHRONOUS": "full", "LOG_LEVEL": "error",
         "ADMIN_ENABLED": "false", "SQLITE_BUSY_TIMEOUT_MS": "500",  # below two thirds of the lease
     }, env_file=None)
-    trio.run(functools.partial(pipeline.serve, config, registry(), ready=lambda p: print("ready", flush=True)))
+    log = os.environ["CHAOS_LOG"]
+
+    def settled(fields: dict[str, object]) -> None:
+        # called once the outcome's transaction committed (or was found stale): the run is over
+        with open(log, "a") as f:
+            f.write(f"settled {fields['job_id']} {fields['attempt']} {os.getpid()} {time.time():.6f}\n")
+
+    def ready(p: pipeline.Pipeline) -> None:
+        p.add_observer(settled)
+        print("ready", flush=True)
+
+    trio.run(functools.partial(pipeline.serve, config, registry(), ready=ready))
 
 
 def start_worker(db: Path, log: Path) -> subprocess.Popen[str]:
@@ -73,6 +88,7 @@ def start_worker(db: Path, log: Path) -> subprocess.Popen[str]:
 
 def produce(db: Path, ids: list[str], n: int, reg: pipeline.Registry) -> None:
     conn = sqlite3.connect(db, isolation_level=None, timeout=30)
+    conn.execute("PRAGMA synchronous = FULL")  # as the workers (SQLITE_SYNCHRONOUS=full)
     conn.execute("BEGIN IMMEDIATE")
     for _ in range(n):
         ids.append(pipeline.enqueue_in_transaction(conn, Chaos(len(ids)), registry=reg, max_attempts=MAX_ATTEMPTS))
@@ -84,7 +100,7 @@ def run_chaos(jobs: int, workers: int, duration: float, kill_every: float, folde
     db, log = folder / "chaos.db", folder / "runs.log"
     sqlite3.connect(db).close()
     procs = [start_worker(db, log) for _ in range(workers)]
-    killed: list[tuple[int, float]] = []  # (pid, when)
+    killed: list[tuple[int, float, float]] = []  # (pid, signal sent at, process reaped at)
     ids: list[str] = []
     reg = registry()
     rng = random.Random()
@@ -98,9 +114,10 @@ def run_chaos(jobs: int, workers: int, duration: float, kill_every: float, folde
                 produce(db, ids, due - len(ids), reg)
             if time.monotonic() >= next_kill:
                 i = rng.randrange(len(procs))
+                sent = time.time()
                 procs[i].send_signal(signal.SIGKILL)
                 procs[i].wait()
-                killed.append((procs[i].pid, time.time()))
+                killed.append((procs[i].pid, sent, time.time()))
                 procs[i] = start_worker(db, log)
                 next_kill += kill_every * rng.uniform(0.5, 1.5)
             time.sleep(0.05)
@@ -125,38 +142,75 @@ def run_chaos(jobs: int, workers: int, duration: float, kill_every: float, folde
     return check(db, log, ids, killed, time.monotonic() - started, out)
 
 
-def check(db: Path, log: Path, ids: list[str], killed: list[tuple[int, float]], elapsed: float, out) -> dict[str, int]:
+@attrs.define
+class Run:
+    """One execution of a job, from the side file."""
+
+    pid: int
+    attempt: int
+    started: float
+    ended: float | None = None  # the handler's last line
+    settled: float | None = None  # its outcome committed (or found stale): the run is over
+
+
+def read_runs(log: Path) -> dict[str, list[Run]]:
+    runs: dict[str, list[Run]] = {}  # id -> runs, in start order
+    for line in log.read_text().splitlines():
+        kind, job_id, attempt_text, pid_text, when_text = line.split()
+        attempt, pid, when = int(attempt_text), int(pid_text), float(when_text)
+        if kind == "start":
+            runs.setdefault(job_id, []).append(Run(pid, attempt, when))
+            continue
+        run = next((r for r in reversed(runs.get(job_id, [])) if (r.pid, r.attempt) == (pid, attempt)), None)
+        if run is None:
+            continue  # settled without starting here: released at shutdown, or lost before it started
+        if kind == "end":
+            run.ended = when
+        else:
+            run.settled = when
+    for entries in runs.values():
+        entries.sort(key=lambda r: r.started)
+    return runs
+
+
+def explained(run: Run, next_start: float, kills: list[tuple[float, float]]) -> tuple[bool, bool]:
+    """Was ``run`` repeated because its process was killed while it was in flight: after it
+    started, before its outcome was committed, and before the next run began? And if so,
+    did that kill land after the handler's own end (between its end and the commit)?"""
+    for sent, reaped in kills:
+        # [sent, reaped] brackets the moment the kill landed: give the check the benefit of it
+        if reaped >= run.started and sent <= next_start and (run.settled is None or sent < run.settled):
+            return True, run.ended is not None and reaped > run.ended
+    return False, False
+
+
+def check(db: Path, log: Path, ids: list[str], killed: list[tuple[int, float, float]], elapsed: float, out) -> dict[str, int]:
     conn = sqlite3.connect(db)
     rows = dict(conn.execute("SELECT id, status FROM jobs"))
     lost = [i for i in ids if i not in rows]
     not_done = {i: s for i, s in rows.items() if s != "completed"}
-    runs: dict[str, list[tuple[int, float, bool]]] = {}  # id -> [(pid, start time, ended)]
-    for line in log.read_text().splitlines():
-        kind, job_id, _attempt, pid, when = line.split()
-        if kind == "start":
-            runs.setdefault(job_id, []).append((int(pid), float(when), False))
-        else:
-            entries = runs[job_id]
-            for k in range(len(entries) - 1, -1, -1):
-                if entries[k][0] == int(pid):
-                    entries[k] = (entries[k][0], entries[k][1], True)
-                    break
-    kill_time = dict(killed)
-    duplicates = unexplained = 0
+    runs = read_runs(log)
+    kills: dict[int, list[tuple[float, float]]] = {}
+    for pid, sent, reaped in killed:
+        kills.setdefault(pid, []).append((sent, reaped))
+    duplicates = unexplained = after_end = 0
     for entries in runs.values():
-        for pid, when, _ended in entries[:-1]:  # every run but the last was repeated
+        for run, following in zip(entries, entries[1:]):  # every run but the last was repeated
             duplicates += 1
-            if not (pid in kill_time and kill_time[pid] >= when):
-                unexplained += 1
+            ok, late = explained(run, following.started, kills.get(run.pid, []))
+            unexplained += not ok
+            after_end += late
     never_ran = [i for i in ids if i not in runs]
     result = {
         "jobs": len(ids), "kills": len(killed), "lost": len(lost), "not_completed": len(not_done),
         "never_ran": len(never_ran), "duplicates": duplicates, "unexplained_duplicates": unexplained,
+        "killed_between_end_and_commit": after_end,
     }
     print(
         f"chaos: {result['jobs']} jobs, {len(killed)} SIGKILLs in {elapsed:.0f} s: "
         f"{result['lost']} lost, {result['not_completed']} not completed, {result['never_ran']} never ran, "
-        f"{duplicates} duplicate executions, all from killed workers: {'yes' if unexplained == 0 else f'NO ({unexplained} not)'}",
+        f"{duplicates} duplicate executions ({after_end} killed between the handler's end and the commit), "
+        f"all from workers killed mid-run: {'yes' if unexplained == 0 else f'NO ({unexplained} not)'}",
         file=out,
     )
     return result

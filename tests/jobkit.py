@@ -22,7 +22,7 @@ class Echo:
     text: str
     sleep: float = 0.0
     fail_times: int = 0  # raise on the first N attempts
-    mode: str = "ok"  # ok | permanent | retry_later | hang | kill | record
+    mode: str = "ok"  # ok | permanent | retry_later | hang | kill | record | block (the loop, for `sleep` s, on attempt 1)
 
 
 async def echo(job: Echo, ctx: pipeline.JobContext) -> None:
@@ -31,7 +31,10 @@ async def echo(job: Echo, ctx: pipeline.JobContext) -> None:
     if log:
         with open(log, "a") as f:  # O_APPEND: whole lines, even from several processes
             f.write(f"start {ctx.id} {ctx.attempt} {os.getpid()} {time.time():.6f}\n")
-    if job.sleep:
+    if job.mode == "block":
+        if ctx.attempt == 1:
+            time.sleep(job.sleep)  # a handler that wedges its event loop by mistake
+    elif job.sleep:
         await trio.sleep(job.sleep)
     if job.mode == "hang":
         await trio.sleep_forever()

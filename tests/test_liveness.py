@@ -198,7 +198,7 @@ def test_a_poison_job_that_kills_its_process_does_not_burn_the_attempts_of_the_j
             env=env, stdout=subprocess.PIPE, text=True,
         )
         try:
-            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+            assert proc.stdout is not None and proc.stdout.readline().startswith("ready")
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline and proc.poll() is None:
                 if _status(db_path, first)[0] == "dead" and _status(db_path, behind)[0] == "completed":

@@ -229,8 +229,12 @@ async def test_ledger_groups_a_burst_into_few_transactions(db_path) -> None:
 
 async def test_long_job_keeps_its_lease_while_it_runs(db_path) -> None:
     config = fast_config(db_path, worker_lease_seconds=0.6)
-    async with pipeline.open_pipeline(config, registry()) as p:
-        job_id = await p.enqueue(Echo("long", sleep=2.0))
+    # the rescuer is another pipeline on the file, with an owner of its own (a pipeline never
+    # rescues its own leases) and no handler for `echo` (it cannot take the job by claiming)
+    rescuer = pipeline.open_pipeline(fast_config(db_path, worker_lease_seconds=0.6), pipeline.site.types_registry())
+    async with pipeline.open_pipeline(config, registry()) as p, rescuer as other:
+        assert other.owner != p.owner
+        job_id = await p.enqueue(Echo("long", sleep=2.0))  # more than three leases
         job = await wait_status(p, job_id, "completed")
         assert job.attempts == 1 and job.error is None  # renewed, never rescued
 

@@ -30,12 +30,14 @@ def start_worker(db_path: Path, log: Path, *settings: str) -> subprocess.Popen[s
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()  # "ready" once every actor runs
-    assert line.strip() == "ready", f"worker did not start: {line!r}"
+    # SIGKILL tests run with the default durability, as docs/reliability.md says
+    assert line.strip() == "ready synchronous=full", f"worker did not start as expected: {line!r}"
     return proc
 
 
 def insert_jobs(db_path: Path, jobs: list[Echo]) -> list[str]:
     conn = sqlite3.connect(db_path, isolation_level=None)
+    conn.execute("PRAGMA synchronous = FULL")  # as the pipeline's own connections, by default
     conn.execute("BEGIN IMMEDIATE")
     ids = [pipeline.enqueue_in_transaction(conn, job, registry=registry()) for job in jobs]
     conn.execute("COMMIT")
@@ -69,7 +71,7 @@ async def test_a_job_whose_worker_was_killed_is_rescued_by_another_process(tmp_p
     conn.execute("UPDATE jobs SET payload = json_set(payload, '$.sleep', 0.0) WHERE id = ?", (job_id,))
     conn.commit()
     conn.close()
-    config = fast_config(db_path, worker_lease_seconds=1.0)
+    config = fast_config(db_path, worker_lease_seconds=1.0, sqlite_synchronous="full")
     async with pipeline.open_pipeline(config, registry()) as p:
         job = await wait_status(p, job_id, "completed", timeout=15)
     assert job.attempts == 2
@@ -141,7 +143,8 @@ async def test_a_process_does_not_bury_the_backlog_of_a_live_worker_that_knows_i
         conn.commit()
         conn.close()
         other = pipeline.site.types_registry()  # no `echo` here
-        config = fast_config(db_path, worker_unknown_type_grace_seconds=0.5, worker_lease_seconds=0.6, admin_enabled=False)
+        config = fast_config(db_path, worker_unknown_type_grace_seconds=0.5, worker_lease_seconds=0.6, admin_enabled=False,
+                             sqlite_synchronous="full")
         async with pipeline.open_pipeline(config, other) as p:
             await wait_status(p, "ghost", "dead", timeout=15)
             for job_id in ids:

@@ -40,6 +40,7 @@ from .stores import BACKENDS
 T = TypeVar("T")
 
 TYPES = ("a", "b", "c")
+REVIVED = "r"  # the type of renew_after_a_rescue_and_a_new_claim's jobs: no other rule claims it
 OWNERS = ("w1", "w2")
 LEASES = {"short": 0.02, "long": 3600.0}
 FAR = 3600.0  # a delay or backoff base that does not pass during an example
@@ -346,12 +347,48 @@ class BackendVsModel(RuleBasedStateMachine):
             assert self.call(self.backend.settle, [self.outcome(lease, kind, 0.0)]) == [False]
         assert self.get(lease.id) == before, f"a stale {kind} changed the job"
 
+    @rule(data=st.data(), new_owner=st.sampled_from(OWNERS), lease=st.sampled_from(sorted(LEASES)))
+    def renew_after_a_rescue_and_a_new_claim(self, data: st.DataObject, new_owner: str, lease: str) -> None:
+        """The dangerous stale renewal, reached in one step rather than left to chance: a job
+        of its own type whose short lease ran out is rescued (due at once) and claimed again,
+        by either owner; a renewal naming the old token says it is lost and changes nothing
+        (the new lease keeps its expiry), and one naming both pushes only the new one."""
+        if not any(job.job_type == REVIVED and job.status == "pending" for job in self.model.values()):
+            before = len(self.model)
+            self.insert([(REVIVED, 5, 3, -100.0)], duplicate=False)
+            if len(self.model) == before:
+                return  # enough pending already
+        held = len(self.held)
+        self.claim({REVIVED: 1}, "w1", "short")
+        if len(self.held) == held:
+            return  # none of its type is due (one waits out a backoff)
+        old = self.held[-1]
+        self._rescue(0.0, set())
+        if self.model[old.id].status != "pending":
+            return  # out of attempts: dead, not claimed again
+        self.claim({REVIVED: 1}, new_owner, lease)
+        new = self.held[-1]
+        if new.id != old.id:
+            return  # another job of its type (revived) was due before it
+        assert new.token != old.token
+        event(f"reclaimed by {'the same' if new_owner == 'w1' else 'another'} owner")
+        before_record = self.get(old.id)
+        assert self.renew_call("w1", [(old.id, old.token)], FAR) == [old.id], "a stale token was renewed"
+        assert self.get(old.id) == before_record, "a renewal with a stale token changed the job (its lease's expiry)"
+        if data.draw(st.booleans()):
+            assert self.renew_call(new_owner, [(old.id, old.token), (new.id, new.token)], FAR) == [old.id]
+            job = self.model[new.id]
+            job.lease, job.expires_by = "long", time.time() + FAR
+
     @rule(data=st.data(), base=st.sampled_from([0.0, FAR]))
     def rescue(self, data: st.DataObject, base: float) -> None:
-        running = {job_id: job for job_id, job in self.model.items() if job.status == "running"}
         # the leases the caller still holds: not rescued, whoever owns them
         current = sorted({(lease.id, lease.token) for lease in self.held if self.is_current(lease)})
         spare = set(data.draw(st.lists(st.sampled_from(current), unique=True) if current else st.just([])))
+        self._rescue(base, spare)
+
+    def _rescue(self, base: float, spare: set[tuple[str, int]]) -> None:
+        running = {job_id: job for job_id, job in self.model.items() if job.status == "running"}
         short = [job.expires_by for job in running.values() if job.lease == "short"]
         if short:
             wait = max(short) + SLACK - time.time()
