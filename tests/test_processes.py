@@ -129,6 +129,20 @@ def test_a_second_signal_exits_at_once(tmp_path: Path) -> None:
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(5) == 128 + signal.SIGTERM
     assert statuses(db_path)[job_id] == ("running", 1)  # the lease will return it
+    # the next start rescues it once the lease ran out, and runs it again (quickly, this time)
+    conn = sqlite3.connect(db_path)
+    conn.execute("UPDATE jobs SET payload = json_set(payload, '$.mode', 'ok') WHERE id = ?", (job_id,))
+    conn.commit()
+    conn.close()
+    worker = start_worker(db_path, log)
+    try:
+        deadline = time.monotonic() + 15
+        while statuses(db_path)[job_id][0] != "completed" and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(10)
+    assert statuses(db_path)[job_id] == ("completed", 2)
 
 
 async def test_a_process_does_not_bury_the_backlog_of_a_live_worker_that_knows_its_type(tmp_path: Path) -> None:
