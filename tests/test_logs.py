@@ -110,3 +110,41 @@ def test_exceptions_are_one_json_line(log_stream: io.StringIO) -> None:
     record = json.loads(line)
     assert record["message"] == "it failed" and record["level"] == "error" and record["logger"] == "pipeline.test"
     assert "ValueError: boom\nsecond line" in record["exception"]
+
+
+def test_outcome_lines_keep_their_place_before_a_later_record(log_stream: io.StringIO) -> None:
+    """Outcome lines are gathered and written in batches; a record logged after them (a
+    warning) is written after them, never before."""
+    from pipeline import logs
+
+    configure(config_of(log_format="text"), log_stream)
+    lines = logs.outcome_lines()
+    assert lines is not None
+    for n in range(3):
+        lines.write(logging.INFO, f"job {n} ok", {"job_id": str(n)})
+    logging.getLogger("pipeline.poller").warning("a later warning")
+    text = log_stream.getvalue().splitlines()
+    assert [line.split(": ", 1)[1] for line in text] == ["job 0 ok", "job 1 ok", "job 2 ok", "a later warning"]
+    assert all(re.match(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (INFO|WARNING) pipeline", line) for line in text)
+
+
+def test_outcome_lines_are_written_within_a_tenth_of_a_second(log_stream: io.StringIO) -> None:
+    import time
+
+    from pipeline import logs
+
+    configure(config_of(log_format="json"), log_stream)
+    lines = logs.outcome_lines()
+    assert lines is not None
+    lines.write(logging.WARNING, "job 1 failed", {"job_id": "1", "outcome": "error"})
+    time.sleep(0.3)
+    (record,) = [json.loads(line) for line in log_stream.getvalue().splitlines()]
+    assert record["level"] == "warning" and record["job_id"] == "1" and TIME.match(record["time"])
+
+
+def test_handlers_of_the_applications_own_get_every_line_through_logging(log_stream: io.StringIO) -> None:
+    from pipeline import logs
+
+    configure(config_of(log_format="text"), log_stream)
+    logging.getLogger("pipeline").addHandler(logging.NullHandler())
+    assert logs.outcome_lines() is None

@@ -34,6 +34,7 @@ from ..clock import now_ts, to_ts
 from ..config import Config
 from ..errors import PipelineClosed, UsageError
 from ..ids import UUID7Factory
+from ..logs import outcome_lines
 from ..registry import Registry
 from .actors.bus import Envelope, run_event_bus
 from .actors.enqueuer import run_enqueuer
@@ -143,13 +144,25 @@ class Pipeline:
             return  # nobody listens (LOG_LEVEL=warning, no admin): skip building the fields
         fields = describe_outcome(lease, outcome, result, duration)
         if logged:
-            log.log(level, "job %(job_id)s %(job_type)s attempt %(attempt)s/%(max_attempts)s %(outcome)s → %(status)s in %(duration_ms)s ms%(err)s",
-                    {**fields, "err": f": {fields['error']}" if fields["error"] else ""}, extra={"job": fields})
+            lines = outcome_lines()
+            if lines is not None:  # the service's own logging: batched, off the hot path (see logs.py)
+                err = f": {fields['error']}" if fields["error"] else ""
+                lines.write(level, f"job {fields['job_id']} {fields['job_type']} attempt {fields['attempt']}/{fields['max_attempts']} "
+                                   f"{fields['outcome']} → {fields['status']} in {fields['duration_ms']} ms{err}", fields)
+            else:
+                log.log(level, "job %(job_id)s %(job_type)s attempt %(attempt)s/%(max_attempts)s %(outcome)s → %(status)s in %(duration_ms)s ms%(err)s",
+                        {**fields, "err": f": {fields['error']}" if fields["error"] else ""}, extra={"job": fields})
         for fn in self._observers:
             fn(fields)
 
     def context_for(self, lease: Lease) -> JobContext:
         return JobContext(lease.id, lease.job_type, lease.attempts, lease.max_attempts, self._emit, self.resources, self.config)
+
+
+def _flush_outcome_lines() -> None:
+    lines = outcome_lines()
+    if lines is not None:
+        lines.flush()
 
 
 def default_owner() -> str:
@@ -258,6 +271,7 @@ async def open_pipeline(config: Config | None = None, registry: Registry | None 
     offers_send, offers_recv = wiring.channel("Poller", "Backend", "offer: free capacity for the next insert", 1)
     working = config.worker.enabled
     async with AsyncExitStack() as stack:
+        stack.callback(_flush_outcome_lines)  # the last outcomes' lines are out once the block is left
         backend = await stack.enter_async_context(open_backend(
             config, nudge_send=nudge_send.clone() if working else None, offers_recv=offers_recv.clone() if working else None,
             wiring=wiring,
