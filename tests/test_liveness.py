@@ -313,3 +313,24 @@ def test_the_config_refuses_a_busy_timeout_that_could_eat_the_lease() -> None:
     with pytest.raises(ConfigError, match="SQLITE_BUSY_TIMEOUT_MS=5000 could eat the lease of WORKER_LEASE_SECONDS=6"):
         config_of(worker_lease_seconds=6, sqlite_busy_timeout_ms=5000)
     assert config_of(worker_lease_seconds=30, sqlite_busy_timeout_ms=5000).sqlite.busy_timeout_ms == 5000
+
+
+# -- a job committed by another process starts in milliseconds (issue 14) -----------------------------
+
+
+async def test_a_job_committed_by_another_process_starts_without_waiting_for_a_poll(db_path: Path) -> None:
+    """The WAL watch (Linux inotify): with a 60 s poll interval, a job another connection
+    commits (the outbox pattern, the CLI, another service) starts within a second."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the WAL watch uses Linux's inotify; elsewhere the poll interval is the fallback")
+    config = fast_config(db_path, worker_poll_interval_ms=60_000)
+    async with pipeline.open_pipeline(config, registry()) as p:
+        await trio.sleep(0.3)  # the Poller's first claim is done; it now waits for the interval
+        for _ in range(3):
+            conn = sqlite3.connect(db_path, isolation_level=None)
+            conn.execute("BEGIN IMMEDIATE")
+            job_id = pipeline.enqueue_in_transaction(conn, Echo("from elsewhere"), registry=registry())
+            conn.execute("COMMIT")
+            conn.close()
+            with trio.fail_after(1.0):
+                await wait_status(p, job_id, "completed")

@@ -33,6 +33,7 @@ from . import migrations, queries, store
 from .bulk import BulkInsert
 from .db import Database, describe, open_database
 from .ledger import Command, LedgerStats, run_ledger
+from .watch import watch_commits
 
 if TYPE_CHECKING:
     from ...engine.diagrams import Wiring
@@ -260,6 +261,7 @@ async def open_sqlite_backend(
 
     ``nudge_send`` and ``offers_recv`` are the Poller's channels (see base.ClaimOffer);
     without them nobody is told of new work (the CLI, the admin API alone)."""
+    listening = nudge_send is not None
     if nudge_send is None:
         nudge_send, nudge_recv = trio.open_memory_channel[Nudge](NUDGE_BUFFER)
         nudge_recv.close()  # nobody listens: nudges and offers' answers are dropped
@@ -271,7 +273,17 @@ async def open_sqlite_backend(
         else:
             ledger_send, ledger_recv = trio.open_memory_channel[Command](LEDGER_INBOX)
         await tn.start(functools.partial(run_ledger, db, ledger_recv, nudge_send, stats, offers_recv=offers_recv))
+        watching = trio.CancelScope()
+
+        async def watch(task_status: trio.TaskStatus[bool] = trio.TASK_STATUS_IGNORED) -> None:
+            with watching:
+                await watch_commits(db.path, nudge_send, task_status=task_status)
+
+        # a Poller listens: wake it when another process commits
+        if listening and await tn.start(watch) and wiring is not None:
+            wiring.edge("SQLite", "Poller", "the WAL was written (inotify): another process committed")
         try:
             yield SqliteBackend(db, ledger_send, stats, url=url or f"sqlite:///{path}")
         finally:
+            watching.cancel()
             ledger_send.close()  # the Ledger drains its inbox, commits, and ends
