@@ -84,9 +84,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", default=False, help="print JSON instead of text for people")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
-    sub.add_parser("run", help="run the workers and the admin API until SIGINT/SIGTERM (the default)",
-                   description="Run the service: the workers (WORKER_ENABLED) and the admin API and dashboard on "
-                   "ADMIN_HOST:ADMIN_PORT (ADMIN_ENABLED), until SIGINT/SIGTERM; then stop gracefully.")
+    parser.add_argument("--processes", type=int, metavar="N", default=None,
+                        help="run: worker processes under one supervisor (default WORKER_PROCESSES, else one per core)")
+    run = sub.add_parser("run", help="run the workers and the admin API until SIGINT/SIGTERM (the default)",
+                         description="Run the service: the workers (WORKER_ENABLED) and the admin API and dashboard on "
+                         "ADMIN_HOST:ADMIN_PORT (ADMIN_ENABLED), until SIGINT/SIGTERM; then stop gracefully. With "
+                         "--processes N (default: one per core), a supervisor runs N worker processes and the admin API.")
+    run.add_argument("--processes", type=int, metavar="N", default=argparse.SUPPRESS,
+                     help="worker processes under one supervisor (default WORKER_PROCESSES, else one per core)")
 
     as_json = _Parser(add_help=False)  # --json after any command; it is also accepted before the command
     as_json.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON instead of text for people")
@@ -186,6 +191,8 @@ def main(argv: Sequence[str] | None = None, *, registry: Registry | None = None,
         if extra and args.command != "bench":
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.bench_args = extra
+        if getattr(args, "processes", None) is not None and (args.command or "run") != "run":
+            parser.error("--processes goes with run (the service)")
         config = Config.from_env(env_file=args.env_file)
         command = args.command or "run"
         return COMMANDS[command](args, config, registry, out)
@@ -230,8 +237,15 @@ def cmd_run(args: argparse.Namespace, config: Config, registry: Registry | None,
     import trio
 
     from .service import serve
+    from .supervisor import supervise, supervised
 
-    trio.run(serve, config, registry)
+    count = config.worker.process_count() if args.processes is None else args.processes
+    if count < 1:
+        raise UsageError(f"--processes must be 1 or more, got {count}")
+    if count > 1 and config.worker.enabled and not supervised():
+        trio.run(supervise, config, registry, count)
+    else:  # one process: everything in it, as a worker process of a supervisor is
+        trio.run(serve, config, registry)
     return 0
 
 

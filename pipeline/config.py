@@ -286,6 +286,8 @@ class WorkerSettings:
     lease_seconds: float = setting(30.0, "WORKER_LEASE_SECONDS", positive_seconds)  # renewed every third of this
     job_timeout_seconds: float = setting(300.0, "WORKER_JOB_TIMEOUT_SECONDS", positive_seconds)
     prefetch: int | None = setting(None, "WORKER_PREFETCH", int_at_least(0))  # claimed ahead per type; None: a pool's worth
+    # worker processes `python -m pipeline` starts under one supervisor; None: one per core
+    processes: int | None = setting(None, "WORKER_PROCESSES", int_at_least(1))
     # a pending job of a type no code here knows goes dead once it has been due this long
     # unclaimed (another process may know the type; a rolling deploy may be under way)
     unknown_type_grace_seconds: float = setting(300.0, "WORKER_UNKNOWN_TYPE_GRACE_SECONDS", seconds)
@@ -297,6 +299,9 @@ class WorkerSettings:
     @property
     def poll_interval(self) -> float:
         return self.poll_interval_ms / 1000.0
+
+    def process_count(self) -> int:
+        return self.processes if self.processes is not None else (os.cpu_count() or 1)
 
     def prefetch_for(self, concurrency: int) -> int:
         return concurrency if self.prefetch is None else self.prefetch

@@ -17,6 +17,7 @@ import trio
 from .config import Config
 from .engine import diagrams
 from .registry import Registry
+from .supervisor import METRICS_FD, SUPERVISOR_PID, report_metrics, supervised
 
 log = logging.getLogger("pipeline")
 
@@ -72,6 +73,11 @@ async def _serve(config: Config, registry: Registry | None, listener: Any, ready
             tn.start_soon(watch)
             # the admin server's nursery is inside the pipeline's block: it stops first
             async with open_pipeline(config, registry) as pipeline, trio.open_nursery() as admin_tn:
+                if supervised():  # a worker process of `--processes N` (both end with the outer nursery)
+                    tn.start_soon(_watch_supervisor, stop)
+                    fd = os.environ.get(METRICS_FD)
+                    if fd is not None and fd.isdigit():
+                        tn.start_soon(report_metrics, pipeline, int(fd))
                 admin = "off"
                 if listener is not None:
                     from .admin.server import run_admin_server
@@ -88,6 +94,17 @@ async def _serve(config: Config, registry: Registry | None, listener: Any, ready
                 await stop.wait()
             log.info("pipeline stopped")
             tn.cancel_scope.cancel()
+
+
+async def _watch_supervisor(stop: trio.Event) -> None:
+    """A worker process whose supervisor is gone (killed) stops gracefully rather than run on alone."""
+    supervisor = int(os.environ[SUPERVISOR_PID])
+    while True:
+        if os.getppid() != supervisor:
+            break
+        await trio.sleep(1.0)
+    log.warning("the supervisor (pid %d) is gone: stopping gracefully", supervisor)
+    stop.set()
 
 
 async def record_wiring(registry: Registry | None) -> diagrams.Wiring:

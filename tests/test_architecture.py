@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent / "pipeline"
 
 ACTORS = [*(f"engine.actors.{name}" for name in ("bus", "enqueuer", "poller", "pools", "leases")), "backends.sqlite.ledger"]
 SQLITE_INTERNALS = {f"pipeline.backends.sqlite.{name}" for name in ("store", "queries", "db", "ledger", "migrations", "bulk")}
-ENTRY_POINTS = {"pipeline.cli", "pipeline.service"}  # where the application (the bundled site) is chosen
+ENTRY_POINTS = {"pipeline.cli", "pipeline.service", "pipeline.supervisor"}  # where the application (the bundled site) is chosen
 
 
 def module_name(path: Path) -> str:

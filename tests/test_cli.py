@@ -328,7 +328,8 @@ def cli(*argv: str, env: dict[str, str], input: str | None = None, timeout: floa
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
     values = {k: v for k, v in os.environ.items() if not k.startswith(("ADMIN_", "WORKER_", "LOG_", "DATABASE_"))}
-    values.update(DATABASE_URL=f"sqlite:///{tmp_path / 'proc.db'}", CWD=str(tmp_path), PYTHONPATH=str(ROOT))
+    # the service in one process (tests/test_supervisor.py runs it with several)
+    values.update(DATABASE_URL=f"sqlite:///{tmp_path / 'proc.db'}", CWD=str(tmp_path), PYTHONPATH=str(ROOT), WORKER_PROCESSES="1")
     return values
 
 

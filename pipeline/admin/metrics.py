@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 # seconds; job run times go from sub-millisecond cache deletes to minutes of image work
@@ -41,6 +41,17 @@ class Histogram:
         self.sum += value
         self.count += 1
 
+    def snapshot(self) -> dict[str, Any]:
+        return {"counts": list(self.counts), "sum": self.sum, "count": self.count}
+
+    def add(self, data: Mapping[str, Any]) -> None:
+        counts = data.get("counts", ())
+        if len(counts) != len(self.counts):
+            return  # other buckets (another version): not comparable
+        self.counts = [a + b for a, b in zip(self.counts, counts)]
+        self.sum += data.get("sum", 0.0)
+        self.count += data.get("count", 0)
+
     def cumulative(self) -> list[tuple[str, int]]:
         out, running = [], 0
         for bound, n in zip((*map(_number, self.bounds), "+Inf"), self.counts):
@@ -53,10 +64,41 @@ class Metrics:
     """The counters of one pipeline. Written by worker tasks (through ``observe``), read by
     ``/metrics``; both on the trio thread, so no lock is needed."""
 
-    def __init__(self) -> None:
+    def __init__(self, external: Callable[[], Iterable[Mapping[str, Any]]] | None = None,
+                 processes: Callable[[], int] | None = None) -> None:
         self.processed: dict[tuple[str, str], int] = {}  # (job_type, outcome) -> attempts
         self.durations: dict[str, Histogram] = {}  # job_type -> run time
         self.waits: dict[str, Histogram] = {}  # job_type -> queue wait
+        # other processes' counters (the worker processes of a supervisor), added up at scrape time
+        self.external = external
+        self.processes = processes  # the supervisor's count of live worker processes
+
+    def snapshot(self) -> dict[str, Any]:
+        """The counters as JSON-ready data (what a worker process sends its supervisor)."""
+        return {
+            "processed": [[t, o, n] for (t, o), n in self.processed.items()],
+            "durations": {t: h.snapshot() for t, h in self.durations.items()},
+            "waits": {t: h.snapshot() for t, h in self.waits.items()},
+        }
+
+    def add(self, snapshot: Mapping[str, Any]) -> None:
+        """Add another process's counters (a :meth:`snapshot`) to these."""
+        for job_type, outcome, n in snapshot.get("processed", ()):
+            key = (job_type, outcome)
+            self.processed[key] = self.processed.get(key, 0) + n
+        for name, table, bounds in (("durations", self.durations, DURATION_BUCKETS), ("waits", self.waits, WAIT_BUCKETS)):
+            for job_type, data in snapshot.get(name, {}).items():
+                self._histogram(table, job_type, bounds).add(data)
+
+    def combined(self) -> Metrics:
+        """These counters plus the external ones."""
+        if self.external is None:
+            return self
+        total = Metrics(processes=self.processes)
+        total.add(self.snapshot())
+        for snapshot in self.external():
+            total.add(snapshot)
+        return total
 
     def observe(self, fields: Mapping[str, Any]) -> None:
         """An observer for ``Pipeline.add_observer``: one job outcome."""
@@ -80,8 +122,10 @@ class Metrics:
         return found
 
     def render(self, store_stats: Mapping[str, Any], counters: Iterable[tuple[str, str, float]] = ()) -> str:
-        """The exposition text: the counters above, ``store_stats`` (``Backend.stats``) and the
-        backend's own ``counters``."""
+        """The exposition text: the counters above (with the external ones), ``store_stats``
+        (``Backend.stats``) and the backend's own ``counters``."""
+        if self.external is not None:
+            return self.combined().render(store_stats, counters)
         lines: list[str] = []
         family = _family(lines)
         family("pipeline_jobs", "gauge", "Jobs in the store by status.",
@@ -94,12 +138,15 @@ class Metrics:
                "How long the pending job that has been due the longest has waited (0: none is due).",
                [({}, age or 0)])
         family("pipeline_jobs_processed_total", "counter",
-               "Job attempts this process finished, by type and outcome "
+               "Job attempts this process (with --processes: its worker processes) finished, by type and outcome "
                "(ok, error, permanent, retry_later, timeout, released, lost).",
                (({"job_type": t, "outcome": o}, n) for (t, o), n in sorted(self.processed.items())))
         _histograms(lines, "pipeline_job_duration_seconds", "Run time of job attempts in this process, by type.", self.durations)
         _histograms(lines, "pipeline_job_queue_wait_seconds",
                     "Time from a job being due to a worker of this process starting it, by type.", self.waits)
+        if self.processes is not None:
+            family("pipeline_worker_processes", "gauge", "Worker processes the supervisor runs now (--processes).",
+                   [({}, self.processes())])
         for name, text, value in counters:
             family(name, "counter", text, [({}, value)])
         return "\n".join(lines) + "\n"

@@ -62,6 +62,9 @@ class Pipeline:
         self.resources: dict[str, Any] = {}  # entered by open_pipeline from registry.resources()
         self.closed = False  # set by the wiring when a graceful stop begins
         self.health = Health()  # what the actors cannot do right now (/healthz)
+        # under a supervisor (--processes): its worker processes' job counters, and how many run
+        self.external_metrics: Callable[[], list[dict[str, Any]]] | None = None
+        self.worker_processes: Callable[[], int] | None = None
         self._new_id = UUID7Factory()
         self._bus_send: trio.MemorySendChannel[Envelope] | None = None  # set once the bus runs
         self._observers: list[Callable[[dict[str, Any]], None]] = []

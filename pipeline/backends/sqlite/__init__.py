@@ -277,7 +277,7 @@ async def open_sqlite_backend(
 
         async def watch(task_status: trio.TaskStatus[bool] = trio.TASK_STATUS_IGNORED) -> None:
             with watching:
-                await watch_commits(db.path, nudge_send, task_status=task_status)
+                await watch_commits(db, nudge_send, task_status=task_status)
 
         # a Poller listens: wake it when another process commits
         if listening and await tn.start(watch) and wiring is not None:
