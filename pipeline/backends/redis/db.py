@@ -113,37 +113,34 @@ def _execute(client: redis.Redis, calls: Sequence[tuple[Script, Sequence[Any]]])
     return results
 
 
+NEEDED = ("`appendonly yes`; `appendfsync always` (every write on disk before it is acknowledged) or `everysec` "
+          "(which can lose up to one second of acknowledged jobs on power loss or an OS crash); "
+          "`maxmemory-policy noeviction` (no job key evicted when memory runs short)")
+
+
 def check_durability(client: redis.Redis, shown: str, *, allow: bool) -> None:
     """Refuse a server whose settings can lose acknowledged jobs, unless allowed."""
-    advice = ("set them on the server (redis.conf or CONFIG SET, then CONFIG REWRITE), or accept the risk with "
+    advice = ("set them on the server (redis.conf, or CONFIG SET then CONFIG REWRITE), or accept the risk with "
               "REDIS_ALLOW_NON_DURABLE=true")
     try:
         raw = client.config_get("appendonly", "appendfsync", "maxmemory-policy")
     except ResponseError as exc:
         message = (f"redis {shown}: CONFIG GET is refused ({exc}), so the pipeline cannot check that acknowledged jobs "
-                   "survive a restart (it needs appendonly yes, appendfsync always or everysec, maxmemory-policy noeviction)")
+                   f"survive a restart; it needs {NEEDED}")
         if allow:
             log.warning("%s; starting anyway (REDIS_ALLOW_NON_DURABLE=true)", message)
             return
         raise ConfigError(f"{message}; {advice}") from None
-    settings = {_text(k): _text(v) for k, v in raw.items()}
-    problems = []
-    if settings.get("appendonly") != "yes":
-        problems.append(f"appendonly is {settings.get('appendonly')!r}: without `appendonly yes` a restart loses "
-                        "every job written since the last snapshot")
-    fsync = settings.get("appendfsync")
-    if fsync not in ("always", "everysec"):
-        problems.append(f"appendfsync is {fsync!r}: use `appendfsync always` (every write on disk before it is "
-                        "acknowledged) or `everysec` (up to one second of acknowledged jobs lost on power loss or an OS crash)")
-    if settings.get("maxmemory-policy") != "noeviction":
-        problems.append(f"maxmemory-policy is {settings.get('maxmemory-policy')!r}: only `maxmemory-policy noeviction` "
-                        "keeps Redis from evicting job keys when memory runs short")
-    if problems:
-        message = f"redis {shown} can lose acknowledged jobs: " + "; ".join(problems)
+    found = {_text(k): _text(v) for k, v in raw.items()}
+    wrong = [f"{name} {found.get(name)}" for name, ok in (
+        ("appendonly", ("yes",)), ("appendfsync", ("always", "everysec")), ("maxmemory-policy", ("noeviction",)),
+    ) if found.get(name) not in ok]
+    if wrong:
+        message = f"redis {shown} can lose acknowledged jobs ({', '.join(wrong)}): the pipeline needs {NEEDED}"
         if not allow:
-            raise ConfigError(f"{message}. {advice}")
+            raise ConfigError(f"{message}; {advice}")
         log.warning("%s (starting anyway: REDIS_ALLOW_NON_DURABLE=true)", message)
-    elif fsync == "everysec":
+    elif found.get("appendfsync") == "everysec":
         log.info("redis %s: appendfsync everysec: up to one second of acknowledged jobs may be lost on power loss or an "
                  "OS crash (appendfsync always closes that window)", shown)
 
