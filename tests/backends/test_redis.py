@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -132,7 +133,7 @@ async def _noop(job: Noop, ctx: pipeline.JobContext) -> None:
     await trio.sleep(0.001)
 
 
-async def _stats_patiently(p: pipeline.Pipeline) -> dict:  # type: ignore[type-arg]
+async def _stats_patiently(p: pipeline.Pipeline) -> dict[str, Any]:
     while True:
         try:
             return await p.backend.stats()
