@@ -104,9 +104,20 @@ def claim(client: Any, prefix: str, *, wants: Mapping[str, int], owner: str, lea
     if not m:
         return []
     args[3] = m
-    rows = run_script(client, _CLAIM, args)
-    return [Lease(r[0].decode(), r[1].decode(), r[2].decode(), r[3], r[4], r[5], text_of(r[6]), text_of(r[7]), r[8] == 1)
-            for r in rows]
+    out = run_script(client, _CLAIM, args)
+    leases = []
+    at = 0
+    for job_type, n in wants.items():
+        if n <= 0:
+            continue
+        got = out[at]
+        at += 1
+        for _ in range(got):
+            attempts, max_attempts, token, created, run, started = out[at + 2].split()
+            leases.append(Lease(out[at].decode(), job_type, out[at + 1].decode(), int(attempts), int(max_attempts),
+                                int(token), text_of(created), text_of(run), started == b"1"))
+            at += 3
+    return leases
 
 
 _KINDS = {
@@ -124,14 +135,14 @@ def settle_args(prefix: str, items: Sequence[Settlement]) -> list[Any]:
         kind = _KINDS.get(s.transition)
         if kind is None:
             raise ValueError(f"{s.transition!r} is not an outcome")
-        args += (s.id, s.token, kind, 0 if s.error is None else 1, s.error or "", round(s.delay * 1000))
+        args += (s.id, f"{s.token} {kind} {round(s.delay * 1000)} {0 if s.error is None else 1}", s.error or "")
     return args
 
 
 def settle(client: Any, prefix: str, items: Sequence[Settlement]) -> list[bool]:
     if not items:
         return []
-    return [v == 1 for v in run_script(client, _SETTLE, settle_args(prefix, items))]
+    return [v == 49 for v in run_script(client, _SETTLE, settle_args(prefix, items))]  # b"1"
 
 
 def write_batch(client: Any, prefix: str, items: Sequence[Settlement], inserts: Sequence[Sequence[NewJob]],
@@ -149,7 +160,7 @@ def write_batch(client: Any, prefix: str, items: Sequence[Settlement], inserts: 
         answer = results.pop(0)
         if isinstance(answer, BaseException):
             raise answer
-        held = [v == 1 for v in answer]
+        held = [v == 49 for v in answer]  # b"1"
     errors: list[BaseException | None] = [describe(r, shown) if isinstance(r, BaseException) else None for r in results]
     return held, errors
 
