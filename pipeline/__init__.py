@@ -18,7 +18,7 @@ import typing as _typing
 if _typing.TYPE_CHECKING:
     from .backends import Backend, JobRecord
     from .backends.sqlite.outbox import enqueue_in_transaction
-    from .config import AdminSettings, Config, LogSettings, SqliteSettings, WorkerSettings
+    from .config import AdminSettings, Config, LogSettings, RedisSettings, SqliteSettings, WorkerSettings
     from .engine.actors.pools import JobContext
     from .engine.wiring import Pipeline, open_pipeline
     from .errors import (
@@ -55,6 +55,7 @@ _MODULE_OF = {
     "Pipeline": "engine.wiring",
     "PipelineClosed": "errors",
     "PipelineError": "errors",
+    "RedisSettings": "config",
     "Registry": "registry",
     "RetryLater": "errors",
     "Routed": "registry",
@@ -86,6 +87,7 @@ __all__ = [
     "Pipeline",
     "PipelineClosed",
     "PipelineError",
+    "RedisSettings",
     "Registry",
     "RetryLater",
     "Routed",

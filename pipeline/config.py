@@ -1,7 +1,7 @@
 """Configuration: frozen attrs classes read from the environment and a ``.env`` file.
 
     config = Config.from_env()                 # .env, then the environment
-    config.worker.concurrency                  # the engine's sections: worker, sqlite, admin, log
+    config.worker.concurrency                  # the engine's sections: worker, sqlite, redis, admin, log
     config.section(MailSettings).smtp_host     # an application's own section (the site's handlers)
 
 Every setting is declared once, with :func:`setting`: its default, its environment variable
@@ -316,6 +316,23 @@ class SqliteSettings:
     busy_timeout_ms: int = setting(5_000, "SQLITE_BUSY_TIMEOUT_MS", int_at_least(0))
 
 
+def key_prefix(text: str) -> str:
+    text = text.strip()
+    if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,64}", text):
+        raise ValueError("1-64 letters, digits or _ . : - (the keys' hash tag)")
+    return text
+
+
+@attrs.frozen
+class RedisSettings:
+    """The Redis backend (DATABASE_URL=redis://...)."""
+
+    # true: start even when the server's persistence settings can lose acknowledged jobs
+    allow_non_durable: bool = setting(False, "REDIS_ALLOW_NON_DURABLE", boolean)
+    # every key is {PREFIX}:...; a URL's ?prefix=NAME takes precedence
+    key_prefix: str = setting("pipeline", "REDIS_KEY_PREFIX", key_prefix)
+
+
 @attrs.frozen
 class AdminSettings:
     """The admin HTTP API and dashboard of ``python -m pipeline``."""
@@ -333,7 +350,9 @@ class LogSettings:
     format: str = setting("text", "LOG_FORMAT", choice("text", "json"))
 
 
-ENGINE_SECTIONS = {"worker": WorkerSettings, "sqlite": SqliteSettings, "admin": AdminSettings, "log": LogSettings}
+ENGINE_SECTIONS = {
+    "worker": WorkerSettings, "sqlite": SqliteSettings, "redis": RedisSettings, "admin": AdminSettings, "log": LogSettings,
+}
 
 
 @attrs.frozen
@@ -346,6 +365,7 @@ class Config:
     database_url: str = setting("sqlite:///pipeline.db", "DATABASE_URL", database_url, url=True)
     worker: WorkerSettings = attrs.field(factory=WorkerSettings)
     sqlite: SqliteSettings = attrs.field(factory=SqliteSettings)
+    redis: RedisSettings = attrs.field(factory=RedisSettings)
     admin: AdminSettings = attrs.field(factory=AdminSettings)
     log: LogSettings = attrs.field(factory=LogSettings)
     # applications' sections, by class: given here, or read from ``environ`` when first asked for

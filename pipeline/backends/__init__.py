@@ -65,5 +65,12 @@ async def open_backend(
             yield backend
         return
     if kind == "redis":
-        raise ConfigError(f"DATABASE_URL={masked_url(url)!r}: the Redis job store is not built yet; use sqlite:/// or postgresql://")
+        from .redis import open_redis_backend
+
+        async with open_redis_backend(
+            url, key_prefix=config.redis.key_prefix, allow_non_durable=config.redis.allow_non_durable,
+            nudge_send=nudge_send, offers_recv=offers_recv, wiring=wiring,
+        ) as backend:
+            yield backend
+        return
     raise ConfigError(f"DATABASE_URL={masked_url(url)!r} is not valid: expected one of {DATABASE_URL_FORMS}")

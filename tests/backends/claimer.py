@@ -20,7 +20,9 @@ from pipeline.backends import open_backend
 
 async def main(url: str, job_type: str, batch: int) -> None:
     owner = f"{socket.gethostname()}:{os.getpid()}"
-    async with open_backend(Config(database_url=url)) as backend:
+    # the environment's settings (REDIS_ALLOW_NON_DURABLE for the test server), this URL
+    config = Config.from_env({**os.environ, "DATABASE_URL": url}, env_file=None)
+    async with open_backend(config) as backend:
         print("ready", flush=True)
         await trio.to_thread.run_sync(sys.stdin.readline)
         while True:

@@ -76,10 +76,45 @@ async def postgres_store(tmp_path: Path) -> AsyncIterator[Config]:
         await trio.to_thread.run_sync(lambda: _admin(f"DROP SCHEMA {schema} CASCADE", database=database))
 
 
+# The server the redis entry uses: the machine's shared one (it keeps nothing on disk, so the
+# entry allows a non-durable server); a key prefix of its own per test, named in the URL
+# (?prefix=), so every process given the URL sees the same store; its keys deleted afterwards.
+REDIS_URL = os.environ.get("PIPELINE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def drop_redis_keys(url: str, prefix: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        keys = list(client.scan_iter(match=f"{{{prefix}}}:*", count=1000))
+        for i in range(0, len(keys), 1000):
+            client.unlink(*keys[i : i + 1000])
+    finally:
+        client.close()
+
+
+@asynccontextmanager
+async def redis_store(tmp_path: Path) -> AsyncIterator[Config]:
+    """A fresh key prefix on the test server (skipped when it does not answer, unless
+    PIPELINE_REQUIRE_SERVICES=1); its keys are deleted afterwards."""
+    from pipeline.config import RedisSettings
+
+    parts = urlsplit(REDIS_URL)
+    require_service("Redis", parts.hostname or "127.0.0.1", parts.port or 6379)
+    prefix = f"pipeline-test-{uuid.uuid4().hex[:12]}"
+    try:
+        yield fast_config(tmp_path / "unused.db").replace(
+            database_url=f"{REDIS_URL}?prefix={prefix}", redis=RedisSettings(allow_non_durable=True)
+        )
+    finally:
+        await trio.to_thread.run_sync(drop_redis_keys, REDIS_URL, prefix)
+
+
 StoreFactory = Callable[[Path], AbstractAsyncContextManager[Config]]
 
 BACKENDS: dict[str, StoreFactory] = {
     "sqlite": sqlite_store,
     "postgres": postgres_store,
-    # next: "redis": redis_store (a fresh key prefix/db)
+    "redis": redis_store,
 }

@@ -1,0 +1,298 @@
+"""The Redis backend: a hash per job, sorted sets for order, leases and the operators'
+indexes, and one Lua script per transition, fenced on the server as SQLite fences in SQL.
+
+    async with open_redis_backend(url, prefix=..., nudge_send=...) as backend:  # checks, starts the actors
+        await backend.insert(jobs)                                               # → the Ledger's next batch
+
+redis-py's sync client in trio threads (db.py says why), on a blocking pool; the lease
+heartbeat and the listener each hold a connection of their own. Outcomes and inserts go
+through the Ledger (ledger.py), which writes each batch in one round trip; claims run at once,
+one script each (atomic on the server: concurrent claimers never take a job twice); the
+listener (listener.py) turns PUBLISH into the Poller's nudge. Times are the server's
+(``TIME`` inside every script): one clock for every process. Key layout: scripts.py.
+
+Claim offers (base.ClaimOffer) are not taken: a claim here is its own script anyway, and the
+Ledger's nudge sends the Poller to claim as soon as an insert is written.
+"""
+
+from __future__ import annotations
+
+import builtins
+import functools
+import logging
+import random
+import uuid
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import redis
+import trio
+
+from ...config import masked_url
+from ...engine.messages import Reply
+from ...errors import PipelineClosed, StoreError, UsageError
+from ..base import NUDGE_BUFFER, ClaimOffer, JobRecord, Lease, NewJob, Nudge, Settlement
+from ..trays import Tray, Trays
+from . import store
+from .db import DRIVER_ERRORS, Database, client_for, describe, split_url
+from .ledger import Command, LedgerStats, run_ledger
+from .listener import run_listener
+
+if TYPE_CHECKING:
+    from ...engine.diagrams import Wiring
+
+LEDGER_INBOX = 4096  # commands waiting for the Ledger before writers block
+STAGE_CHUNK = 1000  # rows pushed to a bulk load's staging list per round trip
+
+log = logging.getLogger("pipeline.redis")
+
+__all__ = ["RedisBackend", "RedisLeaseRenewer", "open_redis_backend"]
+
+
+class RedisBackend:
+    """:class:`~pipeline.backends.base.Backend` on a Redis server."""
+
+    def __init__(self, db: Database, ledger_send: trio.MemorySendChannel[Command], stats: LedgerStats,
+                 *, rng: random.Random | None = None) -> None:
+        self.url = db.shown
+        self._db = db
+        self._ledger_send = ledger_send
+        self._stats = stats
+        self._rng = rng or random.Random()
+        self._trays = Trays(self._send_tray)
+
+    # for this backend's own tests and benchmarks: the engine never looks past the protocol
+    @property
+    def database(self) -> Database:
+        return self._db
+
+    @property
+    def ledger_stats(self) -> LedgerStats:
+        return self._stats
+
+    async def _send_tray(self, tray: Tray) -> None:
+        await self._ledger_send.send(Command(tray.reply, tray=tray))
+
+    # -- producing ----------------------------------------------------------------------------
+
+    async def insert(self, jobs: Sequence[NewJob]) -> None:
+        if not jobs:
+            return
+        reply = Reply()
+        try:
+            await self._ledger_send.send(Command(reply, rows=list(jobs)))
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise PipelineClosed("the pipeline is shut down; the job store takes no more writes") from None
+        await reply.wait()
+
+    async def bulk_insert(self, jobs: Iterable[NewJob], *, commit_every: int | None = None) -> int:
+        """In a thread, on a pooled connection: the iterable is consumed as rows are staged."""
+        db = self._db
+        return await trio.to_thread.run_sync(_bulk_load, db, jobs, commit_every, limiter=db.limiter)
+
+    # -- the worker side ------------------------------------------------------------------------
+
+    async def claim(
+        self, wants: Mapping[str, int], *, owner: str, lease_seconds: float, start: Mapping[str, int] | None = None,
+    ) -> list[Lease]:
+        return await self._db.run(functools.partial(store.claim, wants=dict(wants), owner=owner,
+                                                    lease_seconds=lease_seconds, start=start))
+
+    async def settle(self, outcomes: Sequence[Settlement]) -> list[bool]:
+        """On the open tray, or a new one sent to the Ledger (see trays.Tray)."""
+        return await self._trays.settle(outcomes)
+
+    async def rescue_expired(self, *, base_seconds: float, spare: Collection[tuple[str, int]] = ()) -> int:
+        # no nudge: a rescued job is due only after its backoff (or dead), which a poll finds
+        return await self._db.run(functools.partial(store.rescue_expired, base_seconds=base_seconds, rng=self._rng,
+                                                    spare=frozenset(spare)))
+
+    async def bury_unknown_types(self, known: Iterable[str], *, grace_seconds: float) -> int:
+        return await self._db.run(functools.partial(store.bury_unknown_types, known=sorted(set(known)),
+                                                    grace_seconds=grace_seconds))
+
+    def lease_renewer(self) -> RedisLeaseRenewer:
+        return RedisLeaseRenewer(self._db)
+
+    # -- operators ------------------------------------------------------------------------------
+
+    async def get(self, job_id: str) -> JobRecord | None:
+        return await self._db.run(store.get_job, job_id)
+
+    async def list(
+        self, *, status: str | None = None, job_type: str | None = None, limit: int = 50, offset: int = 0
+    ) -> tuple[builtins.list[JobRecord], int]:
+        return await self._db.run(functools.partial(store.list_jobs, status=status, job_type=job_type, limit=limit,
+                                                    offset=offset))
+
+    async def stats(self) -> dict[str, Any]:
+        return await self._db.run(store.operator_stats)
+
+    async def revive(self, job_id: str) -> JobRecord:
+        return await self._db.run(store.revive, job_id)
+
+    async def delete(self, job_id: str) -> None:
+        await self._db.run(store.delete_job, job_id)
+
+    async def cleanup(self, *, statuses: Sequence[str] = ("completed", "dead"), older_than_seconds: float | None = None) -> int:
+        return await self._db.run(functools.partial(store.cleanup, statuses=tuple(statuses),
+                                                    older_than_seconds=older_than_seconds))
+
+    async def ping(self) -> None:
+        await self._db.run(store.ping)
+
+    # -- the engine's housekeeping -----------------------------------------------------------------
+
+    def counters(self) -> builtins.list[tuple[str, str, float]]:
+        stats = self._stats
+        return [
+            ("pipeline_ledger_batches_total", "Round trips the Ledger wrote.", stats.batches),
+            ("pipeline_ledger_commands_total", "Commands (inserts, outcomes) the Ledger wrote.", stats.commands),
+            ("pipeline_ledger_failed_batches_total", "Ledger round trips the server refused or lost.", stats.failed_batches),
+        ]
+
+    def trouble(self) -> str | None:
+        return self._stats.trouble or self._db.trouble
+
+    def begin_stop(self, grace: float) -> None:
+        """A graceful stop began. Nothing to shorten here: a call waits at most the socket
+        timeouts (db.CONNECT_TIMEOUT, db.SOCKET_TIMEOUT), and none is retried by the backend."""
+        self._stats.give_up_at = trio.current_time() + grace
+
+
+def _bulk_load(db: Database, jobs: Iterable[NewJob], commit_every: int | None) -> int:
+    """Stage rows in a list of the load's own, then commit it in one script: every row of the
+    part, or none. A part is everything (``commit_every`` None) or ``commit_every`` rows; an
+    error (a bad line raised by the iterable, a duplicate id) keeps the parts committed before
+    it, drops the staged rows of its own part, and says so."""
+    client, prefix = db.client, db.prefix
+    key = f"{prefix}bulk:{uuid.uuid4().hex}"
+    committed = 0
+    try:
+        rows = iter(jobs)
+        while True:
+            count = 0
+            staged = False
+            buffer: list[NewJob] = []
+            for row in rows:
+                buffer.append(row)
+                count += 1
+                if len(buffer) >= STAGE_CHUNK:
+                    _stage(db, key, buffer)
+                    staged = True
+                    buffer = []
+                if count == commit_every:
+                    break
+            if staged:
+                if buffer:
+                    _stage(db, key, buffer)
+                db.run_blocking(store.commit_staged, key)
+            elif buffer:
+                db.run_blocking(store.insert, buffer)  # a part that fits one call: no staging
+            committed += count
+            if count == 0 or commit_every is None:
+                return committed
+    except (UsageError, StoreError, *DRIVER_ERRORS) as exc:
+        error = describe(exc, db.shown) if isinstance(exc, DRIVER_ERRORS) else exc
+        try:
+            client.delete(key)
+        except DRIVER_ERRORS:
+            pass  # it expires in a day
+        if committed:
+            kept = f"the {committed} jobs before it were enqueued (in parts of {commit_every}), nothing from there on"
+            raise type(error)(f"{error}; {kept}") from None
+        raise error from None
+
+
+def _stage(db: Database, key: str, rows: Sequence[NewJob]) -> None:
+    db.run_blocking(lambda client, prefix: store.stage(client, key, rows))
+
+
+class RedisLeaseRenewer:
+    """The heartbeat thread's connection: renews leases (fenced by token) and keeps this
+    worker in the ``workers`` hash, in one script. A dropped connection is replaced at the next beat."""
+
+    def __init__(self, db: Database) -> None:
+        self._url = db.url
+        self._prefix = db.prefix
+        self._shown = db.shown
+        self._client: redis.Redis | None = None
+
+    def _run(self, fn: Any, *args: Any) -> Any:
+        if self._client is None:
+            self._client = client_for(self._url, size=1)
+        try:
+            return fn(self._client, self._prefix, *args)
+        except DRIVER_ERRORS as exc:
+            if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError | OSError):
+                self.close()
+            raise describe(exc, self._shown) from None
+
+    def renew(self, owner: str, job_types: Sequence[str], held: Sequence[tuple[str, int]], *, lease_seconds: float) -> builtins.list[str]:
+        lost: builtins.list[str] = self._run(functools.partial(store.renew, lease_seconds=lease_seconds), owner, job_types, held)
+        return lost
+
+    def forget(self, owner: str) -> None:
+        self._run(store.forget_worker, owner)
+
+    def close(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            client.close()
+            client.connection_pool.disconnect()
+
+
+@asynccontextmanager
+async def open_redis_backend(
+    url: str,
+    *,
+    key_prefix: str = "pipeline",
+    allow_non_durable: bool = False,
+    nudge_send: trio.MemorySendChannel[Nudge] | None = None,
+    offers_recv: trio.MemoryReceiveChannel[ClaimOffer] | None = None,
+    wiring: Wiring | None = None,
+) -> AsyncIterator[RedisBackend]:
+    """Connect, check the server's durability settings and the key layout's version, run the
+    Ledger and (when someone listens for nudges) the listener until the block ends; then the
+    Ledger writes whatever is still in its inbox and stops. ``offers_recv`` is closed at once:
+    this backend takes no offers."""
+    if offers_recv is not None:
+        offers_recv.close()  # the Poller keeps its own end and takes back its offer itself
+    listening = nudge_send is not None
+    if nudge_send is None:
+        nudge_send, nudge_recv = trio.open_memory_channel[Nudge](NUDGE_BUFFER)
+        nudge_recv.close()  # nobody listens: nudges are dropped
+    driver_url, prefix = split_url(url, key_prefix)
+    db = Database(driver_url, prefix, shown=masked_url(url))
+    try:
+        await trio.to_thread.run_sync(functools.partial(db.open, allow_non_durable=allow_non_durable))
+    except BaseException:
+        await trio.to_thread.run_sync(db.close)
+        nudge_send.close()
+        raise
+    stats = LedgerStats()
+    try:
+        async with trio.open_nursery() as tn:
+            if wiring is not None:
+                ledger_send, ledger_recv = wiring.channel("Backend", "Ledger", "commands (Redis)", LEDGER_INBOX)
+                wiring.edge("Ledger", "Redis", "one round trip per batch")
+            else:
+                ledger_send, ledger_recv = trio.open_memory_channel[Command](LEDGER_INBOX)
+            await tn.start(functools.partial(run_ledger, db, ledger_recv, nudge_send.clone(), stats))
+            listener_scope = trio.CancelScope()
+            if listening:
+                async def listen(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+                    with listener_scope:
+                        await run_listener(driver_url, f"{prefix}wake", db.shown, nudge_send.clone(),
+                                           task_status=task_status)
+
+                await tn.start(listen)
+            nudge_send.close()
+            try:
+                yield RedisBackend(db, ledger_send, stats)
+            finally:
+                listener_scope.cancel()
+                ledger_send.close()  # the Ledger drains its inbox, writes, and ends
+    finally:
+        await trio.to_thread.run_sync(db.close)

@@ -1,0 +1,310 @@
+"""The Redis job store's operations, as named synchronous functions taking a client and the
+key prefix: each one script (scripts.py) or a pipeline of them, so each transition is atomic
+on the server and fenced there. Nothing here knows about trio.
+
+Times cross the wire as epoch milliseconds (the scripts compare and add them as numbers,
+with the server's ``TIME``); the protocol's ISO text is made here, on the way out
+(:func:`text_of`), and parsed on the way in (:func:`ms_of`): both exact to the millisecond.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+import time
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Any
+
+from ... import states
+from ...clock import to_epoch
+from ...errors import UsageError
+from ...states import Status
+from ..base import JobRecord, Lease, NewJob, Settlement
+from .db import describe, run_pipelined, run_script
+from .scripts import ALL, RECORD_FIELDS
+
+_INSERT, _INSERT_STAGED, _CLAIM, _SETTLE = ALL["insert"], ALL["insert_staged"], ALL["claim"], ALL["settle"]
+
+CLEANUP_CHUNK = 2000  # jobs deleted per script call: a long script stops every other client
+
+
+# -- times ---------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=8192)
+def _second_text(second: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+
+
+def text_of(ms: int | bytes | str) -> str:
+    """Epoch milliseconds as the protocol's text (clock.format_ts's, without a float between)."""
+    second, millis = divmod(int(ms), 1000)
+    return f"{_second_text(second)}.{millis:03d}Z"
+
+
+@functools.lru_cache(maxsize=8192)
+def ms_of(text: str) -> int:
+    """The protocol's text as epoch milliseconds (many rows of a batch share a time: cached)."""
+    return round(to_epoch(text) * 1000)
+
+
+def _s(value: bytes | None) -> str | None:
+    return None if value is None else value.decode()
+
+
+# -- inserts -------------------------------------------------------------------------------------
+
+
+def insert_args(prefix: str, rows: Sequence[NewJob]) -> list[Any]:
+    args: list[Any] = [prefix, len(rows)]
+    for row in rows:
+        args += (row.id, row.job_type, row.payload, row.max_attempts, ms_of(row.run_after), row.priority,
+                 ms_of(row.created_at))
+    return args
+
+
+def insert(client: Any, prefix: str, rows: Sequence[NewJob]) -> None:
+    """Every row or none (a duplicate id, stored or repeated, fails the whole call)."""
+    if rows:
+        run_script(client, _INSERT, insert_args(prefix, rows))
+
+
+def stage(client: Any, key: str, rows: Sequence[NewJob]) -> None:
+    """Push rows to a bulk load's staging list (not job state: nothing claims it); it expires
+    after a day if the loader dies before committing it."""
+    values: list[Any] = []
+    for row in rows:
+        values += (row.id, row.job_type, row.payload, row.max_attempts, ms_of(row.run_after), row.priority,
+                   ms_of(row.created_at))
+    pipe = client.pipeline(transaction=False)
+    pipe.rpush(key, *values)
+    pipe.expire(key, 86400)
+    pipe.execute()
+
+
+def commit_staged(client: Any, prefix: str, key: str) -> int:
+    return int(run_script(client, _INSERT_STAGED, [prefix, key]))
+
+
+# -- claim and settle -------------------------------------------------------------------------------
+
+
+def claim(client: Any, prefix: str, *, wants: Mapping[str, int], owner: str, lease_seconds: float,
+          start: Mapping[str, int] | None = None) -> list[Lease]:
+    """pending → running for up to ``wants[type]`` due jobs of each type, in claim order; the
+    first ``start[type]`` of each start at once (all when None), the rest are claimed ahead."""
+    args: list[Any] = [prefix, owner, round(lease_seconds * 1000), 0]
+    m = 0
+    for job_type, n in wants.items():
+        if n > 0:
+            k = n if start is None else max(0, min(n, start.get(job_type, 0)))
+            args += (job_type, n, k)
+            m += 1
+    if not m:
+        return []
+    args[3] = m
+    out = run_script(client, _CLAIM, args)
+    leases = []
+    at = 0
+    for job_type, n in wants.items():
+        if n <= 0:
+            continue
+        got = out[at]
+        at += 1
+        for _ in range(got):
+            attempts, max_attempts, token, created, run, started = out[at + 2].split()
+            leases.append(Lease(out[at].decode(), job_type, out[at + 1].decode(), int(attempts), int(max_attempts),
+                                int(token), text_of(created), text_of(run), started == b"1"))
+            at += 3
+    return leases
+
+
+_KINDS = {
+    states.Transition.SUCCEED: "succeed",
+    states.Transition.RETRY: "retry",
+    states.Transition.BURY: "bury",
+    states.Transition.RELEASE: "release",
+    states.Transition.START: "start",
+}
+
+
+def settle_args(prefix: str, items: Sequence[Settlement]) -> list[Any]:
+    args: list[Any] = [prefix, len(items)]
+    for s in items:
+        kind = _KINDS.get(s.transition)
+        if kind is None:
+            raise ValueError(f"{s.transition!r} is not an outcome")
+        args += (s.id, f"{s.token} {kind} {round(s.delay * 1000)} {0 if s.error is None else 1}", s.error or "")
+    return args
+
+
+def settle(client: Any, prefix: str, items: Sequence[Settlement]) -> list[bool]:
+    if not items:
+        return []
+    return [v == 49 for v in run_script(client, _SETTLE, settle_args(prefix, items))]  # b"1"
+
+
+def write_batch(client: Any, prefix: str, items: Sequence[Settlement], inserts: Sequence[Sequence[NewJob]],
+                shown: str) -> tuple[list[bool], list[BaseException | None]]:
+    """The Ledger's batch in one round trip: every outcome (one script), then each caller's
+    insert (a script each: a duplicate fails that caller alone). Returns the outcomes' answers
+    and, per insert, None or the error that refused it."""
+    calls = []
+    if items:
+        calls.append((_SETTLE, settle_args(prefix, items)))
+    calls += [(_INSERT, insert_args(prefix, rows)) for rows in inserts]
+    results = run_pipelined(client, calls) if calls else []
+    held: list[bool] = []
+    if items:
+        answer = results.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        held = [v == 49 for v in answer]  # b"1"
+    errors: list[BaseException | None] = [describe(r, shown) if isinstance(r, BaseException) else None for r in results]
+    return held, errors
+
+
+# -- leases -----------------------------------------------------------------------------------------
+
+
+def renew(client: Any, prefix: str, owner: str, job_types: Sequence[str], held: Sequence[tuple[str, int]], *,
+          lease_seconds: float) -> list[str]:
+    args: list[Any] = [prefix, owner, json.dumps(sorted(job_types)), round(lease_seconds * 1000), len(held)]
+    for job_id, token in held:
+        args += (job_id, token)
+    return [i.decode() for i in run_script(client, ALL["renew"], args)]
+
+
+def forget_worker(client: Any, prefix: str, owner: str) -> None:
+    run_script(client, ALL["forget"], [prefix, owner])
+
+
+RESCUE_CHUNK = 10_000
+
+
+def rescue_expired(client: Any, prefix: str, *, base_seconds: float, rng: random.Random | None = None,
+                   spare: Collection[tuple[str, int]] = ()) -> int:
+    """Read the expired leases, decide each one's fate here (backoff with jitter, or dead),
+    then write them in one script fenced by what was read: rescuers running at once move
+    each job once, and a lease renewed in between is left alone."""
+    expired = run_script(client, ALL["expired"], [prefix, RESCUE_CHUNK])
+    args: list[Any] = [prefix, 0]
+    n = 0
+    for raw_id, token, attempts, max_attempts, owner, started in expired:
+        job_id = raw_id.decode()
+        if (job_id, token) in spare:
+            continue
+        dead, delay, error = 0, 0, ""
+        if started:
+            decision = states.rescue(attempts=attempts, max_attempts=max_attempts, base_seconds=base_seconds, rng=rng)
+            dead = int(decision.transition is not states.Transition.RESCUE)
+            delay = 0 if dead else round(decision.delay * 1000)
+            error = f"lease expired: worker {owner.decode() or '?'} stopped renewing it during attempt {attempts}"
+        args += (job_id, token, attempts, started, dead, delay, error)
+        n += 1
+    if not n:
+        return 0
+    args[1] = n
+    return int(run_script(client, ALL["rescue"], args))
+
+
+def bury_unknown_types(client: Any, prefix: str, *, known: Iterable[str], grace_seconds: float) -> int:
+    before = "no worker handles job type '"
+    after = ("': no live process registers a handler for it (it may be registered without one, or not at all); "
+             "add a handler, then retry the job")
+    return int(run_script(client, ALL["bury_unknown"], [prefix, round(grace_seconds * 1000), before, after, *known]))
+
+
+# -- operators ----------------------------------------------------------------------------------------
+
+
+def _record(job_id: str, f: Sequence[bytes | None]) -> JobRecord:
+    # f: scripts.RECORD_FIELDS
+    return JobRecord(
+        id=job_id, job_type=_s(f[0]) or "", payload=_s(f[1]) or "", status=_s(f[2]) or "", attempts=int(f[3] or 0),
+        max_attempts=int(f[4] or 0), run_after=text_of(f[5] or 0), error=_s(f[6]), created_at=text_of(f[7] or 0),
+        updated_at=text_of(f[8] or 0), priority=int(f[9] or 0), lease_owner=_s(f[10]),
+        lease_expires_at=None if f[11] is None else text_of(f[11]),
+    )
+
+
+def get_job(client: Any, prefix: str, job_id: str) -> JobRecord | None:
+    f = client.hmget(f"{prefix}job:{job_id}", RECORD_FIELDS)
+    return None if f[2] is None else _record(job_id, f)
+
+
+def list_jobs(client: Any, prefix: str, *, status: str | None = None, job_type: str | None = None, limit: int = 50,
+              offset: int = 0) -> tuple[list[JobRecord], int]:
+    """Newest first (ids are time-ordered), with the total that matches the filters."""
+    if status is not None and status not in set(Status):
+        raise UsageError(f"unknown status {status!r}; expected one of {', '.join(Status)}")
+    if status is not None and job_type is not None:
+        index = f"{prefix}st:{status}:{job_type}"
+    elif status is not None:
+        index = f"{prefix}status:{status}"
+    elif job_type is not None:
+        index = f"{prefix}type:{job_type}"
+    else:
+        index = f"{prefix}all"
+    out = run_script(client, ALL["list"], [prefix, index, max(offset, 0), max(limit, 0)])
+    total = int(out[0])
+    records = [_record(out[i].decode(), out[i + 1]) for i in range(1, len(out), 2)]
+    return records, total
+
+
+_STATUSES = ("pending", "running", "completed", "dead")
+
+
+def operator_stats(client: Any, prefix: str) -> dict[str, Any]:
+    """Counts by status and by type; finished per minute over the last hour; the age of the
+    oldest due pending job. One script: one snapshot, the server's "now"."""
+    now, by_status_raw, by_type_raw, minutes, oldest = run_script(client, ALL["stats"], [prefix])
+    by_status = dict(zip(_STATUSES, map(int, by_status_raw)))
+    by_type = {row[0].decode(): dict(zip(_STATUSES, map(int, row[1:]))) for row in by_type_raw}
+    first = (now // 60000) * 60000 - 59 * 60000
+    finished = [{"minute": f"{text_of(first + i * 60000)[:16]}:00Z", "completed": int(minutes[i]), "dead": int(minutes[60 + i])}
+                for i in range(60)]
+    age = None if oldest < 0 else round(max(now - oldest, 0) / 1000, 3)
+    return {"by_status": by_status, "by_type": by_type, "total": sum(by_status.values()), "finished_per_minute": finished,
+            "oldest_due_pending_age_seconds": age, "now": text_of(now)}
+
+
+def revive(client: Any, prefix: str, job_id: str) -> JobRecord:
+    """Admin retry: dead → pending, attempts reset, due now. UsageError if not dead."""
+    answer = run_script(client, ALL["revive"], [prefix, job_id]).decode()
+    if answer == "missing":
+        raise LookupError(f"no job with id {job_id!r}")
+    if answer != "ok":
+        raise UsageError(f"job {job_id} is {answer}, only dead jobs can be retried")
+    job = get_job(client, prefix, job_id)
+    if job is None:  # deleted in between
+        raise LookupError(f"no job with id {job_id!r}")
+    return job
+
+
+def delete_job(client: Any, prefix: str, job_id: str) -> None:
+    answer = run_script(client, ALL["delete"], [prefix, job_id]).decode()
+    if answer == "missing":
+        raise LookupError(f"no job with id {job_id!r}")
+    if answer == "running":
+        raise UsageError(f"job {job_id} is running; wait for it to finish before deleting it")
+
+
+def cleanup(client: Any, prefix: str, *, statuses: Sequence[str] = ("completed", "dead"),
+            older_than_seconds: float | None = None) -> int:
+    """Delete finished jobs, ``CLEANUP_CHUNK`` per script call (each call atomic, the whole not)."""
+    bad = [s for s in statuses if s not in states.TERMINAL]
+    if bad or not statuses:
+        raise UsageError(f"cleanup deletes only completed or dead jobs, not {bad or 'nothing'}")
+    older = "" if older_than_seconds is None else round(older_than_seconds * 1000)
+    total = 0
+    while True:
+        n = int(run_script(client, ALL["cleanup"], [prefix, older, CLEANUP_CHUNK, *statuses]))
+        total += n
+        if n < CLEANUP_CHUNK:
+            return total
+
+
+def ping(client: Any, prefix: str) -> None:
+    client.ping()
