@@ -191,6 +191,7 @@ class PostgresStores(Stores):
     def __init__(self, server_url: str = POSTGRES_URL) -> None:
         super().__init__()
         self.server_url = server_url
+        self._conns: dict[str, Any] = {}  # url -> the connection _one polls on
 
     def _admin(self, sql: str) -> None:
         import psycopg
@@ -206,6 +207,9 @@ class PostgresStores(Stores):
         return url
 
     def drop(self, url: str) -> None:
+        conn = self._conns.pop(url, None)
+        if conn is not None:
+            conn.close()
         self._admin(f"DROP DATABASE IF EXISTS {urlsplit(url).path.lstrip('/')} WITH (FORCE)")
 
     def copy(self, template: str, name: str) -> str:
@@ -233,11 +237,15 @@ class PostgresStores(Stores):
             conn.execute("CHECKPOINT")  # the build's WAL written out before anything is timed
 
     def _one(self, url: str, sql: str) -> int:
+        """On one connection per store, kept: a waiting loop that connected at every poll
+        would fork a server process each time, on the cores the measured processes use."""
         import psycopg
 
-        with psycopg.connect(url, autocommit=True) as conn:
-            row = conn.execute(sql).fetchone()
-            return int(row[0]) if row else 0
+        conn = self._conns.get(url)
+        if conn is None or conn.closed:
+            conn = self._conns[url] = psycopg.connect(url, autocommit=True)
+        row = conn.execute(sql).fetchone()
+        return int(row[0]) if row else 0
 
     def busy(self, url: str) -> bool:
         return bool(self._one(url, "SELECT EXISTS (SELECT 1 FROM jobs WHERE status IN ('pending', 'running'))"))
