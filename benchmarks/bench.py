@@ -36,15 +36,13 @@ import inspect
 import json
 import os
 import random
-import shutil
 import signal
-import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,12 +52,12 @@ import trio
 import pipeline
 import pipeline.backends.sqlite  # noqa: F401 -- the package imports its parts on first use: not inside a timed section
 import pipeline.engine.wiring  # noqa: F401
-from pipeline.backends import NewJob
-from pipeline.backends.sqlite import migrations, store
-from pipeline.clock import format_ts
-from pipeline.ids import UUID7Factory
+from pipeline.backends import open_backend
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from stores import BACKENDS, POSTGRES_URL, REDIS_URL, Stores, backlog, open_stores  # noqa: E402
+
 DEFAULT_CHART = HERE.parent / "docs" / "bench.png"
 
 
@@ -78,53 +76,25 @@ def registry_for(concurrency: int, handler: Callable[..., Any] = noop) -> pipeli
     return registry
 
 
-def config_for(db: Path, **overrides: Any) -> pipeline.Config:
+# Settings every process on a store of this backend needs besides DATABASE_URL (Redis's
+# REDIS_ALLOW_NON_DURABLE on the shared server), as the measurements' processes get them.
+STORE_SETTINGS = json.loads(os.environ.get("PIPELINE_BENCH_SETTINGS", "{}"))
+
+
+def config_for(url: str, **overrides: Any) -> pipeline.Config:
     """Settings named as their variables in lower case (worker_concurrency=256), read as text."""
-    values: dict[str, Any] = {"database_url": f"sqlite:///{db}", "log_level": "warning", "admin_enabled": False, **overrides}
-    return pipeline.Config.from_env({k.upper(): str(v).lower() if isinstance(v, bool) else str(v) for k, v in values.items()},
-                                    env_file=None)
-
-
-# -- files built fast: executemany in one transaction -------------------------------------------
-
-
-def build_file(db: Path, *, pending: int, completed: int = 0) -> None:
-    """A jobs table with ``completed`` finished rows (older) and ``pending`` due no-op jobs."""
-    conn = sqlite3.connect(db, isolation_level=None)
-    conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute("PRAGMA synchronous = OFF")  # a throw-away file: no need to survive a power cut
-    migrations.migrate(conn, db)
-    new_id = UUID7Factory()
-    past = format_ts(time.time() - 3600)
-    now = format_ts(time.time())
-
-    def rows(n: int, status: str, at: str) -> Iterator[tuple[Any, ...]]:
-        for i in range(n):
-            yield (new_id(), "noop", f'{{"n":{i}}}', status, 1 if status == "completed" else 0, 3, at, at, at, 5)
-
-    conn.execute("BEGIN IMMEDIATE")
-    sql = (
-        "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, created_at, updated_at, priority) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-    )
-    conn.executemany(sql, rows(completed, "completed", past))
-    conn.executemany(sql, rows(pending, "pending", now))
-    conn.execute("COMMIT")
-    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    conn.close()
-
-
-def copy_file(template: Path, db: Path) -> Path:
-    shutil.copyfile(template, db)
-    return db
+    values: dict[str, Any] = {"database_url": url, "log_level": "warning", "admin_enabled": False, **overrides}
+    return pipeline.Config.from_env(
+        {**STORE_SETTINGS, **{k.upper(): str(v).lower() if isinstance(v, bool) else str(v) for k, v in values.items()}},
+        env_file=None)
 
 
 # -- measurements: each runs in a process of its own (``bench.py _measure NAME JSON``) ---------
 
 
-async def m_drain(db: str, jobs: int, concurrency: int) -> dict[str, Any]:
-    """Drain the ``jobs`` pending rows already in ``db``."""
-    config = config_for(Path(db))
+async def m_drain(url: str, jobs: int, concurrency: int) -> dict[str, Any]:
+    """Drain the ``jobs`` pending rows already in the store."""
+    config = config_for(url)
     done = trio.Event()
     count = 0
 
@@ -143,8 +113,8 @@ async def m_drain(db: str, jobs: int, concurrency: int) -> dict[str, Any]:
     return {"drain": jobs / elapsed, "jobs_per_commit": jobs / max(batches, 1)}
 
 
-async def m_enqueue(db: str, jobs: int, callers: int) -> dict[str, Any]:
-    config = config_for(Path(db), worker_enabled=False)
+async def m_enqueue(url: str, jobs: int, callers: int) -> dict[str, Any]:
+    config = config_for(url, worker_enabled=False)
     per_caller = jobs // callers
     async with pipeline.open_pipeline(config, registry_for(1)) as p:
 
@@ -161,8 +131,8 @@ async def m_enqueue(db: str, jobs: int, callers: int) -> dict[str, Any]:
     return {"enqueue": per_caller * callers / elapsed, "jobs_per_commit": per_caller * callers / max(batches, 1)}
 
 
-async def m_bulk(db: str, jobs: int) -> dict[str, Any]:
-    config = config_for(Path(db), worker_enabled=False)
+async def m_bulk(url: str, jobs: int) -> dict[str, Any]:
+    config = config_for(url, worker_enabled=False)
     async with pipeline.open_pipeline(config, registry_for(1)) as p:
         batch = [Noop(i) for i in range(jobs)]
         t0 = time.perf_counter()
@@ -170,7 +140,7 @@ async def m_bulk(db: str, jobs: int) -> dict[str, Any]:
         return {"bulk": jobs / (time.perf_counter() - t0)}
 
 
-async def m_latency(db: str, samples: int, concurrency: int, gap: float) -> dict[str, Any]:
+async def m_latency(url: str, samples: int, concurrency: int, gap: float) -> dict[str, Any]:
     """One job at a time: enqueue, wait for its handler to start, pause ``gap``, again."""
     started: dict[int, float] = {}
     seen = trio.Event()
@@ -180,7 +150,7 @@ async def m_latency(db: str, samples: int, concurrency: int, gap: float) -> dict
         started[job.n] = time.perf_counter()
         seen.set()
 
-    config = config_for(Path(db))
+    config = config_for(url)
     from_return, from_call = [], []
     async with pipeline.open_pipeline(config, registry_for(concurrency, probe)) as p:
         await trio.sleep(0.1)
@@ -197,9 +167,10 @@ async def m_latency(db: str, samples: int, concurrency: int, gap: float) -> dict
     return percentiles(from_return, "latency") | percentiles(from_call, "latency_call")
 
 
-async def m_cross_latency(db: str, samples: int, concurrency: int, spread: float) -> dict[str, Any]:
+async def m_cross_latency(url: str, samples: int, concurrency: int, spread: float) -> dict[str, Any]:
     """Another process inserts ``samples`` jobs, one transaction each, at random moments
-    over ``spread`` seconds and says when each committed; here: when each started."""
+    over ``spread`` seconds and says when each committed; here: when each started. On SQLite
+    the pipeline finds them at its next poll; on Postgres a NOTIFY wakes it."""
     started: dict[str, float] = {}
     all_seen = trio.Event()
 
@@ -208,10 +179,10 @@ async def m_cross_latency(db: str, samples: int, concurrency: int, spread: float
         if len(started) == samples:
             all_seen.set()
 
-    config = config_for(Path(db))
+    config = config_for(url)
     async with pipeline.open_pipeline(config, registry_for(concurrency, probe)):
         inserter = await trio.run_process(
-            [sys.executable, __file__, "_measure", "insert", json.dumps({"db": db, "samples": samples, "spread": spread})],
+            [sys.executable, __file__, "_measure", "insert", json.dumps({"url": url, "samples": samples, "spread": spread})],
             capture_stdout=True,
         )
         with trio.fail_after(30 + 2 * config.worker.poll_interval):
@@ -221,30 +192,28 @@ async def m_cross_latency(db: str, samples: int, concurrency: int, spread: float
     return percentiles(waits, "cross") | {"poll_interval_ms": config.worker.poll_interval_ms}
 
 
-def m_insert(db: str, samples: int, spread: float) -> dict[str, float]:
-    """The other process of m_cross_latency: the outbox way, one job per transaction."""
-    registry = registry_for(1)
-    conn = sqlite3.connect(db, isolation_level=None)
-    conn.execute("PRAGMA busy_timeout = 5000")
+async def m_insert(url: str, samples: int, spread: float) -> dict[str, float]:
+    """The other process of m_cross_latency: the store's own insert (what ``python -m
+    pipeline enqueue`` or another service's ``enqueue`` does), one job per transaction; a
+    job is committed when the call returns."""
     committed = {}
-    for i in range(samples):
-        time.sleep(random.uniform(0, 2 * spread / samples))
-        conn.execute("BEGIN IMMEDIATE")
-        job_id = pipeline.enqueue_in_transaction(conn, Noop(i), registry=registry)
-        conn.execute("COMMIT")
-        committed[job_id] = time.monotonic()
-    conn.close()
+    async with open_backend(config_for(url)) as backend:
+        for i in range(samples):
+            await trio.sleep(random.uniform(0, 2 * spread / samples))
+            (row,) = backlog(1)
+            await backend.insert([row._replace(payload=f'{{"n":{i}}}')])
+            committed[row.id] = time.monotonic()
     return committed
 
 
-def m_serve(db: str, concurrency: int, poll_ms: int) -> None:
+def m_serve(url: str, concurrency: int, poll_ms: int) -> None:
     """The service as ``python -m pipeline`` runs it (``pipeline.serve``), with the no-op
     job type; says "ready" once its workers run; stops on SIGTERM."""
 
     def ready(p: Any) -> None:
         print("ready", flush=True)
 
-    config = config_for(Path(db), worker_poll_interval_ms=poll_ms)
+    config = config_for(url, worker_poll_interval_ms=poll_ms)
     trio.run(functools.partial(pipeline.serve, config, registry_for(concurrency), ready=ready))
 
 
@@ -287,10 +256,10 @@ def measure_main(name: str, params_json: str) -> int:
 
 
 class Service:
-    """A ``python -m pipeline``-like process (m_serve) on ``db``."""
+    """A ``python -m pipeline``-like process (m_serve) on the store at ``url``."""
 
-    def __init__(self, db: Path, concurrency: int, poll_ms: int) -> None:
-        params = json.dumps({"db": str(db), "concurrency": concurrency, "poll_ms": poll_ms})
+    def __init__(self, url: str, concurrency: int, poll_ms: int) -> None:
+        params = json.dumps({"url": url, "concurrency": concurrency, "poll_ms": poll_ms})
         self.proc = subprocess.Popen(
             [sys.executable, __file__, "_measure", "serve", params], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
@@ -317,83 +286,111 @@ class Service:
             self.proc.wait()
 
 
-def wait_until(db: Path, sql: str, check: Callable[[int], bool], *, every: float = 0.005, timeout: float = 300) -> None:
-    conn = sqlite3.connect(db, isolation_level=None)
-    try:
-        deadline = time.monotonic() + timeout
-        while not check(conn.execute(sql).fetchone()[0]):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"timed out waiting on {sql!r}")
-            time.sleep(every)
-    finally:
-        conn.close()
+def wait_until(check: Callable[[], bool], what: str, *, every: float = 0.005, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(every)
 
 
-def processes_drain(tmp: Path, processes: int, jobs: int, concurrency: int) -> float:
-    """Total drain rate of ``processes`` services on one file: start them on an empty
+def insert_backlog(url: str, jobs: int) -> None:
+    """``jobs`` due no-op jobs in one insert (one transaction), through the store's own insert:
+    what a running service's ``enqueue_many`` writes, with the wake-up it sends."""
+    async def main() -> None:
+        async with open_backend(config_for(url)) as backend:
+            await backend.insert(list(backlog(jobs)))
+
+    trio.run(main)
+
+
+def processes_drain(stores: Stores, processes: int, jobs: int, concurrency: int) -> float:
+    """Total drain rate of ``processes`` services on one store: start them on an empty
     table, insert the backlog in one transaction, time from its commit to the last job done."""
-    db = tmp / f"procs{processes}.db"
-    build_file(db, pending=0)
-    services = [Service(db, concurrency, poll_ms=50) for _ in range(processes)]
+    url = stores.fresh(f"procs{processes}")
+    stores.migrate(url)
+    services = [Service(url, concurrency, poll_ms=50) for _ in range(processes)]
     try:
         for s in services:
             s.wait_ready()
-        conn = store.connect(db)
-        rows = [NewJob(i, "noop", f'{{"n":{n}}}', 3, format_ts(time.time()), 5, format_ts(time.time()))
-                for n, i in enumerate(UUID7Factory().many(jobs))]
-        with store.write_transaction(conn):
-            store.insert_jobs(conn, rows)
+        insert_backlog(url, jobs)
         t0 = time.perf_counter()
-        conn.close()
-        wait_until(db, "SELECT EXISTS (SELECT 1 FROM jobs WHERE status IN ('pending', 'running'))", lambda busy: not busy)
+        wait_until(lambda: not stores.busy(url), "the backlog to drain", every=0.005 if stores.backend == "sqlite" else 0.02)
         return jobs / (time.perf_counter() - t0)
     finally:
         for s in services:
             s.stop()
+        stores.drop(url)
 
 
-def peak_memory(template: Path, db: Path, jobs: int, concurrency: int) -> float:
+def peak_memory(stores: Stores, template: str, name: str, jobs: int, concurrency: int) -> float:
     """Peak RSS of a service draining ``jobs`` jobs from the backlog in ``template``."""
-    copy_file(template, db)
-    service = Service(db, concurrency, poll_ms=500)
+    url = stores.copy(template, name)
+    service = Service(url, concurrency, poll_ms=500)
     try:
         service.wait_ready()
-        wait_until(db, "SELECT count(*) FROM jobs WHERE status = 'completed'", lambda n: n >= jobs, every=0.05)
+        wait_until(lambda: stores.completed(url) >= jobs, f"{jobs} jobs completed", every=0.05)
         return service.peak_rss_mb()
     finally:
         service.stop()
+        stores.drop(url)
 
 
-def cli_bulk(tmp: Path, jobs: int) -> float:
+def cli_bulk(stores: Stores, tmp: Path, jobs: int) -> float:
     """``python -m pipeline enqueue --from-file``, timed as a whole process."""
     lines = tmp / "jobs.jsonl"
     with lines.open("w") as f:
         for i in range(jobs):
             f.write(json.dumps({"job_type": "invalidate_cache", "payload": {"keys": [f"post:{i}"]}}) + "\n")
-    db = tmp / "cli.db"
-    env = {**os.environ, "DATABASE_URL": f"sqlite:///{db}"}
+    url = stores.fresh("cli")
+    env = {**os.environ, **stores.settings, "DATABASE_URL": url}
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "pipeline", "enqueue", "--from-file", str(lines)], cwd=tmp, env=env, check=True,
                    capture_output=True)
-    return jobs / (time.perf_counter() - t0)
+    rate = jobs / (time.perf_counter() - t0)
+    stores.drop(url)
+    return rate
 
 
-# -- Huey, where installed ------------------------------------------------------------------------
+# -- the peers: other job queues on the same server, where installed ---------------------------------
 
 
-def huey_installed() -> bool:
-    import importlib.util
+@attrs.frozen
+class Peer:
+    """Another queue measured on the same workloads by a script of its own (one JSON line out)."""
 
-    return importlib.util.find_spec("huey") is not None
+    name: str  # its column in the table
+    script: str  # in benchmarks/
+    modules: tuple[str, ...]  # importable when installed
+    target: str  # what the script's --target names: "file" (a SQLite path) or "url" (a fresh store's URL)
+    extra: tuple[str, ...] = ()
+    note: str = ""  # how it is configured, for the table's footnote
+
+    def installed(self) -> bool:
+        import importlib.util
+
+        return all(importlib.util.find_spec(m) is not None for m in self.modules)
 
 
-def run_huey(what: str, db: Path, **params: Any) -> dict[str, Any]:
-    args = [sys.executable, str(HERE / "bench_huey.py"), what, "--db", str(db)]
+PEERS: dict[str, list[Peer]] = {
+    "sqlite": [Peer("Huey SQLite", "bench_huey.py", ("huey",), "file", note="SqliteHuey(fsync=True), thread workers")],
+    # procrastinate: the Postgres queue most like this one (LISTEN/NOTIFY, FOR UPDATE SKIP LOCKED), asyncio
+    "postgres": [Peer("procrastinate", "bench_procrastinate.py", ("procrastinate",), "url",
+                      note="procrastinate's asyncio worker, PsycopgConnector")],
+    "redis": [
+        Peer("Huey Redis", "bench_huey.py", ("huey", "redis"), "url", ("--redis",), note="RedisHuey, thread workers"),
+        Peer("Dramatiq", "bench_dramatiq.py", ("dramatiq", "redis"), "url", note="RedisBroker, worker threads"),
+    ],
+}
+
+
+def run_peer(peer: Peer, what: str, target: str, **params: Any) -> dict[str, Any]:
+    args = [sys.executable, str(HERE / peer.script), what, *peer.extra, "--target", target]
     for key, value in params.items():
         args += [f"--{key}", str(value)]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=600, check=False)
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=900, check=False)
     if proc.returncode != 0:
-        raise RuntimeError(f"huey {what} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"{peer.name} {what} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.splitlines()[-1])
 
 
@@ -412,8 +409,8 @@ class Sizes:
     scale_rows: int  # completed rows for the scale drain, pending rows for the memory figure
     memory_jobs: int  # jobs the service drains before its peak RSS is read
     process_jobs: int
-    huey_jobs: int
-    huey_workers: int
+    huey_jobs: int  # the peers' drain backlog (they are slower: a smaller one keeps the run short)
+    huey_workers: int  # the peers' worker threads or concurrency
     huey_samples: int
     runs: int
 
@@ -433,22 +430,45 @@ class Figure:
     unit: str
     target: str
     ours: list[float] = attrs.field(factory=list)
-    huey: list[float] = attrs.field(factory=list)
+    peers: dict[str, list[float]] = attrs.field(factory=dict)  # peer name -> its runs
     higher_is_better: bool = True
-    met: Callable[[float, float | None], bool] | None = None  # (our median, Huey's median or None) → target met
+    met: Callable[[float, float | None], bool] | None = None  # (our median, the best peer's median or None) → target met
+
+    @property
+    def huey(self) -> list[float]:
+        """The first peer's runs (the chart draws one peer: Huey on SQLite)."""
+        return next(iter(self.peers.values()), [])
+
+    def best_peer(self) -> float | None:
+        medians = [statistics.median(v) for v in self.peers.values() if v]
+        if not medians:
+            return None
+        return max(medians) if self.higher_is_better else min(medians)
 
 
-def figures(sizes: Sizes, poll_ms: int) -> dict[str, Figure]:
+# the drain target per backend: (at least, times the best peer), and the peers it names
+DRAIN_TARGETS = {"sqlite": (20_000, 5, "Huey"), "postgres": (8_000, 10, "procrastinate"),
+                 "redis": (10_000, 3, "the best of Huey and Dramatiq")}
+
+
+def figures(sizes: Sizes, poll_ms: int, backend: str) -> dict[str, Figure]:
     def at_least(x: float) -> Callable[[float, float | None], bool]:
-        return lambda ours, huey: ours >= x
+        return lambda ours, peer: ours >= x
 
     def at_most(x: float) -> Callable[[float, float | None], bool]:
-        return lambda ours, huey: ours <= x
+        return lambda ours, peer: ours <= x
 
     s = sizes
+    least, times, whom = DRAIN_TARGETS[backend]
+    if backend == "sqlite":  # the Poller finds other processes' jobs at its next poll
+        cross_target, cross_met = f"≤ {poll_ms} (half on average)", at_most(poll_ms * 1.1)
+        cross_label = f"pickup p50 from another process (poll {poll_ms} ms)"
+    else:  # a wake-up from the server (NOTIFY, pub/sub)
+        cross_target, cross_met = "≤ 5", at_most(5)
+        cross_label = "pickup p50 from another process (woken by the server)"
     items = [
-        Figure("drain", f"drain, {s.jobs:,} no-op jobs ({s.concurrency} workers; Huey {s.huey_workers} threads)", "jobs/s",
-               "≥ 20,000 and ≥ 5× Huey", met=lambda ours, huey: ours >= 20_000 and (huey is None or ours >= 5 * huey)),
+        Figure("drain", f"drain, {s.jobs:,} no-op jobs ({s.concurrency} workers; peers {s.huey_workers})", "jobs/s",
+               f"≥ {least:,} and ≥ {times}× {whom}", met=lambda ours, peer: ours >= least and (peer is None or ours >= times * peer)),
         Figure("enqueue", f"durable enqueue, {s.callers} concurrent callers", "jobs/s", "≥ 20,000", met=at_least(20_000)),
         Figure("bulk", f"bulk enqueue_many, {s.bulk_jobs:,} jobs in one call", "jobs/s", "≥ 50,000", met=at_least(50_000)),
         Figure("cli", f"CLI enqueue --from-file, {s.bulk_jobs:,} lines (whole process)", "jobs/s", "≥ 50,000",
@@ -457,11 +477,9 @@ def figures(sizes: Sizes, poll_ms: int) -> dict[str, Figure]:
         Figure("latency_p99", "pickup p99, enqueue returns → handler starts", "ms", "≤ 5", higher_is_better=False, met=at_most(5)),
         Figure("latency_call_p50", "pickup p50, enqueue called → handler starts", "ms", "", higher_is_better=False),
         Figure("latency_call_p99", "pickup p99, enqueue called → handler starts", "ms", "", higher_is_better=False),
-        # bounded by the poll interval, plus the claim's own commit and a trio round
-        Figure("cross_p50", f"pickup p50 from another process (poll {poll_ms} ms)", "ms", f"≤ {poll_ms} (half on average)",
-               higher_is_better=False, met=at_most(poll_ms * 1.1)),
-        Figure("cross_p99", f"pickup p99 from another process (poll {poll_ms} ms)", "ms", f"≤ {poll_ms} + claim",
-               higher_is_better=False, met=at_most(poll_ms * 1.1)),
+        Figure("cross_p50", cross_label, "ms", cross_target, higher_is_better=False, met=cross_met),
+        Figure("cross_p99", cross_label.replace("p50", "p99"), "ms", "" if backend != "sqlite" else f"≤ {poll_ms} + claim",
+               higher_is_better=False, met=None if backend != "sqlite" else at_most(poll_ms * 1.1)),
         Figure("drain_empty", f"drain, {s.jobs:,} jobs, nothing else in the table", "jobs/s", ""),
         Figure("drain_scale", f"drain, {s.jobs:,} jobs, {s.scale_rows:,} completed rows in the table", "jobs/s", "≥ 0.8× empty"),
         Figure("scale_ratio", "  … against the empty table", "×", "≥ 0.80", met=at_least(0.8)),
@@ -478,97 +496,107 @@ def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def bench(sizes: Sizes, *, with_huey: bool, only: set[str] | None = None) -> dict[str, Figure]:
+def bench(sizes: Sizes, stores: Stores, tmp: Path, *, peers: list[Peer], only: set[str] | None = None) -> dict[str, Figure]:
     poll_ms = pipeline.Config().worker.poll_interval_ms
-    figs = figures(sizes, poll_ms)
+    figs = figures(sizes, poll_ms, stores.backend)
     s = sizes
 
     def want(group: str) -> bool:
         return only is None or group in only
 
-    with tempfile.TemporaryDirectory(prefix="pipeline-bench-") as tmp_name:
-        tmp = Path(tmp_name)
-        templates: dict[str, Path] = {}
-        if want("scale"):
-            progress(f"building a table with {s.scale_rows:,} completed rows and {s.jobs:,} pending ...")
-            templates["scale"] = tmp / "scale-template.db"
-            build_file(templates["scale"], pending=s.jobs, completed=s.scale_rows)
-        if want("memory"):
-            progress(f"building a table with {s.scale_rows:,} pending rows ...")
-            templates["memory_large"] = tmp / "memory-large-template.db"
-            build_file(templates["memory_large"], pending=s.scale_rows)
-            templates["memory_small"] = tmp / "memory-small-template.db"
-            build_file(templates["memory_small"], pending=s.memory_jobs)
-        for run in range(s.runs):
-            progress(f"run {run + 1} of {s.runs}")
-            db = tmp / f"run{run}"
-            db.mkdir()
+    def peer_target(peer: Peer, name: str) -> str:
+        if peer.target == "file":
+            return str(tmp / f"{name}-{random.getrandbits(32):08x}.db")
+        return stores.fresh(name)
 
-            def fresh(name: str, db: Path = db) -> Path:
-                return db / f"{name}.db"
+    def record(key: str, peer: Peer, value: float) -> None:
+        figs[key].peers.setdefault(peer.name, []).append(value)
 
-            if want("drain"):
-                path = fresh("drain")
-                build_file(path, pending=s.jobs)
-                r = run_measure("drain", db=str(path), jobs=s.jobs, concurrency=s.concurrency)
-                figs["drain"].ours.append(r["drain"])
-                figs["drain_empty"].ours.append(r["drain"])
-                progress(f"  drain {r['drain']:,.0f} jobs/s ({r['jobs_per_commit']:.0f} jobs per commit)")
-                if with_huey:
-                    h = run_huey("drain", fresh("huey-drain"), jobs=s.huey_jobs, workers=s.huey_workers)
-                    figs["drain"].huey.append(h["drain"])
-                    progress(f"  huey drain {h['drain']:,.0f} jobs/s")
-            if want("enqueue"):
-                r = run_measure("enqueue", db=str(fresh("enqueue")), jobs=s.enqueue_jobs, callers=s.callers)
-                figs["enqueue"].ours.append(r["enqueue"])
-                progress(f"  enqueue {r['enqueue']:,.0f} jobs/s ({r['jobs_per_commit']:.0f} jobs per commit)")
-                if with_huey:
-                    h = run_huey("enqueue", fresh("huey-enqueue"), jobs=min(s.enqueue_jobs, 10 * s.huey_jobs), callers=s.callers)
-                    figs["enqueue"].huey.append(h["enqueue"])
-                    progress(f"  huey enqueue {h['enqueue']:,.0f} jobs/s")
-            if want("bulk"):
-                r = run_measure("bulk", db=str(fresh("bulk")), jobs=s.bulk_jobs)
-                figs["bulk"].ours.append(r["bulk"])
-                rate = cli_bulk(db, s.bulk_jobs)
-                figs["cli"].ours.append(rate)
-                progress(f"  bulk {r['bulk']:,.0f} jobs/s, CLI --from-file {rate:,.0f} jobs/s")
-            if want("latency"):
-                r = run_measure("latency", db=str(fresh("latency")), samples=s.latency_samples, concurrency=s.concurrency,
-                                gap=0.002)
+    templates: dict[str, str] = {}
+    if want("scale"):
+        progress(f"building a table with {s.scale_rows:,} completed rows and {s.jobs:,} pending ...")
+        templates["scale"] = stores.fresh("scale_template")
+        stores.build(templates["scale"], pending=s.jobs, completed=s.scale_rows)
+    if want("memory"):
+        progress(f"building a table with {s.scale_rows:,} pending rows ...")
+        templates["memory_large"] = stores.fresh("memory_large_template")
+        stores.build(templates["memory_large"], pending=s.scale_rows)
+        templates["memory_small"] = stores.fresh("memory_small_template")
+        stores.build(templates["memory_small"], pending=s.memory_jobs)
+    for run in range(s.runs):
+        progress(f"run {run + 1} of {s.runs}")
+        if want("drain"):
+            url = stores.fresh("drain")
+            stores.build(url, pending=s.jobs)
+            r = run_measure("drain", url=url, jobs=s.jobs, concurrency=s.concurrency)
+            stores.drop(url)
+            figs["drain"].ours.append(r["drain"])
+            figs["drain_empty"].ours.append(r["drain"])
+            progress(f"  drain {r['drain']:,.0f} jobs/s ({r['jobs_per_commit']:.0f} jobs per commit)")
+            for peer in peers:
+                h = run_peer(peer, "drain", peer_target(peer, "peer_drain"), jobs=s.huey_jobs, workers=s.huey_workers)
+                record("drain", peer, h["drain"])
+                progress(f"  {peer.name} drain {h['drain']:,.0f} jobs/s")
+        if want("enqueue"):
+            url = stores.fresh("enqueue")
+            r = run_measure("enqueue", url=url, jobs=s.enqueue_jobs, callers=s.callers)
+            stores.drop(url)
+            figs["enqueue"].ours.append(r["enqueue"])
+            progress(f"  enqueue {r['enqueue']:,.0f} jobs/s ({r['jobs_per_commit']:.0f} jobs per commit)")
+            for peer in peers:
+                h = run_peer(peer, "enqueue", peer_target(peer, "peer_enqueue"), jobs=min(s.enqueue_jobs, 10 * s.huey_jobs),
+                             callers=s.callers)
+                record("enqueue", peer, h["enqueue"])
+                progress(f"  {peer.name} enqueue {h['enqueue']:,.0f} jobs/s")
+        if want("bulk"):
+            url = stores.fresh("bulk")
+            r = run_measure("bulk", url=url, jobs=s.bulk_jobs)
+            stores.drop(url)
+            figs["bulk"].ours.append(r["bulk"])
+            rate = cli_bulk(stores, tmp, s.bulk_jobs)
+            figs["cli"].ours.append(rate)
+            progress(f"  bulk {r['bulk']:,.0f} jobs/s, CLI --from-file {rate:,.0f} jobs/s")
+        if want("latency"):
+            url = stores.fresh("latency")
+            r = run_measure("latency", url=url, samples=s.latency_samples, concurrency=s.concurrency, gap=0.002)
+            stores.drop(url)
+            for key in ("latency_p50", "latency_p99", "latency_call_p50", "latency_call_p99"):
+                figs[key].ours.append(r[key])
+            progress(f"  pickup p50 {r['latency_p50']:.3f} ms, p99 {r['latency_p99']:.3f} ms")
+            for peer in peers:
+                h = run_peer(peer, "latency", peer_target(peer, "peer_latency"), samples=s.huey_samples, workers=s.huey_workers,
+                             gap=0.002)
                 for key in ("latency_p50", "latency_p99", "latency_call_p50", "latency_call_p99"):
-                    figs[key].ours.append(r[key])
-                progress(f"  pickup p50 {r['latency_p50']:.3f} ms, p99 {r['latency_p99']:.3f} ms")
-                if with_huey:
-                    h = run_huey("latency", fresh("huey-latency"), samples=s.huey_samples, workers=s.huey_workers, gap=0.002)
-                    for key in ("latency_p50", "latency_p99", "latency_call_p50", "latency_call_p99"):
-                        figs[key].huey.append(h[key])
-                    progress(f"  huey pickup p50 {h['latency_p50']:.3f} ms, p99 {h['latency_p99']:.3f} ms")
-                r = run_measure("cross_latency", db=str(fresh("cross")), samples=s.cross_samples, concurrency=s.concurrency,
-                                spread=max(3.0, 6 * poll_ms / 1000))
-                figs["cross_p50"].ours.append(r["cross_p50"])
-                figs["cross_p99"].ours.append(r["cross_p99"])
-                progress(f"  cross-process pickup p50 {r['cross_p50']:.1f} ms, p99 {r['cross_p99']:.1f} ms")
-            if want("scale"):
-                path = copy_file(templates["scale"], fresh("scale"))
-                r = run_measure("drain", db=str(path), jobs=s.jobs, concurrency=s.concurrency)
-                figs["drain_scale"].ours.append(r["drain"])
-                if want("drain"):  # the ratio to the empty-table drain of the same run
-                    figs["scale_ratio"].ours.append(r["drain"] / figs["drain_empty"].ours[-1])
-                progress(f"  drain with {s.scale_rows:,} rows {r['drain']:,.0f} jobs/s")
-            if want("memory"):
-                small = peak_memory(templates["memory_small"], fresh("memory-small"), s.memory_jobs, s.concurrency)
-                large = peak_memory(templates["memory_large"], fresh("memory-large"), s.memory_jobs, s.concurrency)
-                figs["rss_small"].ours.append(small)
-                figs["rss_large"].ours.append(large)
-                progress(f"  peak RSS {small:.0f} MB ({s.memory_jobs:,} pending), {large:.0f} MB ({s.scale_rows:,} pending)")
-            if want("processes"):
-                one = processes_drain(db, 1, s.process_jobs, s.concurrency)
-                two = processes_drain(db, 2, s.process_jobs, s.concurrency)
-                figs["procs1"].ours.append(one)
-                figs["procs2"].ours.append(two)
-                figs["procs_ratio"].ours.append(two / one)
-                progress(f"  one process {one:,.0f} jobs/s, two {two:,.0f} jobs/s")
-            shutil.rmtree(db)
+                    record(key, peer, h[key])
+                progress(f"  {peer.name} pickup p50 {h['latency_p50']:.3f} ms, p99 {h['latency_p99']:.3f} ms")
+            url = stores.fresh("cross")
+            r = run_measure("cross_latency", url=url, samples=s.cross_samples, concurrency=s.concurrency,
+                            spread=max(3.0, 6 * poll_ms / 1000) if stores.backend == "sqlite" else 3.0)
+            stores.drop(url)
+            figs["cross_p50"].ours.append(r["cross_p50"])
+            figs["cross_p99"].ours.append(r["cross_p99"])
+            progress(f"  cross-process pickup p50 {r['cross_p50']:.1f} ms, p99 {r['cross_p99']:.1f} ms")
+        if want("scale"):
+            url = stores.copy(templates["scale"], "scale")
+            r = run_measure("drain", url=url, jobs=s.jobs, concurrency=s.concurrency)
+            stores.drop(url)
+            figs["drain_scale"].ours.append(r["drain"])
+            if want("drain"):  # the ratio to the empty-table drain of the same run
+                figs["scale_ratio"].ours.append(r["drain"] / figs["drain_empty"].ours[-1])
+            progress(f"  drain with {s.scale_rows:,} rows {r['drain']:,.0f} jobs/s")
+        if want("memory"):
+            small = peak_memory(stores, templates["memory_small"], "memory_small", s.memory_jobs, s.concurrency)
+            large = peak_memory(stores, templates["memory_large"], "memory_large", s.memory_jobs, s.concurrency)
+            figs["rss_small"].ours.append(small)
+            figs["rss_large"].ours.append(large)
+            progress(f"  peak RSS {small:.0f} MB ({s.memory_jobs:,} pending), {large:.0f} MB ({s.scale_rows:,} pending)")
+        if want("processes"):
+            one = processes_drain(stores, 1, s.process_jobs, s.concurrency)
+            two = processes_drain(stores, 2, s.process_jobs, s.concurrency)
+            figs["procs1"].ours.append(one)
+            figs["procs2"].ours.append(two)
+            figs["procs_ratio"].ours.append(two / one)
+            progress(f"  one process {one:,.0f} jobs/s, two {two:,.0f} jobs/s")
     return {k: f for k, f in figs.items() if f.ours}
 
 
@@ -591,22 +619,26 @@ def spread(values: list[float], unit: str) -> str:
     return f"{fmt(min(values), unit, signed=True)} to {fmt(max(values), unit, signed=True)}"
 
 
-def table(figs: dict[str, Figure], sizes: Sizes, huey_note: str | None) -> str:
-    header = ["figure", "unit", "pipeline", "(min to max)", "Huey SQLite", "(min to max)", "ratio", "target", "met"]
+def table(figs: dict[str, Figure], sizes: Sizes, backend: str, peers: list[Peer], notes: list[str]) -> str:
+    header = ["figure", "unit", "pipeline", "(min to max)"]
+    for peer in peers:
+        header += [peer.name, "(min to max)", "ratio"]
+    header += ["target", "met"]
     rows = []
     for f in figs.values():
         ours = statistics.median(f.ours)
-        huey = statistics.median(f.huey) if f.huey else None
-        ratio = ""
-        if huey:
-            ratio = f"{ours / huey:.1f}×" if f.higher_is_better else f"{huey / ours:.1f}× faster" if ours > 0 else ""
-        met = "" if f.met is None else ("yes" if f.met(ours, huey) else "NO")
-        rows.append([
-            f.label, f.unit, fmt(ours, f.unit), spread(f.ours, f.unit),
-            "" if huey is None else fmt(huey, f.unit), "" if huey is None else spread(f.huey, f.unit), ratio, f.target, met,
-        ])
+        row = [f.label, f.unit, fmt(ours, f.unit), spread(f.ours, f.unit)]
+        for peer in peers:
+            values = f.peers.get(peer.name, [])
+            theirs = statistics.median(values) if values else None
+            ratio = ""
+            if theirs:
+                ratio = f"{ours / theirs:.1f}×" if f.higher_is_better else f"{theirs / ours:.1f}× faster" if ours > 0 else ""
+            row += ["" if theirs is None else fmt(theirs, f.unit), spread(values, f.unit), ratio]
+        met = "" if f.met is None else ("yes" if f.met(ours, f.best_peer()) else "NO")
+        rows.append([*row, f.target, met])
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    right = {2, 3, 4, 5, 6}
+    right = set(range(2, len(header) - 2))
 
     def line(cells: list[str]) -> str:
         return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
@@ -614,10 +646,10 @@ def table(figs: dict[str, Figure], sizes: Sizes, huey_note: str | None) -> str:
     out = [line(header), line(["-" * w for w in widths])]
     out += [line(r) for r in rows]
     runs = f"{sizes.runs} run{'s' if sizes.runs > 1 else ''}"
-    note = f"median of {runs}, each measurement in a fresh process on a fresh SQLite file, synchronous=FULL; {os.cpu_count()} cores"
-    if huey_note:
-        note += f"; {huey_note}"
-    return "\n".join([note, *out])
+    where = {"sqlite": "a fresh SQLite file, synchronous=FULL", "postgres": "a fresh Postgres database",
+             "redis": "a fresh Redis key prefix"}[backend]
+    note = f"{backend}: median of {runs}, each measurement in a fresh process on {where}; {os.cpu_count()} cores"
+    return "\n".join([note, *notes, *out])
 
 
 # -- entry point ------------------------------------------------------------------------------------
@@ -630,17 +662,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="bench.py", description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--backend", choices=BACKENDS, default="sqlite",
+                        help="the job store to measure (default sqlite); its peers run on the same server")
+    parser.add_argument("--postgres-url", default=POSTGRES_URL,
+                        help="the server for --backend postgres; a database is made and dropped per measurement "
+                             f"(default {POSTGRES_URL}, or PIPELINE_BENCH_POSTGRES_URL)")
+    parser.add_argument("--redis-url", default=REDIS_URL,
+                        help=f"the server for --backend redis; a key prefix per measurement (default {REDIS_URL})")
     parser.add_argument("--quick", action="store_true", help="small sizes, one run (under a minute)")
     parser.add_argument("--runs", type=int, help="runs of every figure (default 3; 1 with --quick)")
     parser.add_argument("--jobs", type=int, help="drain backlog (default 20,000)")
     parser.add_argument("--scale-rows", type=int, help="rows already in the table for the scale figures (default 1,000,000)")
     parser.add_argument("--concurrency", type=int, help="workers of the no-op job type (default 256)")
-    parser.add_argument("--huey-workers", type=int, help="Huey consumer threads (default 16, its best here from 1 to 64)")
-    parser.add_argument("--no-huey", action="store_true", help="skip Huey even if installed")
+    parser.add_argument("--huey-workers", type=int, help="the peers' worker threads (default 16, Huey's best here from 1 to 64)")
+    parser.add_argument("--no-huey", "--no-peers", dest="no_peers", action="store_true",
+                        help="skip the other queues (Huey, procrastinate, Dramatiq) even if installed")
     parser.add_argument("--only", action="append", choices=["drain", "enqueue", "bulk", "latency", "scale", "memory", "processes"],
                         help="measure only this group (repeatable)")
     parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # the test suite's: proves the script runs
-    parser.add_argument("--chart", type=Path, default=DEFAULT_CHART, help="where to draw the chart (default docs/bench.png)")
+    parser.add_argument("--chart", type=Path, help="where to draw the chart (default docs/bench.png for sqlite, none for the others)")
     parser.add_argument("--no-chart", action="store_true")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write every run's figures to FILE")
     args = parser.parse_args(argv)
@@ -654,24 +694,40 @@ def main(argv: list[str] | None = None) -> int:
             if value < 1:
                 parser.error(f"--{name.replace('_', '-')} must be at least 1, got {value}")
             setattr(sizes, name, value)
-    huey_note = None
-    if args.no_huey:
-        huey_note = "Huey skipped (--no-huey)"
-    elif not huey_installed():
-        huey_note = "Huey is not installed (pip install -e '.[bench]'), so its columns are empty"
-    figs = bench(sizes, with_huey=huey_note is None, only=set(args.only) if args.only else None)
-    print(table(figs, sizes, huey_note))
+    only = set(args.only) if args.only else None
+    notes = []
+    if args.backend == "redis" and (only is None or "scale" in only):
+        notes.append("scale skipped: the Redis store has no fast way to write a million completed jobs")
+        only = (only or {"drain", "enqueue", "bulk", "latency", "memory", "processes"}) - {"scale"}
+    peers = []
+    for peer in PEERS[args.backend]:
+        if args.no_peers:
+            notes.append(f"{peer.name} skipped (--no-huey)")
+        elif not peer.installed():
+            notes.append(f"{peer.name} is not installed (pip install -e '.[bench]'), so its columns are empty")
+        else:
+            peers.append(peer)
+            notes.append(f"{peer.name}: {peer.note}")
+    with tempfile.TemporaryDirectory(prefix="pipeline-bench-") as tmp_name:
+        stores = open_stores(args.backend, Path(tmp_name), postgres_url=args.postgres_url, redis_url=args.redis_url)
+        os.environ["PIPELINE_BENCH_SETTINGS"] = json.dumps(stores.settings)  # every measurement's process reads them
+        try:
+            figs = bench(sizes, stores, Path(tmp_name), peers=peers, only=only)
+        finally:
+            stores.close()
+    print(table(figs, sizes, args.backend, peers, notes))
     if args.json:
-        args.json.write_text(json.dumps({k: {"ours": f.ours, "huey": f.huey, "unit": f.unit, "label": f.label}
+        args.json.write_text(json.dumps({k: {"ours": f.ours, "peers": f.peers, "unit": f.unit, "label": f.label}
                                          for k, f in figs.items()}, indent=2))
-    if not args.no_chart:
-        sys.path.insert(0, str(HERE))
+    chart = args.chart or (DEFAULT_CHART if args.backend == "sqlite" else None)
+    if chart is not None and not args.no_chart:
         from bench_chart import draw
 
         runs = f"median of {sizes.runs} runs" if sizes.runs > 1 else "1 run"
-        draw(figs, args.chart, title=f"pipeline vs Huey (SQLite), no-op jobs, {runs}, {os.cpu_count()} cores, synchronous=FULL",
+        first = peers[0].name if peers else "Huey"
+        draw(figs, chart, title=f"pipeline vs {first} ({args.backend}), no-op jobs, {runs}, {os.cpu_count()} cores",
              scale_rows=sizes.scale_rows, poll_ms=pipeline.Config().worker.poll_interval_ms, callers=sizes.callers)
-        print(f"chart: {args.chart}", file=sys.stderr)
+        print(f"chart: {chart}", file=sys.stderr)
     return 0
 
 

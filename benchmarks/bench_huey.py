@@ -1,8 +1,12 @@
-"""Huey's SQLite backend on the workloads of bench.py, one measurement per process.
+"""Huey's SQLite backend (or its Redis one) on the workloads of bench.py, one measurement per process.
 
-    python benchmarks/bench_huey.py drain   --db F --jobs N --workers W
-    python benchmarks/bench_huey.py enqueue --db F --jobs N --callers C
-    python benchmarks/bench_huey.py latency --db F --samples N --workers W
+    python benchmarks/bench_huey.py drain   --target F --jobs N --workers W
+    python benchmarks/bench_huey.py enqueue --target F --jobs N --callers C
+    python benchmarks/bench_huey.py latency --target F --samples N --workers W
+    python benchmarks/bench_huey.py drain --redis --target redis://HOST:PORT/DB?prefix=NAME ...
+
+With ``--redis``, ``RedisHuey`` on that server under the name NAME (its keys removed at the
+end), for bench.py --backend redis.
 
 Each prints one JSON object on stdout. bench.py runs it next to the pipeline's own
 measurements, so both see the same machine at the same time. Huey is configured as
@@ -26,15 +30,22 @@ import threading
 import time
 from pathlib import Path
 
-from huey import SqliteHuey
+from huey import Huey, SqliteHuey
 from huey.consumer import Consumer
 
+REDIS: list[str] = []  # the server's URL and the queue's name, with --redis
 
-def make_huey(db: Path) -> SqliteHuey:
+
+def make_huey(db: Path) -> Huey:
+    if REDIS:
+        from huey import RedisHuey
+
+        url, name = REDIS
+        return RedisHuey(name, url=url, results=False)
     return SqliteHuey("bench", filename=str(db), fsync=True, results=False)
 
 
-def consumer_for(huey: SqliteHuey, workers: int) -> Consumer:
+def consumer_for(huey: Huey, workers: int) -> Consumer:
     # periodic=False: no periodic tasks here; check_worker_health=False: nothing to restart
     return huey.create_consumer(
         workers=workers, worker_type="thread", periodic=False, initial_delay=0.1, backoff=1.15, max_delay=0.5,
@@ -129,7 +140,8 @@ def percentiles(values: list[float], name: str) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=["drain", "enqueue", "latency"])
-    parser.add_argument("--db", type=Path, required=True)
+    parser.add_argument("--target", "--db", dest="db", required=True, help="the SQLite file (or, with --redis, the URL)")
+    parser.add_argument("--redis", action="store_true", help="RedisHuey on the URL given as --target")
     parser.add_argument("--jobs", type=int, default=5000)
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--callers", type=int, default=100)
@@ -137,12 +149,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gap", type=float, default=0.005)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
-    if args.what == "drain":
-        result = drain(args.db, args.jobs, args.workers)
-    elif args.what == "enqueue":
-        result = enqueue(args.db, args.jobs, args.callers)
-    else:
-        result = latency(args.db, args.samples, args.workers, args.gap)
+    if args.redis:
+        url, _, name = args.db.partition("?prefix=")
+        REDIS[:] = [url, name or "bench"]
+    try:
+        if args.what == "drain":
+            result = drain(Path(args.db), args.jobs, args.workers)
+        elif args.what == "enqueue":
+            result = enqueue(Path(args.db), args.jobs, args.callers)
+        else:
+            result = latency(Path(args.db), args.samples, args.workers, args.gap)
+    finally:
+        if REDIS:
+            make_huey(Path()).flush()  # the queue's keys: a fresh name per measurement, nothing left behind
     print(json.dumps(result))
     return 0
 

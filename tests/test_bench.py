@@ -39,7 +39,7 @@ def test_bench_runs_on_tiny_sizes(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     for row in ROWS:
         assert row in proc.stdout, f"{row!r} missing from\n{proc.stdout}"
-    assert "Huey skipped (--no-huey)" in proc.stdout
+    assert "Huey SQLite skipped (--no-huey)" in proc.stdout
     with Image.open(chart) as image:
         assert image.format == "PNG" and image.size == (1500, 900)
 

@@ -12,8 +12,8 @@ connection (``FOR UPDATE SKIP LOCKED``: concurrent claimers never wait on each o
 listener (listener.py) turns NOTIFY into the Poller's nudge. Times are the server's
 (``now()``): one clock for every process.
 
-Claim offers (base.ClaimOffer) are not taken: a claim here is its own statement anyway, and
-the Ledger's nudge sends the Poller to claim as soon as an insert commits.
+The Poller's claim offers (base.ClaimOffer) are taken by the Ledger: a batch that makes work
+due claims for the Poller in its own transaction (ledger.py).
 """
 
 from __future__ import annotations
@@ -241,9 +241,7 @@ async def open_postgres_backend(
 ) -> AsyncIterator[PostgresBackend]:
     """Open the pool, create or migrate the tables, run the Ledger and (when someone listens
     for nudges) the listener until the block ends; then the Ledger writes whatever is still in
-    its inbox and stops. ``offers_recv`` is closed at once: this backend takes no offers."""
-    if offers_recv is not None:
-        offers_recv.close()  # the Poller keeps its own end and takes back its offer itself
+    its inbox and stops. The Ledger takes the Poller's offers from ``offers_recv``."""
     listening = nudge_send is not None
     if nudge_send is None:
         nudge_send, nudge_recv = trio.open_memory_channel[Nudge](NUDGE_BUFFER)
@@ -255,6 +253,8 @@ async def open_postgres_backend(
     except BaseException:
         await trio.to_thread.run_sync(db.close)
         nudge_send.close()
+        if offers_recv is not None:
+            offers_recv.close()
         raise
     stats = LedgerStats()
     try:
@@ -264,7 +264,7 @@ async def open_postgres_backend(
                 wiring.edge("Ledger", "Postgres", "one statement per batch")
             else:
                 ledger_send, ledger_recv = trio.open_memory_channel[Command](LEDGER_INBOX)
-            await tn.start(functools.partial(run_ledger, db, ledger_recv, nudge_send.clone(), stats))
+            await tn.start(functools.partial(run_ledger, db, ledger_recv, nudge_send.clone(), stats, offers_recv=offers_recv))
             listener_scope = trio.CancelScope()
             if listening:
                 async def listen(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

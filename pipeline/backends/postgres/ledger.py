@@ -11,6 +11,11 @@ claims, rescues and operator actions run on pooled connections of their own (eac
 statement or one short transaction, fenced like everything else). What the Ledger groups
 are the two commands that come by thousands: outcomes (on trays, see trays.Tray) and inserts.
 
+When a batch makes work due (an insert of a due job, a release) and the Poller's offer
+waits (base.ClaimOffer), the claim rides in the batch's transaction, as a second statement
+after the first: a job enqueued by this process starts as soon as its insert commits, with no
+claim of its own after it (and no nudge, no thread hop, no second commit).
+
 A batch whose statement the database refuses for one caller's sake (a duplicate id) is
 written again split: the outcomes together, then each caller's rows alone, so only that
 caller hears the error. A batch that fails as a whole (the server unreachable) fails every
@@ -20,6 +25,7 @@ enqueue raises.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from typing import Any
@@ -32,7 +38,7 @@ from ...clock import now_ts
 from ...engine.messages import Reply
 from ...errors import PipelineClosed, StoreError
 from ...states import Transition
-from ..base import NewJob, Nudge, Settlement, nudge
+from ..base import Claimed, ClaimOffer, Lease, NewJob, Nudge, Settlement, nudge
 from ..trays import Tray
 from . import store
 from .db import Database, describe
@@ -66,8 +72,28 @@ def _is_outage(exc: BaseException, conn: psycopg.Connection[Any]) -> bool:
     return isinstance(exc, psycopg.OperationalError) or conn.broken or conn.closed
 
 
-def _apply_batch(conn: psycopg.Connection[Any], batch: list[Command], notify: bool) -> list[tuple[bool, Any]]:
-    """Runs in a worker thread: the batch as one statement; split if the database refused it."""
+def _apply_batch(conn: psycopg.Connection[Any], batch: list[Command], notify: bool,
+                 offer: ClaimOffer | None = None) -> tuple[list[tuple[bool, Any]], list[Lease] | None]:
+    """Runs in a worker thread: the batch as one statement, and with ``offer`` the claim after
+    it in the same transaction; the answers, and the leases claimed (None: no claim ran)."""
+    if offer is not None:
+        try:
+            with conn.transaction():
+                results = _write(conn, batch, notify, split=False)
+                leases = store.claim(conn, offer.wants, owner=offer.owner, lease_seconds=offer.lease_seconds,
+                                     start=offer.start)
+            return results, leases
+        except psycopg.Error as exc:
+            if _is_outage(exc, conn):
+                raise
+            # refused for one caller's sake (rolled back whole): written split below, without the
+            # claim (the Poller claims on its own)
+    return _write(conn, batch, notify), None
+
+
+def _write(conn: psycopg.Connection[Any], batch: list[Command], notify: bool, *, split: bool = True) -> list[tuple[bool, Any]]:
+    """The batch as one statement; split if the database refused it (or, with ``split``
+    False, raise)."""
     items = [item for command in batch if command.tray is not None for item in command.tray.items]
     inserts = [(i, command.rows) for i, command in enumerate(batch) if command.rows is not None]
     rows = [row for _, command_rows in inserts for row in command_rows]
@@ -75,7 +101,7 @@ def _apply_batch(conn: psycopg.Connection[Any], batch: list[Command], notify: bo
     try:
         held = store.write_batch(conn, items, rows, notify=notify)
     except psycopg.Error as exc:
-        if _is_outage(exc, conn):
+        if _is_outage(exc, conn) or not split:
             raise
         log.info("a batch of %d outcomes and %d inserts was refused (%s); writing it split", len(items), len(rows), exc)
         held = _outcomes_alone(conn, items, notify=notify and not rows)
@@ -131,18 +157,42 @@ def _makes_work_due(batch: list[Command]) -> bool:
     return False
 
 
+def _take_offer(offers_recv: trio.MemoryReceiveChannel[ClaimOffer] | None) -> ClaimOffer | None:
+    if offers_recv is None:
+        return None
+    try:
+        return offers_recv.receive_nowait()
+    except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+        return None
+
+
+def _answer(nudge_send: trio.MemorySendChannel[Nudge], claimed: Claimed) -> None:
+    try:
+        nudge_send.send_nowait(claimed)  # never full: one offer is out at a time (see base.nudge)
+    except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+        # the Poller is gone: the jobs stay running under its lease, which nobody renews,
+        # and are rescued when it expires
+        if claimed.leases:
+            log.warning("%d jobs claimed for a Poller that stopped; their leases will return them", len(claimed.leases))
+
+
 async def run_ledger(
     db: Database,
     inbox_recv: trio.MemoryReceiveChannel[Command],
     nudge_send: trio.MemorySendChannel[Nudge],
     stats: LedgerStats,
     *,
+    offers_recv: trio.MemoryReceiveChannel[ClaimOffer] | None = None,
     batch_limit: int = BATCH_LIMIT,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Write batches until every sender of the inbox has closed its end."""
+    """Write batches until every sender of the inbox has closed its end. A batch that makes
+    work due takes the Poller's standing offer from ``offers_recv``, if one waits, claims for
+    it in the same transaction, and answers it on ``nudge_send`` (with no leases if the batch
+    failed): every offer taken is answered."""
     batch: list[Command] = []
-    with inbox_recv, nudge_send:
+    offer: ClaimOffer | None = None  # the offer in the batch in hand, until answered
+    with inbox_recv, nudge_send, (offers_recv or contextlib.nullcontext()):
         task_status.started()
         try:
             async for first in inbox_recv:
@@ -159,14 +209,18 @@ async def run_ledger(
                         command.tray.is_open = False  # later outcomes go on the next tray
                         outcomes += len(command.tray.items) - 1
                 wakes = _makes_work_due(batch)
+                offer = _take_offer(offers_recv) if wakes else None
                 try:
-                    results = await db.write(_apply_batch, batch, wakes)
+                    results, leases = await db.write(_apply_batch, batch, wakes, offer)
                 except StoreError as exc:
                     stats.failed_batches += 1
                     stats.trouble = f"the Ledger could not commit: {exc}"
                     log.warning("ledger batch of %d commands not written: %s", len(batch), exc)
                     for command in batch:
                         command.reply.fail(exc)
+                    if offer is not None:
+                        _answer(nudge_send, Claimed(offer, []))
+                        offer = None
                     continue
                 stats.batches += 1
                 stats.trouble = None
@@ -176,7 +230,10 @@ async def run_ledger(
                         command.reply.set(value)
                     else:
                         command.reply.fail(describe(value, db.url) if isinstance(value, psycopg.Error) else value)
-                if wakes:
+                if offer is not None:
+                    _answer(nudge_send, Claimed(offer, leases or []))
+                    offer = None
+                if leases is None and wakes:  # (an answered claim is the nudge: it saw everything this batch made due)
                     nudge(nudge_send)  # this process's Poller: at once, before the NOTIFY comes back
         finally:
             # only a cancellation gets here with work in hand: answer it all
@@ -184,6 +241,8 @@ async def run_ledger(
             for command in batch:
                 if not command.reply.answered:
                     command.reply.fail(gone)
+            if offer is not None:
+                _answer(nudge_send, Claimed(offer, []))
             while True:
                 try:
                     command = inbox_recv.receive_nowait()
