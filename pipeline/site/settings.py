@@ -91,7 +91,7 @@ def is_loopback_host(host: str) -> bool:
 class WebhookSettings:
     """``webhook_notify``, and the events that route to it."""
 
-    urls: tuple[str, ...] = setting((), "WEBHOOK_URLS", url_list)
+    urls: tuple[str, ...] = setting((), "WEBHOOK_URLS", url_list, url=True)  # shown with passwords masked
     secret: str = setting("", "WEBHOOK_SECRET", webhook_secret, secret=True)  # whsec_<base64 key>; empty: unsigned
     timeout_seconds: float = setting(10.0, "WEBHOOK_TIMEOUT_SECONDS", positive_seconds)
     allow_private_networks: bool = setting(False, "WEBHOOK_ALLOW_PRIVATE_NETWORKS", boolean)
