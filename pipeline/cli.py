@@ -7,10 +7,12 @@ Exit status: 0 success; 2 bad usage or configuration (the message names the prob
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import logging
 import os
 import sqlite3
+import stat
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -325,7 +327,6 @@ def cmd_enqueue(args: argparse.Namespace, config: Config, registry: Registry | N
 def _enqueue_file(args: argparse.Namespace, config: Config, registry: Registry | None, out: TextIO) -> int:
     """All or nothing, in one transaction: each chunk of checked lines is inserted while the
     next is checked; a bad line rolls everything back."""
-    import shutil
     import tempfile
 
     from .admin import console, inputs
@@ -340,17 +341,24 @@ def _enqueue_file(args: argparse.Namespace, config: Config, registry: Registry |
         raise UsageError(f"--commit-every must be a number of jobs >= 1, got {every}")
     reg = _registry(config, registry)
     name = "standard input" if args.from_file == "-" else args.from_file
+    # a line holds one job: its payload (at most the registry's limit, up to 6 bytes a character
+    # when written as \\uXXXX escapes) and a few fields; longer is not a job (/dev/zero has no end)
+    max_line = 6 * reg.max_payload_bytes + 64 * 1024
     if args.from_file == "-":
-        # read it all first: a slow writer on the pipe must not hold the database's write lock
-        source: Any = tempfile.TemporaryFile()
-        shutil.copyfileobj(sys.stdin.buffer, source)
-        source.seek(0)
+        opened: Any = sys.stdin.buffer
     else:
-        source = open(args.from_file, "rb")  # noqa: SIM115 -- closed below
+        opened = open(args.from_file, "rb")  # noqa: SIM115 -- closed below (a missing file: OSError, exit 1)
     ids: list[str] = []
-    with source, console.progress_bar(sys.stderr) as bar:
-        lines = sum(chunk.count(b"\n") for chunk in iter(lambda: source.read(1 << 20), b""))
-        source.seek(0)
+    with opened, console.progress_bar(sys.stderr) as bar:
+        if _is_regular(opened):  # read twice in place: once to count and check the lines, once to insert
+            source, lines = opened, _count_lines(opened, None, name, max_line)
+            source.seek(0)
+        else:
+            # a pipe, a FIFO, a device: read it all first, as it comes (a slow writer must not hold
+            # the database's write lock, and it cannot be read twice)
+            source = tempfile.TemporaryFile()  # noqa: SIM115 -- closed with `opened`'s block below
+            lines = _count_lines(opened, source, name, max_line)
+            source.seek(0)
         task = bar.task(f"enqueueing lines of {Path(name).name}", lines)  # the bar has one line: no folders
         rows = inputs.read_jobs(source, name, reg, default_max_attempts=config.worker.default_max_attempts,
                                 on_lines=lambda n: bar.advance(task, n))
@@ -360,7 +368,11 @@ def _enqueue_file(args: argparse.Namespace, config: Config, registry: Registry |
         async def work(backend: Backend) -> int:
             return await backend.bulk_insert(rows, commit_every=every)
 
-        committed = _with_backend(config, work)
+        try:
+            committed = _with_backend(config, work)
+        finally:
+            if source is not opened:
+                source.close()
         parts = 0 if not committed else (1 if every is None else -(-committed // every))
         bar.finish(task, lines)
     if args.json:
@@ -368,6 +380,33 @@ def _enqueue_file(args: argparse.Namespace, config: Config, registry: Registry |
     else:
         print(f"enqueued {committed} jobs from {name}" + (f" in {parts} transactions" if every else ""), file=out)
     return 0
+
+
+def _is_regular(stream: Any) -> bool:
+    try:
+        return stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return False
+
+
+def _count_lines(stream: Any, copy: Any, name: str, max_line: int) -> int:
+    """The number of lines in ``stream`` (read to its end, copied to ``copy`` if given);
+    UsageError naming the line once one is longer than ``max_line`` bytes."""
+    lines, current = 0, 0  # lines ended so far, bytes of the line being read
+    for chunk in iter(lambda: stream.read(1 << 20), b""):
+        if copy is not None:
+            copy.write(chunk)
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            current += end - start
+            if current > max_line:
+                break
+            lines, current, start = lines + 1, 0, end + 1
+        else:
+            current += len(chunk) - start
+        if current > max_line:
+            raise UsageError(f"{name} line {lines + 1} is longer than {max_line:,} bytes: not a job (one JSON object per line)")
+    return lines
 
 
 def _keeping_ids(rows: Any, ids: list[str]) -> Any:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -82,7 +83,7 @@ def url_list(text: str) -> tuple[str, ...]:
     urls = tuple(part.strip() for part in text.split(",") if part.strip())
     for url in urls:
         if not (url.startswith("http://") or url.startswith("https://")):
-            raise ValueError(f"comma-separated http(s) URLs ({url!r} is not one)")
+            raise ValueError(f"comma-separated http(s) URLs ({masked_url(url)!r} is not one)")
     return urls
 
 
@@ -186,11 +187,37 @@ def _masked_query(text: str) -> str:
     return re.sub(r"((?:^|[?&;\s])(?:ssl)?password=)[^&;#\s]*", r"\1***", text, flags=re.I)
 
 
+def without_password(text: str, url: str) -> str:
+    """``text`` (a driver's message about ``url``) with the URL's password in none of its
+    forms: drivers quote what they could not parse (libpq: ``invalid percent-encoded token:
+    "PASSWORD%zz"``, or the whole URI), so the password is looked for as written and
+    percent-decoded, and the whole URL shown masked."""
+    text = text.replace(url, masked_url(url))
+    found: set[str] = set()
+    scheme, sep, rest = url.partition("://")
+    if sep:
+        end = min((i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
+        userinfo = rest[:end].rpartition("@")[0]
+        if ":" in userinfo:
+            found.add(userinfo.partition(":")[2])
+    found.update(re.findall(r"(?:^|[?&;\s])(?:ssl)?password=([^&;#\s]*)", url, flags=re.I))
+    for password in list(found):
+        found.add(urllib.parse.unquote(password))
+    for password in sorted(filter(None, found), key=len, reverse=True):
+        text = text.replace(password, "***")
+    return text
+
+
+def _masked(value: Any) -> Any:
+    """A URL setting's value with its passwords masked: one URL, or a tuple of them."""
+    return tuple(masked_url(v) for v in value) if isinstance(value, tuple) else masked_url(value)
+
+
 def setting(default: Any, env: str, parse: Callable[[str], Any], *, secret: bool = False, url: bool = False) -> Any:
     """One setting: its default, its environment variable and the parser of the variable's
     text, which also checks a value given in code. ``secret``: never shown in a message;
     ``url``: shown with its password masked."""
-    shown: Any = (lambda value: "'***'" if value else "''") if secret else (lambda value: repr(masked_url(value))) if url else True
+    shown: Any = (lambda value: "'***'" if value else "''") if secret else (lambda value: repr(_masked(value))) if url else True
     return attrs.field(default=default, converter=_normalised(default, parse), validator=_check, repr=shown,
                        metadata={"env": env, "parse": parse, "secret": secret, "url": url})
 
@@ -218,8 +245,8 @@ def _normalised(default: Any, parse: Callable[[str], Any]) -> Callable[[Any], An
 def _shown(attribute: attrs.Attribute[Any], value: Any) -> str:
     if attribute.metadata.get("secret"):
         return "'***'"
-    if attribute.metadata.get("url") and isinstance(value, str):
-        return repr(masked_url(value))
+    if attribute.metadata.get("url") and isinstance(value, (str, tuple)):
+        return repr(_masked(value))
     return repr(value)
 
 

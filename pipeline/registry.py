@@ -211,7 +211,7 @@ class Registry:
             return self._jobs[name]
         except KeyError:
             known = ", ".join(sorted(self._jobs)) or "none"
-            raise UnknownJobType(f"unknown job type {name!r} (known: {known})") from None
+            raise UnknownJobType(f"unknown job type {_clip(name)!r} (known: {known})") from None
 
     def job_types(self) -> list[str]:
         return sorted(self._jobs)
@@ -323,7 +323,7 @@ class Registry:
             return self._events[name]
         except KeyError:
             known = ", ".join(sorted(self._events)) or "none"
-            raise UnknownEvent(f"unknown event {name!r} (known: {known})") from None
+            raise UnknownEvent(f"unknown event {_clip(name)!r} (known: {known})") from None
 
     def event_name_of(self, event: Any) -> str:
         try:
@@ -344,3 +344,8 @@ class Registry:
 
     def route(self, event: Any, config: Config) -> list[Routed]:
         return self.event_spec(self.event_name_of(event)).route(event, config)
+
+
+def _clip(name: str, limit: int = 80) -> str:
+    """A name from a caller, short enough to echo: a 1 MB job type is not repeated back whole."""
+    return name if len(name) <= limit else name[:limit] + "…"

@@ -33,7 +33,7 @@ import attrs
 import trio
 
 from .config import Config, masked_url
-from .errors import PipelineError
+from .errors import ConfigError, PipelineError
 from .registry import Registry
 
 log = logging.getLogger("pipeline.supervisor")
@@ -121,8 +121,9 @@ class Supervisor:
         if self.stopping:
             log.info("worker process %d (pid %d) stopped with status %d", child.number, process.pid, code)
         elif not child.ready:
-            raise SupervisorError(f"worker process {child.number} (pid {process.pid}) exited with status {code} before it "
-                                  "was ready; see its messages above")
+            reason = (f"worker process {child.number} (pid {process.pid}) exited with status {code} before it was ready; "
+                      "see its messages above")
+            raise ConfigError(reason) if code == 2 else SupervisorError(reason)  # 2: its settings were refused
         else:
             log.error("worker process %d (pid %d) exited with status %d; its jobs come back when their leases expire; "
                       "starting it again in %.0f s", child.number, process.pid, code, backoff)
@@ -202,8 +203,9 @@ async def _supervisor_pipeline(config: Config, registry: Registry | None) -> Asy
     from .engine.wiring import open_pipeline
 
     if registry is None:
-        from .site import types_registry
+        from .site import default_registry, types_registry
 
+        default_registry(config)  # the worker processes' own: its settings are checked here, before any starts
         registry = types_registry()  # the admin API validates jobs and events; it runs no handler
     async with open_pipeline(config.replace(worker=attrs.evolve(config.worker, enabled=False)), registry) as pipeline:
         yield pipeline

@@ -32,6 +32,7 @@ async def served(cfg: Config, registry: Registry | None = None, *, auth: bool = 
         stop = trio.Event()
         url = await tn.start(run_admin_server, pipeline, None, stop.wait)
         headers = {"Authorization": f"Bearer {cfg.admin.token}"} if cfg.admin.token and auth else {}
+        headers["Content-Type"] = "application/json"  # as the dashboard sends on every write (a POST needs it)
         async with httpx.AsyncClient(base_url=url, headers=headers, timeout=10) as client:
             yield pipeline, client
         stop.set()

@@ -450,3 +450,41 @@ def _lines(proc: subprocess.Popen[str], timeout: float = 30) -> Iterator[dict[st
         if line is None:
             raise AssertionError(f"the service ended early with status {proc.wait()}")
         yield json.loads(line)
+
+
+def test_from_file_reads_a_fifo_as_it_reads_standard_input(db: Path, tmp_path: Path) -> None:
+    fifo = tmp_path / "jobs.fifo"
+    os.mkfifo(fifo)
+
+    def writer() -> None:
+        with open(fifo, "w") as f:
+            f.write("\n".join(GOOD * 10) + "\n")
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        code, out = run("enqueue", "--from-file", str(fifo))
+    finally:
+        thread.join(timeout=10)
+    assert (code, out) == (0, f"enqueued 30 jobs from {fifo}\n")
+    assert len(rows(db)) == 30
+
+
+@pytest.mark.parametrize("endless", [True, False], ids=["dev-zero", "one-long-line"])
+def test_from_file_refuses_a_line_longer_than_any_job(db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                      endless: bool) -> None:
+    """/dev/zero has no newline and no end: it is refused once its first line is too long to
+    be a job (6 × the 1 MiB payload limit + 64 KiB), not read for ever."""
+    if endless:
+        path = Path("/dev/zero")
+    else:
+        path = write_lines(tmp_path / "jobs.jsonl", [GOOD[0], '{"job_type": "x", "payload": {"k": "' + "y" * 7_000_000 + '"}}'])
+    done: list[tuple[int, str]] = []
+    thread = threading.Thread(target=lambda: done.append(run("enqueue", "--from-file", str(path))), daemon=True)
+    thread.start()
+    thread.join(timeout=20)
+    assert done, "enqueue --from-file never returned"
+    assert done[0] == (2, "")
+    err = capsys.readouterr().err
+    assert f"{path} line {1 if endless else 2} is longer than 6,356,992 bytes" in err, err
+    assert not db.exists() or rows(db) == []

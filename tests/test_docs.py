@@ -10,6 +10,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_every_test_the_reliability_promise_names_exists() -> None:
     text = (ROOT / "docs" / "reliability.md").read_text()
+    assert _named_tests_exist(text) >= 30
+    for script in re.findall(r"`python (benchmarks/\w+\.py)", text):
+        assert (ROOT / script).exists(), script
+
+
+def test_every_test_the_security_page_names_exists() -> None:
+    assert _named_tests_exist((ROOT / "docs" / "security.md").read_text()) >= 25
+
+
+def _named_tests_exist(text: str) -> int:
+    """Check every `tests/...py::name` (or `::name` after one) in ``text``; how many there were."""
     current = None
     named = 0
     for m in re.finditer(r"`(tests/[\w/]+\.py)?(?:::(\w+))?", text):
@@ -22,9 +33,7 @@ def test_every_test_the_reliability_promise_names_exists() -> None:
             source = (ROOT / current).read_text()
             assert re.search(rf"^(async )?def {name}\(|^{name} = |^class {name}\b", source, re.M), f"{current}::{name}"
             named += 1
-    assert named >= 30
-    for script in re.findall(r"`python (benchmarks/\w+\.py)", text):
-        assert (ROOT / script).exists(), script
+    return named
 
 
 def test_every_setting_is_documented_with_its_default() -> None:

@@ -17,6 +17,7 @@ from conftest import fast_config
 from PIL import Image
 
 import pipeline
+from pipeline import cli
 from pipeline.backends import JobRecord
 from pipeline.site import Compress, ConvertWebP, GenerateThumbnail, MediaUploaded, ProcessImage, Resize, default_registry, images
 from pipeline.site.images import derived_dir_name, fit_within, operations_hash
@@ -445,3 +446,52 @@ def _close(pixel: Any, colour: tuple[int, int, int], tolerance: int = 40) -> boo
 
 def _db_files(tmp_path: Path) -> list[str]:
     return [p.name for p in tmp_path.iterdir() if p.name.startswith("pipeline.db")]
+
+
+# -- bounded work per job (issue 15) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("operations", "bound"),
+    [([{"Resize": {"width": 10, "height": 10}}] * 17, "<= 16"),
+     ([{"Resize": {"width": 16_385, "height": 10}}], "'width' must be <= 16384"),
+     ([{"Resize": {"width": 10, "height": 100_000}}], "'height' must be <= 16384")],
+    ids=["17-operations", "wide", "tall"],
+)
+async def test_process_image_over_its_bounds_is_refused_at_enqueue(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], operations: list[Any], bound: str
+) -> None:
+    payload = json.dumps({"media_id": "m", "operations": operations})
+    monkeypatch.setenv("DATABASE_URL", f"sqlite:///{db_path}")
+    assert cli.main(["--env-file", str(db_path.parent / "none.env"), "enqueue", "process_image", "--payload", payload]) == 2
+    assert bound in capsys.readouterr().err
+
+    from test_admin_api import api_config, assert_error, served
+
+    async with served(api_config(db_path)) as (_, client):
+        r = await client.post("/admin/jobs", json={"job_type": "process_image", "payload": json.loads(payload)})
+        assert_error(r, 422, bound)
+        assert (await client.get("/admin/jobs")).json()["total"] == 0
+    ProcessImage("m", (Resize(16_384, 16_384),) * 16)  # the bounds themselves are allowed
+
+
+async def test_a_timeout_stops_process_image_between_operations(db_path: Path, media: Path) -> None:
+    """16 resizes of a large image take seconds in an image thread; the job's timeout of
+    0.4 s stops them at the next operation, not when all are done, and the message does
+    not blame the event loop alone (the loop was free: the work ran in a thread)."""
+    Image.new("RGB", (1000, 1000), RED).save(media / "big.png")
+    config = fast_config(db_path, media_dir=str(media), worker_job_timeout_seconds=0.4)
+    operations = (Resize(4000, 4000), Resize(1000, 1000)) * 8
+    async with running_images(config) as im:
+        await im.add_media("big", "big.png", "image/png")
+        started = trio.current_time()
+        job_id = await im.p.enqueue(ProcessImage("big", operations), max_attempts=1)
+        (record,) = await im.wait([job_id])
+        took = trio.current_time() - started
+        assert not (media / "derived").exists() or not any((media / "derived").rglob("*.*"))
+
+    assert (record.status, record.attempts) == ("dead", 1)
+    assert record.error.startswith("timed out after 0.4 s"), record.error
+    assert took < 2.0, f"the job ran {took:.1f} s: the operations went on after the timeout"
+    if "blocking the event loop" in record.error:  # a slow operation made the timeout late: both causes named
+        assert "waiting on such a thread" in record.error

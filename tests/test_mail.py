@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import email
 import email.policy
+import os
 import socket
 import ssl
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,8 +27,9 @@ from conftest import fast_config
 from jobkit import wait_status
 
 import pipeline
-from pipeline import Registry, site
+from pipeline import ConfigError, Registry, site
 from pipeline.site import SendEmail, SendWelcomeEmail, UserRegistered, default_registry, mail
+from pipeline.site.settings import MailSettings
 
 SENDER = "Blog <noreply@example.com>"
 
@@ -247,14 +251,18 @@ async def test_connection_refused_is_retried(db_path: Path) -> None:
 @pytest.mark.parametrize(
     ("to", "subject", "expected"),
     [
-        ("alice@example.org", "Hi\r\nBcc: everyone@example.net", "subject 'Hi\\r\\nBcc: everyone@example.net' contains CR or LF"),
-        ("alice@example.org\nBcc: everyone@example.net", "Hi", "recipient address 'alice@example.org\\nBcc: everyone@example.net' contains CR or LF"),
+        ("alice@example.org", "Hi\r\nBcc: everyone@example.net", "subject 'Hi\\r\\nBcc: everyone@example.net' contains a line break"),
+        ("alice@example.org", "Hi\u2028Bcc: everyone@example.net", "subject 'Hi\\u2028Bcc: everyone@example.net' contains a line break"),
+        ("alice@example.org", "Hi\x85there", "subject 'Hi\\x85there' contains a line break"),
+        ("alice@example.org\nBcc: everyone@example.net", "Hi", "recipient address 'alice@example.org\\nBcc: everyone@example.net' contains a line break"),
+        ("alice@example.org\u2029", "Hi", "recipient address 'alice@example.org\\u2029' contains a line break"),
         ("not-an-address", "Hi", "recipient address 'not-an-address' is not a valid email address"),
         ("alice@", "Hi", "recipient address 'alice@' is not a valid email address"),
         ("a@example.org, b@example.org", "Hi", "must be exactly one address, found 2"),
         ("", "Hi", "recipient address is empty"),
     ],
-    ids=["crlf-subject", "lf-address", "no-domain", "empty-domain", "two-addresses", "empty"],
+    ids=["crlf-subject", "u2028-subject", "nel-subject", "lf-address", "u2029-address", "no-domain", "empty-domain",
+         "two-addresses", "empty"],
 )
 async def test_bad_address_or_subject_is_dead_and_nothing_is_sent(
     db_path: Path, smtp_server: Any, to: str, subject: str, expected: str
@@ -301,6 +309,45 @@ async def test_starttls_with_auth(db_path: Path, smtp_server: Any, server_tls: s
     (got,) = inbox.messages
     assert got.login == b"mailer"
     assert got.message["Subject"] == "TLS"
+
+
+async def test_credentials_use_starttls_when_offered_even_with_security_none(
+    db_path: Path, smtp_server: Any, server_tls: ssl.SSLContext, client_tls: ssl.SSLContext
+) -> None:
+    """SMTP_SECURITY=none (the default) with a username: the server offers STARTTLS, so the
+    login happens only after it (aiosmtpd's auth_require_tls refuses AUTH on the plain
+    connection: before the upgrade it does not even offer AUTH)."""
+    inbox, port = smtp_server(tls_context=server_tls, auth_required=True, authenticator=authenticator)
+    config = mail_config(db_path, port, smtp_username="mailer", smtp_password="s3cret")
+    assert config.section(MailSettings).smtp_security == "none"
+    record = await run_job(config, mail_registry(config, ssl_context=client_tls), SendEmail(to="f@example.org", subject="up", body="x"))
+
+    assert record.status == "completed", record.error
+    (got,) = inbox.messages
+    assert got.login == b"mailer"
+
+
+@pytest.mark.parametrize("host", ["mail.example.com", "10.0.0.5", "127.0.0.1.example.com", "[2001:db8::1]"])
+def test_credentials_in_clear_text_to_a_remote_host_are_refused_at_start(db_path: Path, host: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        mail_config(db_path, 587, smtp_host=host, smtp_username="mailer", smtp_password="s3cret").section(MailSettings)
+    message = str(caught.value)
+    for name in ("SMTP_USERNAME", "SMTP_PASSWORD", "SMTP_SECURITY=none", "SMTP_HOST", "starttls", "tls"):
+        assert name in message
+    assert "s3cret" not in message
+    for fine in ({"smtp_security": "starttls"}, {"smtp_security": "tls"}, {"smtp_host": "localhost"}, {"smtp_host": "127.0.0.1"},
+                 {"smtp_host": "[::1]"}, {"smtp_username": "", "smtp_password": ""}):
+        values = {"smtp_host": host, "smtp_username": "mailer", "smtp_password": "s3cret", **fine}
+        mail_config(db_path, 587, **values).section(MailSettings)
+
+
+def test_the_service_exits_2_naming_the_settings(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "DATABASE_URL": f"sqlite:///{tmp_path / 'p.db'}",
+           "ADMIN_ENABLED": "false", "SMTP_HOST": "mail.example.com", "SMTP_USERNAME": "mailer", "SMTP_PASSWORD": "s3cret"}
+    done = subprocess.run([sys.executable, "-m", "pipeline", "--env-file", str(tmp_path / "none.env")], env=env,
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "SMTP_SECURITY=none" in done.stderr and "SMTP_PASSWORD" in done.stderr and "s3cret" not in done.stderr
 
 
 async def test_wrong_password_is_dead_naming_the_user(

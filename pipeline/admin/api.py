@@ -5,10 +5,13 @@ Errors are ``{"error": {"code", "message"}}``:
 
     400 bad_request        malformed query parameter or body (not JSON, not UTF-8 text)
     401 unauthorized       ADMIN_TOKEN is set and the request's Bearer token is missing or wrong
+    400 bad_request        also: no Host header, or one that is not name[:port]
     403 forbidden          a cross-origin write, or a foreign Host header on a token-less server
     404 not_found          no such job (or route)
+    408 request_timeout    the declared body did not arrive within BODY_TIMEOUT
     409 conflict           retry of a job that is not dead; delete of a running job
     413 payload_too_large  body over ADMIN_MAX_BODY_BYTES
+    415 unsupported_media_type  a POST without Content-Type: application/json
     422 invalid            well-formed JSON that does not fit (unknown job type, bad payload)
     503 unavailable        the database refused, or the pipeline is shutting down
 """
@@ -39,6 +42,8 @@ MAX_PER_PAGE = 200
 DEFAULT_PER_PAGE = 50
 MAX_PAGE = 10_000_000  # page × per_page stays far inside SQLite's 64-bit OFFSET
 STATS_REUSE_FACTOR = 4.0  # stats are reused for this many times as long as they took to compute
+BODY_TIMEOUT = 10.0  # seconds a request's whole body may take to arrive: a client that declares one and
+# never sends it must not hold a connection (and a task) for ever; read when each body is read
 
 NO_BODY = object()  # an optional body that was not sent (unlike a JSON null, which is refused)
 
@@ -48,8 +53,10 @@ CODES = {
     403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
+    408: "request_timeout",
     409: "conflict",
     413: "payload_too_large",
+    415: "unsupported_media_type",
     422: "invalid",
     500: "internal",
     503: "unavailable",
@@ -268,13 +275,17 @@ class AdminApi:
         return record
 
     async def _body(self, request: Request, *, required: bool) -> Any:
-        """The JSON body, read up to ADMIN_MAX_BODY_BYTES (413 beyond); NO_BODY if empty and optional."""
+        """The JSON body, read up to ADMIN_MAX_BODY_BYTES (413 beyond) within BODY_TIMEOUT
+        (408 after); NO_BODY if empty and optional."""
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.max_body:
-                raise ApiError(413, f"request body is larger than {self.max_body} bytes (ADMIN_MAX_BODY_BYTES)")
-            chunks.append(chunk)
+        with trio.move_on_after(BODY_TIMEOUT) as waited:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > self.max_body:
+                    raise ApiError(413, f"request body is larger than {self.max_body} bytes (ADMIN_MAX_BODY_BYTES)")
+                chunks.append(chunk)
+        if waited.cancelled_caught:
+            raise ApiError(408, f"the request body did not arrive within {BODY_TIMEOUT:g} s", headers={"Connection": "close"})
         raw = b"".join(chunks)
         if not raw:  # (whitespace alone is not JSON: 400 below)
             if required:

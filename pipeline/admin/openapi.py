@@ -27,12 +27,14 @@ def _error(description: str) -> dict[str, Any]:
 
 
 _ERRORS = {
-    400: "Malformed query parameter or body.",
+    400: "Malformed query parameter or body, or a missing or malformed Host header.",
     401: "ADMIN_TOKEN is set and the Bearer token is missing or wrong.",
-    403: "Cross-origin write, or a foreign Host header on a server without ADMIN_TOKEN.",
+    403: "Cross-origin write (by Origin or Sec-Fetch-Site), or a foreign Host header on a server without ADMIN_TOKEN.",
     404: "No such job.",
     409: "The job is not in a state that allows this.",
+    408: "The declared body did not arrive in time.",
     413: "Body larger than ADMIN_MAX_BODY_BYTES.",
+    415: "A POST without Content-Type: application/json.",
     422: "Well-formed JSON that does not fit (unknown job type or event, payload that does not fit its class).",
     503: "The database refused, or the pipeline is shutting down.",
 }
@@ -40,7 +42,7 @@ _ERRORS = {
 
 def _responses(ok: dict[str, Any], *codes: int) -> dict[str, Any]:
     out: dict[str, Any] = dict(ok)
-    for code in sorted({401, 403, 503, *codes}):
+    for code in sorted({400, 401, 403, 503, *codes}):
         out[str(code)] = _error(_ERRORS[code])
     return out
 
@@ -165,7 +167,7 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
                 "operationId": "createJob",
                 "summary": "Enqueue one job",
                 "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("NewJob")}}},
-                "responses": _responses({"201": _json(_ref("Job"), "The new job.")}, 400, 413, 422),
+                "responses": _responses({"201": _json(_ref("Job"), "The new job.")}, 408, 413, 415, 422),
             },
         },
         "/admin/jobs/cleanup": {
@@ -173,7 +175,7 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
                 "operationId": "cleanupJobs",
                 "summary": "Delete completed and dead job records",
                 "requestBody": {"required": False, "content": {"application/json": {"schema": _ref("Cleanup")}}},
-                "responses": _responses({"200": _json(_ref("Deleted"), "How many records were deleted.")}, 400, 413, 422),
+                "responses": _responses({"200": _json(_ref("Deleted"), "How many records were deleted.")}, 408, 413, 415, 422),
             }
         },
         "/admin/jobs/{job_id}": {
@@ -194,7 +196,7 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
             "post": {
                 "operationId": "retryJob",
                 "summary": "A dead job back to pending: attempts reset, due now",
-                "responses": _responses({"200": _json(_ref("Job"), "The job, now pending.")}, 404, 409),
+                "responses": _responses({"200": _json(_ref("Job"), "The job, now pending.")}, 404, 409, 415),
             },
         },
         "/admin/events": {
@@ -202,7 +204,7 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
                 "operationId": "emitEvent",
                 "summary": "Emit a domain event: insert the jobs it routes to",
                 "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("Event")}}},
-                "responses": _responses({"201": _json(_ref("JobIds"), "The ids of the jobs the event routed to.")}, 400, 413, 422),
+                "responses": _responses({"201": _json(_ref("JobIds"), "The ids of the jobs the event routed to.")}, 408, 413, 415, 422),
             }
         },
         "/admin/stats": {
@@ -228,6 +230,7 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
                 "security": public,
                 "responses": {
                     "200": _json(_ref("Health"), "Healthy."),
+                    "400": _error(_ERRORS[400]),
                     "403": _error(_ERRORS[403]),
                     "503": _error("The database does not answer or cannot commit, the Poller cannot claim, "
                                   "or the pipeline is shutting down: the message names which."),

@@ -31,6 +31,7 @@ from typing import Any, NamedTuple, Protocol
 import attrs
 import trio
 
+from ..config import masked_url
 from ..states import Transition
 
 
@@ -97,7 +98,9 @@ class JobRecord:
     lease_expires_at: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The fields of ``--json`` and the admin API; payload as an object."""
+        """The fields of ``--json`` and the admin API; payload as an object, in which a URL's
+        password is shown masked (a webhook URL with credentials in it: the handler gets it
+        whole, no person does)."""
         try:
             payload: Any = json.loads(self.payload)
         except ValueError:
@@ -105,7 +108,7 @@ class JobRecord:
         return {
             "id": self.id,
             "job_type": self.job_type,
-            "payload": payload,
+            "payload": _passwords_masked(payload),
             "status": self.status,
             "attempts": self.attempts,
             "max_attempts": self.max_attempts,
@@ -115,6 +118,17 @@ class JobRecord:
             "updated_at": self.updated_at,
             "priority": self.priority,
         }
+
+
+def _passwords_masked(value: Any) -> Any:
+    """A payload with every URL's password masked: the strings holding ``://`` and ``@``."""
+    if isinstance(value, str):
+        return masked_url(value) if "://" in value and "@" in value else value
+    if isinstance(value, dict):
+        return {key: _passwords_masked(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_passwords_masked(item) for item in value]
+    return value
 
 
 @attrs.frozen

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import attrs
 import trio
 
-from ..config import Config
+from ..config import Config, without_password
 from ..errors import ConfigError
 from .jobs import InvalidateCache
 from .settings import CacheSettings
@@ -170,7 +170,7 @@ async def open_redis_store(url: str, *, prefix: str = "", connections: int = RED
             socket_connect_timeout=REDIS_TIMEOUT,
         )
     except ValueError as exc:
-        raise ConfigError(f"CACHE_URL={redacted(url)!r} is not a usable Redis URL: {exc}") from None
+        raise ConfigError(f"CACHE_URL={redacted(url)!r} is not a usable Redis URL: {without_password(str(exc), url)}") from None
     log.info("cache: Redis at %s", redacted(url))
     try:
         yield RedisCacheStore(client, trio.CapacityLimiter(connections), prefix)

@@ -161,18 +161,26 @@ def record_derived(conn: sqlite3.Connection, media_id: str, key: str, rel_path: 
 # -- recipes: what each job does to the decoded image ---------------------------------------
 
 
+Between = Callable[[], None]  # called between steps in the image thread: raises trio.Cancelled once the job is
+
+
+def _never() -> None:
+    """``between`` outside a trio thread: nothing can cancel the work."""
+
+
 @attrs.frozen
 class Recipe:
     key: str  # the entry in the row's derived object
     stem: str  # file name without extension, in derived/<media id>/
-    transform: Callable[[Image.Image, int], Image.Image]  # (upright image, IMAGE_MAX_PIXELS) -> output image
+    # (upright image, IMAGE_MAX_PIXELS, between) -> output image; ``between`` goes between operations
+    transform: Callable[[Image.Image, int, Between], Image.Image]
     format: str | None = None  # None: JPEG when opaque, PNG when transparent
     quality: int = JPEG_QUALITY
     draft_size: int | None = None  # JPEG only: let the decoder scale down by up to 8x first
 
 
 def thumbnail_recipe(size: int) -> Recipe:
-    def transform(img: Image.Image, max_pixels: int) -> Image.Image:
+    def transform(img: Image.Image, max_pixels: int, between: Between) -> Image.Image:
         img.thumbnail((size, size), Image.Resampling.LANCZOS)  # keeps aspect, never enlarges
         return img
 
@@ -182,7 +190,7 @@ def thumbnail_recipe(size: int) -> Recipe:
 def webp_recipe(source_path: str) -> Recipe:
     # the upload's own name, made safe and short enough for any filesystem's name limit
     stem = re.sub(r"[^\w.-]", "_", PurePosixPath(source_path).stem).lstrip(".")[:100] or "image"
-    return Recipe("webp", stem, lambda img, _max: img, format="WEBP", quality=WEBP_QUALITY)
+    return Recipe("webp", stem, lambda img, _max, _between: img, format="WEBP", quality=WEBP_QUALITY)
 
 
 def operations_hash(operations: Sequence[ImageOperation]) -> str:
@@ -204,8 +212,9 @@ def process_recipe(media_id: str, operations: Sequence[ImageOperation]) -> Recip
         if isinstance(op, Compress):
             quality = op.quality
 
-    def transform(img: Image.Image, max_pixels: int) -> Image.Image:
+    def transform(img: Image.Image, max_pixels: int, between: Between) -> Image.Image:
         for op in operations:
+            between()  # the job's timeout (or a graceful stop) takes effect here, not after every operation
             if isinstance(op, Resize):
                 target = fit_within(img.size, (op.width, op.height))
                 if target[0] * target[1] > max_pixels:
@@ -369,12 +378,18 @@ def write_atomically(root_real: str, rel: PurePosixPath, img: Image.Image, fmt: 
             os.close(dir_fd)
 
 
-def render(worker: ImageWorker, media: Media, recipe: Recipe) -> str:
-    """Make one derived file; return its path relative to MEDIA_DIR. Blocking: run in a thread."""
+def render(worker: ImageWorker, media: Media, recipe: Recipe, between: Between = _never) -> str:
+    """Make one derived file; return its path relative to MEDIA_DIR. Blocking: run in a thread.
+
+    ``between`` is called between the steps (decode, each operation, encode and write);
+    from a trio thread, ``trio.from_thread.check_cancelled`` stops the work there once the
+    job is cancelled. One step is never interrupted: its size is what the bounds limit."""
     root_real = _media_root(worker, media.id)
     source = resolve_source(root_real, media)
     img, icc = decode(source, media, worker.max_pixels, recipe.draft_size)
-    out = recipe.transform(normalise(img), worker.max_pixels)
+    between()
+    out = recipe.transform(normalise(img), worker.max_pixels, between)
+    between()
     fmt, ext, options = encode_options(out, recipe, icc)
     rel = PurePosixPath(DERIVED_DIR, derived_dir_name(media.id), f"{recipe.stem}.{ext}")
     write_atomically(root_real, rel, out, fmt, options, media.id)
@@ -392,8 +407,10 @@ async def _make(ctx: JobContext, media_id: str, recipe_for: Callable[[Media], Re
         raise PermanentError(f"media {media_id!r} not found in the media table")
     recipe = recipe_for(media)
     # Not abandon_on_cancel: a thread left behind could still be writing after the job was
-    # released. Pillow's work is bounded by IMAGE_MAX_PIXELS, so a shutdown waits briefly.
-    rel = await trio.to_thread.run_sync(render, worker, media, recipe, limiter=worker.limiter)
+    # released. Instead the thread checks between steps whether the job was cancelled (its
+    # timeout, a graceful stop), so it stops within one step; a step is bounded by
+    # IMAGE_MAX_PIXELS and the job's by MAX_OPERATIONS.
+    rel = await trio.to_thread.run_sync(render, worker, media, recipe, trio.from_thread.check_cancelled, limiter=worker.limiter)
     if await db.run(record_derived, media.id, recipe.key, rel) is None:
         raise PermanentError(f"media {media_id!r} was deleted while {recipe.key} was being made; {rel} is left on disk")
 

@@ -18,6 +18,12 @@ from cattrs.gen import make_dict_structure_fn
 
 _positive = [v.instance_of(int), v.gt(0)]
 
+# Bounds of one process_image job, checked when it is enqueued (exit 2 / 422 naming them): the
+# work a job can ask for is bounded before it reaches an image thread, which a timeout
+# can stop only between operations (images.py).
+MAX_OPERATIONS = 16  # operations in one process_image job
+MAX_SIDE = 16_384  # pixels, for Resize's width and height (WebP's own limit; IMAGE_MAX_PIXELS also applies)
+
 
 def _strings(items: Iterable[str]) -> tuple[str, ...]:
     return tuple(items)
@@ -43,8 +49,8 @@ class SendWelcomeEmail:
 
 @attrs.frozen
 class Resize:
-    width: int = attrs.field(validator=_positive)
-    height: int = attrs.field(validator=_positive)
+    width: int = attrs.field(validator=[*_positive, v.le(MAX_SIDE)])
+    height: int = attrs.field(validator=[*_positive, v.le(MAX_SIDE)])
 
 
 @attrs.frozen
@@ -58,7 +64,7 @@ ImageOperation = Resize | Compress
 @attrs.frozen
 class ProcessImage:
     media_id: str
-    operations: tuple[ImageOperation, ...] = attrs.field(converter=_tuple_of)
+    operations: tuple[ImageOperation, ...] = attrs.field(converter=_tuple_of, validator=v.max_len(MAX_OPERATIONS))
 
 
 @attrs.frozen

@@ -44,7 +44,7 @@ import trio
 from ..config import Config
 from ..errors import PermanentError
 from .jobs import SendEmail, SendWelcomeEmail
-from .settings import MailSettings, SiteSettings
+from .settings import MailSettings, SiteSettings, is_loopback_host
 
 if TYPE_CHECKING:
     from ..engine.actors.pools import JobContext
@@ -54,6 +54,9 @@ log = logging.getLogger("pipeline.mail")
 
 RESOURCE = "mail"
 MAIL_JOB_TYPES = ("send_email", "send_welcome_email")
+# what str.splitlines() breaks at: the email package folds a header at any of them, so none
+# can ever be sent in one (CR and LF would inject headers; NEL and U+2028 fail at send time)
+LINE_BREAKS = frozenset("\r\n\v\f\x1c\x1d\x1e\x85\u2028\u2029")
 
 
 class MailNotSentYet(Exception):
@@ -105,7 +108,7 @@ class Mailer:
     mail_from: str
     site_url: str
     limiter: trio.CapacityLimiter  # mail threads only: a slow SMTP server cannot take others' threads
-    ssl_context: ssl.SSLContext | None  # None when security is none
+    ssl_context: ssl.SSLContext | None  # None when security is none and there are no credentials
     welcome: WelcomeTemplate
 
     def sender(self) -> Address:
@@ -120,8 +123,8 @@ class Mailer:
         """The message for one job; PermanentError for a bad address or a subject with CR/LF."""
         sender = self.sender()
         recipient = parse_address(to, "recipient address")
-        if "\r" in subject or "\n" in subject:
-            raise PermanentError(f"subject {subject!r} contains CR or LF (header injection?); not sent")
+        if not LINE_BREAKS.isdisjoint(subject):
+            raise PermanentError(f"subject {subject[:200]!r} contains a line break (CR, LF, NEL, U+2028...; header injection?); not sent")
         msg = EmailMessage(policy=email.policy.SMTP)
         msg["From"] = sender
         msg["To"] = recipient
@@ -153,9 +156,14 @@ class Mailer:
         try:
             try:
                 smtp.ehlo()
-                if self.security == "starttls":
+                if self.security == "starttls" or (self.username and smtp.has_extn("starttls")):
+                    # SMTP_SECURITY=none with credentials: upgrade whenever the server offers it
                     smtp.starttls(context=self.ssl_context)
                     smtp.ehlo()
+                elif self.username and self.security == "none" and not is_loopback_host(self.host):
+                    # (the settings refuse this at start; a Mailer built by hand gets the same rule)
+                    raise PermanentError(f"{where} offers no STARTTLS: not sending SMTP_PASSWORD in clear text "
+                                         "to a host that is not loopback; set SMTP_SECURITY=starttls or tls")
                 if self.username:
                     smtp.login(self.username, self.password)
                 smtp.send_message(msg)
@@ -200,8 +208,8 @@ def parse_address(text: str, what: str) -> Address:
     """One mailbox (``a@example.com`` or ``Name <a@example.com>``); PermanentError saying why not."""
     if not isinstance(text, str) or not text.strip():
         raise PermanentError(f"{what} is empty")
-    if "\r" in text or "\n" in text:
-        raise PermanentError(f"{what} {text!r} contains CR or LF (header injection?); not sent")
+    if not LINE_BREAKS.isdisjoint(text):
+        raise PermanentError(f"{what} {text[:200]!r} contains a line break (CR, LF, NEL, U+2028...; header injection?); not sent")
     try:
         header = email.policy.SMTP.header_factory("To", text)
         addresses = header.addresses
@@ -242,7 +250,8 @@ async def open_mailer(
     # them further, it only keeps mail off the threads everybody else shares
     threads = sum(_concurrency(config, registry, name) for name in MAIL_JOB_TYPES)
     mail = config.section(MailSettings)
-    if mail.smtp_security != "none" and ssl_context is None:
+    tls = mail.smtp_security != "none" or bool(mail.smtp_username)  # credentials: STARTTLS whenever offered
+    if tls and ssl_context is None:
         ssl_context = ssl.create_default_context()  # verifies the certificate and host name
     if not mail.smtp_host or not mail.mail_from:
         log.info("SMTP is not configured (SMTP_HOST / MAIL_FROM empty): mail jobs will fail permanently")
@@ -256,7 +265,7 @@ async def open_mailer(
         mail_from=mail.mail_from,
         site_url=config.section(SiteSettings).url,
         limiter=trio.CapacityLimiter(max(1, threads)),
-        ssl_context=ssl_context if mail.smtp_security != "none" else None,
+        ssl_context=ssl_context if tls else None,
         welcome=welcome or WelcomeTemplate(),
     )
 

@@ -4,6 +4,7 @@ own: the commands that only enqueue read them without importing httpx, Pillow or
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 
 import attrs
@@ -22,6 +23,7 @@ from ..config import (
     url_list,
     webhook_secret,
 )
+from ..errors import ConfigError
 
 
 def _sqlite_url(value: str) -> str:
@@ -59,12 +61,37 @@ class MailSettings:
     smtp_timeout: float = setting(30.0, "SMTP_TIMEOUT", positive_seconds)
     mail_from: str = setting("", "MAIL_FROM", text)
 
+    def __attrs_post_init__(self) -> None:
+        # Credentials never cross the network in clear text. With SMTP_SECURITY=none the
+        # mailer still upgrades with STARTTLS when the server offers it, but a server that
+        # does not (or an attacker who strips the offer) would get the password: only a
+        # loopback server may be trusted with that.
+        if (self.smtp_username or self.smtp_password) and self.smtp_security == "none" and self.smtp_host \
+                and not is_loopback_host(self.smtp_host):
+            raise ConfigError(
+                f"SMTP_USERNAME/SMTP_PASSWORD are set with SMTP_SECURITY=none for SMTP_HOST={self.smtp_host!r}, which is "
+                "not a loopback address: the password would cross the network in clear text. Set SMTP_SECURITY=starttls "
+                "(usually with SMTP_PORT=587) or SMTP_SECURITY=tls (SMTP_PORT=465)"
+            )
+
+
+def is_loopback_host(host: str) -> bool:
+    """localhost, *.localhost, 127.0.0.0/8 or ::1, as written (no name is looked up: what a
+    name resolves to can change after this check)."""
+    host = host.strip().lower().rstrip(".")
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
 
 @attrs.frozen
 class WebhookSettings:
     """``webhook_notify``, and the events that route to it."""
 
-    urls: tuple[str, ...] = setting((), "WEBHOOK_URLS", url_list)
+    urls: tuple[str, ...] = setting((), "WEBHOOK_URLS", url_list, url=True)  # shown with passwords masked
     secret: str = setting("", "WEBHOOK_SECRET", webhook_secret, secret=True)  # whsec_<base64 key>; empty: unsigned
     timeout_seconds: float = setting(10.0, "WEBHOOK_TIMEOUT_SECONDS", positive_seconds)
     allow_private_networks: bool = setting(False, "WEBHOOK_ALLOW_PRIVATE_NETWORKS", boolean)

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import trio
 
-from ..config import Config
+from ..config import Config, masked_url
 from ..errors import PermanentError, RetryLater
 from .egress import DestinationRefused, GuardedTransport, IPAddress, parse_ip_literal, refusal_reason
 from .jobs import WebhookNotify
@@ -125,7 +125,7 @@ def retry_after_seconds(value: str | None, *, now: float) -> float | None:
 
 def _shown(url: httpx.URL) -> str:
     """The URL for messages, with any password in it masked."""
-    return str(url.copy_with(password="***")) if url.password else str(url)
+    return masked_url(str(url))  # (httpx's copy_with(password=) drops the user name)
 
 
 def _checked_url(raw: str, *, allow_private: bool) -> httpx.URL:

@@ -46,7 +46,7 @@
     const headers = { Accept: "application/json" };
     const token = sessionStorage.getItem("pipeline-admin-token");
     if (token) headers.Authorization = "Bearer " + token;
-    if (body !== undefined) headers["Content-Type"] = "application/json";
+    if (method !== "GET") headers["Content-Type"] = "application/json";  // the server refuses a POST without it
     const response = await fetch(path, {
       method, headers, body: body === undefined ? undefined : JSON.stringify(body), cache: "no-store",
     });

@@ -27,7 +27,7 @@ import trio
 from psycopg.adapt import Loader
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from ...config import masked_url
+from ...config import masked_url, without_password
 from ...errors import StoreError
 
 log = logging.getLogger("pipeline.postgres")
@@ -71,11 +71,12 @@ def connect(url: str) -> psycopg.Connection[Any]:
 def describe(exc: BaseException, url: str) -> StoreError:
     """A driver error as the pipeline's: StoreError naming the (masked) server and what to do."""
     where = masked_url(url)
+    said = without_password(_first_line(exc), url)  # libpq quotes what it could not parse, the password too
     if isinstance(exc, psycopg.errors.UniqueViolation):
-        return StoreError(f"database {where}: a job with this id already exists ({_first_line(exc)})")
+        return StoreError(f"database {where}: a job with this id already exists ({said})")
     if isinstance(exc, psycopg.OperationalError | PoolTimeout):
-        return StoreError(f"database {where} is unreachable or dropped the connection ({_first_line(exc)}); retry later")
-    return StoreError(f"database {where}: {_first_line(exc)}")
+        return StoreError(f"database {where} is unreachable or dropped the connection ({said}); retry later")
+    return StoreError(f"database {where}: {said}")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -110,6 +111,12 @@ class Database:
         self.limiter = trio.CapacityLimiter(size)  # everyone else
 
     def open(self) -> None:
+        try:
+            # a URL libpq cannot parse fails here, at once and masked, rather than in the pool's
+            # retries for CONNECT_TIMEOUT, whose log lines quote libpq (and so the password)
+            psycopg.conninfo.conninfo_to_dict(self.url)
+        except psycopg.Error as exc:
+            raise describe(exc, self.url) from None
         try:
             self.pool.open(wait=True, timeout=CONNECT_TIMEOUT)
         except PoolTimeout:

@@ -43,6 +43,12 @@ log = logging.getLogger("pipeline.jobs")
 
 BLOCKING_GRACE = 0.5  # a timeout landing this much late means the handler did not yield
 _BLOCKING = "blocking the event loop between checkpoints: run CPU-bound or blocking code in trio.to_thread.run_sync"
+_LATE = (
+    "the timeout took effect only when the handler next yielded to trio: it was either "
+    + _BLOCKING
+    + ", or waiting on such a thread, which a timeout cannot interrupt (it can stop one only where it calls "
+    "trio.from_thread.check_cancelled, between steps)"
+)
 SETTLE_RETRY_MAX = 5.0  # seconds between tries to write an outcome the database refused
 
 
@@ -260,8 +266,10 @@ async def run_one(
             elif scope.cancelled_caught:
                 message = f"timed out after {pool.timeout:g} s (attempt {lease.attempts})"
                 if ran > pool.timeout + BLOCKING_GRACE:
-                    # the cancellation could only land when the handler next yielded
-                    message += f"; it ran {ran:.1f} s, {_BLOCKING}"
+                    # The cancellation could only land when the handler next reached a checkpoint.
+                    # From here the two causes look alike (a loop blocked by the handler; a thread
+                    # the task waited on, which the loop cannot interrupt): the message names both.
+                    message += f"; it ran {ran:.1f} s: {_LATE}"
                 outcome = Outcome("timeout", message)
             elif ran > pool.timeout:
                 # It finished after its deadline without being cancelled: it never yielded, or
