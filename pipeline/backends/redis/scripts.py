@@ -7,7 +7,7 @@ A script that fails part-way is not rolled back by Redis, so each one validates 
 (duplicate ids, the fence) before its first write.
 
 ``ARGV[1]`` is always the key prefix (``{name}:``; the braces are a hash tag, so every key of
-one store hashes to one slot). Keys (layout in docs/backends-redis.md):
+one store hashes to one slot). Keys (layout in docs/backends.md, "Key layout"):
 
     job:<id>              HASH  type payload status attempts max run prio created updated
                                 token [error] [owner expires] [started]   (times: epoch ms)
