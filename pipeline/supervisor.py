@@ -88,7 +88,9 @@ class Supervisor:
             env = {**os.environ, SUPERVISOR_PID: str(os.getpid()), METRICS_FD: str(write_fd), "ADMIN_ENABLED": "false"}
             started = time.monotonic()
             try:
-                process = await trio.lowlevel.open_process(self.command, env=env, pass_fds=(write_fd,))
+                # a session of its own: a terminal's Ctrl-C reaches the supervisor alone, which passes
+                # one SIGTERM on (two, close together, would end a worker process at once)
+                process = await trio.lowlevel.open_process(self.command, env=env, pass_fds=(write_fd,), start_new_session=True)
             except OSError as exc:
                 os.close(read_fd)
                 log.error("could not start worker process %d: %s; trying again in %.0f s", child.number, exc, backoff)

@@ -36,7 +36,7 @@ class Service:
         env.update(DATABASE_URL=f"sqlite:///{self.db}", ADMIN_PORT="0", WORKER_LEASE_SECONDS="1.5", WORKER_POLL_INTERVAL_MS="50",
                    SQLITE_BUSY_TIMEOUT_MS="400", WORKER_CONCURRENCY="4", WORKER_SHUTDOWN_TIMEOUT="5",
                    PIPELINE_TEST_LOG=str(self.runs), PYTHONPATH=str(ROOT))
-        self.proc = subprocess.Popen([sys.executable, str(SERVICE), *args], env=env, cwd=tmp_path,
+        self.proc = subprocess.Popen([sys.executable, str(SERVICE), *args], env=env, cwd=tmp_path, start_new_session=True,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -179,3 +179,23 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_ctrl_c_in_a_terminal_stops_every_worker_process_gracefully(tmp_path: Path) -> None:
+    """SIGINT to the supervisor's whole process group, as a terminal sends it: the worker
+    processes (in sessions of their own) hear one SIGTERM from the supervisor and drain."""
+    service = Service(tmp_path, "--processes", "2")
+    try:
+        service.wait_line(r"pipeline running on .*: 2 worker processes")
+        children = {int(service.wait_line(rf"worker process {n} started \(pid (\d+)\)").group(1)) for n in (0, 1)}
+        (job_id,) = service.enqueue([Echo("a second of work", sleep=1.0)])
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (not service.runs.exists() or f"start {job_id} 1 " not in service.runs.read_text()):
+            time.sleep(0.02)
+        os.killpg(service.proc.pid, signal.SIGINT)  # the supervisor leads its own group, as in a terminal
+        assert service.proc.wait(30) == 0
+        assert service.statuses()[job_id] == "completed"  # it finished within the grace, not cut off
+        assert all(not _alive(pid) for pid in children)
+    finally:
+        if service.proc.poll() is None:
+            service.proc.kill()
