@@ -76,16 +76,20 @@ def registry_for(concurrency: int, handler: Callable[..., Any] = noop) -> pipeli
     return registry
 
 
-# Settings every process on a store of this backend needs besides DATABASE_URL (Redis's
-# REDIS_ALLOW_NON_DURABLE on the shared server), as the measurements' processes get them.
-STORE_SETTINGS = json.loads(os.environ.get("PIPELINE_BENCH_SETTINGS", "{}"))
+def store_settings() -> dict[str, str]:
+    """Settings every process on a store of this backend needs besides DATABASE_URL (Redis's
+    REDIS_ALLOW_NON_DURABLE on the shared server). Read at each call, not at import: main()
+    sets them once it knows the backend, and this process's own inserts (insert_backlog) need
+    them as much as the measurements' processes do."""
+    settings: dict[str, str] = json.loads(os.environ.get("PIPELINE_BENCH_SETTINGS", "{}"))
+    return settings
 
 
 def config_for(url: str, **overrides: Any) -> pipeline.Config:
     """Settings named as their variables in lower case (worker_concurrency=256), read as text."""
     values: dict[str, Any] = {"database_url": url, "log_level": "warning", "admin_enabled": False, **overrides}
     return pipeline.Config.from_env(
-        {**STORE_SETTINGS, **{k.upper(): str(v).lower() if isinstance(v, bool) else str(v) for k, v in values.items()}},
+        {**store_settings(), **{k.upper(): str(v).lower() if isinstance(v, bool) else str(v) for k, v in values.items()}},
         env_file=None)
 
 

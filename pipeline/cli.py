@@ -77,7 +77,7 @@ refused, a file is unreadable, no such job).
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="python -m pipeline",
-        description="Durable background jobs for trio applications, on SQLite. "
+        description="Durable background jobs for trio applications, on SQLite, Postgres or Redis (DATABASE_URL). "
         "With no command, runs the service (same as `run`).",
         epilog=MAIN_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "jobs", parents=[as_json], formatter_class=argparse.RawDescriptionHelpFormatter,
         help="list, show, retry, delete and clean up jobs (bare `jobs` lists)",
-        description="Work on the jobs table directly; no running service is needed. "
+        description="Work on the job store (DATABASE_URL) directly; no running service is needed. "
         "Without an action, lists jobs (same as `jobs list`).",
         epilog=JOBS_EXAMPLES,
     )
@@ -154,7 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Counts by status and type, jobs finished per minute over the last hour, "
                        "and how long the oldest due pending job has waited.")
 
-    p = sub.add_parser("search", help="full-text search of the published posts (the index rebuild_search_index keeps)")
+    # the site's content stays in SQLite (FTS5) whatever DATABASE_URL names: SITE_DATABASE_URL, docs/configuration.md
+    p = sub.add_parser("search", help="full-text search of the published posts (the index rebuild_search_index keeps, "
+                       "in the site's SQLite database: SITE_DATABASE_URL)")
     p.add_argument("query", help='FTS5 query: words (all must match), "a phrase", prefix*, a OR b, NOT c')
     p.add_argument("--limit", type=int, default=20, metavar="N", help="show at most N hits (default 20)")
 
