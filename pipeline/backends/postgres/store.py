@@ -74,9 +74,16 @@ COPY_COLUMNS = "COPY jobs (id, job_type, payload, max_attempts, run_after, prior
 # -- settle: the Ledger's batch -----------------------------------------------------------------
 
 _OUTCOMES = (
-    "SELECT * FROM unnest(%(o_ids)s::text[], %(o_tokens)s::bigint[], %(o_kinds)s::text[], %(o_errors)s::text[], "
-    "%(o_delays)s::float8[]) AS o(id, token, kind, error, delay)"
+    "SELECT *, 'running'::text AS running FROM unnest(%(o_ids)s::text[], %(o_tokens)s::bigint[], %(o_kinds)s::text[], "
+    "%(o_errors)s::text[], %(o_delays)s::float8[]) AS o(id, token, kind, error, delay) OFFSET 0"
 )
+# The fence compares status with o.running, a column of the outcomes, not a constant, and the
+# ids are an initplan's array: so the planner cannot read the running rows through the
+# partial index jobs_leases or jobs_status's 'running' range. It did on a table without
+# statistics (just filled), guessing one running row: a nested loop that scanned the
+# outcomes again per row (256 × 256) over every dead index entry left by earlier batches
+# (bitmap scans do not mark them dead), 25-45 ms a batch and growing, where the primary key
+# takes 6. The same in _RENEW and _RESCUE.
 # One UPDATE for every kind of outcome. RELEASE gives back the attempt only if it was counted
 # (started_at set); START counts the attempt of a job claimed ahead (once) and keeps its lease.
 _SETTLE = f"""
@@ -94,7 +101,7 @@ UPDATE jobs j
        lease_owner = CASE WHEN o.kind = 'start' THEN j.lease_owner END,
        lease_expires_at = CASE WHEN o.kind = 'start' THEN j.lease_expires_at END
   FROM ({_OUTCOMES}) o
- WHERE j.id = ANY(%(o_ids)s::text[]) AND j.id = o.id AND j.status = 'running' AND j.lease_token = o.token
+ WHERE j.id = ANY(ARRAY(SELECT unnest(%(o_ids)s::text[]))) AND j.id = o.id AND j.status = o.running AND j.lease_token = o.token
 RETURNING j.id, o.token
 """
 
@@ -205,9 +212,13 @@ def _execute_batch(conn: psycopg.Connection[Any], items: Sequence[Settlement], r
 # claim has locked (SKIP LOCKED: claimers never wait on each other, nor take a job twice),
 # through jobs_claim; then all of them running under one lease owner. The first k of each
 # type start at once (their attempt counts now); the rest are claimed ahead, counted by START.
+# whether a claimed row starts at once: at or before the last counted row of its type, in claim order
+_COUNTED = ("EXISTS (SELECT 1 FROM cut WHERE cut.job_type = j.job_type "
+            "AND (j.priority, j.run_after, j.id) <= (cut.priority, cut.run_after, cut.id))")
 _CLAIM = f"""
-WITH picked AS (
-    SELECT p.id, row_number() OVER (PARTITION BY w.job_type ORDER BY p.priority, p.run_after, p.id) <= w.k AS counted
+WITH picked AS MATERIALIZED (
+    SELECT p.id, w.job_type, p.priority, p.run_after,
+           row_number() OVER (PARTITION BY w.job_type ORDER BY p.priority, p.run_after, p.id) <= w.k AS counted
       FROM unnest(%(types)s::text[], %(limits)s::int[], %(starts)s::int[]) AS w(job_type, n, k)
      CROSS JOIN LATERAL (
         SELECT id, priority, run_after FROM jobs
@@ -215,18 +226,21 @@ WITH picked AS (
          ORDER BY priority, run_after, id
          LIMIT w.n
            FOR UPDATE SKIP LOCKED) p
-)
+),
+-- per type, the last picked row that starts at once (fewer than k may have been picked)
+cut AS MATERIALIZED (
+    SELECT DISTINCT ON (job_type) job_type, priority, run_after, id FROM picked WHERE counted
+     ORDER BY job_type, priority DESC, run_after DESC, id DESC)
 UPDATE jobs j
    SET status = 'running', lease_token = j.lease_token + 1,
-       attempts = j.attempts + p.counted::int,
-       started_at = CASE WHEN p.counted THEN {MS} END,
+       attempts = j.attempts + ({_COUNTED})::int,
+       started_at = CASE WHEN {_COUNTED} THEN {MS} END,
        lease_owner = %(owner)s, lease_expires_at = {seconds_after('%(lease)s::float8')}, updated_at = {MS}
-  FROM picked p
--- = ANY(ARRAY(...)): the planner then reads each row by its key; joined with picked alone, it
--- guessed 4000 rows from the lateral join and hashed the whole table (33 ms a claim at 40,000
--- rows, not 5). The join is still there, for ``counted``: testing each row against an array of
--- the counted ids instead cost a fifth of the claim (256 × 256 text comparisons, twice)
- WHERE j.id = ANY(ARRAY(SELECT id FROM picked)) AND j.id = p.id
+-- = ANY(ARRAY(...)) and no join with picked: one scan of the primary key for every claimed
+-- row. (Joined with picked, the plans depended on the table's statistics: with none, as on a
+-- table just filled, a nested loop sorted the array of ids again for each row, 17 ms of a
+-- claim; guessing 4000 rows from the lateral join, it hashed the whole table.)
+ WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING j.id, j.job_type, j.payload, j.attempts + (j.started_at IS NULL)::int, j.max_attempts, j.lease_token,
           j.created_at, j.run_after, j.priority, j.started_at IS NOT NULL
 """
@@ -254,8 +268,8 @@ def claim(
 
 _RENEW = f"""
 UPDATE jobs j SET lease_expires_at = {seconds_after('%(lease)s::float8')}
-  FROM unnest(%(ids)s::text[], %(tokens)s::bigint[]) AS h(id, token)
- WHERE j.id = ANY(%(ids)s::text[]) AND j.id = h.id AND j.status = 'running' AND j.lease_token = h.token
+  FROM (SELECT *, 'running'::text AS running FROM unnest(%(ids)s::text[], %(tokens)s::bigint[]) AS h(id, token) OFFSET 0) h
+ WHERE j.id = ANY(ARRAY(SELECT unnest(%(ids)s::text[]))) AND j.id = h.id AND j.status = h.running AND j.lease_token = h.token
 RETURNING j.id, h.token
 """
 
@@ -283,9 +297,10 @@ UPDATE jobs j
        run_after = CASE WHEN r.dead OR NOT r.started THEN j.run_after ELSE {seconds_after('r.delay')} END,
        error = CASE WHEN r.started THEN r.error ELSE j.error END,
        started_at = NULL, updated_at = {MS}, lease_owner = NULL, lease_expires_at = NULL
-  FROM unnest(%(ids)s::text[], %(tokens)s::bigint[], %(dead)s::bool[], %(delays)s::float8[], %(errors)s::text[],
-              %(started)s::bool[]) AS r(id, token, dead, delay, error, started)
- WHERE j.id = ANY(%(ids)s::text[]) AND j.id = r.id AND j.status = 'running' AND j.lease_token = r.token
+  FROM (SELECT *, 'running'::text AS running
+          FROM unnest(%(ids)s::text[], %(tokens)s::bigint[], %(dead)s::bool[], %(delays)s::float8[], %(errors)s::text[],
+                      %(started)s::bool[]) AS r(id, token, dead, delay, error, started) OFFSET 0) r
+ WHERE j.id = ANY(ARRAY(SELECT unnest(%(ids)s::text[]))) AND j.id = r.id AND j.status = r.running AND j.lease_token = r.token
 """
 
 
