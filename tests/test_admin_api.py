@@ -358,7 +358,7 @@ async def test_token_is_required_everywhere_but_health_docs_and_page(db_path: An
         job_id = seeded["dead"][0]
         protected = [("GET", "/admin/jobs"), ("GET", f"/admin/jobs/{job_id}"), ("POST", f"/admin/jobs/{job_id}/retry"),
                      ("DELETE", f"/admin/jobs/{job_id}"), ("POST", "/admin/jobs/cleanup"), ("POST", "/admin/jobs"),
-                     ("POST", "/admin/events"), ("GET", "/admin/stats"), ("GET", "/metrics"), ("GET", "/admin/nothing")]
+                     ("POST", "/admin/events"), ("GET", "/admin/stats"), ("GET", "/admin/workers"), ("GET", "/metrics"), ("GET", "/admin/nothing")]
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}, {"Authorization": f"Basic {TOKEN}"},
                         {"Authorization": f"Bearer {TOKEN}x"}, {"Authorization": "Bearer é".encode()}):
             for method, path in protected:
@@ -512,3 +512,13 @@ def test_listener_reports_the_port_it_got_and_a_busy_port_is_refused() -> None:
         listener.close()
     with socket.socket() as s:  # closed means free again
         s.bind(("127.0.0.1", listener.port))
+
+
+async def test_the_worker_processes_are_listed_with_what_they_handle(db_path: Any) -> None:
+    async with served(fast_config(db_path)) as (pipeline, client):
+        with trio.fail_after(10):
+            while not (answer := (await client.get("/admin/workers")).json())["workers"]:
+                await trio.sleep(0.05)  # the heartbeat's first beat
+        (worker,) = answer["workers"]
+        assert worker["owner"] == pipeline.owner and worker["alive"] is True
+        assert worker["job_types"] == sorted(pipeline.registry.handled())

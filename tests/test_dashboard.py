@@ -75,6 +75,7 @@ def test_dashboard_counts_filter_detail_and_retry(browser: Any, seeded_url: tupl
     expect(page.locator("#count-pending")).to_have_text("2")
     expect(page.locator("#count-total")).to_have_text("7")
     expect(page.locator("#types-body")).to_contain_text("send_email")
+    expect(page.locator("#workers-body")).to_contain_text("none has beaten yet")  # served with workers off
     expect(page.locator("#finished-hour")).to_have_text("5 in the last hour")
     assert page.locator("#chart rect.completed").count() >= 1 and page.locator("#chart rect.dead").count() >= 1
     rows = page.locator("#job-rows tr[data-id]")

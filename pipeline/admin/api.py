@@ -129,6 +129,7 @@ class AdminApi:
             ("POST", "/admin/jobs/{job_id}/retry", e(self.retry_job)),
             ("POST", "/admin/events", e(self.emit_event)),
             ("GET", "/admin/stats", e(self.stats)),
+            ("GET", "/admin/workers", e(self.workers)),
         ]
 
     # -- jobs ------------------------------------------------------------------------------
@@ -227,6 +228,10 @@ class AdminApi:
     async def stats(self, request: Request) -> Response:
         """GET /admin/stats"""
         return JSONResponse(await self._stats())
+
+    async def workers(self, request: Request) -> Response:
+        """GET /admin/workers"""
+        return JSONResponse({"workers": [worker.to_json() for worker in await self.backend.workers()]})
 
     async def healthz(self, request: Request) -> Response:
         """GET /healthz — 200 while the database answers and the pipeline takes work: 503

@@ -145,6 +145,26 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
                 "now": {"type": "string"},
             },
         },
+        "Workers": {
+            "type": "object",
+            "required": ["workers"],
+            "properties": {
+                "workers": {
+                    "type": "array",
+                    "description": "Every worker process in the store's registry, the most recent heartbeat first.",
+                    "items": {
+                        "type": "object",
+                        "required": ["owner", "job_types", "heartbeat_at", "alive"],
+                        "properties": {
+                            "owner": {"type": "string", "description": "host:pid:nonce, as in the leases it holds"},
+                            "job_types": {"type": "array", "items": {"type": "string"}},
+                            "heartbeat_at": {"type": "string"},
+                            "alive": {"type": "boolean", "description": "It beat within its own lease."},
+                        },
+                    },
+                },
+            },
+        },
         "Health": {"type": "object", "required": ["status", "workers"],
                    "properties": {"status": {"type": "string", "enum": ["ok"]}, "workers": {"type": "boolean"}}},
     }
@@ -212,6 +232,13 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
                 "operationId": "stats",
                 "summary": "Counts by status and type, throughput over the last hour, queue lag",
                 "responses": _responses({"200": _json(_ref("Stats"), "The numbers.")}),
+            }
+        },
+        "/admin/workers": {
+            "get": {
+                "operationId": "workers",
+                "summary": "The worker processes on this store: what each handles, its last heartbeat, whether it lives",
+                "responses": _responses({"200": _json(_ref("Workers"), "The processes.")}),
             }
         },
         "/metrics": {

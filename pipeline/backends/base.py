@@ -132,6 +132,19 @@ def _passwords_masked(value: Any) -> Any:
 
 
 @attrs.frozen
+class WorkerRecord:
+    """A worker process as the store's registry knows it (its heartbeat writes it)."""
+
+    owner: str  # host:pid:nonce, as in the leases it holds
+    job_types: tuple[str, ...]  # the types it handles
+    heartbeat_at: str
+    alive: bool  # it beat within its own lease
+
+    def to_json(self) -> dict[str, Any]:
+        return {"owner": self.owner, "job_types": list(self.job_types), "heartbeat_at": self.heartbeat_at, "alive": self.alive}
+
+
+@attrs.frozen
 class ClaimOffer:
     """Free worker capacity the Poller offers to the next batch that makes work due: a
     backend that can claim in the same transaction as an insert (SQLite's Ledger) takes
@@ -255,6 +268,9 @@ class Backend(Protocol):
 
     async def ping(self) -> None:
         """Raise StoreError unless the store answers."""
+
+    async def workers(self) -> builtins.list[WorkerRecord]:
+        """The worker processes in the store's registry, the most recent heartbeat first."""
 
     # -- the engine's housekeeping ----------------------------------------------------------------
 

@@ -111,6 +111,24 @@
     $("lag").textContent = duration(stats.oldest_due_pending_age_seconds);
   }
 
+  function drawWorkers(answer) {
+    const body = $("workers-body");
+    body.replaceChildren();
+    if (!answer.workers.length) {
+      const row = el("tr");
+      row.append(el("td", { colspan: "4", class: "muted" }, "none has beaten yet"));
+      body.append(row);
+    }
+    for (const w of answer.workers) {
+      const row = el("tr");
+      row.append(el("td", {}, w.owner));
+      row.append(el("td", {}, w.job_types.join(", ") || "–"));
+      row.append(el("td", {}, w.heartbeat_at));
+      row.append(el("td", { class: w.alive ? "completed" : "dead" }, w.alive ? "alive" : "gone (lease ran out)"));
+      body.append(row);
+    }
+  }
+
   function drawTypes(stats) {
     const body = $("types-body");
     const types = Object.keys(stats.by_type).sort();
@@ -281,7 +299,8 @@
 
   async function refreshOnce() {
     try {
-      const [stats, first] = await Promise.all([api("GET", "/admin/stats"), api("GET", jobsQuery())]);
+      const [stats, first, workers] = await Promise.all(
+        [api("GET", "/admin/stats"), api("GET", jobsQuery()), api("GET", "/admin/workers")]);
       let list = first;
       if (list.page > 1 && !list.items.length && list.total) {  // the page emptied under us
         state.page = Math.max(1, Math.ceil(list.total / list.per_page));
@@ -290,6 +309,7 @@
       }
       drawCounts(stats);
       drawTypes(stats);
+      drawWorkers(workers);
       drawChart(stats);
       drawJobs(list);
       if (state.open && !$("detail").hidden) await reloadDetail();

@@ -32,7 +32,7 @@ import trio
 from ...clock import now_ts
 from ...engine.messages import Reply
 from ...errors import PipelineClosed, StoreError, UsageError
-from ..base import NUDGE_BUFFER, ClaimOffer, JobRecord, Lease, NewJob, Nudge, Settlement
+from ..base import NUDGE_BUFFER, ClaimOffer, JobRecord, Lease, NewJob, Nudge, Settlement, WorkerRecord
 from ..trays import Tray, Trays
 from . import queries, schema, store
 from .db import Database, connect, describe
@@ -138,6 +138,9 @@ class PostgresBackend:
 
     async def ping(self) -> None:
         await self._db.run(queries.ping)
+
+    async def workers(self) -> builtins.list[WorkerRecord]:
+        return await self._db.run(queries.workers)
 
     # -- the engine's housekeeping -----------------------------------------------------------------
 

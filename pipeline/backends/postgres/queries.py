@@ -4,6 +4,7 @@ synchronous functions on a psycopg connection."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,7 +14,7 @@ from ... import states
 from ...clock import format_ts, to_epoch
 from ...errors import UsageError
 from ...states import Status
-from ..base import JobRecord
+from ..base import JobRecord, WorkerRecord
 from .store import MS
 
 _RECORD = (
@@ -142,3 +143,20 @@ def operator_stats(conn: psycopg.Connection[Any]) -> dict[str, Any]:
 def ping(conn: psycopg.Connection[Any]) -> None:
     """Health check: the server answers and the jobs table can be read."""
     conn.execute("SELECT 1 FROM jobs LIMIT 1").fetchall()
+
+
+_WORKERS = """
+SELECT owner, job_types, heartbeat_at, heartbeat_at + lease_seconds * interval '1 second' >= now()
+  FROM workers ORDER BY heartbeat_at DESC, owner
+"""
+
+
+def workers(conn: psycopg.Connection[Any]) -> list[WorkerRecord]:
+    found = []
+    for owner, types, heartbeat_at, alive in conn.execute(_WORKERS).fetchall():
+        try:
+            job_types = tuple(json.loads(types))
+        except (ValueError, TypeError):
+            job_types = ()
+        found.append(WorkerRecord(owner, job_types, heartbeat_at, bool(alive)))
+    return found

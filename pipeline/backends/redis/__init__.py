@@ -32,7 +32,7 @@ import trio
 from ...config import masked_url
 from ...engine.messages import Reply
 from ...errors import PipelineClosed, StoreError, UsageError
-from ..base import NUDGE_BUFFER, ClaimOffer, JobRecord, Lease, NewJob, Nudge, Settlement
+from ..base import NUDGE_BUFFER, ClaimOffer, JobRecord, Lease, NewJob, Nudge, Settlement, WorkerRecord
 from ..trays import Tray, Trays
 from . import store
 from .db import DRIVER_ERRORS, Database, client_for, describe, split_url
@@ -141,6 +141,9 @@ class RedisBackend:
 
     async def ping(self) -> None:
         await self._db.run(store.ping)
+
+    async def workers(self) -> builtins.list[WorkerRecord]:
+        return await self._db.run(store.workers)
 
     # -- the engine's housekeeping -----------------------------------------------------------------
 

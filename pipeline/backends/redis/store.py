@@ -20,7 +20,7 @@ from ... import states
 from ...clock import to_epoch
 from ...errors import UsageError
 from ...states import Status
-from ..base import JobRecord, Lease, NewJob, Settlement
+from ..base import JobRecord, Lease, NewJob, Settlement, WorkerRecord
 from .db import describe, run_pipelined, run_script
 from .scripts import ALL, RECORD_FIELDS
 
@@ -308,3 +308,21 @@ def cleanup(client: Any, prefix: str, *, statuses: Sequence[str] = ("completed",
 
 def ping(client: Any, prefix: str) -> None:
     client.ping()
+
+
+def workers(client: Any, prefix: str) -> list[WorkerRecord]:
+    """The ``workers`` hash (owner -> "beat_ms|lease_ms|types"), alive by the server's clock."""
+    seconds, micros = client.time()
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    found = []
+    for owner, value in client.hgetall(prefix + "workers").items():
+        owner = owner.decode() if isinstance(owner, bytes) else owner
+        text = value.decode() if isinstance(value, bytes) else value
+        beat, lease, types = text.split("|", 2)
+        try:
+            job_types = tuple(json.loads(types))
+        except (ValueError, TypeError):
+            job_types = ()
+        found.append((int(beat), WorkerRecord(owner, job_types, text_of(int(beat)), int(beat) + int(lease) >= now_ms)))
+    found.sort(key=lambda pair: (-pair[0], pair[1].owner))
+    return [record for _, record in found]

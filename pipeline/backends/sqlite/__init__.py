@@ -27,7 +27,7 @@ import trio
 from ...clock import format_ts, now_ts, to_epoch
 from ...engine.messages import Reply
 from ...errors import PipelineClosed, StoreError, UsageError
-from ..base import NUDGE_BUFFER, ClaimOffer, JobRecord, Lease, NewJob, Nudge, Settlement
+from ..base import NUDGE_BUFFER, ClaimOffer, JobRecord, Lease, NewJob, Nudge, Settlement, WorkerRecord
 from ..trays import Tray, Trays
 from . import migrations, queries, store
 from .bulk import BulkInsert
@@ -162,6 +162,9 @@ class SqliteBackend:
 
     async def ping(self) -> None:
         await self._db.read(queries.ping)
+
+    async def workers(self) -> builtins.list[WorkerRecord]:
+        return await self._db.read(lambda conn: queries.workers(conn, now=now_ts()))
 
     # -- the engine's housekeeping -----------------------------------------------------------------
 

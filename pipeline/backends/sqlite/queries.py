@@ -4,6 +4,7 @@ The ones that write run inside the Ledger's transaction, like the store's."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Sequence
 from typing import Any
@@ -12,7 +13,7 @@ from ... import states
 from ...clock import format_ts, to_epoch
 from ...errors import UsageError
 from ...states import Status
-from ..base import JobRecord
+from ..base import JobRecord, WorkerRecord
 
 COLUMNS = (
     "id, job_type, payload, status, attempts, max_attempts, run_after, error, "
@@ -155,3 +156,21 @@ def operator_stats(conn: sqlite3.Connection, *, now: str) -> dict[str, Any]:
 def ping(conn: sqlite3.Connection) -> None:
     """Health check: the file opens and the jobs table can be read."""
     conn.execute("SELECT 1 FROM jobs LIMIT 1").fetchall()
+
+
+_WORKERS = """
+SELECT owner, job_types, heartbeat_at,
+       julianday(heartbeat_at) + lease_seconds / 86400.0 >= julianday(:now) AS alive
+  FROM workers ORDER BY heartbeat_at DESC, owner
+"""
+
+
+def workers(conn: sqlite3.Connection, *, now: str) -> list[WorkerRecord]:
+    found = []
+    for owner, types, heartbeat_at, alive in conn.execute(_WORKERS, {"now": now}):
+        try:
+            job_types = tuple(json.loads(types))
+        except (ValueError, TypeError):
+            job_types = ()
+        found.append(WorkerRecord(owner, job_types, heartbeat_at, bool(alive)))
+    return found
