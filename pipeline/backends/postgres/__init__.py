@@ -33,10 +33,11 @@ from ...clock import now_ts
 from ...engine.messages import Reply
 from ...errors import PipelineClosed, StoreError, UsageError
 from ..base import NUDGE_BUFFER, ClaimOffer, JobRecord, Lease, NewJob, Nudge, Settlement, WorkerRecord
+from ..batches import Command, LedgerStats
 from ..trays import Tray, Trays
 from . import queries, schema, store
 from .db import Database, connect, describe
-from .ledger import Command, LedgerStats, run_ledger
+from .ledger import run_ledger
 from .listener import run_listener
 
 if TYPE_CHECKING:

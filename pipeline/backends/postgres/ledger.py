@@ -27,46 +27,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 from typing import Any
 
-import attrs
 import psycopg
 import trio
 
-from ...clock import now_ts
-from ...engine.messages import Reply
-from ...errors import PipelineClosed, StoreError
-from ...states import Transition
-from ..base import Claimed, ClaimOffer, Lease, NewJob, Nudge, Settlement, nudge
-from ..trays import Tray
+from ...errors import StoreError
+from ..base import Claimed, ClaimOffer, Lease, Nudge, Settlement, nudge
+from ..batches import BATCH_LIMIT, Command, LedgerStats, answer, fail_in_hand, gather, makes_work_due, take_offer
 from . import store
 from .db import Database, describe
 
 log = logging.getLogger("pipeline.ledger")
-
-BATCH_LIMIT = 1024
-
-
-@attrs.frozen
-class Command:
-    """A tray of outcomes, or the rows of one insert; answered on ``reply``."""
-
-    reply: Reply
-    tray: Tray | None = None
-    rows: list[NewJob] | None = None
-
-
-@attrs.define
-class LedgerStats:
-    """Written by the Ledger only; read by benchmarks and /metrics."""
-
-    batches: int = 0
-    commands: int = 0
-    failed_batches: int = 0
-    give_up_at: float = math.inf  # kept for symmetry with SQLite's: the pool's timeout bounds a stop here
-    trouble: str | None = None  # why batches cannot commit right now (for /healthz), None while they do
-
 
 def _is_outage(exc: BaseException, conn: psycopg.Connection[Any]) -> bool:
     return isinstance(exc, psycopg.OperationalError) or conn.broken or conn.closed
@@ -143,39 +115,6 @@ def _outcomes_alone(conn: psycopg.Connection[Any], items: list[Settlement], *, n
     return held
 
 
-def _makes_work_due(batch: list[Command]) -> bool:
-    """An insert of a job due now, or a release (due again at once): other processes and this
-    one's Poller should look at once. (A retry is due after its backoff: a poll finds it.)"""
-    now: str | None = None
-    for command in batch:
-        if command.tray is not None and any(item.transition is Transition.RELEASE for item in command.tray.items):
-            return True
-        if command.rows:
-            now = now or now_ts()
-            if any(row.run_after <= now for row in command.rows):
-                return True
-    return False
-
-
-def _take_offer(offers_recv: trio.MemoryReceiveChannel[ClaimOffer] | None) -> ClaimOffer | None:
-    if offers_recv is None:
-        return None
-    try:
-        return offers_recv.receive_nowait()
-    except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
-        return None
-
-
-def _answer(nudge_send: trio.MemorySendChannel[Nudge], claimed: Claimed) -> None:
-    try:
-        nudge_send.send_nowait(claimed)  # never full: one offer is out at a time (see base.nudge)
-    except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
-        # the Poller is gone: the jobs stay running under its lease, which nobody renews,
-        # and are rescued when it expires
-        if claimed.leases:
-            log.warning("%d jobs claimed for a Poller that stopped; their leases will return them", len(claimed.leases))
-
-
 async def run_ledger(
     db: Database,
     inbox_recv: trio.MemoryReceiveChannel[Command],
@@ -196,20 +135,9 @@ async def run_ledger(
         task_status.started()
         try:
             async for first in inbox_recv:
-                batch.clear()
-                batch.append(first)
-                while len(batch) < batch_limit:
-                    try:
-                        batch.append(inbox_recv.receive_nowait())
-                    except (trio.WouldBlock, trio.EndOfChannel):
-                        break
-                outcomes = 0
-                for command in batch:
-                    if command.tray is not None:
-                        command.tray.is_open = False  # later outcomes go on the next tray
-                        outcomes += len(command.tray.items) - 1
-                wakes = _makes_work_due(batch)
-                offer = _take_offer(offers_recv) if wakes else None
+                outcomes = gather(first, inbox_recv, batch, batch_limit)
+                wakes = makes_work_due(batch)
+                offer = take_offer(offers_recv) if wakes else None
                 try:
                     results, leases = await db.write(_apply_batch, batch, wakes, offer)
                 except StoreError as exc:
@@ -219,7 +147,7 @@ async def run_ledger(
                     for command in batch:
                         command.reply.fail(exc)
                     if offer is not None:
-                        _answer(nudge_send, Claimed(offer, []))
+                        answer(nudge_send, Claimed(offer, []))
                         offer = None
                     continue
                 stats.batches += 1
@@ -231,23 +159,11 @@ async def run_ledger(
                     else:
                         command.reply.fail(describe(value, db.url) if isinstance(value, psycopg.Error) else value)
                 if offer is not None:
-                    _answer(nudge_send, Claimed(offer, leases or []))
+                    answer(nudge_send, Claimed(offer, leases or []))
                     offer = None
                 if leases is None and wakes:  # (an answered claim is the nudge: it saw everything this batch made due)
                     nudge(nudge_send)  # this process's Poller: at once, before the NOTIFY comes back
         finally:
-            # only a cancellation gets here with work in hand: answer it all
-            gone = PipelineClosed("the Ledger was cancelled before writing this")
-            for command in batch:
-                if not command.reply.answered:
-                    command.reply.fail(gone)
+            fail_in_hand(batch, inbox_recv)
             if offer is not None:
-                _answer(nudge_send, Claimed(offer, []))
-            while True:
-                try:
-                    command = inbox_recv.receive_nowait()
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    break
-                if command.tray is not None:
-                    command.tray.is_open = False
-                command.reply.fail(gone)
+                answer(nudge_send, Claimed(offer, []))

@@ -33,10 +33,11 @@ from ...config import masked_url
 from ...engine.messages import Reply
 from ...errors import PipelineClosed, StoreError, UsageError
 from ..base import NUDGE_BUFFER, ClaimOffer, JobRecord, Lease, NewJob, Nudge, Settlement, WorkerRecord
+from ..batches import Command, LedgerStats
 from ..trays import Tray, Trays
 from . import store
 from .db import DRIVER_ERRORS, Database, client_for, describe, split_url
-from .ledger import Command, LedgerStats, run_ledger
+from .ledger import run_ledger
 from .listener import run_listener
 
 if TYPE_CHECKING:

@@ -15,44 +15,16 @@ script of its own on a pooled connection, fenced like everything else.
 from __future__ import annotations
 
 import logging
-import math
 
-import attrs
 import trio
 
-from ...clock import now_ts
-from ...engine.messages import Reply
-from ...errors import PipelineClosed, StoreError
-from ...states import Transition
-from ..base import NewJob, Nudge, nudge
-from ..trays import Tray
+from ...errors import StoreError
+from ..base import Nudge, nudge
+from ..batches import BATCH_LIMIT, Command, LedgerStats, fail_in_hand, gather, makes_work_due
 from . import store
 from .db import Database
 
 log = logging.getLogger("pipeline.ledger")
-
-BATCH_LIMIT = 1024
-
-
-@attrs.frozen
-class Command:
-    """A tray of outcomes, or the rows of one insert; answered on ``reply``."""
-
-    reply: Reply
-    tray: Tray | None = None
-    rows: list[NewJob] | None = None
-
-
-@attrs.define
-class LedgerStats:
-    """Written by the Ledger only; read by benchmarks and /metrics."""
-
-    batches: int = 0
-    commands: int = 0
-    failed_batches: int = 0
-    give_up_at: float = math.inf
-    trouble: str | None = None  # why batches cannot be written right now (for /healthz), None while they can
-
 
 def _apply_batch(client: object, prefix: str, batch: list[Command], shown: str) -> list[tuple[bool, object]]:
     """Runs in a worker thread: the batch in one round trip; one (ok, value) per command."""
@@ -73,20 +45,6 @@ def _apply_batch(client: object, prefix: str, batch: list[Command], shown: str) 
     return results
 
 
-def _makes_work_due(batch: list[Command]) -> bool:
-    """An insert of a job due now, or a release (due again at once): this process's Poller
-    should look at once (other processes hear the scripts' PUBLISH)."""
-    now: str | None = None
-    for command in batch:
-        if command.tray is not None and any(item.transition is Transition.RELEASE for item in command.tray.items):
-            return True
-        if command.rows:
-            now = now or now_ts()
-            if any(row.run_after <= now for row in command.rows):
-                return True
-    return False
-
-
 async def run_ledger(
     db: Database,
     inbox_recv: trio.MemoryReceiveChannel[Command],
@@ -102,18 +60,7 @@ async def run_ledger(
         task_status.started()
         try:
             async for first in inbox_recv:
-                batch.clear()
-                batch.append(first)
-                while len(batch) < batch_limit:
-                    try:
-                        batch.append(inbox_recv.receive_nowait())
-                    except (trio.WouldBlock, trio.EndOfChannel):
-                        break
-                outcomes = 0
-                for command in batch:
-                    if command.tray is not None:
-                        command.tray.is_open = False  # later outcomes go on the next tray
-                        outcomes += len(command.tray.items) - 1
+                outcomes = gather(first, inbox_recv, batch, batch_limit)
                 try:
                     results = await db.write(_apply_batch, batch, db.shown)
                 except StoreError as exc:
@@ -131,19 +78,7 @@ async def run_ledger(
                         command.reply.set(value)
                     else:
                         command.reply.fail(value if isinstance(value, BaseException) else StoreError(str(value)))
-                if _makes_work_due(batch):
+                if makes_work_due(batch):
                     nudge(nudge_send)  # this process's Poller: at once, before the PUBLISH comes back
         finally:
-            # only a cancellation gets here with work in hand: answer it all
-            gone = PipelineClosed("the Ledger was cancelled before writing this")
-            for command in batch:
-                if not command.reply.answered:
-                    command.reply.fail(gone)
-            while True:
-                try:
-                    command = inbox_recv.receive_nowait()
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    break
-                if command.tray is not None:
-                    command.tray.is_open = False
-                command.reply.fail(gone)
+            fail_in_hand(batch, inbox_recv)

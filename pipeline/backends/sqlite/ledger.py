@@ -29,15 +29,15 @@ import trio
 
 from ...clock import format_ts, now_ts
 from ...engine.messages import Reply
-from ...errors import PipelineClosed, StoreError
+from ...errors import StoreError
 from ..base import Claimed, ClaimOffer, NewJob, Nudge, nudge
+from ..batches import BATCH_LIMIT, answer, fail_in_hand, gather, take_offer
 from ..trays import Tray
 from . import store
 from .db import Database, describe
 
 log = logging.getLogger("pipeline.ledger")
 
-BATCH_LIMIT = 1024
 
 
 @attrs.frozen
@@ -223,44 +223,12 @@ async def run_ledger(
         try:
             await _serve(db, inbox_recv, nudge_send, stats, offers_recv, batch_limit, batch, taken)
         finally:
-            # Only a cancellation (the caller's scope, not a graceful stop) gets here with
-            # work in hand: answer it all, so that no caller (the Poller, shielded) waits forever.
-            gone = PipelineClosed("the Ledger was cancelled before writing this")
-            for command in batch:
-                if not command.reply.answered:
-                    command.reply.fail(gone)
+            fail_in_hand(batch, inbox_recv)  # (the Poller, shielded, must not wait for ever)
             for offer in taken:
-                _answer(nudge_send, Claimed(offer, []))
-            while True:
-                try:
-                    command = inbox_recv.receive_nowait()
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    break
-                if command.tray is not None:
-                    command.tray.is_open = False
-                command.reply.fail(gone)
+                answer(nudge_send, Claimed(offer, []))
 
 
 _NO_OFFERS = contextlib.nullcontext()
-
-
-def _answer(nudge_send: trio.MemorySendChannel[Nudge], claimed: Claimed) -> None:
-    try:
-        nudge_send.send_nowait(claimed)  # never full: one offer is out at a time (see base.nudge)
-    except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
-        # the Poller is gone: the jobs stay running under its lease, which nobody renews,
-        # and are rescued when it expires
-        if claimed.leases:
-            log.warning("%d jobs claimed for a Poller that stopped; their leases will return them", len(claimed.leases))
-
-
-def _take_offer(offers_recv: trio.MemoryReceiveChannel[ClaimOffer] | None) -> ClaimOffer | None:
-    if offers_recv is None:
-        return None
-    try:
-        return offers_recv.receive_nowait()
-    except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
-        return None
 
 
 async def _serve(
@@ -276,19 +244,8 @@ async def _serve(
     """The Ledger's loop. ``batch`` and ``taken`` are the caller's lists, so that what is
     in hand when a cancellation lands can still be answered."""
     async for first in inbox_recv:
-        batch.clear()
-        batch.append(first)
-        while len(batch) < batch_limit:
-            try:
-                batch.append(inbox_recv.receive_nowait())
-            except (trio.WouldBlock, trio.EndOfChannel):
-                break
-        outcomes = 0
-        for command in batch:
-            if command.tray is not None:
-                command.tray.is_open = False  # later outcomes go on the next tray
-                outcomes += len(command.tray.items) - 1
-        offer = _take_offer(offers_recv) if any(command.wakes for command in batch) else None
+        outcomes = gather(first, inbox_recv, batch, batch_limit)
+        offer = take_offer(offers_recv) if any(command.wakes for command in batch) else None
         if offer is not None:
             taken.append(offer)
             batch.append(Command("claim", functools.partial(store.claim_leases, wants=offer.wants, owner=offer.owner,
@@ -307,7 +264,7 @@ async def _serve(
                 command.reply.fail(error)
             if offer is not None:
                 taken.clear()
-                _answer(nudge_send, Claimed(offer, []))
+                answer(nudge_send, Claimed(offer, []))
             continue
         stats.batches += 1
         stats.commands += len(batch) + outcomes  # each outcome counts as one
@@ -323,7 +280,7 @@ async def _serve(
         if offer is not None:
             ok, value = results[-1]
             taken.clear()
-            _answer(nudge_send, Claimed(offer, value if ok else []))
+            answer(nudge_send, Claimed(offer, value if ok else []))
             # the answer is the nudge: its claim saw everything this batch made due, for every
             # pool with room (a pool full of claimed jobs nudges the Poller when it has room)
             wake = not ok
