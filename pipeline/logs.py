@@ -59,6 +59,7 @@ class OutcomeLines:
         self.stream = stream
         self.json_lines = json_lines
         self.logger = logger
+        self.handlers = logging.getLogger(logger).handlers  # the list configure fills (handlers[:] = ...)
         self._lines: list[str] = []
         self._lock = threading.Lock()  # the buffer; and one writer of the stream at a time
         self._second = -1
@@ -140,7 +141,7 @@ def outcome_lines() -> OutcomeLines | None:
     lines = _outcomes
     if lines is None:
         return None
-    handlers = logging.getLogger(lines.logger).handlers
+    handlers = lines.handlers  # (the logger's own list: no getLogger lookup per job)
     if len(handlers) != 1 or not isinstance(handlers[0], _Handler) or handlers[0].lines is not lines:
         return None
     return lines

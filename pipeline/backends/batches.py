@@ -1,6 +1,6 @@
 """What the three Ledgers (SQLite's, Postgres's, Redis's) share: taking a batch from the inbox,
 answering the Poller's offer, and failing what is in hand when a Ledger is cancelled; and, for
-the two server backends, their command and their counters.
+the two server backends, their command, their counters and the half of the backend class they share.
 
 Each Ledger waits for the first command, drains whatever else is already waiting (up to its
 batch limit), and writes the batch in one go (see each backend's ledger.py for how).
@@ -8,10 +8,13 @@ batch limit), and writes the batch in one go (see each backend's ledger.py for h
 
 from __future__ import annotations
 
+import builtins
+import functools
 import logging
 import math
-from collections.abc import Sequence
-from typing import Protocol, TypeVar
+import random
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import attrs
 import trio
@@ -20,8 +23,8 @@ from ..clock import now_ts
 from ..engine.messages import Reply
 from ..errors import PipelineClosed
 from ..states import Transition
-from .base import Claimed, ClaimOffer, NewJob, Nudge
-from .trays import Tray
+from .base import Claimed, ClaimOffer, JobRecord, Lease, NewJob, Nudge, Settlement, WorkerRecord
+from .trays import Tray, Trays
 
 log = logging.getLogger("pipeline.ledger")
 
@@ -39,6 +42,7 @@ class Carried(Protocol):
 
 
 C = TypeVar("C", bound=Carried)
+T = TypeVar("T")
 
 
 def gather(first: C, inbox_recv: trio.MemoryReceiveChannel[C], batch: list[C], limit: int) -> int:
@@ -133,3 +137,116 @@ def makes_work_due(batch: Sequence[Command]) -> bool:
             if any(row.run_after <= now for row in command.rows):
                 return True
     return False
+
+
+class ServerDatabase(Protocol):
+    """What :class:`ServerBackend` needs of a server backend's connection holder."""
+
+    shown: str  # the URL with its password masked
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T: ...
+
+
+D = TypeVar("D", bound=ServerDatabase)
+
+
+class ServerBackend(Generic[D]):
+    """The half of a :class:`~pipeline.backends.base.Backend` that the Postgres and Redis
+    backends share: inserts and outcomes through their Ledger (trays), everything else a
+    blocking function of the backend's own run in a thread by ``db.run``. A subclass names
+    its module of worker-side functions (``calls``: claim, rescue_expired, bury_unknown_types)
+    and of operator functions (``operators``: get_job, list_jobs, operator_stats, revive,
+    delete_job, cleanup, ping, workers), and adds bulk_insert, lease_renewer and counters."""
+
+    calls: ClassVar[Any]
+    operators: ClassVar[Any]
+
+    def __init__(self, db: D, ledger_send: trio.MemorySendChannel[Command], stats: LedgerStats,
+                 *, rng: random.Random | None = None) -> None:
+        self.url = db.shown
+        self._db = db
+        self._ledger_send = ledger_send
+        self._stats = stats
+        self._rng = rng or random.Random()
+        self._trays = Trays(self._send_tray)
+
+    # for this backend's own tests and benchmarks: the engine never looks past the protocol
+    @property
+    def database(self) -> D:
+        return self._db
+
+    @property
+    def ledger_stats(self) -> LedgerStats:
+        return self._stats
+
+    async def _send_tray(self, tray: Tray) -> None:
+        await self._ledger_send.send(Command(tray.reply, tray=tray))
+
+    async def insert(self, jobs: Sequence[NewJob]) -> None:
+        if not jobs:
+            return
+        reply = Reply()
+        try:
+            await self._ledger_send.send(Command(reply, rows=list(jobs)))
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise PipelineClosed("the pipeline is shut down; the job store takes no more writes") from None
+        await reply.wait()
+
+    async def claim(
+        self, wants: Mapping[str, int], *, owner: str, lease_seconds: float, start: Mapping[str, int] | None = None,
+    ) -> list[Lease]:
+        return await self._db.run(functools.partial(self.calls.claim, wants=dict(wants), owner=owner,
+                                                    lease_seconds=lease_seconds, start=start))
+
+    async def settle(self, outcomes: Sequence[Settlement]) -> list[bool]:
+        """On the open tray, or a new one sent to the Ledger (see trays.Tray)."""
+        return await self._trays.settle(outcomes)
+
+    async def rescue_expired(self, *, base_seconds: float, spare: Collection[tuple[str, int]] = ()) -> int:
+        # no nudge: a rescued job is due only after its backoff (or dead), which a poll finds
+        return await self._db.run(functools.partial(self.calls.rescue_expired, base_seconds=base_seconds, rng=self._rng,
+                                                    spare=frozenset(spare)))
+
+    async def bury_unknown_types(self, known: Iterable[str], *, grace_seconds: float) -> int:
+        return await self._db.run(functools.partial(self.calls.bury_unknown_types, known=sorted(set(known)),
+                                                    grace_seconds=grace_seconds))
+
+    # -- operators ----------------------------------------------------------------------------
+
+    async def get(self, job_id: str) -> JobRecord | None:
+        return await self._db.run(self.operators.get_job, job_id)
+
+    async def list(
+        self, *, status: str | None = None, job_type: str | None = None, limit: int = 50, offset: int = 0
+    ) -> tuple[builtins.list[JobRecord], int]:
+        return await self._db.run(functools.partial(self.operators.list_jobs, status=status, job_type=job_type,
+                                                    limit=limit, offset=offset))
+
+    async def stats(self) -> dict[str, Any]:
+        return await self._db.run(self.operators.operator_stats)
+
+    async def revive(self, job_id: str) -> JobRecord:
+        return await self._db.run(self.operators.revive, job_id)
+
+    async def delete(self, job_id: str) -> None:
+        await self._db.run(self.operators.delete_job, job_id)
+
+    async def cleanup(self, *, statuses: Sequence[str] = ("completed", "dead"), older_than_seconds: float | None = None) -> int:
+        return await self._db.run(functools.partial(self.operators.cleanup, statuses=tuple(statuses),
+                                                    older_than_seconds=older_than_seconds))
+
+    async def ping(self) -> None:
+        await self._db.run(self.operators.ping)
+
+    async def workers(self) -> builtins.list[WorkerRecord]:
+        return await self._db.run(self.operators.workers)
+
+    # -- the engine's housekeeping -------------------------------------------------------------
+
+    def trouble(self) -> str | None:
+        return self._stats.trouble
+
+    def begin_stop(self, grace: float) -> None:
+        """A graceful stop began. Nothing to shorten here: every call is bounded by the driver's
+        own timeouts (db.CONNECT_TIMEOUT and the like), and none is retried by the backend."""
+        self._stats.give_up_at = trio.current_time() + grace

@@ -20,21 +20,18 @@ from __future__ import annotations
 import builtins
 import functools
 import logging
-import random
 import uuid
-from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import redis
 import trio
 
 from ...config import masked_url
-from ...engine.messages import Reply
-from ...errors import PipelineClosed, StoreError, UsageError
-from ..base import NUDGE_BUFFER, ClaimOffer, JobRecord, Lease, NewJob, Nudge, Settlement, WorkerRecord
-from ..batches import Command, LedgerStats
-from ..trays import Tray, Trays
+from ...errors import StoreError, UsageError
+from ..base import NUDGE_BUFFER, ClaimOffer, NewJob, Nudge
+from ..batches import Command, LedgerStats, ServerBackend
 from . import store
 from .db import DRIVER_ERRORS, Database, client_for, describe, split_url
 from .ledger import run_ledger
@@ -51,102 +48,20 @@ log = logging.getLogger("pipeline.redis")
 __all__ = ["RedisBackend", "RedisLeaseRenewer", "open_redis_backend"]
 
 
-class RedisBackend:
+class RedisBackend(ServerBackend[Database]):
     """:class:`~pipeline.backends.base.Backend` on a Redis server."""
 
-    def __init__(self, db: Database, ledger_send: trio.MemorySendChannel[Command], stats: LedgerStats,
-                 *, rng: random.Random | None = None) -> None:
-        self.url = db.shown
-        self._db = db
-        self._ledger_send = ledger_send
-        self._stats = stats
-        self._rng = rng or random.Random()
-        self._trays = Trays(self._send_tray)
+    calls: ClassVar[Any] = store
+    operators: ClassVar[Any] = store
 
-    # for this backend's own tests and benchmarks: the engine never looks past the protocol
-    @property
-    def database(self) -> Database:
-        return self._db
-
-    @property
-    def ledger_stats(self) -> LedgerStats:
-        return self._stats
-
-    async def _send_tray(self, tray: Tray) -> None:
-        await self._ledger_send.send(Command(tray.reply, tray=tray))
-
-    # -- producing ----------------------------------------------------------------------------
-
-    async def insert(self, jobs: Sequence[NewJob]) -> None:
-        if not jobs:
-            return
-        reply = Reply()
-        try:
-            await self._ledger_send.send(Command(reply, rows=list(jobs)))
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            raise PipelineClosed("the pipeline is shut down; the job store takes no more writes") from None
-        await reply.wait()
 
     async def bulk_insert(self, jobs: Iterable[NewJob], *, commit_every: int | None = None) -> int:
         """In a thread, on a pooled connection: the iterable is consumed as rows are staged."""
         db = self._db
         return await trio.to_thread.run_sync(_bulk_load, db, jobs, commit_every, limiter=db.limiter)
 
-    # -- the worker side ------------------------------------------------------------------------
-
-    async def claim(
-        self, wants: Mapping[str, int], *, owner: str, lease_seconds: float, start: Mapping[str, int] | None = None,
-    ) -> list[Lease]:
-        return await self._db.run(functools.partial(store.claim, wants=dict(wants), owner=owner,
-                                                    lease_seconds=lease_seconds, start=start))
-
-    async def settle(self, outcomes: Sequence[Settlement]) -> list[bool]:
-        """On the open tray, or a new one sent to the Ledger (see trays.Tray)."""
-        return await self._trays.settle(outcomes)
-
-    async def rescue_expired(self, *, base_seconds: float, spare: Collection[tuple[str, int]] = ()) -> int:
-        # no nudge: a rescued job is due only after its backoff (or dead), which a poll finds
-        return await self._db.run(functools.partial(store.rescue_expired, base_seconds=base_seconds, rng=self._rng,
-                                                    spare=frozenset(spare)))
-
-    async def bury_unknown_types(self, known: Iterable[str], *, grace_seconds: float) -> int:
-        return await self._db.run(functools.partial(store.bury_unknown_types, known=sorted(set(known)),
-                                                    grace_seconds=grace_seconds))
-
     def lease_renewer(self) -> RedisLeaseRenewer:
         return RedisLeaseRenewer(self._db)
-
-    # -- operators ------------------------------------------------------------------------------
-
-    async def get(self, job_id: str) -> JobRecord | None:
-        return await self._db.run(store.get_job, job_id)
-
-    async def list(
-        self, *, status: str | None = None, job_type: str | None = None, limit: int = 50, offset: int = 0
-    ) -> tuple[builtins.list[JobRecord], int]:
-        return await self._db.run(functools.partial(store.list_jobs, status=status, job_type=job_type, limit=limit,
-                                                    offset=offset))
-
-    async def stats(self) -> dict[str, Any]:
-        return await self._db.run(store.operator_stats)
-
-    async def revive(self, job_id: str) -> JobRecord:
-        return await self._db.run(store.revive, job_id)
-
-    async def delete(self, job_id: str) -> None:
-        await self._db.run(store.delete_job, job_id)
-
-    async def cleanup(self, *, statuses: Sequence[str] = ("completed", "dead"), older_than_seconds: float | None = None) -> int:
-        return await self._db.run(functools.partial(store.cleanup, statuses=tuple(statuses),
-                                                    older_than_seconds=older_than_seconds))
-
-    async def ping(self) -> None:
-        await self._db.run(store.ping)
-
-    async def workers(self) -> builtins.list[WorkerRecord]:
-        return await self._db.run(store.workers)
-
-    # -- the engine's housekeeping -----------------------------------------------------------------
 
     def counters(self) -> builtins.list[tuple[str, str, float]]:
         stats = self._stats
@@ -158,11 +73,6 @@ class RedisBackend:
 
     def trouble(self) -> str | None:
         return self._stats.trouble or self._db.trouble
-
-    def begin_stop(self, grace: float) -> None:
-        """A graceful stop began. Nothing to shorten here: a call waits at most the socket
-        timeouts (db.CONNECT_TIMEOUT, db.SOCKET_TIMEOUT), and none is retried by the backend."""
-        self._stats.give_up_at = trio.current_time() + grace
 
 
 def _bulk_load(db: Database, jobs: Iterable[NewJob], commit_every: int | None) -> int:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import math
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
@@ -30,6 +29,7 @@ import trio
 from ...clock import format_ts, now_ts
 from ...engine.messages import Reply
 from ...errors import StoreError
+from .. import batches
 from ..base import Claimed, ClaimOffer, NewJob, Nudge, nudge
 from ..batches import BATCH_LIMIT, answer, fail_in_hand, gather, take_offer
 from ..trays import Tray
@@ -187,16 +187,12 @@ async def _write_patiently(db: Database, batch: list[Command], stats: LedgerStat
 
 
 @attrs.define
-class LedgerStats:
-    """The counters are written by the Ledger only and read by benchmarks and /metrics;
-    ``give_up_at`` is written by the wiring when a graceful stop begins."""
+class LedgerStats(batches.LedgerStats):
+    """The server Ledgers' counters, and how long a batch waits for another writer's lock;
+    ``give_up_at`` is written by the wiring when a graceful stop begins (a locked database
+    then fails the batch at once)."""
 
-    batches: int = 0
-    commands: int = 0
-    failed_batches: int = 0
-    give_up_at: float = math.inf  # trio time after which a locked database fails the batch at once
     patience: float = attrs.field(factory=lambda: LOCK_PATIENCE)  # read when the Ledger starts (tests shorten it)
-    trouble: str | None = None  # why batches cannot commit right now (for /healthz), None while they do
 
 
 async def run_ledger(
