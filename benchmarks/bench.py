@@ -696,9 +696,6 @@ def main(argv: list[str] | None = None) -> int:
             setattr(sizes, name, value)
     only = set(args.only) if args.only else None
     notes = []
-    if args.backend == "redis" and (only is None or "scale" in only):
-        notes.append("scale skipped: the Redis store has no fast way to write a million completed jobs")
-        only = (only or {"drain", "enqueue", "bulk", "latency", "memory", "processes"}) - {"scale"}
     peers = []
     for peer in PEERS[args.backend]:
         if args.no_peers:
