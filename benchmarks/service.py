@@ -1,12 +1,14 @@
-"""What a user gets from the command line: `python benchmarks/service.py`.
+"""What a user gets from the command line: `python benchmarks/service.py [--backend sqlite|postgres|redis]`.
 
-20,000 jobs of the bundled site's cheapest type (`invalidate_cache` on the in-process cache)
-are written to a file and loaded with `python -m pipeline enqueue --from-file`; then
-`python -m pipeline` is started as a user starts it (WORKER_CONCURRENCY=32, as the issue that asked
-for this measured; default logging: INFO, a line per job, to a file), and the script waits until every job is completed, reading the database from outside.
-It does so with `--processes 1` and with the default (one worker process per core), alternating,
-three rounds, and prints the medians. The drain rate counts from the first job completed to the
-last (the service's start-up is printed apart).
+20,000 jobs of the bundled site's cheapest type (`invalidate_cache` on the in-process cache) are
+written to a file and loaded with `python -m pipeline enqueue --from-file`; then `python -m
+pipeline` is started as a user starts it (WORKER_CONCURRENCY=32, default logging: INFO, a line per
+job, to a file), and the script waits until every job is completed, reading the store from outside.
+It does so with `--processes 1` and with the default (one worker process per core). In the same
+rounds, Huey's consumer as its documentation starts it (`huey_consumer app.huey -w 2 -k process`,
+one worker process per core, `-q`) drains as many no-op tasks from its SQLite backend (`--backend
+sqlite`, `fsync=True`) or its Redis one (`--backend redis`). Three rounds, alternating, medians.
+A drain rate counts from the first job done to the last (the start-up is printed apart).
 """
 
 from __future__ import annotations
@@ -14,15 +16,38 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))
+
+from stores import BACKENDS, Stores, open_stores  # noqa: E402
+
 JOB = json.dumps({"job_type": "invalidate_cache", "payload": {"keys": ["k"]}})
+HUEY_APP = """
+from huey import RedisHuey, SqliteHuey
+
+if {redis!r}:
+    huey = RedisHuey({name!r}, url={redis!r}, results=False)
+else:
+    huey = SqliteHuey("bench", filename={db!r}, fsync=True, results=False)
+
+
+@huey.task()
+def noop():
+    pass
+"""
+
+
+def settings(stores: Stores, url: str, concurrency: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ADMIN_", "WORKER_", "LOG_", "DATABASE_", "SQLITE_", "REDIS_"))}
+    env.update(stores.settings, DATABASE_URL=url, ADMIN_PORT="0", WORKER_CONCURRENCY=str(concurrency))
+    return env
 
 
 def load(directory: Path, jobs: int, env: dict[str, str]) -> float:
@@ -30,68 +55,118 @@ def load(directory: Path, jobs: int, env: dict[str, str]) -> float:
     lines.write_text((JOB + "\n") * jobs)
     started = time.perf_counter()
     subprocess.run([sys.executable, "-m", "pipeline", "enqueue", "--from-file", str(lines)], env=env, cwd=directory,
-                   check=True, stdout=subprocess.DEVNULL)
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return jobs / (time.perf_counter() - started)
 
 
-def completed(db: Path) -> int:
-    conn = sqlite3.connect(db)
-    try:
-        return conn.execute("SELECT count(*) FROM jobs WHERE status = 'completed'").fetchone()[0]
-    finally:
-        conn.close()
-
-
-def drain(directory: Path, jobs: int, env: dict[str, str], processes: str | None) -> tuple[float, float]:
-    """(jobs/s from the first completion to the last, seconds from start to the first completion)."""
-    db = directory / "pipeline.db"
-    args = [sys.executable, "-m", "pipeline"] + (["--processes", processes] if processes else [])
-    with (directory / "service.log").open("w") as log:
+def watch(args: list[str], env: dict[str, str], log: Path, done: Callable[[], int], jobs: int) -> tuple[float, float]:
+    """Start ``args``; (jobs/s from the first job done to the last, seconds from start to the first)."""
+    with log.open("w") as out:
         started = time.perf_counter()
-        service = subprocess.Popen(args, env=env, cwd=directory, stdout=subprocess.DEVNULL, stderr=log)
+        process = subprocess.Popen(args, env=env, cwd=log.parent, stdout=out, stderr=out)
         try:
             first = None
             while True:
-                n = completed(db)
+                n = done()
                 now = time.perf_counter()
                 if n and first is None:
                     first = (now, n)
                 if n >= jobs:
                     break
-                if service.poll() is not None:
-                    raise RuntimeError(f"the service exited with {service.returncode}: see {directory / 'service.log'}")
+                if process.poll() is not None:
+                    raise RuntimeError(f"{args[0]} exited with {process.returncode}: see {log}")
                 time.sleep(0.02)
         finally:
-            service.terminate()
-            service.wait(60)
+            process.terminate()
+            process.wait(60)
     assert first is not None
-    return (jobs - first[1]) / (now - first[0]), first[0] - started
+    return (jobs - first[1]) / max(now - first[0], 1e-9), first[0] - started
+
+
+def pipeline_drain(stores: Stores, directory: Path, jobs: int, concurrency: int, processes: str | None) -> tuple[float, float, float]:
+    url = stores.fresh("service")
+    try:
+        env = settings(stores, url, concurrency)
+        loaded = load(directory, jobs, env)
+        args = [sys.executable, "-m", "pipeline"] + (["--processes", processes] if processes else [])
+        rate, start_up = watch(args, env, directory / "service.log", lambda: stores.completed(url), jobs)
+        return rate, start_up, loaded
+    finally:
+        stores.drop(url)
+
+
+def huey_drain(backend: str, stores: Stores, directory: Path, jobs: int) -> tuple[float, float]:
+    """Huey's consumer, one worker process per core; done = taken off its queue (Huey deletes a task
+    as it dequeues it; at most one per worker is still running when the queue is empty)."""
+    redis_url = getattr(stores, "server_url", "") if backend == "redis" else ""
+    name = f"bench_huey_{os.getpid()}_{time.monotonic_ns()}"
+    (directory / "huey_app.py").write_text(HUEY_APP.format(redis=redis_url, name=name, db=str(directory / "huey.db")))
+    sys.path.insert(0, str(directory))
+    try:
+        sys.modules.pop("huey_app", None)
+        import huey_app  # type: ignore[import-not-found]
+
+        huey = huey_app.huey
+        for _ in range(jobs):
+            huey_app.noop()
+        env = dict(os.environ, PYTHONPATH=str(directory))
+        consumer = str(Path(sys.executable).with_name("huey_consumer"))
+        args = [consumer, "huey_app.huey", "-w", str(os.cpu_count() or 1), "-k", "process", "-q", "-n",
+                "-d", "0.1", "-b", "1.15", "-m", "0.5"]
+        return watch(args, env, directory / "huey.log", lambda: jobs - huey.pending_count(), jobs)
+    finally:
+        sys.path.remove(str(directory))
+        if backend == "redis":
+            huey_app.huey.storage.flush_all()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=BACKENDS, default="sqlite")
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=32, help="WORKER_CONCURRENCY (default 32; the type's default is 2)")
+    parser.add_argument("--no-huey", action="store_true", help="leave out Huey's consumer")
     options = parser.parse_args()
     ways = {"--processes 1": "1", f"default ({os.cpu_count()} worker processes)": None}
     rates: dict[str, list[float]] = {way: [] for way in ways}
     loads: list[float] = []
-    for _ in range(options.rounds):
-        for way, processes in ways.items():
-            with tempfile.TemporaryDirectory() as tmp:
-                directory = Path(tmp)
-                env = {k: v for k, v in os.environ.items() if not k.startswith(("ADMIN_", "WORKER_", "LOG_", "DATABASE_", "SQLITE_"))}
-                env.update(DATABASE_URL=f"sqlite:///{directory / 'pipeline.db'}", ADMIN_PORT="0",
-                           WORKER_CONCURRENCY=str(options.concurrency))
-                loads.append(load(directory, options.jobs, env))
-                rate, start_up = drain(directory, options.jobs, env, processes)
-            rates[way].append(rate)
-            print(f"{way}: {rate:,.0f} jobs/s (first job done {start_up:.2f} s after start)", flush=True)
-    print(f"enqueue --from-file, {options.jobs:,} lines: {statistics.median(loads):,.0f} jobs/s (median)")
+    peer = options.backend != "postgres" and not options.no_huey
+    if peer:
+        try:
+            import huey  # noqa: F401
+        except ImportError:
+            print("huey is not installed (pip install -e '.[bench]'): no peer in this run", flush=True)
+            peer = False
+    hueys: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "stores").mkdir()
+        stores = open_stores(options.backend, Path(tmp) / "stores")
+        try:
+            for _ in range(options.rounds):
+                for way, processes in ways.items():
+                    with tempfile.TemporaryDirectory(dir=tmp) as work:
+                        rate, start_up, loaded = pipeline_drain(stores, Path(work), options.jobs, options.concurrency, processes)
+                    rates[way].append(rate)
+                    loads.append(loaded)
+                    print(f"{way}: {rate:,.0f} jobs/s (first job done {start_up:.2f} s after start)", flush=True)
+                if peer:
+                    with tempfile.TemporaryDirectory(dir=tmp) as work:
+                        rate, start_up = huey_drain(options.backend, stores, Path(work), options.jobs)
+                    hueys.append(rate)
+                    print(f"huey_consumer -w {os.cpu_count()} -k process: {rate:,.0f} tasks/s "
+                          f"(first task done {start_up:.2f} s after start)", flush=True)
+        finally:
+            stores.close()
+    print(f"backend {options.backend}, {options.jobs:,} jobs, medians of {options.rounds} rounds:")
+    print(f"enqueue --from-file, {options.jobs:,} lines: {statistics.median(loads):,.0f} jobs/s")
+    huey = statistics.median(hueys) if hueys else None
     for way, values in rates.items():
+        ratio = f" ({statistics.median(values) / huey:.1f}× Huey)" if huey else ""
         print(f"python -m pipeline {way}, WORKER_CONCURRENCY={options.concurrency}, default logging: "
-              f"{statistics.median(values):,.0f} jobs/s (median)")
+              f"{statistics.median(values):,.0f} jobs/s{ratio}")
+    if huey:
+        print(f"Huey consumer ({options.backend}), {os.cpu_count()} worker processes, -q: {huey:,.0f} tasks/s")
 
 
 if __name__ == "__main__":
