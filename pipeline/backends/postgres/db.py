@@ -75,6 +75,9 @@ def describe(exc: BaseException, url: str) -> StoreError:
     if isinstance(exc, psycopg.errors.UniqueViolation):
         return StoreError(f"database {where}: a job with this id already exists ({said})")
     if isinstance(exc, psycopg.OperationalError | PoolTimeout):
+        if "SSL error" in said or "certificate" in said:  # not something a retry cures
+            return StoreError(f"database {where}: the TLS handshake failed ({said}); check sslmode and sslrootcert "
+                              "in DATABASE_URL")
         return StoreError(f"database {where} is unreachable or dropped the connection ({said}); retry later")
     return StoreError(f"database {where}: {said}")
 

@@ -79,6 +79,9 @@ def describe(exc: BaseException, shown: str) -> StoreError:
     if isinstance(exc, ResponseError) and text.startswith("DUPLICATE "):
         return StoreError(f"redis {shown}: {text[len('DUPLICATE '):]}")
     if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError | OSError):
+        if "CERTIFICATE" in text or "SSL" in text:  # not something a retry cures
+            return StoreError(f"redis {shown}: the TLS handshake failed ({text}); check the URL's ssl_* parameters "
+                              "(e.g. ssl_ca_certs=/path/ca.pem)")
         return StoreError(f"redis {shown} is unreachable or dropped the connection ({text}); retry later")
     return StoreError(f"redis {shown}: {text}")
 
