@@ -29,7 +29,7 @@ from typing import Any
 import trio
 
 from ..backends import Backend, ClaimOffer, Lease, NewJob, Nudge, open_backend
-from ..backends.base import NUDGE_BUFFER
+from ..backends.base import NUDGE_BUFFER, PRIORITY_MAX, PRIORITY_MIN
 from ..clock import now_ts, to_ts
 from ..config import Config
 from ..errors import PipelineClosed, UsageError
@@ -81,8 +81,8 @@ class Pipeline:
             max_attempts = spec.max_attempts or self.config.worker.default_max_attempts
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
             raise UsageError(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise UsageError(f"priority must be an integer, got {priority!r}")
+        if isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+            raise UsageError(f"priority must be an integer from {PRIORITY_MIN} to {PRIORITY_MAX}, got {priority!r}")
         now = now or now_ts()
         if run_after is not None:
             try:

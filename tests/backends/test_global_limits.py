@@ -76,7 +76,7 @@ async def test_claims_from_many_connections_at_once_never_exceed_the_limit(backe
             for _ in range(60):
                 leases = await b.claim({"t": 2}, owner=name, lease_seconds=LONG, limits={"t": limit})
                 seen.append(await running(b))
-                await trio.sleep(0)
+                await trio.lowlevel.checkpoint()
                 for lease in leases:
                     await b.settle([succeed(lease)])
 
