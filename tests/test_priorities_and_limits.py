@@ -54,7 +54,7 @@ async def test_a_priority_0_job_overtakes_10000_pending_jobs_but_the_prefetched_
 ) -> None:
     """With 2 workers busy and 2 jobs claimed ahead (WORKER_PREFETCH=2), a priority-0 job
     enqueued behind 10,000 priority-5 jobs starts after at most the 4 jobs its process already
-    held (docs/jobs.md): the 2 claimed ahead, and handlers about to start as it committed."""
+    held (docs/architecture.md): the 2 claimed ahead, and handlers about to start as it committed."""
     log = tmp_path / "runs.log"
     monkeypatch.setenv("PIPELINE_TEST_LOG", str(log))
     config = store.replace(worker=attrs.evolve(store.worker, concurrency=2, prefetch=2))
