@@ -252,7 +252,11 @@ RETURNING j.id, j.job_type, j.payload, j.attempts + (j.started_at IS NULL)::int,
 # taken when it starts, after the lock is ours). Only claims make rows running; outcomes,
 # rescues and unlimited types never take the lock.
 _LIMIT_LOCK = "SELECT pg_advisory_xact_lock(hashtext('pipeline limit ' || current_schema()), hashtext(%(job_type)s))"
-_RUNNING_OF_TYPE = "SELECT count(*) FROM jobs WHERE status = 'running' AND job_type = %(job_type)s"
+# The type in the aggregate's FILTER, not the WHERE: the read is bounded by the running rows
+# (jobs_leases, jobs_status), whatever the statistics say. With the type in the WHERE, a table
+# without statistics (just filled) was read through jobs_type as well: every row of the type,
+# 100,000 completed ones in 3 ms, where the running rows alone take 0.01.
+_RUNNING_OF_TYPE = "SELECT count(*) FILTER (WHERE job_type = %(job_type)s) FROM jobs WHERE status = 'running'"
 
 
 def claim(
