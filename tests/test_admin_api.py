@@ -148,6 +148,14 @@ async def test_list_jobs_by_priority_and_in_claim_order(db_path: Any) -> None:
         assert (await client.get("/admin/jobs")).json()["total"] == 4
 
 
+async def test_metrics_show_the_global_limits(db_path: Any) -> None:
+    async with served(api_config(db_path, worker_global_limits="send_email=3")) as (_, client):
+        text = (await client.get("/metrics")).text
+        assert '\npipeline_global_limit{job_type="send_email"} 3\n' in text
+    async with served(api_config(db_path)) as (_, client):
+        assert "pipeline_global_limit" not in (await client.get("/metrics")).text
+
+
 # -- one job ------------------------------------------------------------------------------------
 
 

@@ -256,7 +256,8 @@ class AdminApi:
 
     async def metrics_text(self, request: Request) -> Response:
         """GET /metrics — Prometheus text format."""
-        text = self.metrics.render(await self._stats(), self.backend.counters())
+        text = self.metrics.render(await self._stats(), self.backend.counters(),
+                                   self.pipeline.global_limits)
         return Response(text, media_type=CONTENT_TYPE)
 
     # -- helpers ---------------------------------------------------------------------------

@@ -58,6 +58,7 @@ class Pipeline:
         self.registry = registry
         self.backend = backend
         self.owner = owner  # host:pid:nonce, as in the leases this process holds
+        self.global_limits = global_limits(config, registry)  # by job type: WORKER_GLOBAL_LIMITS over global_limit=
         self.wiring = wiring  # the channels the wiring created: diagrams/actors.mmd is drawn from it
         self.resources: dict[str, Any] = {}  # entered by open_pipeline from registry.resources()
         self.closed = False  # set by the wiring when a graceful stop begins
