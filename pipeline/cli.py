@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
+from .backends.base import LIST_ORDERS, PRIORITY_MAX, PRIORITY_MIN
 from .clock import format_ts, now_ts, to_epoch
 from .config import Config
 from .errors import ConfigError, PipelineError, UsageError
@@ -59,6 +60,8 @@ a jobs.jsonl line:
 JOBS_EXAMPLES = """\
 examples:
   python -m pipeline jobs --status dead            # the same as: jobs list --status dead
+  python -m pipeline jobs --status pending --order claim   # the next jobs a worker takes, first first
+  python -m pipeline jobs --priority 0             # the jobs of priority 0 only
   python -m pipeline jobs show 01920c1e-...        # payload, error, attempts, times
   python -m pipeline jobs retry 01920c1e-...       # dead → pending, attempts reset
   python -m pipeline jobs cleanup --older-than 604800 --status completed
@@ -133,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     _list_flags(p, suppress=False)
     actions = p.add_subparsers(dest="jobs_command", parser_class=_Parser, metavar="ACTION")
     a = actions.add_parser("list", parents=[as_json], help="list jobs, newest first (the default)",
-                           description="List jobs, newest first, filtered by status and type.")
+                           description="List jobs, newest first or in claim order, filtered by status, type and priority.")
     _list_flags(a, suppress=True)
     a = actions.add_parser("show", parents=[as_json], help="one job with its payload and error",
                            description="Show one job: its fields, payload and last error.")
@@ -445,6 +448,10 @@ def _list_flags(p: argparse.ArgumentParser, *, suppress: bool) -> None:
     p.add_argument("--type", dest="job_type", metavar="JOB_TYPE", default=default(None))
     p.add_argument("--limit", type=int, default=default(50), metavar="N", help="jobs per page (default 50)")
     p.add_argument("--page", type=int, default=default(1), metavar="N", help="page number, from 1 (newest first)")
+    p.add_argument("--priority", type=int, default=default(None), metavar="N", help="only jobs of this priority")
+    p.add_argument("--order", choices=LIST_ORDERS, default=default("newest"),
+                   help="newest first (the default), or claim: the order workers take pending jobs in "
+                        "(priority, then due time, then insertion)")
 
 
 def cmd_jobs(args: argparse.Namespace, config: Config, registry: Registry | None, out: TextIO) -> int:
@@ -461,9 +468,12 @@ def _jobs_list(args: argparse.Namespace, config: Config, out: TextIO) -> int:
         raise UsageError(f"--page must be from 1 to 10000000, got {args.page}")
     if args.status is not None and args.status not in set(Status):
         raise UsageError(f"unknown status {args.status!r}; expected one of {', '.join(Status)}")
+    if args.priority is not None and not PRIORITY_MIN <= args.priority <= PRIORITY_MAX:
+        raise UsageError(f"--priority must be from {PRIORITY_MIN} to {PRIORITY_MAX}, got {args.priority}")
     offset = (args.page - 1) * args.limit
     jobs, total = _with_backend(config, lambda backend: backend.list(
-        status=args.status, job_type=args.job_type, limit=args.limit, offset=offset))
+        status=args.status, job_type=args.job_type, limit=args.limit, offset=offset, priority=args.priority,
+        order=args.order))
     if args.json:
         _emit_json(out, [j.to_json() for j in jobs])
     else:

@@ -106,6 +106,27 @@ def database_url(text: str) -> str:
     raise ValueError(f"one of {DATABASE_URL_FORMS}")
 
 
+_JOB_TYPE = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]{0,99}")  # registry.register's names
+
+
+def global_limits(text: str) -> str:
+    """``send_email=5,webhook_notify=2``: each job type once, each limit an integer >= 1.
+    Kept as text (a setting's value is one of the simple kinds); read by WorkerSettings.global_limits."""
+    expected = "comma-separated JOB_TYPE=N pairs, each type once, each N an integer >= 1 (e.g. webhook_notify=2,send_email=5)"
+    limits: dict[str, int] = {}
+    for part in text.split(","):
+        name, sep, number = (piece.strip() for piece in part.partition("="))
+        if not sep or not _JOB_TYPE.fullmatch(name) or name in limits:
+            raise ValueError(f"{expected}; {part.strip()!r} is not one")
+        try:
+            limits[name] = int(number)
+        except ValueError:
+            raise ValueError(f"{expected}; {part.strip()!r} is not one") from None
+        if limits[name] < 1:
+            raise ValueError(f"{expected}; {part.strip()!r} is not one")
+    return ",".join(f"{name}={n}" for name, n in limits.items())
+
+
 def text(value: str) -> str:
     return value.strip()
 
@@ -318,6 +339,9 @@ class WorkerSettings:
     # a pending job of a type no code here knows goes dead once it has been due this long
     # unclaimed (another process may know the type; a rolling deploy may be under way)
     unknown_type_grace_seconds: float = setting(300.0, "WORKER_UNKNOWN_TYPE_GRACE_SECONDS", seconds)
+    # job types' limits across every process sharing the store ("webhook_notify=2,send_email=5"):
+    # a type's running jobs never exceed its limit; over Registry.register(global_limit=)
+    global_limits_text: str = setting("", "WORKER_GLOBAL_LIMITS", global_limits)
 
     @property
     def backoff_base_seconds(self) -> float:
@@ -332,6 +356,13 @@ class WorkerSettings:
 
     def prefetch_for(self, concurrency: int) -> int:
         return concurrency if self.prefetch is None else self.prefetch
+
+    @property
+    def global_limits(self) -> dict[str, int]:
+        """WORKER_GLOBAL_LIMITS by job type (checked by its parser already)."""
+        if not self.global_limits_text:
+            return {}
+        return {name: int(n) for name, _, n in (part.partition("=") for part in self.global_limits_text.split(","))}
 
 
 @attrs.frozen

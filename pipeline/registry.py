@@ -60,6 +60,7 @@ class JobSpec:
     concurrency: int | None = None  # None: WORKER_CONCURRENCY
     timeout: float | None = None  # None: WORKER_JOB_TIMEOUT_SECONDS
     max_attempts: int | None = None  # None: WORKER_DEFAULT_MAX_ATTEMPTS
+    global_limit: int | None = None  # running jobs of the type across every process; None: no limit (WORKER_GLOBAL_LIMITS may set one)
 
 
 @attrs.frozen
@@ -177,8 +178,11 @@ class Registry:
         concurrency: int | None = None,
         timeout: float | None = None,
         max_attempts: int | None = None,
+        global_limit: int | None = None,
     ) -> JobSpec:
-        """Declare a job type (or attach a handler to one already declared with the same class)."""
+        """Declare a job type (or attach a handler to one already declared with the same class).
+        ``global_limit``: at most this many of its jobs run at once across every process
+        sharing the job store (WORKER_GLOBAL_LIMITS, if it names the type, takes precedence)."""
         if not _NAME.match(name):
             raise ValueError(f"job type name {name!r} must match {_NAME.pattern}")
         if not attrs.has(cls):
@@ -189,10 +193,12 @@ class Registry:
             raise ValueError(f"job type {name!r}: timeout must be > 0")
         if max_attempts is not None and max_attempts < 1:
             raise ValueError(f"job type {name!r}: max_attempts must be >= 1")
+        if global_limit is not None and (isinstance(global_limit, bool) or not isinstance(global_limit, int) or global_limit < 1):
+            raise ValueError(f"job type {name!r}: global_limit must be an integer >= 1, got {global_limit!r}")
         existing = self._jobs.get(name)
         if existing is not None and existing.cls is not cls:
             raise ValueError(f"job type {name!r} is already registered with {existing.cls.__name__}")
-        spec = JobSpec(name, cls, handler, concurrency, timeout, max_attempts)
+        spec = JobSpec(name, cls, handler, concurrency, timeout, max_attempts, global_limit)
         self._jobs[name] = spec
         self._names_by_cls[cls] = name
         return spec

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-from .backends.base import NewJob
+from .backends.base import PRIORITY_MAX, PRIORITY_MIN, NewJob
 from .clock import now_ts, to_ts
 from .errors import UsageError
 from .ids import UUID7Factory
@@ -46,8 +46,8 @@ def prepare_row(registry: Registry, req: JobRequest, default_max_attempts: int, 
         max_attempts = registry.spec(req.job_type).max_attempts or default_max_attempts
     if type(max_attempts) is not int or max_attempts < 1:  # bool is not an int here
         raise UsageError(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
-    if type(req.priority) is not int:
-        raise UsageError(f"priority must be an integer, got {req.priority!r}")
+    if type(req.priority) is not int or not PRIORITY_MIN <= req.priority <= PRIORITY_MAX:
+        raise UsageError(f"priority must be an integer from {PRIORITY_MIN} to {PRIORITY_MAX}, got {req.priority!r}")
     if req.run_after is None:
         run_after = now
     else:

@@ -51,9 +51,21 @@ async def echo(job: Echo, ctx: pipeline.JobContext) -> None:
             f.write(f"end {ctx.id} {ctx.attempt} {os.getpid()} {time.time():.6f}\n")
 
 
+@attrs.frozen
+class Tick:
+    """A second test type: quick, so its throughput shows whether another type holds it back."""
+
+    n: int = 0
+
+
+async def tick(job: Tick, ctx: pipeline.JobContext) -> None:
+    await trio.lowlevel.checkpoint()
+
+
 def registry(**options: Any) -> Registry:
     reg = site.types_registry()
     reg.register("echo", Echo, echo, **options)
+    reg.register("tick", Tick, tick)
     return reg
 
 

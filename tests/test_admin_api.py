@@ -101,7 +101,12 @@ async def test_list_jobs_newest_first_with_filters_and_pages(db_path: Any, seede
         ({"per_page": "0"}, ["per_page"]),
         ({"per_page": "ten"}, ["per_page"]),
         ({"job_type": ""}, ["job_type must not be empty"]),
-        ({"statu": "dead"}, ["unknown query parameter 'statu'", "status, job_type, page, per_page"]),
+        ({"statu": "dead"}, ["unknown query parameter 'statu'", "status, job_type, page, per_page, priority, order"]),
+        ({"priority": "high"}, ["priority must be an integer from -2147483648 to 2147483647, got 'high'"]),
+        ({"priority": str(2**31)}, ["priority must be an integer from -2147483648 to 2147483647, got 2147483648"]),
+        ({"priority": "--1"}, ["priority must be an integer"]),
+        ({"priority": ""}, ["priority must be an integer"]),
+        ({"order": "oldest"}, ["order must be one of newest, claim, got 'oldest'"]),
     ],
 )
 async def test_list_rejects_malformed_filters(db_path: Any, params: dict[str, str], words: list[str]) -> None:
@@ -123,6 +128,32 @@ async def test_hostile_filters_and_ids_never_500(db_path: Any, seeded: dict[str,
         assert raw.status_code == 400
         # the table is intact
         assert (await client.get("/admin/jobs")).json()["total"] == 7
+
+
+async def test_list_jobs_by_priority_and_in_claim_order(db_path: Any) -> None:
+    async with served(api_config(db_path)) as (_, client):
+        made = {}
+        for priority in (3, -7, 3, 0):
+            r = await client.post("/admin/jobs", json={"job_type": "generate_sitemap", "priority": priority})
+            assert r.status_code == 201, r.text
+            made.setdefault(priority, []).append(r.json()["id"])
+        claim = (await client.get("/admin/jobs", params={"order": "claim"})).json()
+        assert [j["id"] for j in claim["items"]] == [*made[-7], *made[0], *made[3]]  # ties: the oldest first
+        threes = (await client.get("/admin/jobs", params={"priority": "3"})).json()
+        assert threes["total"] == 2 and [j["id"] for j in threes["items"]] == made[3][::-1]  # newest first
+        negative = (await client.get("/admin/jobs", params={"priority": "-7", "order": "claim", "status": "pending"})).json()
+        assert [j["id"] for j in negative["items"]] == made[-7] and negative["items"][0]["priority"] == -7
+        r = await client.post("/admin/jobs", json={"job_type": "generate_sitemap", "priority": 2**31})
+        assert_error(r, 422, "priority must be between -2147483648 and 2147483647")
+        assert (await client.get("/admin/jobs")).json()["total"] == 4
+
+
+async def test_metrics_show_the_global_limits(db_path: Any) -> None:
+    async with served(api_config(db_path, worker_global_limits="send_email=3")) as (_, client):
+        text = (await client.get("/metrics")).text
+        assert '\npipeline_global_limit{job_type="send_email"} 3\n' in text
+    async with served(api_config(db_path)) as (_, client):
+        assert "pipeline_global_limit" not in (await client.get("/metrics")).text
 
 
 # -- one job ------------------------------------------------------------------------------------

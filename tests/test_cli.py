@@ -139,6 +139,10 @@ def test_emit(db: Path) -> None:
         (["enqueue", "send_email", "--payload", "[1]"], ["--payload must be a JSON object"]),
         (["enqueue", "send_email", "--payload", '{"to": "a"}'], ["does not fit SendEmail"]),
         (["enqueue", "generate_sitemap", "--priority", str(2**40)], ["priority must be between"]),
+        (["enqueue", "generate_sitemap", "--priority", str(2**31)], ["priority must be between -2147483648 and 2147483647"]),
+        (["enqueue", "generate_sitemap", "--priority", str(-(2**31) - 1)], ["priority must be between -2147483648"]),
+        (["jobs", "--priority", str(2**31)], ["--priority must be from -2147483648 to 2147483647"]),
+        (["jobs", "list", "--order", "oldest"], ["invalid choice: 'oldest'"]),
         (["enqueue", "generate_sitemap", "--max-attempts", "0"], ["max_attempts must be between 1"]),
         (["enqueue", "generate_sitemap", "--run-after", "someday"], ["run_after 'someday' is not an ISO 8601 time"]),
         (["enqueue"], ["needs a JOB_TYPE"]),
@@ -225,6 +229,20 @@ def test_lists_page_through_the_store(db: Path, seeded: dict[str, list[str]]) ->
     code, out = run("jobs", "--limit", "3", "--page", "3")
     assert "7–7 of 7 jobs" in out
     assert "no jobs on this page (7 match)" in run("jobs", "--page", "9")[1]
+
+
+def test_jobs_list_by_priority_and_in_claim_order(db: Path) -> None:
+    made: dict[int, list[str]] = {}
+    for priority in (3, -7, 3, 0):
+        code, out = run("enqueue", "generate_sitemap", "--priority", str(priority))
+        assert code == 0
+        made.setdefault(priority, []).append(out.strip())
+    claim = json.loads(run("jobs", "--json", "--order", "claim")[1])
+    assert [j["id"] for j in claim] == [*made[-7], *made[0], *made[3]]
+    threes = json.loads(run("jobs", "list", "--json", "--priority", "3")[1])
+    assert [j["id"] for j in threes] == made[3][::-1]
+    code, out = run("jobs", "--status", "pending", "--priority", "-7", "--order", "claim")
+    assert code == 0 and made[-7][0] in out and "1–1 of 1 jobs" in out
 
 
 # -- bulk ------------------------------------------------------------------------------------------

@@ -92,6 +92,16 @@ def test_dashboard_counts_filter_detail_and_retry(browser: Any, seeded_url: tupl
     page.select_option("#f-type", "generate_sitemap")
     expect(rows).to_have_count(2)
     page.select_option("#f-type", "")
+    # the pending jobs in claim order (same priority: the oldest first), then newest first; each with its priority
+    page.select_option("#f-status", "pending")
+    page.select_option("#f-order", "claim")
+    expect(page.locator("#jobs-order")).to_contain_text("claim order")
+    expect(rows.nth(0)).to_have_attribute("data-id", ids["pending"][0])
+    assert [rows.nth(i).get_attribute("data-id") for i in range(2)] == ids["pending"]
+    assert "order=claim" in page.url
+    expect(rows.nth(0).locator("td.priority")).to_have_text("5")
+    page.select_option("#f-order", "newest")
+    expect(rows.nth(0)).to_have_attribute("data-id", ids["pending"][1])
     page.click("#counts .count.dead")
     expect(rows).to_have_count(2)
 

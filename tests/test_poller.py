@@ -27,7 +27,8 @@ class CountingBackend:
         self.due = due
         self.claims: list[dict[str, int]] = []
 
-    async def claim(self, wants: Mapping[str, int], *, owner: str, lease_seconds: float, start: object = None) -> list[Lease]:
+    async def claim(self, wants: Mapping[str, int], *, owner: str, lease_seconds: float, start: object = None,
+                    limits: object = None) -> list[Lease]:
         self.claims.append(dict(wants))
         await trio.sleep(0.1)  # the batch the claim rides on
         leases = []

@@ -27,6 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ..backends import JobRecord
+from ..backends.base import LIST_ORDERS, PRIORITY_MAX, PRIORITY_MIN
 from ..errors import PipelineClosed, PipelineError, StoreError, UsageError
 from ..requests import prepare_rows
 from ..states import TERMINAL, Status
@@ -121,7 +122,7 @@ class AdminApi:
         return [
             ("GET", "/healthz", e(self.healthz)),
             ("GET", "/metrics", e(self.metrics_text)),
-            ("GET", "/admin/jobs", e(self.list_jobs, ("status", "job_type", "page", "per_page"))),
+            ("GET", "/admin/jobs", e(self.list_jobs, ("status", "job_type", "page", "per_page", "priority", "order"))),
             ("POST", "/admin/jobs", e(self.create_job)),
             ("POST", "/admin/jobs/cleanup", e(self.cleanup)),
             ("GET", "/admin/jobs/{job_id}", e(self.get_job)),
@@ -135,7 +136,7 @@ class AdminApi:
     # -- jobs ------------------------------------------------------------------------------
 
     async def list_jobs(self, request: Request) -> Response:
-        """GET /admin/jobs?status=&job_type=&page=&per_page= — newest first."""
+        """GET /admin/jobs?status=&job_type=&priority=&order=&page=&per_page= — newest first, or in claim order."""
         params = request.query_params
         status = params.get("status")
         if status is not None and status not in set(Status):
@@ -145,7 +146,13 @@ class AdminApi:
             raise ApiError(400, "job_type must not be empty (leave it out to list every type)")
         page = _int_param(params.get("page"), "page", 1, 1, MAX_PAGE)
         per_page = _int_param(params.get("per_page"), "per_page", DEFAULT_PER_PAGE, 1, MAX_PER_PAGE)
-        records, total = await self.backend.list(status=status, job_type=job_type, limit=per_page, offset=(page - 1) * per_page)
+        given = params.get("priority")
+        priority = None if given is None else _signed_param(given, "priority", PRIORITY_MIN, PRIORITY_MAX)
+        order = params.get("order", "newest")
+        if order not in LIST_ORDERS:
+            raise ApiError(400, f"order must be one of {', '.join(LIST_ORDERS)}, got {_clip(order)!r}")
+        records, total = await self.backend.list(status=status, job_type=job_type, limit=per_page, offset=(page - 1) * per_page,
+                                                 priority=priority, order=order)
         return JSONResponse({"items": [r.to_json() for r in records], "total": total, "page": page, "per_page": per_page})
 
     async def get_job(self, request: Request) -> Response:
@@ -249,7 +256,8 @@ class AdminApi:
 
     async def metrics_text(self, request: Request) -> Response:
         """GET /metrics — Prometheus text format."""
-        text = self.metrics.render(await self._stats(), self.backend.counters())
+        text = self.metrics.render(await self._stats(), self.backend.counters(),
+                                   self.pipeline.global_limits)
         return Response(text, media_type=CONTENT_TYPE)
 
     # -- helpers ---------------------------------------------------------------------------
@@ -306,6 +314,16 @@ def _int_param(text: str | None, name: str, default: int, lo: int, hi: int) -> i
     if text is None:
         return default
     if not (text.isascii() and text.isdigit()) or len(text) > 12:
+        raise ApiError(400, f"{name} must be an integer from {lo} to {hi}, got {_clip(text)!r}")
+    value = int(text)
+    if not lo <= value <= hi:
+        raise ApiError(400, f"{name} must be an integer from {lo} to {hi}, got {value}")
+    return value
+
+
+def _signed_param(text: str, name: str, lo: int, hi: int) -> int:
+    digits = text[1:] if text.startswith("-") else text
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 12:
         raise ApiError(400, f"{name} must be an integer from {lo} to {hi}, got {_clip(text)!r}")
     value = int(text)
     if not lo <= value <= hi:

@@ -16,7 +16,7 @@ from typing import Any
 
 import attrs
 
-from ..backends.base import NewJob
+from ..backends.base import PRIORITY_MAX, PRIORITY_MIN, NewJob
 from ..clock import now_ts
 from ..errors import UsageError
 from ..ids import UUID7Factory
@@ -80,8 +80,8 @@ def job_request(value: Any, what: str = "the job") -> JobRequest:
     if not isinstance(payload, Mapping):
         raise UsageError(f"{what}: payload must be a JSON object, got {_kind(payload)}")
     priority = obj.get("priority", 5)
-    if type(priority) is not int or not INT32_MIN <= priority <= INT32_MAX:  # the common case, without a call
-        priority = integer(priority, f"{what}: priority", INT32_MIN, INT32_MAX)
+    if type(priority) is not int or not PRIORITY_MIN <= priority <= PRIORITY_MAX:  # the common case, without a call
+        priority = integer(priority, f"{what}: priority", PRIORITY_MIN, PRIORITY_MAX)
     max_attempts = obj.get("max_attempts")
     if max_attempts is not None:
         max_attempts = integer(max_attempts, f"{what}: max_attempts", 1, INT32_MAX)
@@ -93,7 +93,7 @@ def job_request(value: Any, what: str = "the job") -> JobRequest:
 
 def with_bounds(request: JobRequest, what: str = "the job") -> JobRequest:
     """Check the integers of a request built from CLI flags."""
-    integer(request.priority, f"{what}: priority", INT32_MIN, INT32_MAX)
+    integer(request.priority, f"{what}: priority", PRIORITY_MIN, PRIORITY_MAX)
     if request.max_attempts is not None:
         integer(request.max_attempts, f"{what}: max_attempts", 1, INT32_MAX)
     return request

@@ -121,11 +121,12 @@ class Metrics:
             found = table[job_type] = Histogram(bounds)
         return found
 
-    def render(self, store_stats: Mapping[str, Any], counters: Iterable[tuple[str, str, float]] = ()) -> str:
+    def render(self, store_stats: Mapping[str, Any], counters: Iterable[tuple[str, str, float]] = (),
+               limits: Mapping[str, int] | None = None) -> str:
         """The exposition text: the counters above (with the external ones), ``store_stats``
-        (``Backend.stats``) and the backend's own ``counters``."""
+        (``Backend.stats``), the backend's own ``counters`` and the job types' global ``limits``."""
         if self.external is not None:
-            return self.combined().render(store_stats, counters)
+            return self.combined().render(store_stats, counters, limits)
         lines: list[str] = []
         family = _family(lines)
         family("pipeline_jobs", "gauge", "Jobs in the store by status.",
@@ -144,6 +145,11 @@ class Metrics:
         _histograms(lines, "pipeline_job_duration_seconds", "Run time of job attempts in this process, by type.", self.durations)
         _histograms(lines, "pipeline_job_queue_wait_seconds",
                     "Time from a job being due to a worker of this process starting it, by type.", self.waits)
+        if limits:
+            family("pipeline_global_limit", "gauge",
+                   "The most jobs of a type that run at once across every process (WORKER_GLOBAL_LIMITS, global_limit=): "
+                   "compare pipeline_jobs_by_type{status=\"running\"}.",
+                   (({"job_type": t}, n) for t, n in sorted(limits.items())))
         if self.processes is not None:
             family("pipeline_worker_processes", "gauge", "Worker processes the supervisor runs now (--processes).",
                    [({}, self.processes())])

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..backends.base import LIST_ORDERS, PRIORITY_MAX, PRIORITY_MIN
 from ..registry import Registry
 from ..states import Status
 from .api import CODES, MAX_PAGE, MAX_PER_PAGE
-from .inputs import INT32_MAX, INT32_MIN, MAX_OLDER_THAN_SECONDS
+from .inputs import INT32_MAX, MAX_OLDER_THAN_SECONDS
 
 _REF = "#/components/schemas/"
 
@@ -103,7 +104,7 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
             "properties": {
                 "job_type": {"type": "string", "enum": job_types},
                 "payload": {"type": "object", "description": "The job's fields; checked against its class."},
-                "priority": {"type": "integer", "minimum": INT32_MIN, "maximum": INT32_MAX, "default": 5},
+                "priority": {"type": "integer", "minimum": PRIORITY_MIN, "maximum": PRIORITY_MAX, "default": 5},
                 "max_attempts": {"type": "integer", "minimum": 1, "maximum": INT32_MAX,
                                  "description": "Default: the type's own, else WORKER_DEFAULT_MAX_ATTEMPTS."},
                 "run_after": {"type": "string", "nullable": True, "description": "ISO 8601; UTC when no offset is given."},
@@ -173,10 +174,16 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
         "/admin/jobs": {
             "get": {
                 "operationId": "listJobs",
-                "summary": "List jobs, newest first",
+                "summary": "List jobs, newest first or in claim order",
                 "parameters": [
                     {"name": "status", "in": "query", "schema": {"type": "string", "enum": statuses}},
                     {"name": "job_type", "in": "query", "schema": {"type": "string", "minLength": 1}},
+                    {"name": "priority", "in": "query", "description": "Only jobs of this priority.",
+                     "schema": {"type": "integer", "minimum": PRIORITY_MIN, "maximum": PRIORITY_MAX}},
+                    {"name": "order", "in": "query",
+                     "description": "newest: newest first; claim: the order workers take pending jobs in "
+                                    "(priority, then due time, then insertion).",
+                     "schema": {"type": "string", "enum": list(LIST_ORDERS), "default": "newest"}},
                     {"name": "page", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": 1}},
                     {"name": "per_page", "in": "query",
                      "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PER_PAGE, "default": 50}},

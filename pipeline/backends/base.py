@@ -32,7 +32,22 @@ import attrs
 import trio
 
 from ..config import masked_url
+from ..errors import UsageError
 from ..states import Transition
+
+# The priorities every backend keeps exactly and in order: SQLite and Postgres store 64 bits,
+# but Redis orders by a ZSET score, a double (exact to 2**53); 32 bits is also what the admin
+# API and the CLI have always taken, and what a browser's JavaScript shows as it is.
+PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
+
+# Backend.list's orders: newest first (by id), or the order a claim takes pending jobs in
+LIST_ORDERS = ("newest", "claim")
+
+
+def check_list_order(order: str) -> str:
+    if order not in LIST_ORDERS:
+        raise UsageError(f"unknown order {order!r}; expected one of {', '.join(LIST_ORDERS)}")
+    return order
 
 
 class NewJob(NamedTuple):
@@ -156,6 +171,7 @@ class ClaimOffer:
     owner: str
     lease_seconds: float
     start: Mapping[str, int] | None = None  # as Backend.claim's
+    limits: Mapping[str, int] | None = None  # as Backend.claim's
 
 
 @attrs.frozen
@@ -219,12 +235,19 @@ class Backend(Protocol):
 
     async def claim(
         self, wants: Mapping[str, int], *, owner: str, lease_seconds: float, start: Mapping[str, int] | None = None,
+        limits: Mapping[str, int] | None = None,
     ) -> list[Lease]:
         """Claim up to ``wants[job_type]`` due jobs of each type. Of each type the first
         ``start[job_type]`` start at once (their attempt counts now; all of them when
         ``start`` is None); the rest are claimed ahead (``Lease.started`` False, attempts
         unchanged until a START outcome). Started ones first, each part in claim order. The
-        lease runs ``lease_seconds`` from the claim's own commit, however long it waited."""
+        lease runs ``lease_seconds`` from the claim's own commit, however long it waited.
+
+        ``limits``: global limits by type. Of a type limited to L, the claim takes at most L
+        minus the jobs of that type running now (whoever holds them, claimed-ahead ones
+        included), counted and claimed atomically against every other limited claim of that
+        type, from any process: the type's running jobs never exceed L through claims. A type
+        not in ``limits`` is claimed exactly as without it."""
 
     async def settle(self, outcomes: Sequence[Settlement]) -> list[bool]:
         """Write outcomes, each fenced by (id, running, token); one bool per outcome: True
@@ -249,9 +272,12 @@ class Backend(Protocol):
     async def get(self, job_id: str) -> JobRecord | None: ...
 
     async def list(
-        self, *, status: str | None = None, job_type: str | None = None, limit: int = 50, offset: int = 0
+        self, *, status: str | None = None, job_type: str | None = None, limit: int = 50, offset: int = 0,
+        priority: int | None = None, order: str = "newest",
     ) -> tuple[list[JobRecord], int]:
-        """Newest first, with the total that matches the filters."""
+        """Newest first (``order="newest"``), or in claim order (``order="claim"``: priority,
+        then run_after, then id), with the total that matches the filters; ``priority``
+        keeps the jobs of that priority only. UsageError for an unknown status or order."""
 
     async def stats(self) -> dict[str, Any]:
         """Counts by status and by type; jobs finished per minute over the last hour; the

@@ -194,9 +194,10 @@ class ServerBackend(Generic[D]):
 
     async def claim(
         self, wants: Mapping[str, int], *, owner: str, lease_seconds: float, start: Mapping[str, int] | None = None,
+        limits: Mapping[str, int] | None = None,
     ) -> list[Lease]:
         return await self._db.run(functools.partial(self.calls.claim, wants=dict(wants), owner=owner,
-                                                    lease_seconds=lease_seconds, start=start))
+                                                    lease_seconds=lease_seconds, start=start, limits=limits))
 
     async def settle(self, outcomes: Sequence[Settlement]) -> list[bool]:
         """On the open tray, or a new one sent to the Ledger (see trays.Tray)."""
@@ -217,10 +218,11 @@ class ServerBackend(Generic[D]):
         return await self._db.run(self.operators.get_job, job_id)
 
     async def list(
-        self, *, status: str | None = None, job_type: str | None = None, limit: int = 50, offset: int = 0
+        self, *, status: str | None = None, job_type: str | None = None, limit: int = 50, offset: int = 0,
+        priority: int | None = None, order: str = "newest",
     ) -> tuple[builtins.list[JobRecord], int]:
         return await self._db.run(functools.partial(self.operators.list_jobs, status=status, job_type=job_type,
-                                                    limit=limit, offset=offset))
+                                                    limit=limit, offset=offset, priority=priority, order=order))
 
     async def stats(self) -> dict[str, Any]:
         return await self._db.run(self.operators.operator_stats)

@@ -29,10 +29,10 @@ from typing import Any
 import trio
 
 from ..backends import Backend, ClaimOffer, Lease, NewJob, Nudge, open_backend
-from ..backends.base import NUDGE_BUFFER
+from ..backends.base import NUDGE_BUFFER, PRIORITY_MAX, PRIORITY_MIN
 from ..clock import now_ts, to_ts
 from ..config import Config
-from ..errors import PipelineClosed, UsageError
+from ..errors import ConfigError, PipelineClosed, UsageError
 from ..ids import UUID7Factory
 from ..logs import outcome_lines
 from ..registry import Registry
@@ -58,6 +58,7 @@ class Pipeline:
         self.registry = registry
         self.backend = backend
         self.owner = owner  # host:pid:nonce, as in the leases this process holds
+        self.global_limits = global_limits(config, registry)  # by job type: WORKER_GLOBAL_LIMITS over global_limit=
         self.wiring = wiring  # the channels the wiring created: diagrams/actors.mmd is drawn from it
         self.resources: dict[str, Any] = {}  # entered by open_pipeline from registry.resources()
         self.closed = False  # set by the wiring when a graceful stop begins
@@ -81,8 +82,8 @@ class Pipeline:
             max_attempts = spec.max_attempts or self.config.worker.default_max_attempts
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
             raise UsageError(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise UsageError(f"priority must be an integer, got {priority!r}")
+        if isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+            raise UsageError(f"priority must be an integer from {PRIORITY_MIN} to {PRIORITY_MAX}, got {priority!r}")
         now = now or now_ts()
         if run_after is not None:
             try:
@@ -174,14 +175,36 @@ def default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
+def global_limits(config: Config, registry: Registry) -> dict[str, int]:
+    """Each job type's global limit: WORKER_GLOBAL_LIMITS, else its registration's. A type
+    the variable names that the registry does not know is refused (a typo would leave the
+    type it meant without its limit)."""
+    configured = config.worker.global_limits
+    unknown = sorted(set(configured) - set(registry.job_types()))
+    if unknown:
+        raise ConfigError(
+            f"WORKER_GLOBAL_LIMITS={config.worker.global_limits_text!r} names job types this service does not know: "
+            f"{', '.join(unknown)} (known: {', '.join(registry.job_types()) or 'none'})"
+        )
+    limits = {name: spec.global_limit for name, spec in ((n, registry.spec(n)) for n in registry.job_types())
+              if spec.global_limit is not None}
+    return {**limits, **configured}
+
+
 def _make_pools(config: Config, registry: Registry, wiring: Wiring) -> dict[str, Pool]:
     pools = {}
+    limits = global_limits(config, registry)
     for name, spec in registry.handled().items():
         concurrency = spec.concurrency or config.worker.concurrency
         capacity = concurrency + config.worker.prefetch_for(concurrency)
+        limit = limits.get(name)
+        if limit is not None:
+            # No more workers than the limit, and no prefetch: a job claimed ahead of a free
+            # worker would hold one of the type's few slots while workers of other processes idle.
+            concurrency = capacity = min(concurrency, limit)
         send, recv = wiring.channel("Poller", "Handler pools", "claimed jobs, one channel per type", capacity, size_label="workers + prefetch")
         timeout = spec.timeout or config.worker.job_timeout_seconds
-        pools[name] = Pool(spec, concurrency, capacity, timeout, send, recv)
+        pools[name] = Pool(spec, concurrency, capacity, timeout, send, recv, global_limit=limit)
     return pools
 
 
@@ -268,6 +291,7 @@ async def open_pipeline(config: Config | None = None, registry: Registry | None 
     """
     config = config or Config.from_env()
     registry = registry if registry is not None else Registry()
+    global_limits(config, registry)  # refused before anything opens
     wiring = Wiring()
     # the Poller's two channels across the backend boundary (see backends.base.ClaimOffer)
     nudge_send, nudge_recv = wiring.channel("Backend", "Poller", "nudge: work due, or the offer's claim", NUDGE_BUFFER)

@@ -8,7 +8,7 @@
   const SVG = "http://www.w3.org/2000/svg";
   const $ = (id) => document.getElementById(id);
 
-  const state = { status: "", type: "", page: 1, perPage: 50, open: null, total: 0 };
+  const state = { status: "", type: "", order: "newest", page: 1, perPage: 50, open: null, total: 0 };
   let timer = null;
   let busy = false;
   let again = false;
@@ -19,6 +19,7 @@
     const p = new URLSearchParams(location.hash.slice(1));
     state.status = STATUSES.includes(p.get("status")) ? p.get("status") : "";
     state.type = p.get("type") || "";
+    state.order = p.get("order") === "claim" ? "claim" : "newest";
     state.page = Math.max(1, parseInt(p.get("page") || "1", 10) || 1);
     const pp = parseInt(p.get("per_page") || "50", 10);
     state.perPage = [25, 50, 100, 200].includes(pp) ? pp : 50;
@@ -29,6 +30,7 @@
     const p = new URLSearchParams();
     if (state.status) p.set("status", state.status);
     if (state.type) p.set("type", state.type);
+    if (state.order !== "newest") p.set("order", state.order);
     if (state.page > 1) p.set("page", String(state.page));
     if (state.perPage !== 50) p.set("per_page", String(state.perPage));
     if (state.open) p.set("job", state.open);
@@ -224,7 +226,7 @@
     body.replaceChildren();
     if (!list.items.length) {
       const row = el("tr");
-      row.append(el("td", { colspan: "7", class: "muted empty" }, "no jobs match"));
+      row.append(el("td", { colspan: "8", class: "muted empty" }, "no jobs match"));
       body.append(row);
     }
     for (const job of list.items) {
@@ -235,6 +237,7 @@
       statusCell.append(badge(job.status));
       row.append(statusCell);
       row.append(el("td", { class: "num" }, `${job.attempts}/${job.max_attempts}`));
+      row.append(el("td", { class: "num priority" }, String(job.priority)));
       row.append(el("td", { title: job.run_after }, shortTime(job.run_after)));
       row.append(el("td", { title: job.updated_at }, shortTime(job.updated_at)));
       row.append(el("td", { class: "error-cell", title: job.error || "" }, (job.error || "").split("\n")[0]));
@@ -249,6 +252,8 @@
     $("prev").disabled = list.page <= 1;
     $("next").disabled = list.page >= pages;
     $("f-status").value = state.status;
+    $("f-order").value = state.order;
+    $("jobs-order").textContent = state.order === "claim" ? "in claim order: priority, then due time" : "newest first";
     $("f-per-page").value = String(state.perPage);
   }
 
@@ -279,6 +284,7 @@
     const q = new URLSearchParams({ page: String(state.page), per_page: String(state.perPage) });
     if (state.status) q.set("status", state.status);
     if (state.type) q.set("job_type", state.type);
+    if (state.order !== "newest") q.set("order", state.order);
     return "/admin/jobs?" + q;
   }
 
@@ -394,6 +400,7 @@
     }
     $("f-status").addEventListener("change", (e) => setFilter({ status: e.target.value }));
     $("f-type").addEventListener("change", (e) => setFilter({ type: e.target.value }));
+    $("f-order").addEventListener("change", (e) => setFilter({ order: e.target.value }));
     $("f-per-page").addEventListener("change", (e) => setFilter({ perPage: parseInt(e.target.value, 10) }));
     $("filters").addEventListener("submit", (e) => e.preventDefault());
     $("prev").addEventListener("click", () => setFilter({ page: Math.max(1, state.page - 1) }));

@@ -53,7 +53,7 @@ def _apply_batch(conn: psycopg.Connection[Any], batch: list[Command], notify: bo
             with conn.transaction():
                 results = _write(conn, batch, notify, split=False)
                 leases = store.claim(conn, offer.wants, owner=offer.owner, lease_seconds=offer.lease_seconds,
-                                     start=offer.start)
+                                     start=offer.start, limits=offer.limits)
             return results, leases
         except psycopg.Error as exc:
             if _is_outage(exc, conn):

@@ -14,7 +14,7 @@ from ... import states
 from ...clock import format_ts, to_epoch
 from ...errors import UsageError
 from ...states import Status
-from ..base import JobRecord, WorkerRecord
+from ..base import JobRecord, WorkerRecord, check_list_order
 from .store import MS
 
 _RECORD = (
@@ -28,28 +28,38 @@ def get_job(conn: psycopg.Connection[Any], job_id: str) -> JobRecord | None:
     return JobRecord(*row) if row else None
 
 
-# Four fixed forms by which filters are given: no statement text is put together at run time.
-_LIST = {
-    (False, False): (f"{_RECORD} ORDER BY id DESC LIMIT %(limit)s OFFSET %(offset)s", "SELECT count(*) FROM jobs"),
-    (True, False): (f"{_RECORD} WHERE status = %(status)s ORDER BY id DESC LIMIT %(limit)s OFFSET %(offset)s",
-                    "SELECT count(*) FROM jobs WHERE status = %(status)s"),
-    (False, True): (f"{_RECORD} WHERE job_type = %(job_type)s ORDER BY id DESC LIMIT %(limit)s OFFSET %(offset)s",
-                    "SELECT count(*) FROM jobs WHERE job_type = %(job_type)s"),
-    (True, True): (f"{_RECORD} WHERE status = %(status)s AND job_type = %(job_type)s ORDER BY id DESC "
-                   "LIMIT %(limit)s OFFSET %(offset)s",
-                   "SELECT count(*) FROM jobs WHERE status = %(status)s AND job_type = %(job_type)s"),
-}
+# A fixed form for each set of filters given and each order, made once here: no statement text
+# is put together at run time.
+_FILTERS = (("status", "status = %(status)s"), ("job_type", "job_type = %(job_type)s"), ("priority", "priority = %(priority)s"))
+_ORDERS = {"newest": "id DESC", "claim": "priority, run_after, id"}  # (base.LIST_ORDERS)
+
+
+def _list_forms() -> dict[tuple[bool, bool, bool, str], tuple[str, str]]:
+    forms = {}
+    for mask in range(8):
+        given = (bool(mask & 1), bool(mask & 2), bool(mask & 4))
+        where = " AND ".join(sql for (_, sql), on in zip(_FILTERS, given) if on)
+        clause = f" WHERE {where}" if where else ""
+        for order, by in _ORDERS.items():
+            forms[(given[0], given[1], given[2], order)] = (f"{_RECORD}{clause} ORDER BY {by} LIMIT %(limit)s OFFSET %(offset)s",
+                                      f"SELECT count(*) FROM jobs{clause}")
+    return forms
+
+
+_LIST = _list_forms()
 
 
 def list_jobs(
-    conn: psycopg.Connection[Any], *, status: str | None = None, job_type: str | None = None, limit: int = 50, offset: int = 0
+    conn: psycopg.Connection[Any], *, status: str | None = None, job_type: str | None = None, limit: int = 50, offset: int = 0,
+    priority: int | None = None, order: str = "newest",
 ) -> tuple[list[JobRecord], int]:
-    """Newest first (ids are time-ordered), with the total that matches the filters; one
-    snapshot for both (REPEATABLE READ), so the page and its total agree."""
+    """Newest first (ids are time-ordered), or in claim order, with the total that matches the
+    filters; one snapshot for both (REPEATABLE READ), so the page and its total agree."""
     if status is not None and status not in set(Status):
         raise UsageError(f"unknown status {status!r}; expected one of {', '.join(Status)}")
-    rows_sql, count_sql = _LIST[(status is not None, job_type is not None)]
-    params = {"status": status, "job_type": job_type, "limit": limit, "offset": offset}
+    check_list_order(order)
+    rows_sql, count_sql = _LIST[(status is not None, job_type is not None, priority is not None, order)]
+    params = {"status": status, "job_type": job_type, "priority": priority, "limit": limit, "offset": offset}
     with conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
         row = conn.execute(count_sql, params).fetchone()

@@ -246,22 +246,54 @@ RETURNING j.id, j.job_type, j.payload, j.attempts + (j.started_at IS NULL)::int,
 """
 
 
+# A claim of a globally limited type runs in a transaction of its own that first takes this
+# lock, one per (schema, type): two processes' claims of the type take turns, each counting the
+# running rows after the one before it committed (READ COMMITTED: a statement's snapshot is
+# taken when it starts, after the lock is ours). Only claims make rows running; outcomes,
+# rescues and unlimited types never take the lock.
+_LIMIT_LOCK = "SELECT pg_advisory_xact_lock(hashtext('pipeline limit ' || current_schema()), hashtext(%(job_type)s))"
+# The type in the aggregate's FILTER, not the WHERE: the read is bounded by the running rows
+# (jobs_leases, jobs_status), whatever the statistics say. With the type in the WHERE, a table
+# without statistics (just filled) was read through jobs_type as well: every row of the type,
+# 100,000 completed ones in 3 ms, where the running rows alone take 0.01.
+_RUNNING_OF_TYPE = "SELECT count(*) FILTER (WHERE job_type = %(job_type)s) FROM jobs WHERE status = 'running'"
+
+
 def claim(
     conn: psycopg.Connection[Any], wants: Mapping[str, int], *, owner: str, lease_seconds: float,
-    start: Mapping[str, int] | None = None,
+    start: Mapping[str, int] | None = None, limits: Mapping[str, int] | None = None,
 ) -> list[Lease]:
     """pending → running for up to ``wants[type]`` due jobs of each type, in claim order; the
-    first ``start[type]`` of each start at once (all when None), the rest are claimed ahead."""
+    first ``start[type]`` of each start at once (all when None), the rest are claimed ahead.
+    A type in ``limits`` takes at most its limit less its running jobs (see _LIMIT_LOCK)."""
     wanted = [(t, n) for t, n in wants.items() if n > 0]
     if not wanted:
         return []
-    starts = [n if start is None else max(0, min(n, start.get(t, 0))) for t, n in wanted]
-    rows = conn.execute(_CLAIM, {"types": [t for t, _ in wanted], "limits": [n for _, n in wanted], "starts": starts,
-                                 "owner": owner, "lease": float(lease_seconds)}).fetchall()
+    if limits and any(t in limits for t, _ in wanted):
+        rows = _claim_rows(conn, [(t, n) for t, n in wanted if t not in limits], owner, lease_seconds, start)
+        for job_type, n in wanted:
+            if job_type in limits:
+                with conn.transaction():
+                    conn.execute(_LIMIT_LOCK, {"job_type": job_type})
+                    row = conn.execute(_RUNNING_OF_TYPE, {"job_type": job_type}).fetchone()
+                    n = min(n, limits[job_type] - (row[0] if row else 0))
+                    rows += _claim_rows(conn, [(job_type, n)], owner, lease_seconds, start)
+    else:
+        rows = _claim_rows(conn, wanted, owner, lease_seconds, start)
     # RETURNING's order is unspecified: by type as asked, started ones first, each in claim order
     order = {t: i for i, (t, _) in enumerate(wanted)}
     rows.sort(key=lambda r: (order[r[1]], not r[9], r[8], r[7], r[0]))
     return [Lease(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[9]) for row in rows]
+
+
+def _claim_rows(conn: psycopg.Connection[Any], wanted: Sequence[tuple[str, int]], owner: str, lease_seconds: float,
+                start: Mapping[str, int] | None) -> list[Any]:
+    wanted = [(t, n) for t, n in wanted if n > 0]
+    if not wanted:
+        return []
+    starts = [n if start is None else max(0, min(n, start.get(t, 0))) for t, n in wanted]
+    return conn.execute(_CLAIM, {"types": [t for t, _ in wanted], "limits": [n for _, n in wanted], "starts": starts,
+                                 "owner": owner, "lease": float(lease_seconds)}).fetchall()
 
 
 # -- leases ---------------------------------------------------------------------------------------

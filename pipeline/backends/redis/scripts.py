@@ -19,6 +19,7 @@ one store hashes to one slot). Keys (layout in docs/backends.md, "Key layout"):
     all, type:<t>, status:<s>, st:<s>:<t>
                           ZSET  every job / of a type / of a status / both, score 0: lexicographic
                                 by id, which is time-ordered (UUID v7): newest first is a reverse range
+                                (ZCARD of st:running:<t>: what a type's global limit counts)
     done:<s>              ZSET  completed / dead jobs, score = when they finished (ms)
     types                 SET   every type that has a job
     workers               HASH  owner -> "beat_ms|lease_ms|<json list of types>"
@@ -137,9 +138,11 @@ return n
 
 # -- claim -------------------------------------------------------------------------------------
 
-# ARGV: prefix, owner, lease_ms, m, then per type: type, limit, start. For each type, its due
-# pending jobs in claim order (priority, then run, then id), up to limit; the first ``start``
-# count their attempt now, the rest are claimed ahead. Returns, per type asked, how many it
+# ARGV: prefix, owner, lease_ms, m, then per type: type, limit, start, global limit ('' for
+# none). For each type, its due pending jobs in claim order (priority, then run, then id), up
+# to limit, and for a type with a global limit, up to that limit less the type's running jobs
+# (ZCARD of st:running:<type>: the script runs alone, so nothing comes between count and claim);
+# the first ``start`` count their attempt now, the rest are claimed ahead. Returns, per type asked, how many it
 # got, then three values per lease: id, payload, and "attempts max token created run started"
 # (attempts: this one's; started 1/0): a third of the values of an array per lease, whose
 # parsing was a fifth of the client's time per claimed job.
@@ -149,11 +152,12 @@ local now = now_ms()
 local expires = now + lease
 local out = {}
 for j = 0, m - 1 do
-  local t, want, k = ARGV[5 + j * 3], tonumber(ARGV[6 + j * 3]), tonumber(ARGV[7 + j * 3])
+  local t, want, k, cap = ARGV[5 + j * 4], tonumber(ARGV[6 + j * 4]), tonumber(ARGV[7 + j * 4]), ARGV[8 + j * 4]
   local got = 0
   local count_at = #out + 1
   out[count_at] = 0
   local pending_key, running_key = P .. 'st:pending:' .. t, P .. 'st:running:' .. t
+  if cap ~= '' then want = math.min(want, tonumber(cap) - redis.call('ZCARD', running_key)) end
   for _, p in ipairs(redis.call('ZRANGE', P .. 'prios:' .. t, 0, -1)) do
     if got >= want then break end
     local rk = ready_key(t, p)
@@ -376,12 +380,39 @@ return n
 RECORD_FIELDS = ("type", "payload", "status", "attempts", "max", "run", "error", "created", "updated", "prio", "owner",
                  "expires")
 
-# ARGV: prefix, index key, offset, limit. The total of the index and one page of it, newest id
-# first, each job's RECORD_FIELDS after its id: one snapshot, so the page and total agree.
+# ARGV: prefix, index key, offset, limit, priority ('' for any), order (newest / claim). The
+# total of the index and one page of it, newest id first, each job's RECORD_FIELDS after its
+# id: one snapshot, so the page and total agree. With a priority or in claim order, the page is
+# chosen from every job of the index, read here (no index orders jobs of every status by
+# priority): O(jobs of the index), where newest first reads only the page.
 LIST = r"""
-local key, offset, limit = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local out = {redis.call('ZCARD', key)}
-for _, id in ipairs(redis.call('ZRANGE', key, '+', '-', 'BYLEX', 'REV', 'LIMIT', offset, limit)) do
+local key, offset, limit, prio, order = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5], ARGV[6]
+local page
+local out
+if prio == '' and order == 'newest' then
+  out = {redis.call('ZCARD', key)}
+  page = redis.call('ZRANGE', key, '+', '-', 'BYLEX', 'REV', 'LIMIT', offset, limit)
+else
+  local picked = {}
+  for _, id in ipairs(redis.call('ZRANGE', key, 0, -1)) do  -- by id, oldest first
+    local f = redis.call('HMGET', jkey(id), 'prio', 'run')
+    if prio == '' or f[1] == prio then picked[#picked + 1] = {id, tonumber(f[1]), tonumber(f[2])} end
+  end
+  if order == 'claim' then
+    table.sort(picked, function(a, b)
+      if a[2] ~= b[2] then return a[2] < b[2] end
+      if a[3] ~= b[3] then return a[3] < b[3] end
+      return a[1] < b[1]
+    end)
+  else
+    local n = #picked
+    for i = 1, math.floor(n / 2) do picked[i], picked[n + 1 - i] = picked[n + 1 - i], picked[i] end
+  end
+  out = {#picked}
+  page = {}
+  for i = offset + 1, math.min(offset + limit, #picked) do page[#page + 1] = picked[i][1] end
+end
+for _, id in ipairs(page) do
   out[#out + 1] = id
   out[#out + 1] = redis.call('HMGET', jkey(id), 'type', 'payload', 'status', 'attempts', 'max', 'run', 'error',
                              'created', 'updated', 'prio', 'owner', 'expires')

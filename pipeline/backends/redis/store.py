@@ -20,7 +20,7 @@ from ... import states
 from ...clock import to_epoch
 from ...errors import UsageError
 from ...states import Status
-from ..base import JobRecord, Lease, NewJob, Settlement, WorkerRecord
+from ..base import JobRecord, Lease, NewJob, Settlement, WorkerRecord, check_list_order
 from .db import describe, run_pipelined, run_script
 from .scripts import ALL, RECORD_FIELDS
 
@@ -91,15 +91,17 @@ def commit_staged(client: Any, prefix: str, key: str) -> int:
 
 
 def claim(client: Any, prefix: str, *, wants: Mapping[str, int], owner: str, lease_seconds: float,
-          start: Mapping[str, int] | None = None) -> list[Lease]:
+          start: Mapping[str, int] | None = None, limits: Mapping[str, int] | None = None) -> list[Lease]:
     """pending → running for up to ``wants[type]`` due jobs of each type, in claim order; the
-    first ``start[type]`` of each start at once (all when None), the rest are claimed ahead."""
+    first ``start[type]`` of each start at once (all when None), the rest are claimed ahead;
+    a type in ``limits`` up to its limit less its running jobs."""
     args: list[Any] = [prefix, owner, round(lease_seconds * 1000), 0]
     m = 0
+    limits = limits or {}
     for job_type, n in wants.items():
         if n > 0:
             k = n if start is None else max(0, min(n, start.get(job_type, 0)))
-            args += (job_type, n, k)
+            args += (job_type, n, k, limits.get(job_type, ""))
             m += 1
     if not m:
         return []
@@ -235,10 +237,11 @@ def get_job(client: Any, prefix: str, job_id: str) -> JobRecord | None:
 
 
 def list_jobs(client: Any, prefix: str, *, status: str | None = None, job_type: str | None = None, limit: int = 50,
-              offset: int = 0) -> tuple[list[JobRecord], int]:
-    """Newest first (ids are time-ordered), with the total that matches the filters."""
+              offset: int = 0, priority: int | None = None, order: str = "newest") -> tuple[list[JobRecord], int]:
+    """Newest first (ids are time-ordered), or in claim order, with the total that matches the filters."""
     if status is not None and status not in set(Status):
         raise UsageError(f"unknown status {status!r}; expected one of {', '.join(Status)}")
+    check_list_order(order)
     if status is not None and job_type is not None:
         index = f"{prefix}st:{status}:{job_type}"
     elif status is not None:
@@ -247,7 +250,8 @@ def list_jobs(client: Any, prefix: str, *, status: str | None = None, job_type: 
         index = f"{prefix}type:{job_type}"
     else:
         index = f"{prefix}all"
-    out = run_script(client, ALL["list"], [prefix, index, max(offset, 0), max(limit, 0)])
+    out = run_script(client, ALL["list"], [prefix, index, max(offset, 0), max(limit, 0),
+                                           "" if priority is None else int(priority), order])
     total = int(out[0])
     records = [_record(out[i].decode(), out[i + 1]) for i in range(1, len(out), 2)]
     return records, total

@@ -94,9 +94,10 @@ class SqliteBackend:
 
     async def claim(
         self, wants: Mapping[str, int], *, owner: str, lease_seconds: float, start: Mapping[str, int] | None = None,
+        limits: Mapping[str, int] | None = None,
     ) -> list[Lease]:
         return await self._call("claim", functools.partial(store.claim_leases, wants=dict(wants), owner=owner,
-                                                             lease_seconds=lease_seconds, start=start))
+                                                             lease_seconds=lease_seconds, start=start, limits=limits))
 
     async def settle(self, outcomes: Sequence[Settlement]) -> list[bool]:
         """On the open tray, or a new one sent to the Ledger (see trays.Tray): concurrent
@@ -136,10 +137,12 @@ class SqliteBackend:
         return await self._db.read(queries.get_job, job_id)
 
     async def list(
-        self, *, status: str | None = None, job_type: str | None = None, limit: int = 50, offset: int = 0
+        self, *, status: str | None = None, job_type: str | None = None, limit: int = 50, offset: int = 0,
+        priority: int | None = None, order: str = "newest",
     ) -> tuple[list[JobRecord], int]:
         return await self._db.read(
-            functools.partial(queries.list_jobs, status=status, job_type=job_type, limit=limit, offset=offset)
+            functools.partial(queries.list_jobs, status=status, job_type=job_type, limit=limit, offset=offset,
+                              priority=priority, order=order)
         )
 
     async def stats(self) -> dict[str, Any]:

@@ -245,7 +245,8 @@ async def _serve(
         if offer is not None:
             taken.append(offer)
             batch.append(Command("claim", functools.partial(store.claim_leases, wants=offer.wants, owner=offer.owner,
-                                                            lease_seconds=offer.lease_seconds, start=offer.start), Reply()))
+                                                            lease_seconds=offer.lease_seconds, start=offer.start,
+                                                            limits=offer.limits), Reply()))
         try:
             results = await _write_patiently(db, batch, stats)
         except sqlite3.Error as exc:

@@ -13,7 +13,7 @@ from ... import states
 from ...clock import format_ts, to_epoch
 from ...errors import UsageError
 from ...states import Status
-from ..base import JobRecord, WorkerRecord
+from ..base import JobRecord, WorkerRecord, check_list_order
 
 COLUMNS = (
     "id, job_type, payload, status, attempts, max_attempts, run_after, error, "
@@ -70,24 +70,33 @@ def get_job(conn: sqlite3.Connection, job_id: str) -> JobRecord | None:
 
 
 def list_jobs(
-    conn: sqlite3.Connection, *, status: str | None = None, job_type: str | None = None, limit: int = 50, offset: int = 0
+    conn: sqlite3.Connection, *, status: str | None = None, job_type: str | None = None, limit: int = 50, offset: int = 0,
+    priority: int | None = None, order: str = "newest",
 ) -> tuple[list[JobRecord], int]:
-    """Newest first (ids are time-ordered), with the total that matches the filters."""
+    """Newest first (ids are time-ordered), or in claim order, with the total that matches the filters."""
     if status is not None and status not in set(Status):
         raise UsageError(f"unknown status {status!r}; expected one of {', '.join(Status)}")
-    where, params = [], []
+    check_list_order(order)
+    where: list[str] = []
+    params: list[str | int] = []
     if status is not None:
         where.append("status = ?")
         params.append(status)
     if job_type is not None:
         where.append("job_type = ?")
         params.append(job_type)
+    if priority is not None:
+        where.append("priority = ?")
+        params.append(priority)
     clause = f"WHERE {' AND '.join(where)}" if where else ""
     (total,) = conn.execute(f"SELECT count(*) FROM jobs {clause}", params).fetchone()
     rows = conn.execute(
-        f"SELECT {COLUMNS} FROM jobs {clause} ORDER BY id DESC LIMIT ? OFFSET ?", (*params, limit, offset)
+        f"SELECT {COLUMNS} FROM jobs {clause} ORDER BY {_LIST_ORDER[order]} LIMIT ? OFFSET ?", (*params, limit, offset)
     ).fetchall()
     return [JobRecord(*r) for r in rows], int(total)
+
+
+_LIST_ORDER = {"newest": "id DESC", "claim": "priority, run_after, id"}  # (base.LIST_ORDERS)
 
 
 def count_by_status(conn: sqlite3.Connection, status: str) -> int:

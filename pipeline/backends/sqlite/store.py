@@ -97,16 +97,34 @@ def claim(conn: sqlite3.Connection, job_type: str, limit: int, *, now: str, owne
     return [ClaimedRow(*r) for r in claim_rows(conn, job_type, limit, now=now, owner=owner, expires=expires)]
 
 
+# A type's running jobs, for its global limit: through idx_jobs_status, so the read is bounded
+# by the running rows (of every type: a few per worker), not by the type's rows of every status
+# (idx_jobs_type). No index of (job_type) over the running rows only: it would be a schema change
+# for a count that is already one seek and a short range.
+_RUNNING_OF_TYPE = "SELECT count(*) FROM jobs INDEXED BY idx_jobs_status WHERE status = 'running' AND job_type = ?"
+
+
+def running_of_type(conn: sqlite3.Connection, job_type: str) -> int:
+    (n,) = conn.execute(_RUNNING_OF_TYPE, (job_type,)).fetchone()
+    return int(n)
+
+
 def claim_leases(
     conn: sqlite3.Connection, now: str, *, wants: Mapping[str, int], owner: str, lease_seconds: float,
-    start: Mapping[str, int] | None = None,
+    start: Mapping[str, int] | None = None, limits: Mapping[str, int] | None = None,
 ) -> list[Lease]:
     """Claim for every job type of ``wants`` in one go (the Ledger's claim command): of each
     type, the first ``start[job_type]`` start at once (all when ``start`` is None), the rest
-    are claimed ahead; in that order, so a FIFO hands the started ones to the free workers."""
+    are claimed ahead; in that order, so a FIFO hands the started ones to the free workers.
+
+    A type in ``limits`` takes at most its limit less its running jobs: counted in the same
+    write transaction as the claim, which every writer of the file takes in turn (BEGIN
+    IMMEDIATE), so no other process's claim can come between the count and the claim."""
     expires = format_ts(to_epoch(now) + lease_seconds)
     claimed: list[Lease] = []
     for job_type, limit in wants.items():
+        if limits and job_type in limits and limit > 0:
+            limit = min(limit, limits[job_type] - running_of_type(conn, job_type))
         if limit <= 0:
             continue
         now_n = limit if start is None else max(0, min(limit, start.get(job_type, 0)))

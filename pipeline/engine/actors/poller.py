@@ -36,6 +36,8 @@ class Claimer:
 
     def __init__(self, pools: Mapping[str, Pool]) -> None:
         self.pools = pools
+        # every claim carries the global limits of the types that have one (None: no type has)
+        self.limits = {name: pool.global_limit for name, pool in pools.items() if pool.global_limit is not None} or None
 
     def room(self) -> dict[str, int]:
         return {name: pool.free for name, pool in self.pools.items() if pool.free > 0}
@@ -93,7 +95,7 @@ class Offer:
         wants = self._claimer.room()
         if not wants:
             return
-        offer = ClaimOffer(wants, self._owner, self._lease_seconds, self._claimer.starting(wants))
+        offer = ClaimOffer(wants, self._owner, self._lease_seconds, self._claimer.starting(wants), self._claimer.limits)
         try:
             self._send.send_nowait(offer)
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
@@ -165,7 +167,8 @@ async def run_poller(
                             # that no worker holds. Every backend answers within its patience
                             # (a failure is an answer), and /healthz tells of a claim that waits long.
                             with trio.CancelScope(shield=True):
-                                leases = await backend.claim(wants, owner=owner, lease_seconds=lease_seconds, start=start)
+                                leases = await backend.claim(wants, owner=owner, lease_seconds=lease_seconds, start=start,
+                                                             limits=claimer.limits)
                         except StoreError as exc:
                             claimer.deliver(wants, [])
                             failures += 1

@@ -136,6 +136,9 @@ class Pool:
     # the attempt at the claim for that many jobs (less those already queued): they start as it
     # commits; the rest are claimed ahead, counted when they start (see Lease.started).
     takers: int = 0
+    # at most this many of the type's jobs run at once across every process sharing the store
+    # (the claim counts them: see Backend.claim's limits); None: no limit
+    global_limit: int | None = None
 
     def hold(self, lease: Lease) -> None:
         """The Poller's: a newly claimed lease. A different lease of the same job still held
@@ -355,7 +358,9 @@ async def _settle(workers: Workers, pool: Pool, lease: Lease, outcome: Outcome, 
     was_full = pool.capacity - pool.outstanding <= 0
     pool.outstanding -= 1
     workers.observe(lease, outcome, result, duration)
-    if was_full:
+    if was_full or pool.global_limit is not None:
+        # room here; or a slot of a global limit is free, which this process may be the only
+        # one to know of soon (on Postgres and Redis another process learns of it by polling)
         nudge(workers.nudge_send)
     if start is not None and not counted:
         pool.mark_lost(start)  # its lease is gone: it does not start here
