@@ -23,6 +23,9 @@ one store hashes to one slot). Keys (layout in docs/backends.md, "Key layout"):
     types                 SET   every type that has a job
     workers               HASH  owner -> "beat_ms|lease_ms|<json list of types>"
     schema                STRING the key layout's version
+    sched:<name>          HASH  a cron schedule: type payload cron tz enabled origin declared next
+                                [last job] created updated (times: the protocol's ISO text)
+    scheds                SET   the names of every schedule
     wake                  pub/sub channel: a job became due (insert, release, revive)
 """
 
@@ -480,6 +483,21 @@ end
 return n
 """
 
+# -- cron schedules ------------------------------------------------------------------------------
+
+# ARGV: prefix, name, tick, next_run, now, then one job's 7 fields (as INSERT's). Fires a tick: only
+# if the schedule is enabled and its next run is still ``tick``, inserts the job and moves the
+# schedule on; returns 1, or 0 with nothing written (another process fired it, or it changed).
+SCHEDULE_FIRE = r"""
+local key = P .. 'sched:' .. ARGV[2]
+local f = redis.call('HMGET', key, 'enabled', 'next')
+if f[1] ~= '1' or f[2] ~= ARGV[3] then return 0 end
+local n, dup = insert_rows(ARGV, 6, 1)
+if not n then return redis.error_reply('DUPLICATE a job with id ' .. dup .. ' already exists') end
+redis.call('HSET', key, 'next', ARGV[4], 'last', ARGV[3], 'job', ARGV[6], 'updated', ARGV[5])
+return 1
+"""
+
 # ARGV: prefix, version. The layout's version, set by the first process to start (SET NX is
 # atomic: processes starting at once agree); returns the version stored.
 SCHEMA = r"""
@@ -506,5 +524,6 @@ ALL: dict[str, Script] = {
         "insert": INSERT, "insert_staged": INSERT_STAGED, "claim": CLAIM, "settle": SETTLE, "renew": RENEW,
         "forget": FORGET, "expired": EXPIRED, "rescue": RESCUE, "bury_unknown": BURY_UNKNOWN, "list": LIST,
         "stats": STATS, "revive": REVIVE, "delete": DELETE, "cleanup": CLEANUP, "schema": SCHEMA,
+        "schedule_fire": SCHEDULE_FIRE,
     }.items()
 }
