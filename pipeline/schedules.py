@@ -96,7 +96,7 @@ class Schedule:
         )
 
 
-def make(registry: Registry, name: Any, cron: Any, job_type: Any, payload: Any, timezone: Any = "UTC") -> Schedule:
+def make_schedule(registry: Registry, name: Any, cron: Any, job_type: Any, payload: Any, timezone: Any = "UTC") -> Schedule:
     """Check every part of a schedule (UsageError, UnknownJobType or InvalidPayload naming the
     problem) and return it; nothing is written."""
     check_name(name)

@@ -15,7 +15,20 @@ from typing import TYPE_CHECKING
 
 from ..config import DATABASE_URL_FORMS, masked_url
 from ..errors import ConfigError
-from .base import Backend, Claimed, ClaimOffer, JobRecord, Lease, LeaseRenewer, NewJob, Nudge, ScheduleRecord, Settlement, WorkerRecord, nudge
+from .base import (
+    Backend,
+    Claimed,
+    ClaimOffer,
+    JobRecord,
+    Lease,
+    LeaseRenewer,
+    NewJob,
+    Nudge,
+    ScheduleRecord,
+    Settlement,
+    WorkerRecord,
+    nudge,
+)
 
 if TYPE_CHECKING:
     import trio
