@@ -241,7 +241,9 @@ class AdminApi:
     async def create_schedule(self, request: Request) -> Response:
         """POST /admin/schedules — {"name", "cron", "job_type", "payload"?, "timezone"?} → 201; 400 naming
         what does not fit (cron, time zone, job type, payload); 409 if the name is in use."""
-        body = inputs.object_of(await self._body(request, required=True), "the request body")
+        body = await self._body(request, required=True)
+        if not isinstance(body, dict):
+            raise ApiError(400, "the request body must be a JSON object")
         unknown = [k for k in body if k not in SCHEDULE_FIELDS]
         if unknown:
             raise ApiError(400, f"unknown field {_clip(str(unknown[0]))!r}; expected {', '.join(SCHEDULE_FIELDS)}")
