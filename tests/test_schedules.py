@@ -18,8 +18,8 @@ from jobkit import Echo, registry
 import pipeline
 from pipeline import Config, InvalidPayload, UnknownJobType, UsageError
 from pipeline.backends import open_backend
-from pipeline.clock import format_ts, now_ts, to_epoch
 from pipeline.cli import main
+from pipeline.clock import format_ts, now_ts, to_epoch
 from pipeline.schedules import make_schedule
 
 
