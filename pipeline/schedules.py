@@ -30,12 +30,11 @@ if TYPE_CHECKING:
     from .backends.base import ScheduleRecord
     from .registry import Registry
 
-ORIGINS = ("code", "operator")  # declared in the application's code / added by an operator (CLI, admin API)
-_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,99}$")
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,99}")
 
 
 def check_name(name: Any) -> str:
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         shown = name if not isinstance(name, str) else name[:80]
         raise UsageError(f"schedule name {shown!r} must be 1-100 letters, digits or _.:- (not starting with .:-)")
     return name

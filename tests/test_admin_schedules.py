@@ -46,6 +46,7 @@ async def test_schedules_are_added_listed_paused_resumed_and_removed(db_path: An
     ({"payload": {"to": 3}}, 400, ["does not fit SendEmail", "$.to"]),
     ({"payload": [1]}, 400, ["payload must be a JSON object"]),
     ({"name": "bad name"}, 400, ["schedule name 'bad name'"]),
+    ({"name": "nightly\n"}, 400, ["schedule name 'nightly\\n'"]),
     ({"name": 7}, 400, ["schedule name 7"]),
     ({"cron": None}, 400, ["bad cron expression None"]),
     ({"extra": 1}, 400, ["unknown field 'extra'"]),
