@@ -64,6 +64,24 @@ async def test_a_tick_missed_while_nothing_ran_fires_once_on_return(config: Conf
     assert stored.next_run == format_ts((time.time() // hour + 1) * hour)
 
 
+async def test_a_type_without_a_handler_here_still_fires_and_an_unknown_one_is_left_to_others(config: Config) -> None:
+    from pipeline.site import types_registry
+
+    async with open_backend(config) as backend:
+        for name, job_type in (("sitemap", "generate_sitemap"), ("echo", "echo")):
+            declared = make_schedule(registry(), name, "* * * * * *", job_type, {"text": "e"} if job_type == "echo" else {})
+            await backend.put_schedule(declared.record(origin="operator"))
+    # the bundled site's types, none with a handler, and no "echo": another application's type
+    async with pipeline.open_pipeline(config, types_registry()) as p:
+        with trio.fail_after(5):
+            while not (await p.backend.list(job_type="generate_sitemap"))[0]:
+                await trio.sleep(0.05)
+        await trio.sleep(1.2)
+        assert (await p.backend.list(job_type="echo"))[1] == 0  # not fired here: a process that knows it does
+        (sitemap, *_), _ = await p.backend.list(job_type="generate_sitemap")
+        assert sitemap.status == "pending"  # for a process that has its handler
+
+
 async def test_a_schedule_gone_from_the_code_is_disabled_at_the_next_start(config: Config) -> None:
     reg = registry()
     reg.schedule("nightly", "0 3 * * *", Echo("n"), timezone="Europe/Paris")
