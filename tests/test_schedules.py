@@ -82,6 +82,23 @@ async def test_a_type_without_a_handler_here_still_fires_and_an_unknown_one_is_l
         assert sitemap.status == "pending"  # for a process that has its handler
 
 
+async def test_a_schedule_that_cannot_fire_is_logged_once_and_does_not_hold_up_the_others(
+    config: Config, caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with open_backend(config) as backend:
+        good = make_schedule(registry(), "b-good", "* * * * * *", "echo", {"text": "ok"}).record(origin="operator")
+        await backend.put_schedule(good)
+        # written by an older version of the code, or by hand: its payload no longer fits Echo
+        await backend.put_schedule(attrs.evolve(good, name="a-stale", payload='{"words": "old"}'))
+    caplog.set_level("INFO", logger="pipeline.scheduler")
+    async with pipeline.open_pipeline(config, registry()) as p:
+        await trio.sleep(2.5)
+        fired = [j.payload for j in await echo_jobs(p)]
+    assert len(fired) >= 2 and all('"text":"ok"' in payload for payload in fired)
+    stale = [r.getMessage() for r in caplog.records if "a-stale" in r.getMessage()]
+    assert len(stale) == 1 and "does not fit job type 'echo'" in stale[0], stale
+
+
 async def test_a_schedule_gone_from_the_code_is_disabled_at_the_next_start(config: Config) -> None:
     reg = registry()
     reg.schedule("nightly", "0 3 * * *", Echo("n"), timezone="Europe/Paris")

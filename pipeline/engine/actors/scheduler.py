@@ -20,7 +20,7 @@ import trio
 
 from ...backends.base import Backend, NewJob, ScheduleRecord
 from ...clock import now_ts
-from ...errors import PipelineClosed, PipelineError, UnknownJobType
+from ...errors import PipelineClosed, PipelineError, UnknownJobType, UsageError
 from ...registry import Registry
 from ...schedules import next_tick
 from ..health import Health
@@ -40,13 +40,17 @@ async def run_scheduler(
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     task_status.started()
-    unknown: set[str] = set()  # schedules already logged as not ours to fire
+    told: set[tuple[str, str]] = set()  # (schedule, why it cannot fire here) already logged: once, not every round
     while True:
         try:
             for schedule in await backend.schedules():
                 now = now_ts()
-                if schedule.enabled and schedule.next_run <= now:
-                    await _fire(backend, registry, new_job, schedule, now, unknown)
+                if not (schedule.enabled and schedule.next_run <= now):
+                    continue
+                try:
+                    await _fire(backend, registry, new_job, schedule, now, told)
+                except UsageError as exc:  # this schedule's own trouble (a row written by hand): not the others'
+                    _tell(told, logging.ERROR, schedule, f"cannot fire: {exc}")
             health.clear("scheduler")
         except PipelineClosed:
             return
@@ -57,20 +61,24 @@ async def run_scheduler(
 
 
 async def _fire(backend: Backend, registry: Registry, new_job: Callable[..., NewJob], schedule: ScheduleRecord,
-                now: str, unknown: set[str]) -> None:
+                now: str, told: set[tuple[str, str]]) -> None:
     try:
         job = registry.decode(schedule.job_type, schedule.payload)
     except UnknownJobType:
-        if schedule.name not in unknown:
-            unknown.add(schedule.name)
-            log.info("schedule %s: job type %r is not registered here; a process that knows it fires it",
-                     schedule.name, schedule.job_type)
+        _tell(told, logging.INFO, schedule, f"job type {schedule.job_type!r} is not registered here; a process that "
+                                            "knows it fires it")
         return
-    except PipelineError as exc:  # a payload that no longer fits the type (the code changed): say so each tick
-        log.error("schedule %s: its payload does not fit job type %r any more: %s; fix it or remove the schedule",
-                  schedule.name, schedule.job_type, exc)
+    except UsageError as exc:  # a payload that no longer fits the type (the code changed): it stays due until fixed
+        _tell(told, logging.ERROR, schedule, f"its payload does not fit job type {schedule.job_type!r} any more: {exc}; "
+                                             "fix it or remove the schedule")
         return
     following = next_tick(schedule.cron, schedule.timezone, now)  # a missed tick fires once: no catching up
     row = new_job(job, run_after=schedule.next_run, now=now)
     if await backend.fire_schedule(schedule.name, tick=schedule.next_run, next_run=following, job=row):
         log.info("schedule %s: tick %s fired job %s; next run %s", schedule.name, schedule.next_run, row.id, following)
+
+
+def _tell(told: set[tuple[str, str]], level: int, schedule: ScheduleRecord, why: str) -> None:
+    if (schedule.name, why) not in told:
+        told.add((schedule.name, why))
+        log.log(level, "schedule %s: %s", schedule.name, why)
