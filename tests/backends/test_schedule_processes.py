@@ -1,5 +1,7 @@
 """Three worker processes (`tests/supervised_service.py --processes 3`) on one store, one schedule
-that ticks every second: every tick is enqueued exactly once, none twice, none skipped."""
+(added with the CLI) that ticks every second: every tick is enqueued exactly once, none twice, none
+skipped, and each tick's job starts at once, wherever it was fired (the insert wakes every Poller:
+the poll interval here is 5 s)."""
 
 from __future__ import annotations
 
@@ -29,10 +31,13 @@ async def test_three_processes_enqueue_each_tick_once(backend: Backend, store_co
     from jobkit import registry
 
     every_second = make_schedule(registry(), "every-second", "* * * * * *", "echo", {"text": "tick"})
-    await backend.put_schedule(every_second.record(origin="operator"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ADMIN_", "WORKER_", "LOG_", "DATABASE_", "SQLITE_"))}
     env.update(DATABASE_URL=store_config.database_url, ADMIN_ENABLED="false", WORKER_LEASE_SECONDS="2",
-               WORKER_POLL_INTERVAL_MS="50", SQLITE_BUSY_TIMEOUT_MS="600", REDIS_ALLOW_NON_DURABLE="true", PYTHONPATH=str(ROOT))
+               WORKER_POLL_INTERVAL_MS="5000", SQLITE_BUSY_TIMEOUT_MS="600", REDIS_ALLOW_NON_DURABLE="true",
+               PYTHONPATH=str(ROOT))
+    added = subprocess.run([sys.executable, str(SERVICE), "schedule", "add", "every-second", "* * * * * *", "echo",
+                            "--payload", '{"text": "tick"}'], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert added.returncode == 0, added.stderr
     proc = subprocess.Popen([sys.executable, str(SERVICE), "run", "--processes", "3"], env=env, cwd=tmp_path,
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -61,3 +66,7 @@ async def test_three_processes_enqueue_each_tick_once(backend: Backend, store_co
         every_second.record(origin="operator", now=stored.created_at), next_run="", last_run="", last_job_id="",
         updated_at="")
     assert stored.last_run == ticks[-1]
+    # each job ran as soon as it was fired, not at the next poll
+    done = [j for j in jobs if j.status == "completed"]
+    assert len(done) >= 5 and all(to_epoch(j.updated_at) - to_epoch(j.created_at) < 1.0 for j in done), [
+        (j.created_at, j.updated_at) for j in done]
