@@ -336,6 +336,10 @@ class Backend(Protocol):
     async def schedules(self) -> builtins.list[ScheduleRecord]:
         """Every schedule, by name."""
 
+    async def due_schedules(self, now: str) -> builtins.list[ScheduleRecord]:
+        """The enabled schedules whose next run is at or before ``now``, the most overdue first
+        (an indexed read: the Scheduler makes it every second in every process)."""
+
     async def put_schedule(self, record: ScheduleRecord) -> ScheduleRecord:
         """Add a schedule; UsageError if one of that name exists (nothing is changed)."""
 

@@ -157,7 +157,7 @@ class ServerBackend(Generic[D]):
     its module of worker-side functions (``calls``: claim, rescue_expired, bury_unknown_types)
     and of operator functions (``operators``: get_job, list_jobs, operator_stats, revive,
     delete_job, cleanup, ping, workers) and of cron schedules' (``scheduling``: all_schedules,
-    add_schedule, remove_schedule, set_enabled, sync_code, fire), and adds bulk_insert,
+    due_schedules, add_schedule, remove_schedule, set_enabled, sync_code, fire), and adds bulk_insert,
     lease_renewer and counters."""
 
     calls: ClassVar[Any]
@@ -248,6 +248,9 @@ class ServerBackend(Generic[D]):
 
     async def schedules(self) -> builtins.list[ScheduleRecord]:
         return await self._db.run(self.scheduling.all_schedules)
+
+    async def due_schedules(self, now: str) -> builtins.list[ScheduleRecord]:
+        return await self._db.run(self.scheduling.due_schedules, now)
 
     async def put_schedule(self, record: ScheduleRecord) -> ScheduleRecord:
         return await self._db.run(self.scheduling.add_schedule, record)

@@ -144,3 +144,26 @@ async def test_code_schedules_are_merged_at_start_and_retired_when_gone(backend:
     await backend.sync_code_schedules([back, report])
     again = {s.name: s for s in await backend.schedules()}["digest"]
     assert (again.enabled, again.declared, again.next_run) == (True, True, back.next_run)
+
+
+async def test_the_due_schedules_are_the_enabled_ones_whose_tick_has_come(backend: Backend) -> None:
+    old, recent = ts(-120), ts(-5)
+    await backend.put_schedule(schedule("recent", next_run=recent))
+    await backend.put_schedule(schedule("old", next_run=old))
+    await backend.put_schedule(schedule("future", next_run=ts(60)))
+    await backend.put_schedule(schedule("paused", next_run=ts(-10)))
+    await backend.set_schedule_enabled("paused", False)
+    await backend.put_schedule(schedule("removed", next_run=ts(-10)))
+    await backend.remove_schedule("removed")
+    await backend.sync_code_schedules([schedule("code", origin="code", next_run=ts(-10))])
+    await backend.sync_code_schedules([])  # gone from the code: disabled
+    now = ts()
+    assert [s.name for s in await backend.due_schedules(now)] == ["old", "recent"]  # the most overdue first
+    assert await backend.fire_schedule("old", tick=old, next_run=ts(3600), job=job())
+    assert [s.name for s in await backend.due_schedules(now)] == ["recent"]
+    resumed = await backend.set_schedule_enabled("paused", True)  # from its next tick: not due now
+    assert [s.name for s in await backend.due_schedules(ts())] == ["recent"]
+    later = ts(86400)
+    assert [s.name for s in await backend.due_schedules(later)] == [
+        s.name for s in sorted(await backend.schedules(), key=lambda s: s.next_run) if s.enabled and s.next_run <= later]
+    assert resumed.name in {s.name for s in await backend.due_schedules(later)}

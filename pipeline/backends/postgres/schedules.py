@@ -27,6 +27,11 @@ def all_schedules(conn: psycopg.Connection[Any]) -> list[ScheduleRecord]:
     return [ScheduleRecord(*row) for row in conn.execute(f"{_SELECT} ORDER BY name").fetchall()]
 
 
+def due_schedules(conn: psycopg.Connection[Any], now: str) -> list[ScheduleRecord]:
+    rows = conn.execute(f"{_SELECT} WHERE enabled AND next_run <= %s::timestamptz ORDER BY next_run", (now,)).fetchall()
+    return [ScheduleRecord(*row) for row in rows]
+
+
 def _get(conn: psycopg.Connection[Any], name: str, *, lock: bool = False) -> ScheduleRecord | None:
     row = conn.execute(f"{_SELECT} WHERE name = %s{' FOR UPDATE' if lock else ''}", (name,)).fetchone()
     return None if row is None else ScheduleRecord(*row)

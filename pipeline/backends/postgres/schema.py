@@ -90,6 +90,8 @@ MIGRATIONS: Final[list[Migration]] = [
             created_at  timestamptz NOT NULL,
             updated_at  timestamptz NOT NULL
         );
+        -- the Scheduler's read, every second in every process: the due ones, without reading the rest
+        CREATE INDEX IF NOT EXISTS scheduled_jobs_due ON scheduled_jobs (next_run) WHERE enabled;
         """,
     ),
 ]

@@ -1,5 +1,5 @@
-"""Cron schedules on Redis (see pipeline/schedules.py): a hash per schedule (``sched:<name>``)
-and the set of their names (``scheds``). A tick fires in one script (scripts.SCHEDULE_FIRE);
+"""Cron schedules on Redis (see pipeline/schedules.py): a hash per schedule (``sched:<name>``),
+the set of their names (``scheds``) and the enabled ones by next run (``scheds:due``). A tick fires in one script (scripts.SCHEDULE_FIRE);
 the operators' changes and the start-up merge of the code's schedules are optimistic
 transactions (WATCH the schedules read, MULTI/EXEC the writes, again if one changed meanwhile),
 so a tick fired in between is never written back as due."""
@@ -17,7 +17,7 @@ from ...schedules import next_tick
 from ..base import NewJob, ScheduleRecord, merge_declared, retired
 from .db import run_script
 from .scripts import ALL
-from .store import insert_args
+from .store import insert_args, ms_of
 
 _FIELDS = ("type", "payload", "cron", "tz", "enabled", "origin", "next", "last", "job", "declared", "created", "updated")
 
@@ -72,11 +72,22 @@ def all_schedules(client: Any, prefix: str) -> list[ScheduleRecord]:
     return [found[name] for name in sorted(found)]
 
 
+def due_schedules(client: Any, prefix: str, now: str) -> list[ScheduleRecord]:
+    names = [name.decode() for name in client.zrangebyscore(f"{prefix}scheds:due", "-inf", ms_of(now))]
+    found = _read(client, prefix, names)
+    # (read after the range: one fired or paused in between is left out here)
+    return [found[name] for name in names if name in found and found[name].enabled and found[name].next_run <= now]
+
+
 def _put(pipe: Any, prefix: str, record: ScheduleRecord) -> None:
     key = _key(prefix, record.name)
     pipe.delete(key)  # fields the record has not (last, job) do not linger
     pipe.hset(key, mapping=_mapping(record))
     pipe.sadd(f"{prefix}scheds", record.name)
+    if record.enabled:
+        pipe.zadd(f"{prefix}scheds:due", {record.name: ms_of(record.next_run)})
+    else:
+        pipe.zrem(f"{prefix}scheds:due", record.name)
 
 
 def add_schedule(client: Any, prefix: str, record: ScheduleRecord) -> ScheduleRecord:
@@ -96,7 +107,8 @@ def remove_schedule(client: Any, prefix: str, name: str) -> None:
     pipe = client.pipeline(transaction=True)
     pipe.delete(_key(prefix, name))
     pipe.srem(f"{prefix}scheds", name)
-    deleted, _ = pipe.execute()
+    pipe.zrem(f"{prefix}scheds:due", name)
+    deleted, *_ = pipe.execute()
     if not deleted:
         raise LookupError(f"no schedule named {name!r}")
 
@@ -143,5 +155,5 @@ def sync_code(client: Any, prefix: str, records: Sequence[ScheduleRecord]) -> No
 
 
 def fire(client: Any, prefix: str, *, name: str, tick: str, next_run: str, job: NewJob) -> bool:
-    args = [prefix, name, tick, next_run, now_ts(), *insert_args(prefix, [job])[2:]]
+    args = [prefix, name, tick, next_run, ms_of(next_run), now_ts(), *insert_args(prefix, [job])[2:]]
     return bool(run_script(client, ALL["schedule_fire"], args))

@@ -26,6 +26,7 @@ one store hashes to one slot). Keys (layout in docs/backends.md, "Key layout"):
     sched:<name>          HASH  a cron schedule: type payload cron tz enabled origin declared next
                                 [last job] created updated (times: the protocol's ISO text)
     scheds                SET   the names of every schedule
+    scheds:due            ZSET  the enabled schedules, score = next run (ms): the due ones are a range
     wake                  pub/sub channel: a job became due (insert, release, revive)
 """
 
@@ -485,16 +486,17 @@ return n
 
 # -- cron schedules ------------------------------------------------------------------------------
 
-# ARGV: prefix, name, tick, next_run, now, then one job's 7 fields (as INSERT's). Fires a tick: only
-# if the schedule is enabled and its next run is still ``tick``, inserts the job and moves the
-# schedule on; returns 1, or 0 with nothing written (another process fired it, or it changed).
+# ARGV: prefix, name, tick, next_run, next_run in ms, now, then one job's 7 fields (as INSERT's).
+# Fires a tick: only if the schedule is enabled and its next run is still ``tick``, inserts the job
+# and moves the schedule on; returns 1, or 0 with nothing written (another process fired it, or it changed).
 SCHEDULE_FIRE = r"""
 local key = P .. 'sched:' .. ARGV[2]
 local f = redis.call('HMGET', key, 'enabled', 'next')
 if f[1] ~= '1' or f[2] ~= ARGV[3] then return 0 end
-local n, dup = insert_rows(ARGV, 6, 1)
+local n, dup = insert_rows(ARGV, 7, 1)
 if not n then return redis.error_reply('DUPLICATE a job with id ' .. dup .. ' already exists') end
-redis.call('HSET', key, 'next', ARGV[4], 'last', ARGV[3], 'job', ARGV[6], 'updated', ARGV[5])
+redis.call('HSET', key, 'next', ARGV[4], 'last', ARGV[3], 'job', ARGV[7], 'updated', ARGV[6])
+redis.call('ZADD', P .. 'scheds:due', ARGV[5], ARGV[2])
 return 1
 """
 

@@ -171,6 +171,9 @@ class SqliteBackend:
     async def schedules(self) -> builtins.list[ScheduleRecord]:
         return await self._db.read(schedules.all_schedules)
 
+    async def due_schedules(self, now: str) -> builtins.list[ScheduleRecord]:
+        return await self._db.read(schedules.due_schedules, now)
+
     async def put_schedule(self, record: ScheduleRecord) -> ScheduleRecord:
         return await self._call("put_schedule", lambda conn, now: schedules.add_schedule(conn, record))
 

@@ -125,6 +125,8 @@ MIGRATIONS: Final[list[Migration]] = [
             created_at  TEXT NOT NULL,
             updated_at  TEXT NOT NULL
         );
+        -- the Scheduler's read, every second in every process: the due ones, without reading the rest
+        CREATE INDEX IF NOT EXISTS idx_scheduled_jobs_due ON scheduled_jobs(next_run) WHERE enabled = 1;
         """,
     ),
 ]

@@ -30,6 +30,12 @@ def all_schedules(conn: sqlite3.Connection) -> list[ScheduleRecord]:
     return [_record(row) for row in conn.execute(f"SELECT {_COLUMNS} FROM scheduled_jobs ORDER BY name")]
 
 
+def due_schedules(conn: sqlite3.Connection, now: str) -> list[ScheduleRecord]:
+    rows = conn.execute(f"SELECT {_COLUMNS} FROM scheduled_jobs WHERE enabled = 1 AND next_run <= ? ORDER BY next_run",
+                        (now,))
+    return [_record(row) for row in rows]
+
+
 def get_schedule(conn: sqlite3.Connection, name: str) -> ScheduleRecord | None:
     row = conn.execute(f"SELECT {_COLUMNS} FROM scheduled_jobs WHERE name = ?", (name,)).fetchone()
     return None if row is None else _record(row)

@@ -1,7 +1,7 @@
 """The Scheduler: fires the cron schedules that are due, in every worker process, with no leader.
 
-About once a second it reads the schedules (a small table: one cheap read) and, for each one that
-is enabled and due (``next_run`` <= now), builds its job (``Pipeline.new_job``: the payload checked
+About once a second it reads the due schedules (enabled, ``next_run`` <= now: an indexed read) and,
+for each one, builds its job (``Pipeline.new_job``: the payload checked
 against the registered type) and calls ``Backend.fire_schedule``, which inserts the job and moves
 ``next_run`` on in one transaction, only if ``next_run`` still holds the tick read: of every process
 that tries, one wins, and a process that dies between the read and the write has written nothing.
@@ -43,10 +43,8 @@ async def run_scheduler(
     told: set[tuple[str, str]] = set()  # (schedule, why it cannot fire here) already logged: once, not every round
     while True:
         try:
-            for schedule in await backend.schedules():
+            for schedule in await backend.due_schedules(now_ts()):
                 now = now_ts()
-                if not (schedule.enabled and schedule.next_run <= now):
-                    continue
                 try:
                     await _fire(backend, registry, new_job, schedule, now, told)
                 except UsageError as exc:  # this schedule's own trouble (a row written by hand): not the others'
