@@ -35,8 +35,9 @@ async def test_three_processes_enqueue_each_tick_once(backend: Backend, store_co
     env.update(DATABASE_URL=store_config.database_url, ADMIN_ENABLED="false", WORKER_LEASE_SECONDS="2",
                WORKER_POLL_INTERVAL_MS="5000", SQLITE_BUSY_TIMEOUT_MS="600", REDIS_ALLOW_NON_DURABLE="true",
                PYTHONPATH=str(ROOT))
-    added = subprocess.run([sys.executable, str(SERVICE), "schedule", "add", "every-second", "* * * * * *", "echo",
-                            "--payload", '{"text": "tick"}'], env=env, cwd=tmp_path, capture_output=True, text=True)
+    added = await trio.run_process([sys.executable, str(SERVICE), "schedule", "add", "every-second", "* * * * * *", "echo",
+                                    "--payload", '{"text": "tick"}'], env=env, cwd=tmp_path, capture_stdout=True,
+                                   capture_stderr=True, check=False)
     assert added.returncode == 0, added.stderr
     proc = subprocess.Popen([sys.executable, str(SERVICE), "run", "--processes", "3"], env=env, cwd=tmp_path,
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
