@@ -67,6 +67,14 @@ examples:
   python -m pipeline jobs cleanup --older-than 604800 --status completed
 """
 
+SCHEDULE_EXAMPLES = """\
+examples:
+  python -m pipeline schedule add nightly-sitemap "0 3 * * *" generate_sitemap --timezone Europe/Paris
+  python -m pipeline schedule add digest "*/15 * * * *" send_email --payload '{"to": "a@example.com", "subject": "Digest", "body": "..."}'
+  python -m pipeline schedule list --json
+  python -m pipeline schedule pause nightly-sitemap
+"""
+
 MAIN_EPILOG = """\
 Settings come from the environment and a .env file (DATABASE_URL=sqlite:///pipeline.db by
 default, WORKER_*, ADMIN_*, LOG_FORMAT=json, ...; see docs/configuration.md). The job commands work on
@@ -152,6 +160,28 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--older-than", type=float, metavar="SECONDS", help="only records last updated more than this long ago")
     a.add_argument("--status", dest="statuses", action="append", choices=["completed", "dead"],
                    help="only this status (repeat for both; default both)")
+
+    p = sub.add_parser(
+        "schedule", parents=[as_json], formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="cron schedules: add, list, remove, pause, resume (bare `schedule` lists)",
+        description="Cron schedules in the job store (DATABASE_URL): each tick of a running service enqueues the "
+        "schedule's job once, however many processes run. Without an action, lists them.",
+        epilog=SCHEDULE_EXAMPLES,
+    )
+    actions = p.add_subparsers(dest="schedule_command", parser_class=_Parser, metavar="ACTION")
+    a = actions.add_parser("add", parents=[as_json], help="add a schedule (a name not in use)",
+                           description="Add a cron schedule: JOB_TYPE with --payload at each tick of CRON in --timezone.")
+    a.add_argument("name", help="unique: letters, digits, _.:-")
+    a.add_argument("cron", help='5 fields (minute hour day month weekday: "0 3 * * *"), or 6 with seconds first')
+    a.add_argument("job_type", help="e.g. generate_sitemap")
+    a.add_argument("--payload", help="the job's fields as a JSON object (default {})")
+    a.add_argument("--timezone", default="UTC", metavar="TZ", help="IANA time zone the expression is read in (default UTC)")
+    actions.add_parser("list", parents=[as_json], help="every schedule with its next run (the default)",
+                       description="List every schedule, by name, with its state and next run.")
+    for action, text in (("remove", "delete a schedule"), ("pause", "stop a schedule firing (kept, with its history)"),
+                         ("resume", "fire a paused schedule again, from its next tick after now")):
+        a = actions.add_parser(action, parents=[as_json], help=text, description=text[0].upper() + text[1:] + ".")
+        a.add_argument("name")
 
     p = sub.add_parser("stats", parents=[as_json], help="counts by status and type, throughput, queue lag",
                        description="Counts by status and type, jobs finished per minute over the last hour, "
@@ -545,6 +575,65 @@ JOB_ACTIONS: dict[str, Callable[[argparse.Namespace, Config, TextIO], int]] = {
 }
 
 
+def cmd_schedule(args: argparse.Namespace, config: Config, registry: Registry | None, out: TextIO) -> int:
+    action = args.schedule_command or "list"
+    if action == "add":
+        return _schedule_add(args, config, registry, out)
+    if action == "list":
+        return _schedule_list(args, config, out)
+    return _schedule_change(args, config, out, action)
+
+
+def _schedule_add(args: argparse.Namespace, config: Config, registry: Registry | None, out: TextIO) -> int:
+    from .schedules import make_schedule
+
+    reg = _registry(config, registry)
+    payload = _json_object("{}" if args.payload is None else args.payload, "--payload")
+    record = make_schedule(reg, args.name, args.cron, args.job_type, payload, args.timezone).record(origin="operator")
+    added = _with_backend(config, lambda backend: backend.put_schedule(record))  # checked before opening
+    if args.json:
+        _emit_json(out, added.to_json())
+    else:
+        print(f"schedule {added.name}: {added.job_type} at \"{added.cron}\" ({added.timezone}); next run {added.next_run}",
+              file=out)
+    return 0
+
+
+def _schedule_list(args: argparse.Namespace, config: Config, out: TextIO) -> int:
+    from .admin import console
+
+    found = _with_backend(config, lambda backend: backend.schedules())
+    if args.json:
+        _emit_json(out, [s.to_json() for s in found])
+    else:
+        console.schedules_table(out, found)
+    return 0
+
+
+def _schedule_change(args: argparse.Namespace, config: Config, out: TextIO, action: str) -> int:
+    from .schedules import check_name
+
+    name = check_name(args.name)
+
+    async def work(backend: Backend) -> Any:
+        if action == "remove":
+            return await backend.remove_schedule(name)
+        return await backend.set_schedule_enabled(name, action == "resume")
+
+    try:
+        changed = _with_backend(config, work)
+    except LookupError:
+        raise CliError(f"error: no schedule named {name!r}", 1) from None
+    if args.json:
+        _emit_json(out, {"removed": name} if changed is None else changed.to_json())
+    elif changed is None:
+        print(f"removed schedule {name}", file=out)
+    else:
+        state = f"next run {changed.next_run}" if changed.enabled else "paused"
+        print(f"schedule {name}: {state}", file=out)
+    return 0
+
+
 def cmd_stats(args: argparse.Namespace, config: Config, registry: Registry | None, out: TextIO) -> int:
     from .admin import console
 
@@ -609,6 +698,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Config, Registry | None, TextI
     "emit": cmd_emit,
     "jobs": cmd_jobs,
     "stats": cmd_stats,
+    "schedule": cmd_schedule,
     "diagrams": cmd_diagrams,
     "search": cmd_search,
     "demo": cmd_demo,

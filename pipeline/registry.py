@@ -27,6 +27,7 @@ import cattrs
 from cattrs.cols import homogenous_tuple_structure_factory, is_any_set, is_sequence, list_structure_factory
 
 from .errors import InvalidPayload, UnknownEvent, UnknownJobType
+from .schedules import Schedule, make_schedule
 
 if TYPE_CHECKING:
     from .config import Config
@@ -164,6 +165,7 @@ class Registry:
         self._events: dict[str, EventSpec] = {}
         self._event_names_by_cls: dict[type, str] = {}
         self._resources: dict[str, ResourceFactory] = {}
+        self._schedules: dict[str, Schedule] = {}
         self.converter = _make_converter()
         self._to_json = _compact_json()
 
@@ -298,6 +300,24 @@ class Registry:
             raise InvalidPayload(f"{what} does not fit {cls.__name__}: {exc}") from None
         except RecursionError:
             raise InvalidPayload(f"{what} is nested too deeply for {cls.__name__}") from None
+
+    # -- cron schedules -------------------------------------------------------------------------
+
+    def schedule(self, name: str, cron: str, job: Any, *, timezone: str = "UTC") -> Schedule:
+        """Declare a cron schedule: ``job`` (an object of a registered type) is enqueued at each
+        tick of ``cron`` (5 fields, or 6 with seconds first) read in ``timezone`` (an IANA name).
+        ``open_pipeline`` writes the declared schedules to the store at start, and disables the
+        ones declared before that the code no longer declares. Checked here: UsageError,
+        UnknownJobType or InvalidPayload naming what is wrong."""
+        if name in self._schedules:
+            raise ValueError(f"schedule {name!r} is already declared")
+        job_type, payload = self.encode(job)
+        declared = make_schedule(self, name, cron, job_type, payload, timezone)
+        self._schedules[name] = declared
+        return declared
+
+    def schedules(self) -> list[Schedule]:
+        return [self._schedules[name] for name in sorted(self._schedules)]
 
     # -- resources --------------------------------------------------------------------------
 

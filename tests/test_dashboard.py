@@ -173,3 +173,36 @@ def test_dashboard_asks_for_the_token(browser: Any, tmp_path: Path) -> None:
         expect(page.locator("#count-total")).to_have_text("7")
         expect(page.locator("#auth")).to_be_hidden()
         assert page.errors == []
+
+
+def test_dashboard_lists_the_cron_schedules_with_their_next_run(browser: Any, tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    from pipeline.backends import open_backend
+    from pipeline.schedules import make_schedule
+    from pipeline.site import types_registry
+
+    db = tmp_path / "schedules.db"
+    nightly = make_schedule(types_registry(), "nightly-sitemap", "0 3 * * *", "generate_sitemap", {}, "Europe/Paris")
+    hourly = make_schedule(types_registry(), "hourly-sitemap", "0 * * * *", "generate_sitemap", {})
+
+    async def store() -> str:
+        async with open_backend(fast_config(db)) as backend:
+            added = await backend.put_schedule(nightly.record(origin="operator"))
+            await backend.put_schedule(hourly.record(origin="operator"))
+            await backend.set_schedule_enabled("hourly-sitemap", False)
+            return added.next_run
+
+    next_run = trio.run(store)
+    with serve_in_thread(fast_config(db, admin_port=0, worker_enabled=False)) as url:
+        page = _page(browser)
+        page.goto(url + "/admin")
+        rows = page.locator("#schedules-body tr")
+        expect(rows).to_have_count(2)
+        expect(rows.nth(0)).to_contain_text("hourly-sitemap")
+        expect(rows.nth(0)).to_contain_text("paused")
+        expect(rows.nth(1)).to_contain_text("nightly-sitemap")
+        expect(rows.nth(1)).to_contain_text("0 3 * * * (Europe/Paris)")
+        expect(rows.nth(1)).to_contain_text(next_run)
+        expect(rows.nth(1)).to_contain_text("active")
+        assert page.errors == []

@@ -7,12 +7,13 @@ Errors are ``{"error": {"code", "message"}}``:
     401 unauthorized       ADMIN_TOKEN is set and the request's Bearer token is missing or wrong
     400 bad_request        also: no Host header, or one that is not name[:port]
     403 forbidden          a cross-origin write, or a foreign Host header on a token-less server
-    404 not_found          no such job (or route)
+    404 not_found          no such job or schedule (or route)
     408 request_timeout    the declared body did not arrive within BODY_TIMEOUT
-    409 conflict           retry of a job that is not dead; delete of a running job
+    409 conflict           retry of a job that is not dead; delete of a running job; a schedule name in use
     413 payload_too_large  body over ADMIN_MAX_BODY_BYTES
     415 unsupported_media_type  a POST without Content-Type: application/json
     422 invalid            well-formed JSON that does not fit (unknown job type, bad payload)
+                           (a schedule that does not fit, bad cron or time zone included: 400, as issue 13 asks)
     503 unavailable        the database refused, or the pipeline is shutting down
 """
 
@@ -30,6 +31,7 @@ from ..backends import JobRecord
 from ..backends.base import LIST_ORDERS, PRIORITY_MAX, PRIORITY_MIN
 from ..errors import PipelineClosed, PipelineError, StoreError, UsageError
 from ..requests import prepare_rows
+from ..schedules import make_schedule
 from ..states import TERMINAL, Status
 from . import inputs
 from .metrics import CONTENT_TYPE, Metrics
@@ -45,6 +47,8 @@ MAX_PAGE = 10_000_000  # page × per_page stays far inside SQLite's 64-bit OFFSE
 STATS_REUSE_FACTOR = 4.0  # stats are reused for this many times as long as they took to compute
 BODY_TIMEOUT = 10.0  # seconds a request's whole body may take to arrive: a client that declares one and
 # never sends it must not hold a connection (and a task) for ever; read when each body is read
+
+SCHEDULE_FIELDS = ("name", "cron", "job_type", "payload", "timezone")
 
 NO_BODY = object()  # an optional body that was not sent (unlike a JSON null, which is refused)
 
@@ -131,6 +135,11 @@ class AdminApi:
             ("POST", "/admin/events", e(self.emit_event)),
             ("GET", "/admin/stats", e(self.stats)),
             ("GET", "/admin/workers", e(self.workers)),
+            ("GET", "/admin/schedules", e(self.list_schedules)),
+            ("POST", "/admin/schedules", e(self.create_schedule)),
+            ("DELETE", "/admin/schedules/{name}", e(self.remove_schedule)),
+            ("POST", "/admin/schedules/{name}/pause", e(self.pause_schedule)),
+            ("POST", "/admin/schedules/{name}/resume", e(self.resume_schedule)),
         ]
 
     # -- jobs ------------------------------------------------------------------------------
@@ -229,6 +238,66 @@ class AdminApi:
             log.error("admin: routing event %s failed: %s", event_request.event, exc)
             raise ApiError(500, f"routing event {event_request.event} failed: {exc}") from None
         return JSONResponse({"job_ids": job_ids}, 201)
+
+    # -- cron schedules ----------------------------------------------------------------------
+
+    async def list_schedules(self, request: Request) -> Response:
+        """GET /admin/schedules — every schedule, by name, with its next run."""
+        return JSONResponse({"schedules": [s.to_json() for s in await self.backend.schedules()]})
+
+    async def create_schedule(self, request: Request) -> Response:
+        """POST /admin/schedules — {"name", "cron", "job_type", "payload"?, "timezone"?} → 201; 400 naming
+        what does not fit (cron, time zone, job type, payload); 409 if the name is in use."""
+        body = await self._body(request, required=True)
+        if not isinstance(body, dict):
+            raise ApiError(400, "the request body must be a JSON object")
+        unknown = [k for k in body if k not in SCHEDULE_FIELDS]
+        if unknown:
+            raise ApiError(400, f"unknown field {_clip(str(unknown[0]))!r}; expected {', '.join(SCHEDULE_FIELDS)}")
+        missing = [k for k in ("name", "cron", "job_type") if k not in body]
+        if missing:
+            raise ApiError(400, f"the request body needs {', '.join(missing)}")
+        payload = body.get("payload", {})
+        if not isinstance(payload, dict):
+            raise ApiError(400, "payload must be a JSON object")
+        try:
+            schedule = make_schedule(self.pipeline.registry, body["name"], body["cron"], body["job_type"], payload,
+                                     body.get("timezone", "UTC"))
+            record = schedule.record(origin="operator")
+        except UsageError as exc:  # (UnknownJobType, InvalidPayload too)
+            raise ApiError(400, str(exc)) from None
+        try:
+            added = await self.backend.put_schedule(record)
+        except UsageError as exc:  # the name is in use
+            raise ApiError(409, str(exc)) from None
+        log.info("admin: schedule %s added (%s at %r %s)", added.name, added.job_type, added.cron, added.timezone)
+        return JSONResponse(added.to_json(), 201, headers={"Location": f"/admin/schedules/{added.name}"})
+
+    async def remove_schedule(self, request: Request) -> Response:
+        """DELETE /admin/schedules/{name} — 204."""
+        name = request.path_params["name"]
+        try:
+            await self.backend.remove_schedule(name)
+        except LookupError:
+            raise ApiError(404, f"no schedule named {_clip(name)!r}") from None
+        log.info("admin: schedule %s removed", name)
+        return Response(status_code=204)
+
+    async def pause_schedule(self, request: Request) -> Response:
+        """POST /admin/schedules/{name}/pause"""
+        return await self._schedule_enabled(request.path_params["name"], False)
+
+    async def resume_schedule(self, request: Request) -> Response:
+        """POST /admin/schedules/{name}/resume — fires again from its first tick after now."""
+        return await self._schedule_enabled(request.path_params["name"], True)
+
+    async def _schedule_enabled(self, name: str, enabled: bool) -> Response:
+        try:
+            changed = await self.backend.set_schedule_enabled(name, enabled)
+        except LookupError:
+            raise ApiError(404, f"no schedule named {_clip(name)!r}") from None
+        log.info("admin: schedule %s %s", name, "resumed" if enabled else "paused")
+        return JSONResponse(changed.to_json())
 
     # -- overview ----------------------------------------------------------------------------
 

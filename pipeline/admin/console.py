@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 from rich.text import Text
 
-from ..backends.base import JobRecord
+from ..backends.base import JobRecord, ScheduleRecord
 from ..states import Status
 
 STATUS_STYLE = {"pending": "blue", "running": "yellow", "completed": "green", "dead": "bold red"}
@@ -62,6 +62,22 @@ def jobs_table(out: TextIO, jobs: Sequence[JobRecord], total: int, *, offset: in
     with console(out) as con:
         con.print(table)
         con.print(f"{offset + 1}–{offset + len(jobs)} of {total} jobs, newest first")
+
+
+def schedules_table(out: TextIO, schedules: Sequence[ScheduleRecord]) -> None:
+    if not schedules:
+        message(out, "no schedules")
+        return
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
+    for name in ("NAME", "CRON", "TIME ZONE", "JOB TYPE", "STATE", "NEXT RUN", "LAST RUN", "ORIGIN", "PAYLOAD"):
+        table.add_column(name, no_wrap=name != "PAYLOAD", overflow="ellipsis")
+    for s in schedules:
+        shown = s.to_json()
+        state = Text(shown["state"], style="green" if s.enabled else "yellow")
+        table.add_row(s.name, s.cron, s.timezone, s.job_type, state, s.next_run if s.enabled else "-", s.last_run or "-",
+                      s.origin, json.dumps(shown["payload"], ensure_ascii=False)[:120])
+    with console(out) as con:
+        con.print(table)
 
 
 def job_detail(out: TextIO, job: JobRecord) -> None:

@@ -31,8 +31,8 @@ _ERRORS = {
     400: "Malformed query parameter or body, or a missing or malformed Host header.",
     401: "ADMIN_TOKEN is set and the Bearer token is missing or wrong.",
     403: "Cross-origin write (by Origin or Sec-Fetch-Site), or a foreign Host header on a server without ADMIN_TOKEN.",
-    404: "No such job.",
-    409: "The job is not in a state that allows this.",
+    404: "No such job (or schedule).",
+    409: "The job is not in a state that allows this (or the schedule name is in use).",
     408: "The declared body did not arrive in time.",
     413: "Body larger than ADMIN_MAX_BODY_BYTES.",
     415: "A POST without Content-Type: application/json.",
@@ -52,6 +52,7 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
+_SCHEDULE_NAME = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}, "description": "The schedule's name."}
 _JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}, "description": "The job's id (a UUID v7)."}
 
 
@@ -166,6 +167,40 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
                 },
             },
         },
+        "Schedule": {
+            "type": "object",
+            "required": ["name", "cron", "timezone", "job_type", "payload", "enabled", "state", "origin", "next_run",
+                         "last_run", "last_job_id", "created_at", "updated_at"],
+            "properties": {
+                "name": {"type": "string"},
+                "cron": {"type": "string"},
+                "timezone": {"type": "string"},
+                "job_type": {"type": "string"},
+                "payload": {"description": "The job's fields, as stored (JSON)."},
+                "enabled": {"type": "boolean"},
+                "state": {"type": "string", "enum": ["active", "paused", "removed from code"]},
+                "origin": {"type": "string", "enum": ["code", "operator"]},
+                "next_run": {"type": "string", "description": "ISO 8601 UTC: the next tick."},
+                "last_run": {"type": "string", "nullable": True, "description": "The tick last fired."},
+                "last_job_id": {"type": "string", "nullable": True},
+                "created_at": {"type": "string"},
+                "updated_at": {"type": "string"},
+            },
+        },
+        "Schedules": {"type": "object", "required": ["schedules"],
+                      "properties": {"schedules": {"type": "array", "items": _ref("Schedule")}}},
+        "NewSchedule": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["name", "cron", "job_type"],
+            "properties": {
+                "name": {"type": "string", "description": "Unique: 1-100 letters, digits, _.:-"},
+                "cron": {"type": "string", "description": "5 fields (minute hour day month weekday), or 6 with seconds first."},
+                "job_type": {"type": "string", "enum": job_types},
+                "payload": {"type": "object", "description": "The job's fields; checked against its class."},
+                "timezone": {"type": "string", "default": "UTC", "description": "IANA name the expression is read in."},
+            },
+        },
         "Health": {"type": "object", "required": ["status", "workers"],
                    "properties": {"status": {"type": "string", "enum": ["ok"]}, "workers": {"type": "boolean"}}},
     }
@@ -248,6 +283,43 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
                 "responses": _responses({"200": _json(_ref("Workers"), "The processes.")}),
             }
         },
+        "/admin/schedules": {
+            "get": {
+                "operationId": "listSchedules",
+                "summary": "Every cron schedule, by name, with its next run",
+                "responses": _responses({"200": _json(_ref("Schedules"), "The schedules.")}),
+            },
+            "post": {
+                "operationId": "createSchedule",
+                "summary": "Add a cron schedule (400 naming a bad cron expression, time zone, job type or payload)",
+                "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("NewSchedule")}}},
+                "responses": _responses({"201": _json(_ref("Schedule"), "The new schedule.")}, 408, 409, 413, 415),
+            },
+        },
+        "/admin/schedules/{name}": {
+            "parameters": [_SCHEDULE_NAME],
+            "delete": {
+                "operationId": "removeSchedule",
+                "summary": "Delete a schedule",
+                "responses": _responses({"204": {"description": "Deleted."}}, 404),
+            },
+        },
+        "/admin/schedules/{name}/pause": {
+            "parameters": [_SCHEDULE_NAME],
+            "post": {
+                "operationId": "pauseSchedule",
+                "summary": "Stop a schedule firing (kept, with its history)",
+                "responses": _responses({"200": _json(_ref("Schedule"), "The schedule, paused.")}, 404, 415),
+            },
+        },
+        "/admin/schedules/{name}/resume": {
+            "parameters": [_SCHEDULE_NAME],
+            "post": {
+                "operationId": "resumeSchedule",
+                "summary": "Fire a paused schedule again, from its first tick after now",
+                "responses": _responses({"200": _json(_ref("Schedule"), "The schedule, active.")}, 404, 415),
+            },
+        },
         "/metrics": {
             "get": {
                 "operationId": "metrics",
@@ -283,7 +355,7 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
             "title": "pipeline admin API",
             "version": "1",
             "description": "Operate the job store of a running pipeline: list, inspect, retry, delete, clean up, "
-            "enqueue, emit events. When ADMIN_TOKEN is set, every /admin route and /metrics need "
+            "enqueue, emit events, cron schedules. When ADMIN_TOKEN is set, every /admin route and /metrics need "
             "`Authorization: Bearer <token>`.",
         },
         "paths": paths,

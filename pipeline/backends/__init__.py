@@ -15,7 +15,20 @@ from typing import TYPE_CHECKING
 
 from ..config import DATABASE_URL_FORMS, masked_url
 from ..errors import ConfigError
-from .base import Backend, Claimed, ClaimOffer, JobRecord, Lease, LeaseRenewer, NewJob, Nudge, Settlement, WorkerRecord, nudge
+from .base import (
+    Backend,
+    Claimed,
+    ClaimOffer,
+    JobRecord,
+    Lease,
+    LeaseRenewer,
+    NewJob,
+    Nudge,
+    ScheduleRecord,
+    Settlement,
+    WorkerRecord,
+    nudge,
+)
 
 if TYPE_CHECKING:
     import trio
@@ -24,7 +37,7 @@ if TYPE_CHECKING:
     from ..engine.diagrams import Wiring
 
 __all__ = [
-    "Backend", "ClaimOffer", "Claimed", "JobRecord", "Lease", "LeaseRenewer", "NewJob", "Nudge", "Settlement",
+    "Backend", "ClaimOffer", "Claimed", "JobRecord", "Lease", "LeaseRenewer", "NewJob", "Nudge", "ScheduleRecord", "Settlement",
     "WorkerRecord", "masked_url", "nudge", "open_backend",
 ]
 

@@ -160,6 +160,65 @@ class WorkerRecord:
 
 
 @attrs.frozen
+class ScheduleRecord:
+    """A cron schedule as the store keeps it (see pipeline/schedules.py). ``next_run`` is the tick
+    it fires next (stored text, UTC): ``fire_schedule`` moves it on, fenced by its old value.
+    ``origin`` is "code" (declared by the application, written at start) or "operator" (the CLI,
+    the admin API); ``declared`` is False for a code schedule its code no longer declares (it is
+    then disabled: see :func:`merge_declared`)."""
+
+    name: str
+    job_type: str
+    payload: str  # canonical JSON of the job's class
+    cron: str
+    timezone: str
+    enabled: bool
+    origin: str
+    next_run: str
+    last_run: str | None = None  # the tick last fired
+    last_job_id: str | None = None  # the job it enqueued
+    declared: bool = True
+    created_at: str = ""
+    updated_at: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        try:
+            payload: Any = json.loads(self.payload)
+        except ValueError:
+            payload = self.payload
+        state = "active" if self.enabled else ("paused" if self.declared or self.origin != "code" else "removed from code")
+        return {
+            "name": self.name, "cron": self.cron, "timezone": self.timezone, "job_type": self.job_type,
+            "payload": _passwords_masked(payload), "enabled": self.enabled, "state": state, "origin": self.origin,
+            "next_run": self.next_run, "last_run": self.last_run, "last_job_id": self.last_job_id,
+            "created_at": self.created_at, "updated_at": self.updated_at,
+        }
+
+
+def merge_declared(stored: ScheduleRecord | None, declared: ScheduleRecord, *, now: str) -> ScheduleRecord | None:
+    """What a schedule declared in code makes of the stored one of that name; None: nothing to
+    write. Its definition is the code's; its timing (next_run) is kept while the cron expression
+    and the time zone are the same, so that processes starting at once do not move a tick; a
+    pause an operator made is kept; one that was disabled because it left the code is enabled again."""
+    if stored is None:
+        return declared
+    back = stored.origin == "code" and not stored.declared
+    timing = stored.cron == declared.cron and stored.timezone == declared.timezone and not back
+    merged = attrs.evolve(
+        stored, job_type=declared.job_type, payload=declared.payload, cron=declared.cron, timezone=declared.timezone,
+        origin="code", declared=True, enabled=True if back else stored.enabled,
+        next_run=stored.next_run if timing else declared.next_run,
+    )
+    return None if merged == stored else attrs.evolve(merged, updated_at=now)
+
+
+def retired(stored: ScheduleRecord, *, now: str) -> ScheduleRecord:
+    """A code schedule its code no longer declares: disabled, not left firing (nor deleted: its
+    history stays, and declaring it again enables it)."""
+    return attrs.evolve(stored, enabled=False, declared=False, updated_at=now)
+
+
+@attrs.frozen
 class ClaimOffer:
     """Free worker capacity the Poller offers to the next batch that makes work due: a
     backend that can claim in the same transaction as an insert (SQLite's Ledger) takes
@@ -297,6 +356,36 @@ class Backend(Protocol):
 
     async def workers(self) -> builtins.list[WorkerRecord]:
         """The worker processes in the store's registry, the most recent heartbeat first."""
+
+    # -- cron schedules (pipeline/schedules.py) ---------------------------------------------------
+
+    async def schedules(self) -> builtins.list[ScheduleRecord]:
+        """Every schedule, by name."""
+
+    async def due_schedules(self, now: str) -> builtins.list[ScheduleRecord]:
+        """The enabled schedules whose next run is at or before ``now``, the most overdue first
+        (an indexed read: the Scheduler makes it every second in every process)."""
+
+    async def put_schedule(self, record: ScheduleRecord) -> ScheduleRecord:
+        """Add a schedule; UsageError if one of that name exists (nothing is changed)."""
+
+    async def remove_schedule(self, name: str) -> None:
+        """LookupError if there is none of that name. (A code schedule is written again at the next start.)"""
+
+    async def set_schedule_enabled(self, name: str, enabled: bool) -> ScheduleRecord:
+        """Pause or resume; a resumed schedule's next run is its first tick after now (the ticks
+        of the pause are not made up). LookupError if unknown."""
+
+    async def sync_code_schedules(self, records: Sequence[ScheduleRecord]) -> None:
+        """Written at start: each schedule declared in code merged into the stored one of its name
+        (:func:`merge_declared`), and every code schedule not among them disabled (:func:`retired`),
+        in one transaction."""
+
+    async def fire_schedule(self, name: str, *, tick: str, next_run: str, job: NewJob) -> bool:
+        """In one transaction, only if schedule ``name`` is enabled and its next_run is still
+        ``tick``: insert ``job`` (waking Pollers as any insert does), set next_run to ``next_run``,
+        last_run to ``tick``, last_job_id to the job's id. True if this call fired the tick; False
+        if another did, or the schedule changed (nothing written)."""
 
     # -- the engine's housekeeping ----------------------------------------------------------------
 

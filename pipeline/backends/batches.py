@@ -23,7 +23,7 @@ from ..clock import now_ts
 from ..engine.messages import Reply
 from ..errors import PipelineClosed
 from ..states import Transition
-from .base import Claimed, ClaimOffer, JobRecord, Lease, NewJob, Nudge, Settlement, WorkerRecord
+from .base import Claimed, ClaimOffer, JobRecord, Lease, NewJob, Nudge, ScheduleRecord, Settlement, WorkerRecord
 from .trays import Tray, Trays
 
 log = logging.getLogger("pipeline.ledger")
@@ -156,10 +156,13 @@ class ServerBackend(Generic[D]):
     blocking function of the backend's own run in a thread by ``db.run``. A subclass names
     its module of worker-side functions (``calls``: claim, rescue_expired, bury_unknown_types)
     and of operator functions (``operators``: get_job, list_jobs, operator_stats, revive,
-    delete_job, cleanup, ping, workers), and adds bulk_insert, lease_renewer and counters."""
+    delete_job, cleanup, ping, workers) and of cron schedules' (``scheduling``: all_schedules,
+    due_schedules, add_schedule, remove_schedule, set_enabled, sync_code, fire), and adds bulk_insert,
+    lease_renewer and counters."""
 
     calls: ClassVar[Any]
     operators: ClassVar[Any]
+    scheduling: ClassVar[Any]
 
     def __init__(self, db: D, ledger_send: trio.MemorySendChannel[Command], stats: LedgerStats,
                  *, rng: random.Random | None = None) -> None:
@@ -242,6 +245,31 @@ class ServerBackend(Generic[D]):
 
     async def workers(self) -> builtins.list[WorkerRecord]:
         return await self._db.run(self.operators.workers)
+
+    # -- cron schedules -------------------------------------------------------------------------
+
+    async def schedules(self) -> builtins.list[ScheduleRecord]:
+        return await self._db.run(self.scheduling.all_schedules)
+
+    async def due_schedules(self, now: str) -> builtins.list[ScheduleRecord]:
+        return await self._db.run(self.scheduling.due_schedules, now)
+
+    async def put_schedule(self, record: ScheduleRecord) -> ScheduleRecord:
+        return await self._db.run(self.scheduling.add_schedule, record)
+
+    async def remove_schedule(self, name: str) -> None:
+        await self._db.run(self.scheduling.remove_schedule, name)
+
+    async def set_schedule_enabled(self, name: str, enabled: bool) -> ScheduleRecord:
+        return await self._db.run(self.scheduling.set_enabled, name, enabled)
+
+    async def sync_code_schedules(self, records: Sequence[ScheduleRecord]) -> None:
+        await self._db.run(self.scheduling.sync_code, list(records))
+
+    async def fire_schedule(self, name: str, *, tick: str, next_run: str, job: NewJob) -> bool:
+        # one transaction (one script) of its own, not the Ledger's: its insert wakes the Pollers
+        # as any insert does (NOTIFY, PUBLISH), this process's by its own listener
+        return await self._db.run(functools.partial(self.scheduling.fire, name=name, tick=tick, next_run=next_run, job=job))
 
     # -- the engine's housekeeping -------------------------------------------------------------
 

@@ -41,6 +41,7 @@ from .actors.enqueuer import run_enqueuer
 from .actors.leases import run_lease_keeper
 from .actors.poller import run_poller
 from .actors.pools import JobContext, Outcome, Pool, Workers, describe_outcome, run_worker
+from .actors.scheduler import run_scheduler
 from .diagrams import Wiring
 from .health import Health
 from .messages import Reply
@@ -233,6 +234,10 @@ async def _run_keeper_and_bus(pipeline: Pipeline, pools: Mapping[str, Pool]) -> 
                 lease_seconds=config.worker.lease_seconds, backoff_base_seconds=config.worker.backoff_base_seconds,
                 unknown_type_grace_seconds=config.worker.unknown_type_grace_seconds,
             ))
+            # every worker process fires due cron schedules; the store lets one win each tick
+            wiring.edge("Scheduler", "Backend", "fire due cron schedules: insert the job, move next_run on")
+            await keeper_tn.start(functools.partial(run_scheduler, backend, pipeline.registry, pipeline.new_job,
+                                                    health=pipeline.health))
         bus_send, bus_recv = wiring.channel("business code", "EventBus", "emit", BUS_BUFFER)
         events_send, events_recv = wiring.channel("EventBus", "Enqueuer", "events", BUS_BUFFER)
         await tn.start(run_event_bus, bus_recv, [events_send])
@@ -304,6 +309,8 @@ async def open_pipeline(config: Config | None = None, registry: Registry | None 
             wiring=wiring,
         ))
         pipeline = Pipeline(config, registry, backend, wiring, owner=owner or default_owner())
+        # the schedules declared in code, written at start; those no longer declared are disabled
+        await backend.sync_code_schedules([schedule.record(origin="code") for schedule in registry.schedules()])
         await stack.enter_async_context(_open_resources(pipeline))
         pools = _make_pools(config, registry, wiring) if working else {}
         await stack.enter_async_context(_run_keeper_and_bus(pipeline, pools))

@@ -131,6 +131,26 @@
     }
   }
 
+  function drawSchedules(answer) {
+    const body = $("schedules-body");
+    body.replaceChildren();
+    if (!answer.schedules.length) {
+      const row = el("tr");
+      row.append(el("td", { colspan: "6", class: "muted" }, "no schedules"));
+      body.append(row);
+    }
+    for (const s of answer.schedules) {
+      const row = el("tr");
+      row.append(el("td", {}, s.name));
+      row.append(el("td", {}, s.timezone === "UTC" ? s.cron : `${s.cron} (${s.timezone})`));
+      row.append(el("td", {}, s.job_type));
+      row.append(el("td", {}, s.enabled ? s.next_run : "–"));
+      row.append(el("td", {}, s.last_run || "never"));
+      row.append(el("td", { class: s.enabled ? "completed" : "dead" }, s.state));
+      body.append(row);
+    }
+  }
+
   function drawTypes(stats) {
     const body = $("types-body");
     const types = Object.keys(stats.by_type).sort();
@@ -305,8 +325,8 @@
 
   async function refreshOnce() {
     try {
-      const [stats, first, workers] = await Promise.all(
-        [api("GET", "/admin/stats"), api("GET", jobsQuery()), api("GET", "/admin/workers")]);
+      const [stats, first, workers, schedules] = await Promise.all(
+        [api("GET", "/admin/stats"), api("GET", jobsQuery()), api("GET", "/admin/workers"), api("GET", "/admin/schedules")]);
       let list = first;
       if (list.page > 1 && !list.items.length && list.total) {  // the page emptied under us
         state.page = Math.max(1, Math.ceil(list.total / list.per_page));
@@ -316,6 +336,7 @@
       drawCounts(stats);
       drawTypes(stats);
       drawWorkers(workers);
+      drawSchedules(schedules);
       drawChart(stats);
       drawJobs(list);
       if (state.open && !$("detail").hidden) await reloadDetail();

@@ -67,6 +67,33 @@ MIGRATIONS: Final[list[Migration]] = [
         );
         """,
     ),
+    (
+        3,
+        "cron schedules",
+        """
+        -- The seed's scheduled_jobs, with a unique name and a time zone. A tick fires by moving
+        -- next_run on, fenced by its old value, in the transaction that inserts the job: every
+        -- process may try, one wins (pipeline/schedules.py).
+        CREATE TABLE IF NOT EXISTS scheduled_jobs (
+            id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            name        text NOT NULL UNIQUE,
+            job_type    text NOT NULL,
+            payload     text NOT NULL,                      -- canonical JSON of the job's class
+            cron_expr   text NOT NULL,
+            timezone    text NOT NULL DEFAULT 'UTC',        -- IANA name the expression is read in
+            enabled     boolean NOT NULL DEFAULT true,
+            origin      text NOT NULL DEFAULT 'operator' CHECK (origin IN ('code', 'operator')),
+            declared    boolean NOT NULL DEFAULT true,      -- false: a code schedule its code no longer declares
+            next_run    timestamptz NOT NULL,
+            last_run    timestamptz,                        -- the tick last fired
+            last_job_id text,
+            created_at  timestamptz NOT NULL,
+            updated_at  timestamptz NOT NULL
+        );
+        -- the Scheduler's read, every second in every process: the due ones, without reading the rest
+        CREATE INDEX IF NOT EXISTS scheduled_jobs_due ON scheduled_jobs (next_run) WHERE enabled;
+        """,
+    ),
 ]
 LATEST: Final = max(v for v, _, _ in MIGRATIONS)
 TABLE: Final = "pipeline_migrations"

@@ -32,7 +32,7 @@ from ...config import masked_url
 from ...errors import StoreError, UsageError
 from ..base import NUDGE_BUFFER, ClaimOffer, NewJob, Nudge
 from ..batches import Command, LedgerStats, ServerBackend
-from . import store
+from . import schedules, store
 from .db import DRIVER_ERRORS, Database, client_for, describe, split_url
 from .ledger import run_ledger
 from .listener import run_listener
@@ -53,6 +53,7 @@ class RedisBackend(ServerBackend[Database]):
 
     calls: ClassVar[Any] = store
     operators: ClassVar[Any] = store
+    scheduling: ClassVar[Any] = schedules
 
 
     async def bulk_insert(self, jobs: Iterable[NewJob], *, commit_every: int | None = None) -> int:

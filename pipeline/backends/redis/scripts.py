@@ -24,6 +24,10 @@ one store hashes to one slot). Keys (layout in docs/backends.md, "Key layout"):
     types                 SET   every type that has a job
     workers               HASH  owner -> "beat_ms|lease_ms|<json list of types>"
     schema                STRING the key layout's version
+    sched:<name>          HASH  a cron schedule: type payload cron tz enabled origin declared next
+                                [last job] created updated (times: the protocol's ISO text)
+    scheds                SET   the names of every schedule
+    scheds:due            ZSET  the enabled schedules, score = next run (ms): the due ones are a range
     wake                  pub/sub channel: a job became due (insert, release, revive)
 """
 
@@ -511,6 +515,22 @@ end
 return n
 """
 
+# -- cron schedules ------------------------------------------------------------------------------
+
+# ARGV: prefix, name, tick, next_run, next_run in ms, now, then one job's 7 fields (as INSERT's).
+# Fires a tick: only if the schedule is enabled and its next run is still ``tick``, inserts the job
+# and moves the schedule on; returns 1, or 0 with nothing written (another process fired it, or it changed).
+SCHEDULE_FIRE = r"""
+local key = P .. 'sched:' .. ARGV[2]
+local f = redis.call('HMGET', key, 'enabled', 'next')
+if f[1] ~= '1' or f[2] ~= ARGV[3] then return 0 end
+local n, dup = insert_rows(ARGV, 7, 1)
+if not n then return redis.error_reply('DUPLICATE a job with id ' .. dup .. ' already exists') end
+redis.call('HSET', key, 'next', ARGV[4], 'last', ARGV[3], 'job', ARGV[7], 'updated', ARGV[6])
+redis.call('ZADD', P .. 'scheds:due', ARGV[5], ARGV[2])
+return 1
+"""
+
 # ARGV: prefix, version. The layout's version, set by the first process to start (SET NX is
 # atomic: processes starting at once agree); returns the version stored.
 SCHEMA = r"""
@@ -537,5 +557,6 @@ ALL: dict[str, Script] = {
         "insert": INSERT, "insert_staged": INSERT_STAGED, "claim": CLAIM, "settle": SETTLE, "renew": RENEW,
         "forget": FORGET, "expired": EXPIRED, "rescue": RESCUE, "bury_unknown": BURY_UNKNOWN, "list": LIST,
         "stats": STATS, "revive": REVIVE, "delete": DELETE, "cleanup": CLEANUP, "schema": SCHEMA,
+        "schedule_fire": SCHEDULE_FIRE,
     }.items()
 }

@@ -27,9 +27,9 @@ import trio
 from ...clock import format_ts, now_ts, to_epoch
 from ...engine.messages import Reply
 from ...errors import PipelineClosed, StoreError, UsageError
-from ..base import NUDGE_BUFFER, ClaimOffer, JobRecord, Lease, NewJob, Nudge, Settlement, WorkerRecord
+from ..base import NUDGE_BUFFER, ClaimOffer, JobRecord, Lease, NewJob, Nudge, ScheduleRecord, Settlement, WorkerRecord
 from ..trays import Tray, Trays
-from . import migrations, queries, store
+from . import migrations, queries, schedules, store
 from .bulk import BulkInsert
 from .db import Database, describe, open_database
 from .ledger import Command, LedgerStats, run_ledger
@@ -168,6 +168,32 @@ class SqliteBackend:
 
     async def workers(self) -> builtins.list[WorkerRecord]:
         return await self._db.read(lambda conn: queries.workers(conn, now=now_ts()))
+
+    # -- cron schedules ---------------------------------------------------------------------------
+
+    async def schedules(self) -> builtins.list[ScheduleRecord]:
+        return await self._db.read(schedules.all_schedules)
+
+    async def due_schedules(self, now: str) -> builtins.list[ScheduleRecord]:
+        return await self._db.read(schedules.due_schedules, now)
+
+    async def put_schedule(self, record: ScheduleRecord) -> ScheduleRecord:
+        return await self._call("put_schedule", lambda conn, now: schedules.add_schedule(conn, record))
+
+    async def remove_schedule(self, name: str) -> None:
+        await self._call("remove_schedule", lambda conn, now: schedules.remove_schedule(conn, name))
+
+    async def set_schedule_enabled(self, name: str, enabled: bool) -> ScheduleRecord:
+        return await self._call("schedule_enabled", lambda conn, now: schedules.set_enabled(conn, name, enabled, now=now))
+
+    async def sync_code_schedules(self, records: Sequence[ScheduleRecord]) -> None:
+        records = list(records)
+        await self._call("sync_schedules", lambda conn, now: schedules.sync_code(conn, records, now=now))
+
+    async def fire_schedule(self, name: str, *, tick: str, next_run: str, job: NewJob) -> bool:
+        # through the Ledger like any insert: the job wakes this process's Poller (and others' by the WAL watch)
+        return await self._call("fire_schedule", lambda conn, now: schedules.fire(conn, name, tick=tick, next_run=next_run,
+                                                                                  job=job, now=now), wakes_poller=True)
 
     # -- the engine's housekeeping -----------------------------------------------------------------
 

@@ -102,6 +102,33 @@ MIGRATIONS: Final[list[Migration]] = [
         UPDATE jobs SET started_at = updated_at WHERE status = 'running';
         """,
     ),
+    (
+        10,
+        "cron schedules",
+        """
+        -- The seed's scheduled_jobs, with a unique name and a time zone. A tick fires by moving
+        -- next_run on, fenced by its old value, in the transaction that inserts the job: every
+        -- process may try, one wins (schedules.py).
+        CREATE TABLE IF NOT EXISTS scheduled_jobs (
+            id          INTEGER PRIMARY KEY,
+            name        TEXT NOT NULL UNIQUE,
+            job_type    TEXT NOT NULL,
+            payload     TEXT NOT NULL,                  -- canonical JSON of the job's class
+            cron_expr   TEXT NOT NULL,
+            timezone    TEXT NOT NULL DEFAULT 'UTC',    -- IANA name the expression is read in
+            enabled     INTEGER NOT NULL DEFAULT 1,
+            origin      TEXT NOT NULL DEFAULT 'operator' CHECK (origin IN ('code', 'operator')),
+            declared    INTEGER NOT NULL DEFAULT 1,     -- 0: a code schedule its code no longer declares
+            next_run    TEXT NOT NULL,                  -- the next tick, UTC
+            last_run    TEXT,                           -- the tick last fired
+            last_job_id TEXT,
+            created_at  TEXT NOT NULL,
+            updated_at  TEXT NOT NULL
+        );
+        -- the Scheduler's read, every second in every process: the due ones, without reading the rest
+        CREATE INDEX IF NOT EXISTS idx_scheduled_jobs_due ON scheduled_jobs(next_run) WHERE enabled = 1;
+        """,
+    ),
 ]
 RETIRED: Final = (2, 4)  # the site's, once: known here, no longer applied
 LATEST: Final = max(v for v, _, _ in MIGRATIONS)

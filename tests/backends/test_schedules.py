@@ -1,0 +1,169 @@
+"""Cron schedules in the store: added, listed, paused, resumed and removed; merged from code at
+start; and fired, each tick once, whoever tries and however many at once."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+import trio
+
+from pipeline.backends import Backend, ScheduleRecord
+from pipeline.errors import UsageError
+
+from .kit import job, record, ts
+
+PAYLOAD = '{"n":1}'
+
+
+def schedule(name: str = "nightly", *, cron: str = "0 3 * * *", origin: str = "operator", next_run: str | None = None,
+             timezone: str = "UTC", payload: str = PAYLOAD) -> ScheduleRecord:
+    now = ts()
+    return ScheduleRecord(name=name, job_type="t", payload=payload, cron=cron, timezone=timezone, enabled=True,
+                          origin=origin, next_run=next_run or ts(3600), created_at=now, updated_at=now)
+
+
+async def jobs_of(backend: Backend, job_type: str = "t") -> list[str]:
+    found, _ = await backend.list(job_type=job_type, limit=1000)
+    return [j.id for j in found]
+
+
+async def test_operators_add_list_pause_resume_and_remove_schedules(backend: Backend) -> None:
+    assert await backend.schedules() == []
+    added = schedule("b-report", timezone="Europe/Paris")
+    await backend.put_schedule(added)
+    await backend.put_schedule(schedule("a-digest", cron="*/5 * * * *"))
+    found = await backend.schedules()
+    assert [s.name for s in found] == ["a-digest", "b-report"]  # by name
+    assert found[1] == added  # every field as written, times included
+
+    with pytest.raises(UsageError, match="already exists"):  # "add" never replaces
+        await backend.put_schedule(schedule("b-report", cron="* * * * *"))
+    assert (await backend.schedules())[1] == added  # and changed nothing
+
+    paused = await backend.set_schedule_enabled("b-report", False)
+    assert not paused.enabled and paused.next_run == added.next_run
+    resumed = await backend.set_schedule_enabled("b-report", True)
+    assert resumed.enabled
+    # from the first tick after now, in its zone (03:00 Paris): not the tick stored before the pause
+    assert ts() < resumed.next_run <= ts(86400) and resumed.next_run.endswith(":00:00.000Z")
+    assert (await backend.schedules())[1] == resumed
+
+    await backend.remove_schedule("a-digest")
+    assert [s.name for s in await backend.schedules()] == ["b-report"]
+    with pytest.raises(LookupError):
+        await backend.remove_schedule("a-digest")
+    with pytest.raises(LookupError):
+        await backend.set_schedule_enabled("nope", True)
+
+
+async def test_a_tick_fires_once_with_its_job_in_the_same_write(backend: Backend) -> None:
+    tick = ts(-1)
+    await backend.put_schedule(schedule(next_run=tick))
+    after = ts(60)
+    first = job(run_after=tick)
+    assert await backend.fire_schedule("nightly", tick=tick, next_run=after, job=first)
+    # a second process that read the same tick: nothing written, no second job
+    assert not await backend.fire_schedule("nightly", tick=tick, next_run=ts(61), job=job(run_after=tick))
+    assert await jobs_of(backend) == [first.id]
+    (fired,) = await backend.schedules()
+    assert (fired.next_run, fired.last_run, fired.last_job_id) == (after, tick, first.id)
+    assert (await record(backend, first.id)).status == "pending"
+
+    # paused: the tick stored does not fire
+    await backend.set_schedule_enabled("nightly", False)
+    assert not await backend.fire_schedule("nightly", tick=after, next_run=ts(120), job=job())
+    assert await jobs_of(backend) == [first.id]
+    # unknown: nothing
+    assert not await backend.fire_schedule("nope", tick=after, next_run=ts(120), job=job())
+    assert await jobs_of(backend) == [first.id]
+
+
+async def test_many_firing_one_tick_at_once_insert_one_job(backend: Backend) -> None:
+    tick = ts(-1)
+    await backend.put_schedule(schedule(next_run=tick))
+    won: list[str] = []
+
+    async def fire(i: int) -> None:
+        row = job(run_after=tick)
+        if await backend.fire_schedule("nightly", tick=tick, next_run=ts(60 + i), job=row):
+            won.append(row.id)
+
+    async with trio.open_nursery() as tn:
+        for i in range(10):
+            tn.start_soon(fire, i)
+    assert len(won) == 1
+    assert await jobs_of(backend) == won
+    assert (await backend.schedules())[0].last_job_id == won[0]
+
+
+async def test_a_refused_insert_leaves_the_tick_to_fire(backend: Backend) -> None:
+    """The job and the move of next_run are one write: if the insert fails, the tick is still due."""
+    tick = ts(-1)
+    await backend.put_schedule(schedule(next_run=tick))
+    taken = job()
+    await backend.insert([taken])
+    with pytest.raises(Exception, match="already exists|UNIQUE|duplicate"):
+        await backend.fire_schedule("nightly", tick=tick, next_run=ts(60), job=taken)  # a duplicate id: refused
+    (still,) = await backend.schedules()
+    assert still.next_run == tick and still.last_run is None
+
+
+async def test_code_schedules_are_merged_at_start_and_retired_when_gone(backend: Backend) -> None:
+    await backend.put_schedule(schedule("by-hand"))
+    digest, report = schedule("digest", origin="code"), schedule("report", origin="code", cron="0 4 * * *")
+    await backend.sync_code_schedules([digest, report])
+    stored = {s.name: s for s in await backend.schedules()}
+    assert stored["digest"] == digest and stored["report"] == report
+    assert stored["by-hand"].origin == "operator"
+
+    # it fired meanwhile; another process starts with the same declarations: the tick it moved stays
+    fired_to = ts(7200)
+    assert await backend.fire_schedule("digest", tick=digest.next_run, next_run=fired_to, job=job())
+    await backend.set_schedule_enabled("report", False)  # an operator's pause
+    await backend.sync_code_schedules([schedule("digest", origin="code", next_run=ts(10)), attrs.evolve(report, payload='{"n":2}')])
+    stored = {s.name: s for s in await backend.schedules()}
+    assert stored["digest"].next_run == fired_to
+    assert stored["report"].payload == '{"n":2}' and not stored["report"].enabled  # new payload, still paused
+
+    # a new cron expression: the timing is the declaration's
+    retimed = schedule("digest", origin="code", cron="30 * * * *", next_run=ts(1800))
+    await backend.sync_code_schedules([retimed, report])
+    assert {s.name: s for s in await backend.schedules()}["digest"].next_run == retimed.next_run
+
+    # removed from the code: disabled, not deleted, not firing; the operator's schedule untouched
+    await backend.sync_code_schedules([report])
+    stored = {s.name: s for s in await backend.schedules()}
+    gone = stored["digest"]
+    assert (gone.enabled, gone.declared, gone.origin) == (False, False, "code")
+    assert gone.to_json()["state"] == "removed from code"
+    assert not await backend.fire_schedule("digest", tick=gone.next_run, next_run=ts(9000), job=job())
+    assert stored["by-hand"].enabled and stored["by-hand"].origin == "operator"
+
+    # declared again: enabled again, timed from the declaration
+    back = schedule("digest", origin="code", next_run=ts(100))
+    await backend.sync_code_schedules([back, report])
+    again = {s.name: s for s in await backend.schedules()}["digest"]
+    assert (again.enabled, again.declared, again.next_run) == (True, True, back.next_run)
+
+
+async def test_the_due_schedules_are_the_enabled_ones_whose_tick_has_come(backend: Backend) -> None:
+    old, recent = ts(-120), ts(-5)
+    await backend.put_schedule(schedule("recent", next_run=recent))
+    await backend.put_schedule(schedule("old", next_run=old))
+    await backend.put_schedule(schedule("future", next_run=ts(60)))
+    await backend.put_schedule(schedule("paused", next_run=ts(-10)))
+    await backend.set_schedule_enabled("paused", False)
+    await backend.put_schedule(schedule("removed", next_run=ts(-10)))
+    await backend.remove_schedule("removed")
+    await backend.sync_code_schedules([schedule("code", origin="code", next_run=ts(-10))])
+    await backend.sync_code_schedules([])  # gone from the code: disabled
+    now = ts()
+    assert [s.name for s in await backend.due_schedules(now)] == ["old", "recent"]  # the most overdue first
+    assert await backend.fire_schedule("old", tick=old, next_run=ts(3600), job=job())
+    assert [s.name for s in await backend.due_schedules(now)] == ["recent"]
+    resumed = await backend.set_schedule_enabled("paused", True)  # from its next tick: not due now
+    assert [s.name for s in await backend.due_schedules(ts())] == ["recent"]
+    later = ts(86400)
+    assert [s.name for s in await backend.due_schedules(later)] == [
+        s.name for s in sorted(await backend.schedules(), key=lambda s: s.next_run) if s.enabled and s.next_run <= later]
+    assert resumed.name in {s.name for s in await backend.due_schedules(later)}
