@@ -20,7 +20,7 @@ from ... import states
 from ...clock import to_epoch
 from ...errors import UsageError
 from ...states import Status
-from ..base import JobRecord, Lease, NewJob, Settlement, WorkerRecord
+from ..base import JobRecord, Lease, NewJob, Settlement, WorkerRecord, unique_key_held
 from .db import describe, run_pipelined, run_script
 from .scripts import ALL, RECORD_FIELDS
 
@@ -60,14 +60,25 @@ def insert_args(prefix: str, rows: Sequence[NewJob]) -> list[Any]:
     args: list[Any] = [prefix, len(rows)]
     for row in rows:
         args += (row.id, row.job_type, row.payload, row.max_attempts, ms_of(row.run_after), row.priority,
-                 ms_of(row.created_at))
+                 ms_of(row.created_at), row.unique_key or "")
     return args
 
 
-def insert(client: Any, prefix: str, rows: Sequence[NewJob]) -> None:
-    """Every row or none (a duplicate id, stored or repeated, fails the whole call)."""
-    if rows:
-        run_script(client, _INSERT, insert_args(prefix, rows))
+def stored_ids(rows: Sequence[NewJob], answer: Sequence[Any]) -> list[str]:
+    """Per row, the id stored for it, from an INSERT script's answer (how many were inserted,
+    then the id and holder's id of each row whose unique key was held)."""
+    if len(answer) == 1:  # nothing held: the common case
+        return [row.id for row in rows]
+    held = {answer[i].decode(): answer[i + 1].decode() for i in range(1, len(answer), 2)}
+    return [held.get(row.id, row.id) for row in rows]
+
+
+def insert(client: Any, prefix: str, rows: Sequence[NewJob]) -> list[str]:
+    """Every row or none (a duplicate id, stored or repeated, fails the whole call); per row,
+    the id stored for it (its own, or the holder's of its unique key)."""
+    if not rows:
+        return []
+    return stored_ids(rows, run_script(client, _INSERT, insert_args(prefix, rows)))
 
 
 def stage(client: Any, key: str, rows: Sequence[NewJob]) -> None:
@@ -76,15 +87,18 @@ def stage(client: Any, key: str, rows: Sequence[NewJob]) -> None:
     values: list[Any] = []
     for row in rows:
         values += (row.id, row.job_type, row.payload, row.max_attempts, ms_of(row.run_after), row.priority,
-                   ms_of(row.created_at))
+                   ms_of(row.created_at), row.unique_key or "")
     pipe = client.pipeline(transaction=False)
     pipe.rpush(key, *values)
     pipe.expire(key, 86400)
     pipe.execute()
 
 
-def commit_staged(client: Any, prefix: str, key: str) -> int:
-    return int(run_script(client, _INSERT_STAGED, [prefix, key]))
+def commit_staged(client: Any, prefix: str, key: str) -> tuple[int, list[tuple[str, str]]]:
+    """Insert a staging list's rows; how many were inserted, and (id, holder's id) of each
+    row whose unique key was held."""
+    answer = run_script(client, _INSERT_STAGED, [prefix, key])
+    return int(answer[0]), [(answer[i].decode(), answer[i + 1].decode()) for i in range(1, len(answer), 2)]
 
 
 # -- claim and settle -------------------------------------------------------------------------------
@@ -146,10 +160,10 @@ def settle(client: Any, prefix: str, items: Sequence[Settlement]) -> list[bool]:
 
 
 def write_batch(client: Any, prefix: str, items: Sequence[Settlement], inserts: Sequence[Sequence[NewJob]],
-                shown: str) -> tuple[list[bool], list[BaseException | None]]:
+                shown: str) -> tuple[list[bool], list[BaseException | list[str]]]:
     """The Ledger's batch in one round trip: every outcome (one script), then each caller's
     insert (a script each: a duplicate fails that caller alone). Returns the outcomes' answers
-    and, per insert, None or the error that refused it."""
+    and, per insert, the ids stored for its rows or the error that refused it."""
     calls = []
     if items:
         calls.append((_SETTLE, settle_args(prefix, items)))
@@ -161,8 +175,10 @@ def write_batch(client: Any, prefix: str, items: Sequence[Settlement], inserts: 
         if isinstance(answer, BaseException):
             raise answer
         held = [v == 49 for v in answer]  # b"1"
-    errors: list[BaseException | None] = [describe(r, shown) if isinstance(r, BaseException) else None for r in results]
-    return held, errors
+    answers: list[BaseException | list[str]] = [
+        describe(r, shown) if isinstance(r, BaseException) else stored_ids(rows, r) for rows, r in zip(inserts, results)
+    ]
+    return held, answers
 
 
 # -- leases -----------------------------------------------------------------------------------------
@@ -225,7 +241,7 @@ def _record(job_id: str, f: Sequence[bytes | None]) -> JobRecord:
         id=job_id, job_type=_s(f[0]) or "", payload=_s(f[1]) or "", status=_s(f[2]) or "", attempts=int(f[3] or 0),
         max_attempts=int(f[4] or 0), run_after=text_of(f[5] or 0), error=_s(f[6]), created_at=text_of(f[7] or 0),
         updated_at=text_of(f[8] or 0), priority=int(f[9] or 0), lease_owner=_s(f[10]),
-        lease_expires_at=None if f[11] is None else text_of(f[11]),
+        lease_expires_at=None if f[11] is None else text_of(f[11]), unique_key=_s(f[12]),
     )
 
 
@@ -275,6 +291,11 @@ def revive(client: Any, prefix: str, job_id: str) -> JobRecord:
     answer = run_script(client, ALL["revive"], [prefix, job_id]).decode()
     if answer == "missing":
         raise LookupError(f"no job with id {job_id!r}")
+    if answer.startswith("held "):
+        job = get_job(client, prefix, job_id)
+        if job is None:  # deleted in between
+            raise LookupError(f"no job with id {job_id!r}")
+        raise UsageError(unique_key_held(job, answer.removeprefix("held ")))
     if answer != "ok":
         raise UsageError(f"job {job_id} is {answer}, only dead jobs can be retried")
     job = get_job(client, prefix, job_id)

@@ -102,6 +102,19 @@ MIGRATIONS: Final[list[Migration]] = [
         UPDATE jobs SET started_at = updated_at WHERE status = 'running';
         """,
     ),
+    (
+        9,
+        "unique jobs",
+        """
+        -- While a job of a type and key is pending or running, no other job of that type and
+        -- key can be: an insert that would break this inserts nothing (ON CONFLICT DO
+        -- NOTHING) and answers the holder's id. Partial: rows without a key, and finished
+        -- rows, are not in the index, so it costs nothing to jobs that do not use it.
+        ALTER TABLE jobs ADD COLUMN unique_key TEXT;
+        CREATE UNIQUE INDEX IF NOT EXISTS idx_jobs_unique ON jobs(job_type, unique_key)
+            WHERE unique_key IS NOT NULL AND status IN ('pending', 'running');
+        """,
+    ),
 ]
 RETIRED: Final = (2, 4)  # the site's, once: known here, no longer applied
 LATEST: Final = max(v for v, _, _ in MIGRATIONS)

@@ -47,12 +47,40 @@ class ClaimedRow:
 # numbered parameters in NewJob's field order
 _INSERT = (
     "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, "
-    "created_at, updated_at, priority) VALUES (?1, ?2, ?3, 'pending', 0, ?4, ?5, ?7, ?7, ?6)"
+    "created_at, updated_at, priority, unique_key) VALUES (?1, ?2, ?3, 'pending', 0, ?4, ?5, ?7, ?7, ?6, ?8)"
 )
+# a row with a unique key: nothing is inserted while a pending or running job holds its type
+# and key (the partial index idx_jobs_unique, named by its columns and WHERE); a duplicate id
+# still fails, as in _INSERT
+_INSERT_UNIQUE = (
+    f"{_INSERT} ON CONFLICT (job_type, unique_key) WHERE unique_key IS NOT NULL AND status IN ('pending', 'running') "
+    "DO NOTHING"
+)
+_HOLDER = "SELECT id FROM jobs WHERE job_type = ? AND unique_key = ? AND status IN ('pending', 'running')"
 
 
-def insert_jobs(conn: sqlite3.Connection, rows: Iterable[NewJob]) -> None:
-    conn.executemany(_INSERT, rows)
+def insert_jobs(conn: sqlite3.Connection, rows: Sequence[NewJob]) -> list[str]:
+    """Insert the rows; per row, the id stored for it: its own, or that of the pending or
+    running job holding its type and unique key (then nothing is inserted for it). The
+    caller holds the write transaction, so nothing changes between the insert and the look-up."""
+    keyed = [row for row in rows if row.unique_key is not None]
+    if not keyed:  # the common case: one executemany, as before unique keys
+        conn.executemany(_INSERT, rows)
+        return [row.id for row in rows]
+    if len(keyed) < len(rows):
+        conn.executemany(_INSERT, [row for row in rows if row.unique_key is None])
+    held: dict[str, str] = {}
+    for row in keyed:  # in order: of two rows with one type and key, the first is inserted
+        if conn.execute(_INSERT_UNIQUE, row).rowcount == 0:
+            (holder,) = conn.execute(_HOLDER, (row.job_type, row.unique_key)).fetchone()
+            held[row.id] = holder
+    return [held.get(row.id, row.id) for row in rows]
+
+
+def holder_of(conn: sqlite3.Connection, job_type: str, unique_key: str) -> str | None:
+    """The id of the pending or running job holding this type and key, if any."""
+    row = conn.execute(_HOLDER, (job_type, unique_key)).fetchone()
+    return None if row is None else str(row[0])
 
 
 # -- claim and settle -------------------------------------------------------------------------
