@@ -109,8 +109,10 @@ class Pipeline:
         """Persist one job; returns its id once it is committed. With ``unique_key``: while a
         job of the same type and key is pending or running, nothing is inserted and that
         job's id is returned (:meth:`enqueue_unique` says which happened)."""
-        return (await self.enqueue_unique(job, run_after=run_after, max_attempts=max_attempts, priority=priority,
-                                          unique_key=unique_key)).id
+        self._check_open()
+        row = self.new_job(job, run_after=run_after, max_attempts=max_attempts, priority=priority, unique_key=unique_key)
+        (stored,) = await self.backend.insert([row])
+        return stored
 
     async def enqueue_unique(self, job: Any, *, unique_key: str | None, run_after: Any = None,
                              max_attempts: int | None = None, priority: int = 5) -> Enqueued:

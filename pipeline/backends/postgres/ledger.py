@@ -91,7 +91,8 @@ def _write(conn: psycopg.Connection[Any], batch: list[Command], notify: bool, *,
                 results[i] = (False, insert_exc)
     else:
         for i, command_rows in inserts:
-            results[i] = (True, [stored.get(row.id, row.id) for row in command_rows])
+            results[i] = (True, [stored.get(row.id, row.id) for row in command_rows] if stored
+                          else [row.id for row in command_rows])
     start = 0
     for i, command in enumerate(batch):
         if command.tray is not None:

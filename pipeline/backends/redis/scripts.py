@@ -85,23 +85,23 @@ end
 local function free_key(id, t, k)
   if k and redis.call('HGET', P .. 'uniq:' .. t, k) == id then redis.call('HDEL', P .. 'uniq:' .. t, k) end
 end
--- rows: a flat list, 8 per job (id, type, payload, max, run, prio, created, unique key or ''),
--- from ``first``. Returns how many were inserted and, for each row not inserted because a
--- pending or running job holds its type and key (or an earlier row of the call), its id and
--- the holder's; or nil and the id that already exists.
-local function insert_rows(rows, first, n)
+-- rows: a flat list, ``width`` per job from ``first``: 7 (id, type, payload, max, run, prio,
+-- created), or 8 with the unique key ('' for none). Returns how many were inserted and, for
+-- each row not inserted because a pending or running job holds its type and key (or an earlier
+-- row of the call), its id and the holder's; or nil and the id that already exists.
+local function insert_rows(rows, first, n, width)
   local seen = {}
   local held = {}  -- row index -> holder id
   local taken = {}  -- type NUL key -> id, for the keys this call takes
   local dups = {}
   for i = 0, n - 1 do
-    local b = first + i * 8
+    local b = first + i * width
     local id = rows[b]
     if seen[id] or redis.call('EXISTS', jkey(id)) == 1 then
       return nil, id
     end
     seen[id] = true
-    local k = rows[b + 7]
+    local k = width == 8 and rows[b + 7] or ''
     if k ~= '' then
       local tk = rows[b + 1] .. '\0' .. k
       local holder = taken[tk] or key_holder(rows[b + 1], k)
@@ -119,8 +119,9 @@ local function insert_rows(rows, first, n)
   local known = {}  -- (type, priority) whose sets this call wrote already
   local inserted = 0
   for i = 0, n - 1 do
-    local b = first + i * 8
-    local id, t, p, run, k = rows[b], rows[b + 1], rows[b + 5], rows[b + 4], rows[b + 7]
+    local b = first + i * width
+    local id, t, p, run = rows[b], rows[b + 1], rows[b + 5], rows[b + 4]
+    local k = width == 8 and rows[b + 7] or ''
     if not held[i] then
       inserted = inserted + 1
       redis.call('HSET', jkey(id), 'type', t, 'payload', rows[b + 2], 'status', 'pending', 'attempts', 0,
@@ -160,23 +161,34 @@ end
 
 # -- producing ----------------------------------------------------------------------------------
 
-# ARGV: prefix, n, then 8 per job. Every row or none: a duplicate id (stored, or twice in the
-# call) is found before the first write. Returns how many were inserted, then the id and the
-# holder's id of each row whose unique key was held (nothing inserted for it).
+# ARGV: prefix, n, then 7 per job (none has a unique key: INSERT_UNIQUE's). Every row or none:
+# a duplicate id (stored, or twice in the call) is found before the first write. Returns n.
 INSERT = r"""
-local n, dup, held = insert_rows(ARGV, 3, tonumber(ARGV[2]))
+local n, dup = insert_rows(ARGV, 3, tonumber(ARGV[2]), 7)
 if not n then return redis.error_reply('DUPLICATE a job with id ' .. dup .. ' already exists') end
+return n
+"""
+
+# ARGV: prefix, n, then 8 per job, the last its unique key ('' for none). As INSERT, but a row
+# whose key a pending or running job holds is not inserted. Returns how many were inserted if
+# every row was, else that count, then the id and the holder's id of each row not inserted.
+INSERT_UNIQUE = r"""
+local n, dup, held = insert_rows(ARGV, 3, tonumber(ARGV[2]), 8)
+if not n then return redis.error_reply('DUPLICATE a job with id ' .. dup .. ' already exists') end
+if #held == 0 then return n end
 table.insert(held, 1, n)
 return held
 """
 
 # ARGV: prefix, staging list. A bulk load's part, pushed to a list of its own first (not job
-# state: nothing claims it), committed here in one step, every row or none; the list is deleted.
+# state: nothing claims it; 8 values per row, as INSERT_UNIQUE's), committed here in one step,
+# every row or none; the list is deleted. Answers as INSERT_UNIQUE.
 INSERT_STAGED = r"""
 local rows = redis.call('LRANGE', ARGV[2], 0, -1)
 redis.call('DEL', ARGV[2])
-local n, dup, held = insert_rows(rows, 1, #rows / 8)
+local n, dup, held = insert_rows(rows, 1, #rows / 8, 8)
 if not n then return redis.error_reply('DUPLICATE a job with id ' .. dup .. ' already exists') end
+if #held == 0 then return n end
 table.insert(held, 1, n)
 return held
 """
@@ -559,7 +571,7 @@ class Script:
 ALL: dict[str, Script] = {
     name: Script.of(name, body)
     for name, body in {
-        "insert": INSERT, "insert_staged": INSERT_STAGED, "claim": CLAIM, "settle": SETTLE, "renew": RENEW,
+        "insert": INSERT, "insert_unique": INSERT_UNIQUE, "insert_staged": INSERT_STAGED, "claim": CLAIM, "settle": SETTLE, "renew": RENEW,
         "forget": FORGET, "expired": EXPIRED, "rescue": RESCUE, "bury_unknown": BURY_UNKNOWN, "list": LIST,
         "stats": STATS, "revive": REVIVE, "delete": DELETE, "cleanup": CLEANUP, "schema": SCHEMA,
     }.items()

