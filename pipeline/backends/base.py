@@ -47,7 +47,8 @@ class NewJob(NamedTuple):
     priority: int  # lower runs first
     created_at: str
     # while a job of this type and key is pending or running, inserting another one inserts
-    # nothing and answers that job's id (see Backend.insert); None: no such promise
+    # nothing and answers that job's id (see Backend.insert); None: no such promise. Never
+    # empty (requests.check_unique_key: Redis stores "no key" as the empty string)
     unique_key: str | None = None
 
 
