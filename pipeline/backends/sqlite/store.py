@@ -76,7 +76,9 @@ def insert_jobs(conn: sqlite3.Connection, rows: Sequence[NewJob]) -> list[str]:
         conn.executemany(_INSERT, [row[:7] for row in rows if row.unique_key is None])
     held: dict[str, str] = {}
     for row in keyed:  # in order: of two rows with one type and key, the first is inserted
-        if conn.execute(_INSERT_UNIQUE, row).rowcount == 0:
+        params = (row.id, row.job_type, row.payload, row.max_attempts, row.run_after, row.priority, row.created_at,
+                  row.unique_key)
+        if conn.execute(_INSERT_UNIQUE, params).rowcount == 0:
             (holder,) = conn.execute(_HOLDER, (row.job_type, row.unique_key)).fetchone()
             held[row.id] = holder
     return [held.get(row.id, row.id) for row in rows]
