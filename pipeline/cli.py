@@ -394,8 +394,9 @@ def _enqueue_file(args: argparse.Namespace, config: Config, registry: Registry |
         _emit_json(out, {"enqueued": committed, "duplicates": len(duplicates), "transactions": parts,
                          "job_ids": [held.get(job_id, job_id) for job_id in ids]})
     else:
-        skipped = (f"; {len(duplicates)} duplicates of pending or running jobs (same type and unique key) not inserted"
-                   if duplicates else "")
+        n = len(duplicates)
+        skipped = (f"; {n} duplicate{'' if n == 1 else 's'} of pending or running jobs (same type and unique key) "
+                   "not inserted" if duplicates else "")
         print(f"enqueued {committed} jobs from {name}" + (f" in {parts} transactions" if every else "") + skipped, file=out)
     return 0
 

@@ -71,7 +71,7 @@ async def test_the_cli_enqueues_once_per_key_and_says_so(backend: Backend, store
     assert (await backend.list())[1] == 3
     text = await cli(store_config, tmp_path, "enqueue", "--from-file", "-", input=json.dumps(lines[1]) + "\n")
     assert text.returncode == 0, text.stderr
-    assert "enqueued 0 jobs" in text.stdout and "1 duplicates" in text.stdout
+    assert "enqueued 0 jobs" in text.stdout and "1 duplicate of pending" in text.stdout
 
     # the nightly job dies; another takes its key; retrying the dead one is refused, naming it
     assert await settle_one(backend, bury(await claim_one(backend, "generate_sitemap")))  # the oldest: nightly
