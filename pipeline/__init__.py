@@ -20,7 +20,7 @@ if _typing.TYPE_CHECKING:
     from .backends.sqlite.outbox import enqueue_in_transaction
     from .config import AdminSettings, Config, LogSettings, RedisSettings, SqliteSettings, WorkerSettings
     from .engine.actors.pools import JobContext
-    from .engine.wiring import Pipeline, open_pipeline
+    from .engine.wiring import Enqueued, Pipeline, open_pipeline
     from .errors import (
         ConfigError,
         DatabaseUnavailable,
@@ -46,6 +46,7 @@ _MODULE_OF = {
     "Config": "config",
     "ConfigError": "errors",
     "DatabaseUnavailable": "errors",
+    "Enqueued": "engine.wiring",
     "InvalidPayload": "errors",
     "JobContext": "engine.actors.pools",
     "JobError": "errors",
@@ -78,6 +79,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "DatabaseUnavailable",
+    "Enqueued",
     "InvalidPayload",
     "JobContext",
     "JobError",

@@ -23,7 +23,7 @@ from .clock import format_ts, now_ts, to_epoch
 from .config import Config
 from .errors import ConfigError, PipelineError, UsageError
 from .registry import Registry
-from .requests import JobRequest, prepare_rows
+from .requests import JobRequest, check_unique_key, prepare_rows
 from .states import Status
 
 if TYPE_CHECKING:
@@ -50,6 +50,7 @@ ENQUEUE_EXAMPLES = """\
 examples:
   python -m pipeline enqueue send_email --payload '{"to": "a@example.com", "subject": "Hi", "body": "Hello"}'
   python -m pipeline enqueue generate_sitemap --delay 60 --priority 1
+  python -m pipeline enqueue generate_sitemap --unique-key nightly   # nothing new while one is pending or running
   python -m pipeline enqueue --from-file jobs.jsonl
   python -m pipeline enqueue --from-file big.jsonl --commit-every 100000   # into a live service
 
@@ -119,12 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--payload", help="the job's fields as a JSON object (default {})")
     p.add_argument("--from-file", metavar="FILE",
                    help='one job per line: {"job_type": ..., "payload": {...}} with optional priority, max_attempts, '
-                   "run_after; all or nothing; - reads standard input")
+                   "run_after, unique_key; all or nothing; - reads standard input")
     when = p.add_mutually_exclusive_group()
     when.add_argument("--delay", type=float, metavar="SECONDS", help="run no sooner than this many seconds from now")
     when.add_argument("--run-after", metavar="ISO8601", help="run no sooner than this time (UTC if no offset)")
     p.add_argument("--max-attempts", type=int, metavar="N", help="default: the type's own, else WORKER_DEFAULT_MAX_ATTEMPTS")
     p.add_argument("--priority", type=int, metavar="N", help="lower runs first (default 5)")
+    p.add_argument("--unique-key", metavar="KEY",
+                   help="while a job of this type and key is pending or running, insert nothing and print that job's id")
     p.add_argument("--commit-every", type=int, metavar="JOBS",
                    help="with --from-file: commit every JOBS jobs instead of once, so that a running service's writes "
                    "wait for one part, not the whole file; a bad line then keeps the parts committed before it")
@@ -343,19 +346,26 @@ def cmd_enqueue(args: argparse.Namespace, config: Config, registry: Registry | N
     if args.delay is not None and not (0 <= args.delay < 10**9):
         raise UsageError(f"--delay must be a number of seconds >= 0, got {args.delay}")
     run_after = format_ts(to_epoch(now_ts()) + args.delay) if args.delay is not None else args.run_after
-    request = JobRequest(args.job_type, payload, args.max_attempts, run_after, 5 if args.priority is None else args.priority)
+    unique_key = check_unique_key(args.unique_key, "--unique-key")
+    request = JobRequest(args.job_type, payload, args.max_attempts, run_after, 5 if args.priority is None else args.priority,
+                         unique_key)
     inputs.with_bounds(request, "the job")
     (row,) = prepare_rows(reg, [request], default_max_attempts=config.worker.default_max_attempts)  # validates before opening
 
-    async def work(backend: Backend) -> JobRecord | None:
-        await backend.insert([row])
-        return await backend.get(row.id)
+    async def work(backend: Backend) -> tuple[str, JobRecord | None]:
+        (stored,) = await backend.insert([row])  # a duplicate: the id of the job holding the key
+        return stored, await backend.get(stored)
 
-    record = _with_backend(config, work)
+    stored, record = _with_backend(config, work)
+    duplicate = stored != row.id
     if args.json:
-        _emit_json(out, record.to_json() if record else {"id": row.id})
+        _emit_json(out, {**(record.to_json() if record else {"id": stored}), "duplicate": duplicate})
     else:
-        print(row.id, file=out)
+        print(stored, file=out)
+        if duplicate:
+            status = f"is {record.status}" if record else "was pending or running"
+            print(f"duplicate: job {stored} of type {row.job_type} with unique key {unique_key!r} {status}; "
+                  "nothing was inserted", file=sys.stderr)
     return 0
 
 
@@ -368,7 +378,7 @@ def _enqueue_file(args: argparse.Namespace, config: Config, registry: Registry |
 
     extra = [flag for flag, value in (("JOB_TYPE", args.job_type), ("--payload", args.payload), ("--delay", args.delay),
                                       ("--run-after", args.run_after), ("--max-attempts", args.max_attempts),
-                                      ("--priority", args.priority)) if value is not None]
+                                      ("--priority", args.priority), ("--unique-key", args.unique_key)) if value is not None]
     if extra:
         raise UsageError(f"--from-file takes each job's fields from the file; drop {', '.join(extra)}")
     every = args.commit_every
@@ -384,6 +394,7 @@ def _enqueue_file(args: argparse.Namespace, config: Config, registry: Registry |
     else:
         opened = open(args.from_file, "rb")  # noqa: SIM115 -- closed below (a missing file: OSError, exit 1)
     ids: list[str] = []
+    duplicates: list[tuple[str, str]] = []  # (a line's id, the id of the job holding its unique key)
     with opened, console.progress_bar(sys.stderr) as bar:
         if _is_regular(opened):  # read twice in place: once to count and check the lines, once to insert
             source, lines = opened, _count_lines(opened, None, name, max_line)
@@ -401,19 +412,25 @@ def _enqueue_file(args: argparse.Namespace, config: Config, registry: Registry |
             rows = _keeping_ids(rows, ids)
 
         async def work(backend: Backend) -> int:
-            return await backend.bulk_insert(rows, commit_every=every)
+            return await backend.bulk_insert(rows, commit_every=every, duplicates=duplicates)
 
         try:
             committed = _with_backend(config, work)
         finally:
             if source is not opened:
                 source.close()
-        parts = 0 if not committed else (1 if every is None else -(-committed // every))
+        read = committed + len(duplicates)
+        parts = 0 if not read else (1 if every is None else -(-read // every))
         bar.finish(task, lines)
     if args.json:
-        _emit_json(out, {"enqueued": committed, "transactions": parts, "job_ids": ids})
+        held = dict(duplicates)
+        _emit_json(out, {"enqueued": committed, "duplicates": len(duplicates), "transactions": parts,
+                         "job_ids": [held.get(job_id, job_id) for job_id in ids]})
     else:
-        print(f"enqueued {committed} jobs from {name}" + (f" in {parts} transactions" if every else ""), file=out)
+        n = len(duplicates)
+        skipped = (f"; {n} duplicate{'' if n == 1 else 's'} of pending or running jobs (same type and unique key) "
+                   "not inserted" if duplicates else "")
+        print(f"enqueued {committed} jobs from {name}" + (f" in {parts} transactions" if every else "") + skipped, file=out)
     return 0
 
 
@@ -456,14 +473,14 @@ def cmd_emit(args: argparse.Namespace, config: Config, registry: Registry | None
     requests = []
     for routed in reg.route(event, config):
         job_type, payload = reg.encode(routed.job)
-        requests.append(JobRequest(job_type, payload, None, routed.run_after))
+        requests.append(JobRequest(job_type, payload, None, routed.run_after, unique_key=routed.unique_key))
     rows = prepare_rows(reg, requests, default_max_attempts=config.worker.default_max_attempts)
-    _with_backend(config, lambda backend: backend.insert(rows))
+    ids = _with_backend(config, lambda backend: backend.insert(rows))  # a duplicate's: its holder's
     if args.json:
-        _emit_json(out, {"job_ids": [row.id for row in rows]})
+        _emit_json(out, {"job_ids": ids})
     else:
-        for row in rows:
-            print(row.id, file=out)
+        for job_id in ids:
+            print(job_id, file=out)
     return 0
 
 

@@ -38,10 +38,12 @@ Handler = Callable[[Any, "JobContext"], Awaitable[None]]
 
 @attrs.frozen
 class Routed:
-    """One job an event leads to, with when it may run (None: now)."""
+    """One job an event leads to, with when it may run (None: now), and its unique key (None:
+    none; see Pipeline.enqueue: a duplicate inserts nothing and the emit answers the holder's id)."""
 
     job: Any
     run_after: dt.datetime | str | None = None
+    unique_key: str | None = None
 
 
 Route = Callable[[Any, "Config"], list[Routed]]

@@ -22,6 +22,30 @@ class JobRequest(NamedTuple):
     max_attempts: int | None = None
     run_after: Any = None
     priority: int = 5
+    unique_key: str | None = None
+
+
+MAX_UNIQUE_KEY_CHARS = 200  # a key names a thing ("user:42", an order number), not a payload
+
+
+def check_unique_key(value: Any, what: str = "unique_key") -> str | None:
+    """A job's unique key as given (None: no key): a non-empty string of at most
+    MAX_UNIQUE_KEY_CHARS characters, without NUL (no store's text holds one); UsageError otherwise."""
+    if value is None:
+        return None
+    if type(value) is not str:
+        raise UsageError(f"{what} must be a string, got {type(value).__name__}")
+    if not value:
+        raise UsageError(f"{what} must not be empty (leave it out for a job without one)")
+    if len(value) > MAX_UNIQUE_KEY_CHARS:
+        raise UsageError(f"{what} must be at most {MAX_UNIQUE_KEY_CHARS} characters, got {len(value)}")
+    if "\x00" in value:
+        raise UsageError(f"{what} must not contain a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(f"{what} contains an unpaired UTF-16 surrogate, which is not text") from None
+    return value
 
 
 def prepare_rows(
@@ -55,4 +79,5 @@ def prepare_row(registry: Registry, req: JobRequest, default_max_attempts: int, 
             run_after = to_ts(req.run_after)
         except (ValueError, TypeError, OverflowError) as exc:
             raise UsageError(f"run_after {req.run_after!r} is not an ISO 8601 time: {exc}") from None
-    return NewJob(new_id(), req.job_type, payload, max_attempts, run_after, req.priority, now)
+    unique_key = req.unique_key if req.unique_key is None else check_unique_key(req.unique_key)
+    return NewJob(new_id(), req.job_type, payload, max_attempts, run_after, req.priority, now, unique_key)

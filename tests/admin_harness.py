@@ -38,7 +38,8 @@ def seed_registry() -> Registry:
 
 async def seed(config: Config, *, completed: int = 3, dead: int = 2, pending: int = 2) -> dict[str, list[str]]:
     """Run a real pipeline until ``completed`` jobs completed and ``dead`` died; leave
-    ``pending`` generate_sitemap jobs (no handler here) pending. Returns the ids by status."""
+    ``pending`` generate_sitemap jobs (no handler here) pending, with the unique keys sitemap-0,
+    sitemap-1, ... Returns the ids by status."""
     registry = seed_registry()
     ids: dict[str, list[str]] = {"completed": [], "dead": [], "pending": []}
     async with open_pipeline(config, registry) as p:
@@ -46,8 +47,8 @@ async def seed(config: Config, *, completed: int = 3, dead: int = 2, pending: in
             ids["completed"].append(await p.enqueue(SendEmail(to=f"user{i}@example.com", subject=f"hello {i}", body="hi")))
         for i in range(dead):
             ids["dead"].append(await p.enqueue(SendEmail(to=f"gone{i}@example.com", subject=f"{FAILING_SUBJECT} {i}", body="hi")))
-        for _ in range(pending):
-            ids["pending"].append(await p.enqueue(GenerateSitemap()))
+        for i in range(pending):  # with unique keys, which the views show
+            ids["pending"].append(await p.enqueue(GenerateSitemap(), unique_key=f"sitemap-{i}"))
         with trio.fail_after(10):
             for status in ("completed", "dead"):
                 for job_id in ids[status]:

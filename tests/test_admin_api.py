@@ -18,9 +18,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline import Config, ConfigError, Registry, open_pipeline
 from pipeline.admin import AdminBindError, check_bind, open_admin_listener, run_admin_server
+from pipeline.backends import Settlement
 from pipeline.clock import to_epoch
 from pipeline.site import SendEmail
 from pipeline.site.jobs import GenerateSitemap
+from pipeline.states import Transition
 
 TOKEN = "s3cret-token"
 
@@ -69,7 +71,7 @@ async def test_list_jobs_newest_first_with_filters_and_pages(db_path: Any, seede
         assert ids == sorted(ids, reverse=True) and len(ids) == 7
         job = body["items"][0]
         assert set(job) == {"id", "job_type", "payload", "status", "attempts", "max_attempts", "run_after", "error",
-                            "created_at", "updated_at", "priority"}
+                            "created_at", "updated_at", "priority", "unique_key"}
 
         dead = (await client.get("/admin/jobs", params={"status": "dead"})).json()
         assert dead["total"] == 2 and {j["id"] for j in dead["items"]} == set(seeded["dead"])
@@ -286,9 +288,46 @@ async def test_create_job(db_path: Any) -> None:
         assert (job["status"], job["priority"], job["max_attempts"], job["attempts"]) == ("pending", 1, 7, 0)
         assert job["run_after"] == "2030-01-02T01:04:05.000Z"
         assert job["payload"] == body["payload"]
+        assert job.pop("duplicate") is False
         assert (await client.get(f"/admin/jobs/{job['id']}")).json() == job
         minimal = (await client.post("/admin/jobs", json={"job_type": "generate_sitemap"})).json()
         assert (minimal["payload"], minimal["priority"], minimal["max_attempts"]) == ({}, 5, 3)
+
+
+async def test_create_job_with_a_unique_key_answers_the_holder_while_it_is_pending(db_path: Any) -> None:
+    async with served(api_config(db_path)) as (pipeline, client):
+        body = {"job_type": "generate_sitemap", "unique_key": "nightly"}
+        first = await client.post("/admin/jobs", json=body)
+        assert first.status_code == 201, first.text
+        assert (first.json()["unique_key"], first.json()["duplicate"]) == ("nightly", False)
+        again = await client.post("/admin/jobs", json={**body, "priority": 1})
+        assert again.status_code == 200, again.text
+        assert again.json()["duplicate"] is True
+        assert again.json()["id"] == first.json()["id"] and again.json()["priority"] == 5  # the holder, unchanged
+        assert again.headers["location"] == f"/admin/jobs/{first.json()['id']}"
+        assert (await client.get("/admin/jobs")).json()["total"] == 1
+        shown = (await client.get(f"/admin/jobs/{first.json()['id']}")).json()
+        assert shown["unique_key"] == "nightly"
+        # another type may use the same key
+        other = await client.post("/admin/jobs", json={"job_type": "invalidate_cache", "payload": {"keys": ["a"]},
+                                                       "unique_key": "nightly"})
+        assert other.status_code == 201, other.text
+        # a bad key: 422 naming it, nothing stored
+        for bad in ("", 7, "x" * 201, "a\u0000b"):
+            r = await client.post("/admin/jobs", json={"job_type": "generate_sitemap", "unique_key": bad})
+            assert r.status_code == 422, (bad, r.text)
+            assert "unique_key" in r.json()["error"]["message"]
+        assert (await client.get("/admin/jobs")).json()["total"] == 2
+        # once the holder is dead, the key is free; retrying the dead one is then refused (409)
+        holder = first.json()["id"]
+        (lease,) = await pipeline.backend.claim({"generate_sitemap": 1}, owner="t", lease_seconds=60)
+        await pipeline.backend.settle([Settlement(lease.id, lease.token, Transition.BURY, error="x")])
+        successor = await client.post("/admin/jobs", json=body)
+        assert successor.status_code == 201 and successor.json()["id"] != holder
+        retry = await client.post(f"/admin/jobs/{holder}/retry")
+        assert retry.status_code == 409, retry.text
+        assert successor.json()["id"] in retry.json()["error"]["message"]
+        assert (await client.get(f"/admin/jobs/{holder}")).json()["status"] == "dead"
 
 
 @pytest.mark.parametrize(

@@ -147,6 +147,9 @@ def test_emit(db: Path) -> None:
         (["enqueue", "generate_sitemap", "--run-after", "someday"], ["run_after 'someday' is not an ISO 8601 time"]),
         (["enqueue"], ["needs a JOB_TYPE"]),
         (["enqueue", "generate_sitemap", "--from-file", "x.jsonl"], ["drop JOB_TYPE"]),
+        (["enqueue", "generate_sitemap", "--unique-key", ""], ["--unique-key must not be empty"]),
+        (["enqueue", "generate_sitemap", "--unique-key", "k" * 201], ["--unique-key must be at most 200 characters"]),
+        (["enqueue", "--from-file", "x.jsonl", "--unique-key", "k"], ["drop --unique-key"]),
         (["emit", "MoonLanded"], ["unknown event 'MoonLanded'"]),
         (["jobs", "--status", "sleeping"], ["invalid choice: 'sleeping'"]),
         (["jobs", "list", "--limit", "0"], ["--limit must be from 1"]),
@@ -270,6 +273,8 @@ GOOD = [
         ('["generate_sitemap"]', ["must be a JSON object"]),
         ('{"job_type": "generate_sitemap", "when": "now"}', ["unknown field 'when'"]),
         ('{"job_type": "generate_sitemap", "priority": 1.5}', ["priority must be an integer"]),
+        ('{"job_type": "generate_sitemap", "unique_key": ""}', ["unique_key must not be empty"]),
+        ('{"job_type": "generate_sitemap", "unique_key": 7}', ["unique_key must be a string"]),
     ],
 )
 def test_from_file_is_all_or_nothing(db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], bad: str, words: list[str]) -> None:

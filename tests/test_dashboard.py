@@ -115,6 +115,7 @@ def test_dashboard_counts_filter_detail_and_retry(browser: Any, seeded_url: tupl
     expect(page.locator("#d-payload")).to_contain_text('"to": "gone0@example.com"')
     expect(page.locator("#d-error")).to_contain_text("550 mailbox gone0@example.com unavailable")
     expect(page.locator("#d-attempts")).to_have_text("1 of 3")
+    expect(page.locator("#d-unique-key")).to_have_text("—")  # it has none
     expect(page.locator("#d-created")).to_have_text(re.compile(r"^\d{4}-\d\d-\d\dT"))
     expect(page.locator("#d-retry")).to_be_enabled()
     page.screenshot(path=str(tmp_path / "detail.png"))
@@ -129,6 +130,12 @@ def test_dashboard_counts_filter_detail_and_retry(browser: Any, seeded_url: tupl
     page.click("#d-close")
     expect(detail).to_be_hidden()
     expect(rows).to_have_count(1)  # the dead filter now holds one job
+
+    # a job with a unique key shows it (as text)
+    page.select_option("#f-status", "")
+    page.select_option("#f-type", "generate_sitemap")
+    page.click(f'#job-rows tr[data-id="{ids["pending"][0]}"]')
+    expect(page.locator("#d-unique-key")).to_have_text("sitemap-0")
     assert page.errors == []
 
 

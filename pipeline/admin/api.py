@@ -9,7 +9,8 @@ Errors are ``{"error": {"code", "message"}}``:
     403 forbidden          a cross-origin write, or a foreign Host header on a token-less server
     404 not_found          no such job or schedule (or route)
     408 request_timeout    the declared body did not arrive within BODY_TIMEOUT
-    409 conflict           retry of a job that is not dead; delete of a running job; a schedule name in use
+    409 conflict           retry of a job that is not dead, or whose unique key another job holds;
+                           delete of a running job; a schedule name in use
     413 payload_too_large  body over ADMIN_MAX_BODY_BYTES
     415 unsupported_media_type  a POST without Content-Type: application/json
     422 invalid            well-formed JSON that does not fit (unknown job type, bad payload)
@@ -216,14 +217,18 @@ class AdminApi:
         return JSONResponse({"deleted": deleted})
 
     async def create_job(self, request: Request) -> Response:
-        """POST /admin/jobs — {"job_type", "payload", "priority"?, "max_attempts"?, "run_after"?} → 201."""
+        """POST /admin/jobs — {"job_type", "payload", "priority"?, "max_attempts"?, "run_after"?,
+        "unique_key"?} → 201 with the new job; 200 with the job that holds the unique key (a
+        duplicate: nothing inserted), ``duplicate`` saying which."""
         request_ = inputs.job_request(await self._body(request, required=True), "the request body")
         rows = prepare_rows(self.pipeline.registry, [request_], default_max_attempts=self.pipeline.config.worker.default_max_attempts)
-        await self.backend.insert(rows)
-        job_id = rows[0].id
-        self._forget_stats()
+        (job_id,) = await self.backend.insert(rows)
+        duplicate = job_id != rows[0].id
+        if not duplicate:
+            self._forget_stats()
         record = await self._job(job_id)
-        return JSONResponse(record.to_json(), 201, headers={"Location": f"/admin/jobs/{job_id}"})
+        return JSONResponse({**record.to_json(), "duplicate": duplicate}, 200 if duplicate else 201,
+                            headers={"Location": f"/admin/jobs/{job_id}"})
 
     async def emit_event(self, request: Request) -> Response:
         """POST /admin/events — {"event": "UserRegistered", "data": {...}} → 201 {"job_ids": [...]}."""

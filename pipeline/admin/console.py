@@ -86,6 +86,7 @@ def job_detail(out: TextIO, job: JobRecord) -> None:
     grid.add_column()
     for label, value in (("id", job.id), ("type", job.job_type), ("status", _status(job.status)),
                          ("attempts", f"{job.attempts} of {job.max_attempts}"), ("priority", str(job.priority)),
+                         ("unique key", "none" if job.unique_key is None else Text(job.unique_key)),  # Text: no markup
                          ("run after", job.run_after), ("created", job.created_at), ("updated", job.updated_at)):
         grid.add_row(label, value)
     with console(out) as con:

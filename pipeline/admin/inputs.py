@@ -1,7 +1,7 @@
 """What operators send, checked once for the admin API and the CLI alike.
 
 A job arrives as a JSON object ``{"job_type", "payload", "priority"?, "max_attempts"?,
-"run_after"?}`` (a POST body, one line of ``enqueue --from-file``, or the CLI's flags); an
+"run_after"?, "unique_key"?}`` (a POST body, one line of ``enqueue --from-file``, or the CLI's flags); an
 event as ``{"event", "data"}``. These functions check the *shape* and bounds and raise
 UsageError naming the field; ``outbox.prepare_rows`` then checks the payload against the
 job's class. Integers are bounded so that SQLite can store them (a Python int has no
@@ -21,13 +21,13 @@ from ..clock import now_ts
 from ..errors import UsageError
 from ..ids import UUID7Factory
 from ..registry import Registry
-from ..requests import JobRequest, prepare_row
+from ..requests import JobRequest, check_unique_key, prepare_row
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
-JOB_FIELDS = ("job_type", "payload", "priority", "max_attempts", "run_after")
+JOB_FIELDS = ("job_type", "payload", "priority", "max_attempts", "run_after", "unique_key")
 EVENT_FIELDS = ("event", "data")
 MAX_OLDER_THAN_SECONDS = 100 * 366 * 86400  # a century: anything older is "all of them"
-_FIELD_SETS = {fields: frozenset(fields) for fields in (JOB_FIELDS, EVENT_FIELDS)}
+_FIELD_SETS: dict[tuple[str, ...], frozenset[str]] = {fields: frozenset(fields) for fields in (JOB_FIELDS, EVENT_FIELDS)}
 
 
 def loads(text: str | bytes, what: str) -> Any:
@@ -88,7 +88,10 @@ def job_request(value: Any, what: str = "the job") -> JobRequest:
     run_after = obj.get("run_after")
     if run_after is not None and not isinstance(run_after, str):
         raise UsageError(f"{what}: run_after must be an ISO 8601 time as a string, got {_kind(run_after)}")
-    return JobRequest(job_type, payload, max_attempts, run_after, priority)
+    unique_key = obj.get("unique_key")
+    if unique_key is not None:
+        unique_key = check_unique_key(unique_key, f"{what}: unique_key")
+    return JobRequest(job_type, payload, max_attempts, run_after, priority, unique_key)
 
 
 def with_bounds(request: JobRequest, what: str = "the job") -> JobRequest:
@@ -132,7 +135,7 @@ def seconds(value: Any, what: str) -> float:
     return float(value)
 
 
-def _no_unknown(obj: Mapping[str, Any], fields: tuple[str, str, str, str, str] | tuple[str, str], what: str) -> None:
+def _no_unknown(obj: Mapping[str, Any], fields: tuple[str, ...], what: str) -> None:
     if obj.keys() <= _FIELD_SETS[fields]:
         return
     unknown = [key for key in obj if key not in fields]

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..backends.base import LIST_ORDERS, PRIORITY_MAX, PRIORITY_MIN
 from ..registry import Registry
+from ..requests import MAX_UNIQUE_KEY_CHARS
 from ..states import Status
 from .api import CODES, MAX_PAGE, MAX_PER_PAGE
 from .inputs import INT32_MAX, MAX_OLDER_THAN_SECONDS
@@ -90,7 +91,18 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
                 "created_at": {"type": "string"},
                 "updated_at": {"type": "string"},
                 "priority": {"type": "integer", "description": "Lower runs first."},
+                "unique_key": {"type": "string", "nullable": True,
+                               "description": "While this job is pending or running, no other job of its type and key is inserted."},
             },
+        },
+        "EnqueuedJob": {
+            "allOf": [_ref("Job"), {
+                "type": "object",
+                "required": ["duplicate"],
+                "properties": {"duplicate": {"type": "boolean", "description": (
+                    "True: a pending or running job of the same type held the unique key; nothing was inserted, "
+                    "and this is that job.")}},
+            }],
         },
         "JobList": {
             "type": "object",
@@ -109,6 +121,9 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
                 "max_attempts": {"type": "integer", "minimum": 1, "maximum": INT32_MAX,
                                  "description": "Default: the type's own, else WORKER_DEFAULT_MAX_ATTEMPTS."},
                 "run_after": {"type": "string", "nullable": True, "description": "ISO 8601; UTC when no offset is given."},
+                "unique_key": {"type": "string", "nullable": True, "minLength": 1, "maxLength": MAX_UNIQUE_KEY_CHARS,
+                               "description": "While a job of this type and key is pending or running, insert nothing "
+                                              "and answer that job (200, duplicate true)."},
             },
         },
         "Event": {
@@ -229,7 +244,10 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
                 "operationId": "createJob",
                 "summary": "Enqueue one job",
                 "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("NewJob")}}},
-                "responses": _responses({"201": _json(_ref("Job"), "The new job.")}, 408, 413, 415, 422),
+                "responses": _responses({"201": _json(_ref("EnqueuedJob"), "The new job (duplicate false)."),
+                                         "200": _json(_ref("EnqueuedJob"), "A duplicate: the pending or running job "
+                                                      "holding the unique key (duplicate true); nothing was inserted.")},
+                                        408, 413, 415, 422),
             },
         },
         "/admin/jobs/cleanup": {

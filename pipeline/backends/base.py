@@ -61,6 +61,10 @@ class NewJob(NamedTuple):
     run_after: str  # when it is due; the insert's created_at when not delayed
     priority: int  # lower runs first
     created_at: str
+    # while a job of this type and key is pending or running, inserting another one inserts
+    # nothing and answers that job's id (see Backend.insert); None: no such promise. Never
+    # empty (requests.check_unique_key: Redis stores "no key" as the empty string)
+    unique_key: str | None = None
 
 
 @attrs.frozen
@@ -111,6 +115,7 @@ class JobRecord:
     priority: int
     lease_owner: str | None = None
     lease_expires_at: str | None = None
+    unique_key: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The fields of ``--json`` and the admin API; payload as an object, in which a URL's
@@ -132,7 +137,14 @@ class JobRecord:
             "created_at": self.created_at,
             "updated_at": self.updated_at,
             "priority": self.priority,
+            "unique_key": self.unique_key,
         }
+
+
+def unique_key_held(job: JobRecord, holder: str) -> str:
+    """Why a dead job cannot be revived: another job took its unique key meanwhile."""
+    return (f"job {job.id} cannot be retried: its unique key {job.unique_key!r} (type {job.job_type}) is held by job "
+            f"{holder}, which is pending or running; retry it once that job has finished")
 
 
 def _passwords_masked(value: Any) -> Any:
@@ -282,13 +294,22 @@ class Backend(Protocol):
 
     # -- producing --------------------------------------------------------------------------
 
-    async def insert(self, jobs: Sequence[NewJob]) -> None:
-        """Commit every job, or none (a duplicate id fails the whole call)."""
+    async def insert(self, jobs: Sequence[NewJob]) -> builtins.list[str]:
+        """Commit every job, or none (a duplicate id fails the whole call). Returns, per job,
+        the id stored for it: its own, or, for a job with a ``unique_key`` whose type and key
+        a pending or running job already holds, that job's id (nothing is inserted for it;
+        two jobs of one type and key in one call: the first is inserted). The store itself
+        enforces the key, so concurrent inserts from any number of processes agree."""
 
-    async def bulk_insert(self, jobs: Iterable[NewJob], *, commit_every: int | None = None) -> int:
+    async def bulk_insert(
+        self, jobs: Iterable[NewJob], *, commit_every: int | None = None,
+        duplicates: builtins.list[tuple[str, str]] | None = None,
+    ) -> int:
         """Insert an iterable too big to hold, in one transaction (or one per
         ``commit_every`` jobs); the iterable is consumed in a worker thread and may raise
-        (a bad line): nothing of the open transaction is kept. Returns the jobs committed."""
+        (a bad line): nothing of the open transaction is kept. Returns the jobs committed.
+        A job whose unique key is held (as in :meth:`insert`) is skipped: not committed nor
+        counted, and (its id, the holder's id) appended to ``duplicates`` if given."""
 
     # -- the worker side ----------------------------------------------------------------------
 
@@ -343,7 +364,8 @@ class Backend(Protocol):
         age of the oldest due pending job."""
 
     async def revive(self, job_id: str) -> JobRecord:
-        """dead → pending, attempts reset, due now. LookupError if unknown, UsageError if not dead."""
+        """dead → pending, attempts reset, due now. LookupError if unknown, UsageError if not
+        dead, or if its unique key is held by another pending or running job (named)."""
 
     async def delete(self, job_id: str) -> None:
         """LookupError if unknown, UsageError while it runs."""

@@ -185,15 +185,16 @@ class ServerBackend(Generic[D]):
     async def _send_tray(self, tray: Tray) -> None:
         await self._ledger_send.send(Command(tray.reply, tray=tray))
 
-    async def insert(self, jobs: Sequence[NewJob]) -> None:
+    async def insert(self, jobs: Sequence[NewJob]) -> builtins.list[str]:
         if not jobs:
-            return
+            return []
         reply = Reply()
         try:
             await self._ledger_send.send(Command(reply, rows=list(jobs)))
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             raise PipelineClosed("the pipeline is shut down; the job store takes no more writes") from None
-        await reply.wait()
+        ids: builtins.list[str] = await reply.wait()  # per job, the id stored for it (see Backend.insert)
+        return ids
 
     async def claim(
         self, wants: Mapping[str, int], *, owner: str, lease_seconds: float, start: Mapping[str, int] | None = None,

@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
+import attrs
 import trio
 
 from ..backends import Backend, ClaimOffer, Lease, NewJob, Nudge, open_backend
@@ -36,6 +37,7 @@ from ..errors import ConfigError, PipelineClosed, UsageError
 from ..ids import UUID7Factory
 from ..logs import outcome_lines
 from ..registry import Registry
+from ..requests import check_unique_key
 from .actors.bus import Envelope, run_event_bus
 from .actors.enqueuer import run_enqueuer
 from .actors.leases import run_lease_keeper
@@ -49,6 +51,15 @@ from .messages import Reply
 log = logging.getLogger("pipeline")
 
 BUS_BUFFER = 256  # events waiting for the Enqueuer before emit blocks
+
+
+@attrs.frozen
+class Enqueued:
+    """What :meth:`Pipeline.enqueue_unique` answers. ``duplicate``: a pending or running job of
+    the same type held the key, nothing was inserted, and ``id`` is that job's."""
+
+    id: str
+    duplicate: bool
 
 
 class Pipeline:
@@ -74,7 +85,7 @@ class Pipeline:
     # -- producing work -------------------------------------------------------------------
 
     def new_job(self, job: Any, *, run_after: Any = None, max_attempts: int | None = None, priority: int = 5,
-                now: str | None = None) -> NewJob:
+                now: str | None = None, unique_key: str | None = None) -> NewJob:
         """Encode and validate a job object (UnknownJobType / InvalidPayload / UsageError if it does not fit)."""
         job_type, payload = self.registry.encode(job)
         self.registry.decode(job_type, payload)  # round trip: what we store must load again
@@ -91,22 +102,40 @@ class Pipeline:
                 run_after = to_ts(run_after)
             except (ValueError, TypeError, OverflowError) as exc:
                 raise UsageError(f"run_after {run_after!r} is not a time (datetime, ISO 8601 text or epoch seconds): {exc}") from None
-        return NewJob(self._new_id(), job_type, payload, max_attempts, run_after or now, priority, now)
+        if unique_key is not None:
+            unique_key = check_unique_key(unique_key)
+        return NewJob(self._new_id(), job_type, payload, max_attempts, run_after or now, priority, now, unique_key)
 
-    async def enqueue(self, job: Any, *, run_after: Any = None, max_attempts: int | None = None, priority: int = 5) -> str:
-        """Persist one job; returns its id once it is committed."""
+    async def enqueue(self, job: Any, *, run_after: Any = None, max_attempts: int | None = None, priority: int = 5,
+                      unique_key: str | None = None) -> str:
+        """Persist one job; returns its id once it is committed. With ``unique_key``: while a
+        job of the same type and key is pending or running, nothing is inserted and that
+        job's id is returned (:meth:`enqueue_unique` says which happened)."""
         self._check_open()
-        row = self.new_job(job, run_after=run_after, max_attempts=max_attempts, priority=priority)
-        await self.backend.insert([row])
-        return row.id
+        row = self.new_job(job, run_after=run_after, max_attempts=max_attempts, priority=priority, unique_key=unique_key)
+        (stored,) = await self.backend.insert([row])
+        return stored
 
-    async def enqueue_many(self, jobs: Sequence[Any], *, priority: int = 5) -> list[str]:
-        """Persist many jobs in one transaction; returns their ids once committed."""
+    async def enqueue_unique(self, job: Any, *, unique_key: str | None, run_after: Any = None,
+                             max_attempts: int | None = None, priority: int = 5) -> Enqueued:
+        """:meth:`enqueue`, answering whether the job was a duplicate of a pending or running
+        job of its type and key (then nothing was inserted and the id is that job's)."""
         self._check_open()
+        row = self.new_job(job, run_after=run_after, max_attempts=max_attempts, priority=priority, unique_key=unique_key)
+        (stored,) = await self.backend.insert([row])
+        return Enqueued(stored, stored != row.id)
+
+    async def enqueue_many(self, jobs: Sequence[Any], *, priority: int = 5,
+                           unique_keys: Sequence[str | None] | None = None) -> list[str]:
+        """Persist many jobs in one transaction; returns their ids once committed. ``unique_keys``,
+        one per job (None: no key), as :meth:`enqueue`'s: a duplicate's id is the holder's."""
+        self._check_open()
+        if unique_keys is not None and len(unique_keys) != len(jobs):
+            raise UsageError(f"unique_keys must give one key (or None) per job: {len(unique_keys)} for {len(jobs)} jobs")
         now = now_ts()
-        rows = [self.new_job(job, priority=priority, now=now) for job in jobs]
-        await self.backend.insert(rows)
-        return [row.id for row in rows]
+        keys = unique_keys if unique_keys is not None else [None] * len(jobs)
+        rows = [self.new_job(job, priority=priority, now=now, unique_key=key) for job, key in zip(jobs, keys)]
+        return await self.backend.insert(rows)
 
     async def emit(self, event: Any) -> list[str]:
         """Publish a domain event; returns the ids of the jobs it routed to, once committed."""
@@ -129,7 +158,8 @@ class Pipeline:
     def route(self, event: Any) -> list[NewJob]:
         """The routing table applied to one event: its jobs, encoded and ready to insert."""
         now = now_ts()
-        return [self.new_job(r.job, run_after=r.run_after, now=now) for r in self.registry.route(event, self.config)]
+        return [self.new_job(r.job, run_after=r.run_after, now=now, unique_key=r.unique_key)
+                for r in self.registry.route(event, self.config)]
 
     def _check_open(self) -> None:
         if self.closed:

@@ -34,6 +34,7 @@ def epoch(text: str) -> float:
 def job(
     job_type: str = "t", *, delay: float = PAST, priority: int = 5, max_attempts: int = 3,
     payload: dict[str, object] | None = None, job_id: str | None = None, run_after: str | None = None,
+    unique_key: str | None = None,
 ) -> NewJob:
     """A row as the engine inserts it: due ``delay`` seconds from now (due a minute ago by default)."""
     created = ts()
@@ -45,6 +46,7 @@ def job(
         run_after=run_after if run_after is not None else ts(delay),
         priority=priority,
         created_at=created,
+        unique_key=unique_key,
     )
 
 

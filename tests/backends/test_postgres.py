@@ -96,3 +96,30 @@ async def _stats_patiently(p: pipeline.Pipeline) -> dict:  # type: ignore[type-a
             return await p.backend.stats()
         except pipeline.StoreError:
             await trio.sleep(0.05)
+
+
+async def test_a_unique_key_whose_holder_finishes_between_the_insert_and_the_look_up_is_inserted_again(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """READ COMMITTED: the insert finds the key held, and by the look-up of the holder it has
+    finished. A statement trigger stands in for the other process: after the first keyed insert
+    (which inserts nothing), it completes the holder, in the insert's own transaction, so the
+    look-up finds no holder. The key is then free, and the job must be inserted, not lost."""
+    async with postgres_store(tmp_path) as config, open_backend(config) as backend:
+        holder = job(unique_key="k")
+        assert await backend.insert([holder]) == [holder.id]
+        with psycopg.connect(config.database_url, autocommit=True) as conn:
+            conn.execute("CREATE TABLE race_once (done boolean NOT NULL)")
+            conn.execute("INSERT INTO race_once VALUES (false)")
+            conn.execute("""
+                CREATE FUNCTION finish_holder() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN
+                  IF (SELECT NOT done FROM race_once) THEN
+                    UPDATE race_once SET done = true;
+                    UPDATE jobs SET status = 'completed' WHERE unique_key = 'k' AND status = 'pending';
+                  END IF;
+                  RETURN NULL;
+                END $$""")
+            conn.execute("CREATE TRIGGER finish_holder AFTER INSERT ON jobs FOR EACH STATEMENT EXECUTE FUNCTION finish_holder()")
+        successor = job(unique_key="k")
+        assert await backend.insert([successor]) == [successor.id]
+        assert (await backend.get(holder.id)).status == "completed"  # type: ignore[union-attr]
+        assert (await backend.get(successor.id)).status == "pending"  # type: ignore[union-attr]

@@ -124,6 +124,31 @@ async def test_an_insert_by_another_process_nudges_the_poller_within_half_a_seco
         nudge_recv.close()
 
 
+async def test_a_unique_key_leaves_no_entry_behind_once_its_job_has_finished(tmp_path: Path) -> None:
+    """The uniq:<type> hashes hold only keys of pending and running jobs: every way out of them
+    (succeed, bury, rescue to dead, burial of an unknown type, delete) frees the key."""
+    from .kit import SHORT, bury, claim_one, outlive, settle_one, succeed
+
+    async with redis_store(tmp_path) as config, open_backend(config) as backend:
+        db = backend.database  # type: ignore[attr-defined]
+        entries = lambda job_type: db.client.hgetall(f"{db.prefix}uniq:{job_type}")  # noqa: E731
+        rows = [job("s", unique_key="k"), job("b", unique_key="k"), job("r", unique_key="k", max_attempts=1),
+                job("u", unique_key="k"), job("d", unique_key="k")]
+        await backend.insert(rows)
+        assert [entries(t) for t in "sbrud"] == [{b"k": row.id.encode()} for row in rows]
+        assert await settle_one(backend, succeed(await claim_one(backend, "s")))
+        assert await settle_one(backend, bury(await claim_one(backend, "b")))
+        await backend.claim({"r": 1}, owner="w", lease_seconds=SHORT)
+        await outlive(SHORT)
+        assert await backend.rescue_expired(base_seconds=60.0) == 1
+        assert await backend.bury_unknown_types(["s", "b", "r", "d"], grace_seconds=0.0) == 1
+        await backend.delete(rows[4].id)
+        assert [entries(t) for t in "sbrud"] == [{}] * 5
+        # a revived job takes its key again
+        await backend.revive(rows[1].id)
+        assert entries("b") == {b"k": rows[1].id.encode()}
+
+
 @attrs.frozen
 class Noop:
     n: int

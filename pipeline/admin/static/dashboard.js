@@ -285,6 +285,7 @@
     $("d-type").textContent = job.job_type;
     $("d-attempts").textContent = `${job.attempts} of ${job.max_attempts}`;
     $("d-priority").textContent = job.priority;
+    $("d-unique-key").textContent = job.unique_key ?? "—";
     $("d-run-after").textContent = job.run_after;
     $("d-created").textContent = job.created_at;
     $("d-updated").textContent = job.updated_at;

@@ -55,9 +55,12 @@ class PostgresBackend(ServerBackend[Database]):
     scheduling: ClassVar[Any] = schedules
 
 
-    async def bulk_insert(self, jobs: Iterable[NewJob], *, commit_every: int | None = None) -> int:
+    async def bulk_insert(
+        self, jobs: Iterable[NewJob], *, commit_every: int | None = None,
+        duplicates: builtins.list[tuple[str, str]] | None = None,
+    ) -> int:
         """COPY on a connection of its own, in a thread: the iterable is consumed as the rows stream."""
-        return await trio.to_thread.run_sync(_bulk_load, self._db.url, jobs, commit_every)
+        return await trio.to_thread.run_sync(_bulk_load, self._db.url, jobs, commit_every, duplicates)
 
     def lease_renewer(self) -> PostgresLeaseRenewer:
         return PostgresLeaseRenewer(self._db.url)
@@ -72,29 +75,52 @@ class PostgresBackend(ServerBackend[Database]):
 
 
 
-def _bulk_load(url: str, jobs: Iterable[NewJob], commit_every: int | None) -> int:
+KEYED_CHUNK = 1000  # rows with a unique key inserted per statement during a bulk load
+
+
+def _bulk_load(url: str, jobs: Iterable[NewJob], commit_every: int | None,
+               duplicates: builtins.list[tuple[str, str]] | None = None) -> int:
     """COPY every row in one transaction, or ``commit_every`` at a time; an error (a bad line
-    raised by the iterable, a duplicate id) keeps the parts committed before it and says so."""
+    raised by the iterable, a duplicate id) keeps the parts committed before it and says so.
+    Rows with a unique key cannot be copied (COPY has no ON CONFLICT): the COPY stops every
+    KEYED_CHUNK of them, and they are inserted by store.insert_unique, in the same transaction."""
     conn = connect(url)
     committed = 0
     try:
         rows = iter(jobs)
         while True:
-            count = 0
+            count = skipped = 0
             due = False
             now = now_ts()
             with conn.transaction():  # everything, or commit_every of it
-                with conn.cursor().copy(store.COPY_COLUMNS) as copy:
-                    for row in rows:
-                        copy.write_row((row.id, row.job_type, row.payload, row.max_attempts, row.run_after, row.priority,
-                                        row.created_at, row.created_at))
-                        count += 1
-                        due = due or row.run_after <= now
-                        if count == commit_every:
-                            break
+                ended = False
+                while not ended:
+                    keyed: builtins.list[NewJob] = []
+                    with conn.cursor().copy(store.COPY_COLUMNS) as copy:
+                        for row in rows:
+                            if row.unique_key is None:
+                                copy.write_row((row.id, row.job_type, row.payload, row.max_attempts, row.run_after,
+                                                row.priority, row.created_at, row.created_at))
+                            else:
+                                keyed.append(row)
+                            count += 1
+                            due = due or row.run_after <= now
+                            if count == commit_every:
+                                ended = True
+                                break
+                            if len(keyed) >= KEYED_CHUNK:
+                                break
+                        else:
+                            ended = True
+                    if keyed:
+                        for job_id, holder in store.insert_unique(conn, keyed).items():
+                            if holder != job_id:
+                                skipped += 1
+                                if duplicates is not None:
+                                    duplicates.append((job_id, holder))
                 if due:
                     conn.execute(store.NOTIFY)
-            committed += count
+            committed += count - skipped
             if count == 0 or commit_every is None:
                 return committed
     except (UsageError, StoreError, psycopg.Error) as exc:

@@ -33,7 +33,7 @@ import psycopg
 import trio
 
 from ...errors import StoreError
-from ..base import Claimed, ClaimOffer, Lease, Nudge, Settlement, nudge
+from ..base import Claimed, ClaimOffer, Lease, NewJob, Nudge, Settlement, nudge
 from ..batches import BATCH_LIMIT, Command, LedgerStats, answer, fail_in_hand, gather, makes_work_due, take_offer
 from . import store
 from .db import Database, describe
@@ -70,20 +70,29 @@ def _write(conn: psycopg.Connection[Any], batch: list[Command], notify: bool, *,
     inserts = [(i, command.rows) for i, command in enumerate(batch) if command.rows is not None]
     rows = [row for _, command_rows in inserts for row in command_rows]
     results: list[tuple[bool, Any]] = [(True, None)] * len(batch)
+    stored: dict[str, str] = {}  # a row not inserted, its unique key held: the holder's id
     try:
-        held = store.write_batch(conn, items, rows, notify=notify)
+        if any(row.unique_key is not None for row in rows):
+            held, stored = _write_keyed(conn, items, rows, notify)
+        else:  # the common case: the one statement, as before unique keys
+            held = store.write_batch(conn, items, rows, notify=notify)
     except psycopg.Error as exc:
         if _is_outage(exc, conn) or not split:
             raise
         log.info("a batch of %d outcomes and %d inserts was refused (%s); writing it split", len(items), len(rows), exc)
+        stored = {}
         held = _outcomes_alone(conn, items, notify=notify and not rows)
         for i, command_rows in inserts:
             try:
-                store.insert_jobs(conn, command_rows, notify=notify)
+                results[i] = (True, store.insert_jobs(conn, command_rows, notify=notify))
             except psycopg.Error as insert_exc:
                 if _is_outage(insert_exc, conn):
                     raise
                 results[i] = (False, insert_exc)
+    else:
+        for i, command_rows in inserts:
+            results[i] = (True, [stored.get(row.id, row.id) for row in command_rows] if stored
+                          else [row.id for row in command_rows])
     start = 0
     for i, command in enumerate(batch):
         if command.tray is not None:
@@ -91,6 +100,19 @@ def _write(conn: psycopg.Connection[Any], batch: list[Command], notify: bool, *,
             results[i] = (True, held[start : start + n])
             start += n
     return results
+
+
+def _write_keyed(conn: psycopg.Connection[Any], items: list[Settlement], rows: list[NewJob],
+                 notify: bool) -> tuple[list[bool], dict[str, str]]:
+    """A batch with rows that have a unique key, in one transaction: the outcomes and the other
+    rows as one statement, then the keyed rows (store.insert_unique). The outcomes' answers,
+    and the id stored for each keyed row."""
+    with conn.transaction():
+        held = store.write_batch(conn, items, [row for row in rows if row.unique_key is None], notify=False)
+        stored = store.insert_unique(conn, [row for row in rows if row.unique_key is not None])
+        if notify:
+            conn.execute(store.NOTIFY)
+    return held, stored
 
 
 def _outcomes_alone(conn: psycopg.Connection[Any], items: list[Settlement], *, notify: bool) -> list[bool]:

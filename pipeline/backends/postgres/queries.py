@@ -14,12 +14,12 @@ from ... import states
 from ...clock import format_ts, to_epoch
 from ...errors import UsageError
 from ...states import Status
-from ..base import JobRecord, WorkerRecord, check_list_order
+from ..base import JobRecord, WorkerRecord, check_list_order, unique_key_held
 from .store import MS
 
 _RECORD = (
     "SELECT id, job_type, payload, status, attempts, max_attempts, run_after, error, created_at, updated_at, priority, "
-    "lease_owner, lease_expires_at FROM jobs"
+    "lease_owner, lease_expires_at, unique_key FROM jobs"
 )
 
 
@@ -68,7 +68,23 @@ def list_jobs(
 
 
 def revive(conn: psycopg.Connection[Any], job_id: str) -> JobRecord:
-    """Admin retry: dead → pending, attempts reset, due now. UsageError if not dead."""
+    """Admin retry: dead → pending, attempts reset, due now. UsageError if not dead, or if its
+    unique key is held by another pending or running job."""
+    try:
+        return _revive(conn, job_id)
+    except psycopg.errors.UniqueViolation:
+        # the partial unique index refused: another job holds its type and key
+        job = get_job(conn, job_id)
+        if job is None or job.unique_key is None:
+            raise
+        found = conn.execute(_HOLDER, (job.job_type, job.unique_key)).fetchone()
+        raise UsageError(unique_key_held(job, found[0] if found else "(another, finished since)")) from None
+
+
+_HOLDER = "SELECT id FROM jobs WHERE job_type = %s AND unique_key = %s AND status IN ('pending', 'running')"
+
+
+def _revive(conn: psycopg.Connection[Any], job_id: str) -> JobRecord:
     with conn.transaction():
         row = conn.execute(
             f"UPDATE jobs SET status = 'pending', attempts = 0, run_after = {MS}, updated_at = {MS}, started_at = NULL "

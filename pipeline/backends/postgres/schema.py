@@ -68,6 +68,19 @@ MIGRATIONS: Final[list[Migration]] = [
         """,
     ),
     (
+        2,
+        "unique jobs",
+        """
+        -- While a job of a type and key is pending or running, no other job of that type and
+        -- key can be: an insert that would break this inserts nothing (ON CONFLICT DO NOTHING)
+        -- and answers the holder's id. Partial: rows without a key, and finished rows, are not
+        -- in the index, so it costs nothing to jobs that do not use it.
+        ALTER TABLE jobs ADD COLUMN IF NOT EXISTS unique_key text;
+        CREATE UNIQUE INDEX IF NOT EXISTS jobs_unique ON jobs (job_type, unique_key)
+            WHERE unique_key IS NOT NULL AND status IN ('pending', 'running');
+        """,
+    ),
+    (
         3,
         "cron schedules",
         """

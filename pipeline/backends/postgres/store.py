@@ -25,6 +25,7 @@ from typing import Any
 import psycopg
 
 from ... import states
+from ...errors import StoreError
 from ..base import Lease, NewJob, Settlement
 
 # the statement's "now", as stored: rounded to the nearest millisecond, as clock.format_ts rounds
@@ -51,19 +52,83 @@ _INSERT = _INSERT_INTO + _ROWS
 
 def insert_params(rows: Sequence[NewJob]) -> dict[str, Any]:
     """NewJob rows as the arrays of :data:`_INSERT` (one parameter per column, not per row)."""
-    ids, types, payloads, max_attempts, run_after, priorities, created = (list(column) for column in zip(*rows))
+    ids, types, payloads, max_attempts, run_after, priorities, created, keys = (list(column) for column in zip(*rows))
     return {"ids": ids, "types": types, "payloads": payloads, "max_attempts": max_attempts, "run_after": run_after,
-            "priorities": priorities, "created": created}
+            "priorities": priorities, "created": created, "keys": keys}
 
 
-def insert_jobs(conn: psycopg.Connection[Any], rows: Sequence[NewJob], *, notify: bool) -> None:
-    """One statement: every row or none (a duplicate id fails it whole)."""
+# Rows with a unique key: _INSERT's rows and their keys, none inserted while a pending or running
+# job holds its type and key (the partial unique index jobs_unique, named by its columns and
+# WHERE); a duplicate id still fails the statement. Its own statement: _INSERT, the hot path's,
+# is the same as before unique keys.
+_INSERT_UNIQUE = (
+    "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, created_at, updated_at, priority, "
+    "unique_key) SELECT id, job_type, payload, 'pending', 0, max_attempts, run_after::timestamptz, created_at::timestamptz, "
+    "created_at::timestamptz, priority, unique_key FROM unnest(%(ids)s::text[], %(types)s::text[], %(payloads)s::text[], "
+    "%(max_attempts)s::bigint[], %(run_after)s::text[], %(priorities)s::bigint[], %(created)s::text[], %(keys)s::text[]) "
+    "AS r(id, job_type, payload, max_attempts, run_after, priority, created_at, unique_key) "
+    "ON CONFLICT (job_type, unique_key) WHERE unique_key IS NOT NULL AND status IN ('pending', 'running') DO NOTHING "
+    "RETURNING id"
+)
+_HOLDERS = """
+SELECT j.job_type, j.unique_key, j.id FROM jobs j
+  JOIN unnest(%(types)s::text[], %(keys)s::text[]) AS k(job_type, unique_key)
+    ON j.job_type = k.job_type AND j.unique_key = k.unique_key
+ WHERE j.unique_key IS NOT NULL AND j.status IN ('pending', 'running')
+"""
+UNIQUE_ROUNDS = 20  # inserts tried again for keys whose holder finished in between (each round: one that did)
+
+
+def insert_unique(conn: psycopg.Connection[Any], rows: Sequence[NewJob]) -> dict[str, str]:
+    """Insert rows that have a unique key; per row id, the id stored for it: its own, or that
+    of the pending or running job holding its type and key (of two rows of one type and key,
+    the first). Insert, then look up the holders of the keys not inserted: READ COMMITTED, so
+    a holder may finish between the two statements, and those keys are tried again."""
+    first: dict[tuple[str, str | None], NewJob] = {}
+    for row in rows:
+        first.setdefault((row.job_type, row.unique_key), row)
+    # in one order of keys in every process: two inserts waiting on each other's keys would deadlock
+    todo = sorted(first.values(), key=lambda row: (row.job_type, row.unique_key or ""))
+    stored: dict[tuple[str, str | None], str] = {}
+    for _ in range(UNIQUE_ROUNDS):
+        inserted = {job_id for (job_id,) in conn.execute(_INSERT_UNIQUE, insert_params(todo))}
+        rest = []
+        for row in todo:
+            if row.id in inserted:
+                stored[row.job_type, row.unique_key] = row.id
+            else:
+                rest.append(row)
+        if not rest:
+            break
+        found = conn.execute(_HOLDERS, {"types": [r.job_type for r in rest], "keys": [r.unique_key for r in rest]})
+        for job_type, key, job_id in found:
+            stored[job_type, key] = job_id
+        todo = [row for row in rest if (row.job_type, row.unique_key) not in stored]
+        if not todo:
+            break
+    else:
+        raise StoreError(f"the unique keys of {len(todo)} jobs changed hands {UNIQUE_ROUNDS} times while inserting; "
+                         "try again")
+    return {row.id: stored[row.job_type, row.unique_key] for row in rows}
+
+
+def insert_jobs(conn: psycopg.Connection[Any], rows: Sequence[NewJob], *, notify: bool) -> list[str]:
+    """Every row or none (a duplicate id fails it whole); per row, the id stored for it (see
+    :func:`insert_unique`). Rows without a unique key: one statement."""
     if not rows:
-        return
+        return []
     with conn.transaction():
-        conn.execute(_INSERT, insert_params(rows))
+        plain = [row for row in rows if row.unique_key is None]
+        stored: dict[str, str] = {}
+        if len(plain) < len(rows):
+            if plain:
+                conn.execute(_INSERT, insert_params(plain))
+            stored = insert_unique(conn, [row for row in rows if row.unique_key is not None])
+        else:
+            conn.execute(_INSERT, insert_params(rows))
         if notify:
             conn.execute(NOTIFY)
+    return [stored.get(row.id, row.id) for row in rows]
 
 
 NOTIFY = f"SELECT pg_notify('{CHANNEL}', current_schema())"

@@ -56,10 +56,13 @@ class RedisBackend(ServerBackend[Database]):
     scheduling: ClassVar[Any] = schedules
 
 
-    async def bulk_insert(self, jobs: Iterable[NewJob], *, commit_every: int | None = None) -> int:
+    async def bulk_insert(
+        self, jobs: Iterable[NewJob], *, commit_every: int | None = None,
+        duplicates: builtins.list[tuple[str, str]] | None = None,
+    ) -> int:
         """In a thread, on a pooled connection: the iterable is consumed as rows are staged."""
         db = self._db
-        return await trio.to_thread.run_sync(_bulk_load, db, jobs, commit_every, limiter=db.limiter)
+        return await trio.to_thread.run_sync(_bulk_load, db, jobs, commit_every, duplicates, limiter=db.limiter)
 
     def lease_renewer(self) -> RedisLeaseRenewer:
         return RedisLeaseRenewer(self._db)
@@ -76,7 +79,8 @@ class RedisBackend(ServerBackend[Database]):
         return self._stats.trouble or self._db.trouble
 
 
-def _bulk_load(db: Database, jobs: Iterable[NewJob], commit_every: int | None) -> int:
+def _bulk_load(db: Database, jobs: Iterable[NewJob], commit_every: int | None,
+               duplicates: builtins.list[tuple[str, str]] | None = None) -> int:
     """Stage rows in a list of the load's own, then commit it in one script: every row of the
     part, or none. A part is everything (``commit_every`` None) or ``commit_every`` rows; an
     error (a bad line raised by the iterable, a duplicate id) keeps the parts committed before
@@ -99,13 +103,17 @@ def _bulk_load(db: Database, jobs: Iterable[NewJob], commit_every: int | None) -
                     buffer = []
                 if count == commit_every:
                     break
+            held: builtins.list[tuple[str, str]] = []  # rows skipped: their unique key was held
             if staged:
                 if buffer:
                     _stage(db, key, buffer)
-                db.run_blocking(store.commit_staged, key)
+                _, held = db.run_blocking(store.commit_staged, key)
             elif buffer:
-                db.run_blocking(store.insert, buffer)  # a part that fits one call: no staging
-            committed += count
+                ids = db.run_blocking(store.insert, buffer)  # a part that fits one call: no staging
+                held = [(row.id, stored) for row, stored in zip(buffer, ids) if stored != row.id]
+            if duplicates is not None:
+                duplicates.extend(held)
+            committed += count - len(held)
             if count == 0 or commit_every is None:
                 return committed
     except (UsageError, StoreError, *DRIVER_ERRORS) as exc:

@@ -30,18 +30,18 @@ def _apply_batch(client: object, prefix: str, batch: list[Command], shown: str) 
     """Runs in a worker thread: the batch in one round trip; one (ok, value) per command."""
     items = [item for command in batch if command.tray is not None for item in command.tray.items]
     inserts = [command.rows for command in batch if command.rows is not None]
-    held, errors = store.write_batch(client, prefix, items, inserts, shown)
+    held, answers = store.write_batch(client, prefix, items, inserts, shown)
     results: list[tuple[bool, object]] = []
     start = 0
-    failures = iter(errors)
+    inserted = iter(answers)
     for command in batch:
         if command.tray is not None:
             n = len(command.tray.items)
             results.append((True, held[start : start + n]))
             start += n
         else:
-            error = next(failures)
-            results.append((True, None) if error is None else (False, error))
+            answer = next(inserted)  # the ids stored for its rows, or the error that refused them
+            results.append((False, answer) if isinstance(answer, BaseException) else (True, answer))
     return results
 
 

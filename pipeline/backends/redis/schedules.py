@@ -17,7 +17,7 @@ from ...schedules import next_tick
 from ..base import NewJob, ScheduleRecord, merge_declared, retired
 from .db import run_script
 from .scripts import ALL
-from .store import insert_args, ms_of
+from .store import insert_call, ms_of
 
 _FIELDS = ("type", "payload", "cron", "tz", "enabled", "origin", "next", "last", "job", "declared", "created", "updated")
 
@@ -155,5 +155,6 @@ def sync_code(client: Any, prefix: str, records: Sequence[ScheduleRecord]) -> No
 
 
 def fire(client: Any, prefix: str, *, name: str, tick: str, next_run: str, job: NewJob) -> bool:
-    args = [prefix, name, tick, next_run, ms_of(next_run), now_ts(), *insert_args(prefix, [job])[2:]]
+    # a schedule's job has no unique key: INSERT's seven values (insert_call's, after prefix and count)
+    args = [prefix, name, tick, next_run, ms_of(next_run), now_ts(), *insert_call(prefix, [job._replace(unique_key=None)])[1][2:]]
     return bool(run_script(client, ALL["schedule_fire"], args))

@@ -10,7 +10,7 @@ A script that fails part-way is not rolled back by Redis, so each one validates 
 one store hashes to one slot). Keys (layout in docs/backends.md, "Key layout"):
 
     job:<id>              HASH  type payload status attempts max run prio created updated
-                                token [error] [owner expires] [started]   (times: epoch ms)
+                                token [error] [owner expires] [started] [ukey]   (times: epoch ms)
     ready:<type>:<prio>   ZSET  pending jobs of one type and priority, score run (ms), member id:
                                 due ones are a range by score; ties go by id (member order)
     prios:<type>          ZSET  the priorities that have a ready set, score = priority
@@ -22,6 +22,9 @@ one store hashes to one slot). Keys (layout in docs/backends.md, "Key layout"):
                                 (ZCARD of st:running:<t>: what a type's global limit counts)
     done:<s>              ZSET  completed / dead jobs, score = when they finished (ms)
     types                 SET   every type that has a job
+    uniq:<type>           HASH  unique key -> id of the pending or running job of that type holding
+                                it (job field ukey); deleted when that job finishes, dies or is
+                                deleted. A hash per type: a type name may hold ':', a key anything
     workers               HASH  owner -> "beat_ms|lease_ms|<json list of types>"
     schema                STRING the key layout's version
     sched:<name>          HASH  a cron schedule: type payload cron tz enabled origin declared next
@@ -75,42 +78,83 @@ end
 local function finish(id, status, now)
   redis.call('ZADD', P .. 'done:' .. status, now, id)
 end
--- rows: a flat list, 7 per job (id, type, payload, max, run, prio, created), from ``first``
-local function insert_rows(rows, first, n)
+-- the pending or running job holding a type's unique key, or nil
+local function key_holder(t, k)
+  local holder = redis.call('HGET', P .. 'uniq:' .. t, k)
+  if not holder then return nil end
+  local status = redis.call('HGET', jkey(holder), 'status')
+  if status == 'pending' or status == 'running' then return holder end
+  return nil  -- (a stale entry: its job left pending and running without freeing it)
+end
+-- a job that leaves pending and running for good frees its unique key (k: its ukey field, or nil)
+local function free_key(id, t, k)
+  if k and redis.call('HGET', P .. 'uniq:' .. t, k) == id then redis.call('HDEL', P .. 'uniq:' .. t, k) end
+end
+-- rows: a flat list, ``width`` per job from ``first``: 7 (id, type, payload, max, run, prio,
+-- created), or 8 with the unique key ('' for none). Returns how many were inserted and, for
+-- each row not inserted because a pending or running job holds its type and key (or an earlier
+-- row of the call), its id and the holder's; or nil and the id that already exists.
+local function insert_rows(rows, first, n, width)
   local seen = {}
+  local held = {}  -- row index -> holder id
+  local taken = {}  -- type NUL key -> id, for the keys this call takes
+  local dups = {}
   for i = 0, n - 1 do
-    local id = rows[first + i * 7]
+    local b = first + i * width
+    local id = rows[b]
     if seen[id] or redis.call('EXISTS', jkey(id)) == 1 then
       return nil, id
     end
     seen[id] = true
+    local k = width == 8 and rows[b + 7] or ''
+    if k ~= '' then
+      local tk = rows[b + 1] .. '\0' .. k
+      local holder = taken[tk] or key_holder(rows[b + 1], k)
+      if holder then
+        held[i] = holder
+        dups[#dups + 1] = id
+        dups[#dups + 1] = holder
+      else
+        taken[tk] = id
+      end
+    end
   end
   local now = now_ms()
   local due = false
   local known = {}  -- (type, priority) whose sets this call wrote already
+  local inserted = 0
   for i = 0, n - 1 do
-    local b = first + i * 7
+    local b = first + i * width
     local id, t, p, run = rows[b], rows[b + 1], rows[b + 5], rows[b + 4]
-    redis.call('HSET', jkey(id), 'type', t, 'payload', rows[b + 2], 'status', 'pending', 'attempts', 0,
-               'max', rows[b + 3], 'run', run, 'prio', p, 'created', rows[b + 6], 'updated', rows[b + 6], 'token', 0)
-    local tp = t .. '\0' .. p
-    if known[tp] then
-      redis.call('ZADD', ready_key(t, p), run, id)
-    else
-      make_ready(id, t, p, run)
-      redis.call('SADD', P .. 'types', t)
-      known[tp] = true
+    local k = width == 8 and rows[b + 7] or ''
+    if not held[i] then
+      inserted = inserted + 1
+      redis.call('HSET', jkey(id), 'type', t, 'payload', rows[b + 2], 'status', 'pending', 'attempts', 0,
+                 'max', rows[b + 3], 'run', run, 'prio', p, 'created', rows[b + 6], 'updated', rows[b + 6], 'token', 0)
+      if k ~= '' then
+        redis.call('HSET', jkey(id), 'ukey', k)
+        redis.call('HSET', P .. 'uniq:' .. t, k, id)
+      end
+      local tp = t .. '\0' .. p
+      if known[tp] then
+        redis.call('ZADD', ready_key(t, p), run, id)
+      else
+        make_ready(id, t, p, run)
+        redis.call('SADD', P .. 'types', t)
+        known[tp] = true
+      end
+      redis.call('ZADD', P .. 'all', 0, id)
+      redis.call('ZADD', P .. 'type:' .. t, 0, id)
+      index_status(id, t, nil, 'pending')
+      if tonumber(run) <= now then due = true end
     end
-    redis.call('ZADD', P .. 'all', 0, id)
-    redis.call('ZADD', P .. 'type:' .. t, 0, id)
-    index_status(id, t, nil, 'pending')
-    if tonumber(run) <= now then due = true end
   end
   if due then redis.call('PUBLISH', P .. 'wake', '1') end
-  return n, nil
+  return inserted, nil, dups
 end
-local function remove_job(id, f_status, t, p)
+local function remove_job(id, f_status, t, p, k)
   if f_status == 'pending' then unready(id, t, p) end
+  if f_status == 'pending' or f_status == 'running' then free_key(id, t, k) end
   redis.call('ZREM', P .. 'done:' .. f_status, id)
   index_status(id, t, f_status, nil)
   redis.call('ZREM', P .. 'all', id)
@@ -122,22 +166,36 @@ end
 
 # -- producing ----------------------------------------------------------------------------------
 
-# ARGV: prefix, n, then 7 per job. Every row or none: a duplicate id (stored, or twice in the
-# call) is found before the first write.
+# ARGV: prefix, n, then 7 per job (none has a unique key: INSERT_UNIQUE's). Every row or none:
+# a duplicate id (stored, or twice in the call) is found before the first write. Returns n.
 INSERT = r"""
-local n, dup = insert_rows(ARGV, 3, tonumber(ARGV[2]))
+local n, dup = insert_rows(ARGV, 3, tonumber(ARGV[2]), 7)
 if not n then return redis.error_reply('DUPLICATE a job with id ' .. dup .. ' already exists') end
 return n
 """
 
+# ARGV: prefix, n, then 8 per job, the last its unique key ('' for none). As INSERT, but a row
+# whose key a pending or running job holds is not inserted. Returns how many were inserted if
+# every row was, else that count, then the id and the holder's id of each row not inserted.
+INSERT_UNIQUE = r"""
+local n, dup, held = insert_rows(ARGV, 3, tonumber(ARGV[2]), 8)
+if not n then return redis.error_reply('DUPLICATE a job with id ' .. dup .. ' already exists') end
+if #held == 0 then return n end
+table.insert(held, 1, n)
+return held
+"""
+
 # ARGV: prefix, staging list. A bulk load's part, pushed to a list of its own first (not job
-# state: nothing claims it), committed here in one step, every row or none; the list is deleted.
+# state: nothing claims it; 8 values per row, as INSERT_UNIQUE's), committed here in one step,
+# every row or none; the list is deleted. Answers as INSERT_UNIQUE.
 INSERT_STAGED = r"""
 local rows = redis.call('LRANGE', ARGV[2], 0, -1)
 redis.call('DEL', ARGV[2])
-local n, dup = insert_rows(rows, 1, #rows / 7)
+local n, dup, held = insert_rows(rows, 1, #rows / 8, 8)
 if not n then return redis.error_reply('DUPLICATE a job with id ' .. dup .. ' already exists') end
-return n
+if #held == 0 then return n end
+table.insert(held, 1, n)
+return held
 """
 
 # -- claim -------------------------------------------------------------------------------------
@@ -216,7 +274,7 @@ for i = 0, n - 1 do
   local id = ARGV[b]
   local token, kind, delay, has_error = string.match(ARGV[b + 1], '^(%S+) (%S+) (%S+) (%S+)$')
   local key = jkey(id)
-  local f = redis.call('HMGET', key, 'status', 'token', 'type', 'prio', 'started', 'attempts')
+  local f = redis.call('HMGET', key, 'status', 'token', 'type', 'prio', 'started', 'attempts', 'ukey')
   if f[1] ~= 'running' or f[2] ~= token then
     out[i + 1] = '0'
   else
@@ -231,11 +289,13 @@ for i = 0, n - 1 do
         redis.call('HSET', key, 'status', 'completed', 'updated', now)
         index_status(id, t, 'running', 'completed')
         finish(id, 'completed', now)
+        free_key(id, t, f[7])
       elseif kind == 'bury' then
         redis.call('HSET', key, 'status', 'dead', 'updated', now)
         if has_error == '1' then redis.call('HSET', key, 'error', ARGV[b + 2]) end
         index_status(id, t, 'running', 'dead')
         finish(id, 'dead', now)
+        free_key(id, t, f[7])
       elseif kind == 'retry' then
         local run = now + tonumber(delay)
         redis.call('HSET', key, 'status', 'pending', 'updated', now, 'run', run)
@@ -313,7 +373,7 @@ for i = 0, n - 1 do
   local b = 3 + i * 7
   local id, token, attempts, started, dead = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4]
   local key = jkey(id)
-  local f = redis.call('HMGET', key, 'status', 'token', 'attempts', 'started', 'expires', 'type', 'prio', 'run')
+  local f = redis.call('HMGET', key, 'status', 'token', 'attempts', 'started', 'expires', 'type', 'prio', 'run', 'ukey')
   if f[1] == 'running' and f[2] == token and f[3] == attempts and ((f[4] and '1' or '0') == started)
      and tonumber(f[5]) < now then
     local t, p = f[6], f[7]
@@ -328,6 +388,7 @@ for i = 0, n - 1 do
       redis.call('HSET', key, 'status', 'dead', 'updated', now, 'error', ARGV[b + 6])
       index_status(id, t, 'running', 'dead')
       finish(id, 'dead', now)
+      free_key(id, t, f[9])
     else
       local run = now + tonumber(ARGV[b + 5])
       redis.call('HSET', key, 'status', 'pending', 'updated', now, 'run', run, 'error', ARGV[b + 6])
@@ -367,6 +428,7 @@ for _, t in ipairs(redis.call('SMEMBERS', P .. 'ptypes')) do
       for _, id in ipairs(redis.call('ZRANGEBYSCORE', ready_key(t, p), '-inf', cutoff)) do
         redis.call('HSET', jkey(id), 'status', 'dead', 'error', err, 'updated', now)
         redis.call('HDEL', jkey(id), 'started')
+        free_key(id, t, redis.call('HGET', jkey(id), 'ukey'))
         redis.call('ZREM', ready_key(t, p), id)
         index_status(id, t, 'pending', 'dead')
         finish(id, 'dead', now)
@@ -382,7 +444,7 @@ return n
 # -- operators -----------------------------------------------------------------------------------
 
 RECORD_FIELDS = ("type", "payload", "status", "attempts", "max", "run", "error", "created", "updated", "prio", "owner",
-                 "expires")
+                 "expires", "ukey")
 
 # ARGV: prefix, index key, offset, limit, priority ('' for any), order (newest / claim). The
 # total of the index and one page of it, newest id first, each job's RECORD_FIELDS after its
@@ -419,7 +481,7 @@ end
 for _, id in ipairs(page) do
   out[#out + 1] = id
   out[#out + 1] = redis.call('HMGET', jkey(id), 'type', 'payload', 'status', 'attempts', 'max', 'run', 'error',
-                             'created', 'updated', 'prio', 'owner', 'expires')
+                             'created', 'updated', 'prio', 'owner', 'expires', 'ukey')
 end
 return out
 """
@@ -459,13 +521,19 @@ end
 return {now, by_status, by_type, minutes, oldest}
 """
 
-# ARGV: prefix, id. dead -> pending, attempts reset, due now. Returns 'ok', 'missing' or the status.
+# ARGV: prefix, id. dead -> pending, attempts reset, due now. Returns 'ok', 'missing', the
+# status, or 'held <id>': its unique key is held by that pending or running job (refused).
 REVIVE = r"""
 local id = ARGV[2]
 local key = jkey(id)
-local f = redis.call('HMGET', key, 'status', 'type', 'prio')
+local f = redis.call('HMGET', key, 'status', 'type', 'prio', 'ukey')
 if not f[1] then return 'missing' end
 if f[1] ~= 'dead' then return f[1] end
+if f[4] then
+  local holder = key_holder(f[2], f[4])
+  if holder then return 'held ' .. holder end
+  redis.call('HSET', P .. 'uniq:' .. f[2], f[4], id)
+end
 local now = now_ms()
 redis.call('HSET', key, 'status', 'pending', 'attempts', 0, 'run', now, 'updated', now)
 redis.call('HDEL', key, 'started')
@@ -479,10 +547,10 @@ return 'ok'
 # ARGV: prefix, id. Returns 'ok', 'missing' or 'running' (refused).
 DELETE = r"""
 local id = ARGV[2]
-local f = redis.call('HMGET', jkey(id), 'status', 'type', 'prio')
+local f = redis.call('HMGET', jkey(id), 'status', 'type', 'prio', 'ukey')
 if not f[1] then return 'missing' end
 if f[1] == 'running' then return 'running' end
-remove_job(id, f[1], f[2], f[3])
+remove_job(id, f[1], f[2], f[3], f[4])
 return 'ok'
 """
 
@@ -524,7 +592,7 @@ SCHEDULE_FIRE = r"""
 local key = P .. 'sched:' .. ARGV[2]
 local f = redis.call('HMGET', key, 'enabled', 'next')
 if f[1] ~= '1' or f[2] ~= ARGV[3] then return 0 end
-local n, dup = insert_rows(ARGV, 7, 1)
+local n, dup = insert_rows(ARGV, 7, 1, 7)
 if not n then return redis.error_reply('DUPLICATE a job with id ' .. dup .. ' already exists') end
 redis.call('HSET', key, 'next', ARGV[4], 'last', ARGV[3], 'job', ARGV[7], 'updated', ARGV[6])
 redis.call('ZADD', P .. 'scheds:due', ARGV[5], ARGV[2])
@@ -554,7 +622,7 @@ class Script:
 ALL: dict[str, Script] = {
     name: Script.of(name, body)
     for name, body in {
-        "insert": INSERT, "insert_staged": INSERT_STAGED, "claim": CLAIM, "settle": SETTLE, "renew": RENEW,
+        "insert": INSERT, "insert_unique": INSERT_UNIQUE, "insert_staged": INSERT_STAGED, "claim": CLAIM, "settle": SETTLE, "renew": RENEW,
         "forget": FORGET, "expired": EXPIRED, "rescue": RESCUE, "bury_unknown": BURY_UNKNOWN, "list": LIST,
         "stats": STATS, "revive": REVIVE, "delete": DELETE, "cleanup": CLEANUP, "schema": SCHEMA,
         "schedule_fire": SCHEDULE_FIRE,

@@ -20,11 +20,12 @@ from ... import states
 from ...clock import to_epoch
 from ...errors import UsageError
 from ...states import Status
-from ..base import JobRecord, Lease, NewJob, Settlement, WorkerRecord, check_list_order
+from ..base import JobRecord, Lease, NewJob, Settlement, WorkerRecord, check_list_order, unique_key_held
 from .db import describe, run_pipelined, run_script
 from .scripts import ALL, RECORD_FIELDS
 
 _INSERT, _INSERT_STAGED, _CLAIM, _SETTLE = ALL["insert"], ALL["insert_staged"], ALL["claim"], ALL["settle"]
+_INSERT_UNIQUE = ALL["insert_unique"]
 
 CLEANUP_CHUNK = 2000  # jobs deleted per script call: a long script stops every other client
 
@@ -56,18 +57,39 @@ def _s(value: bytes | None) -> str | None:
 # -- inserts -------------------------------------------------------------------------------------
 
 
-def insert_args(prefix: str, rows: Sequence[NewJob]) -> list[Any]:
+def insert_call(prefix: str, rows: Sequence[NewJob]) -> tuple[Any, list[Any]]:
+    """The script and arguments that insert ``rows``: INSERT, as before unique keys, when no row
+    has a key (the common case: 7 values a row); else INSERT_UNIQUE (8, the key last)."""
     args: list[Any] = [prefix, len(rows)]
     for row in rows:
+        if row.unique_key is not None:
+            break
         args += (row.id, row.job_type, row.payload, row.max_attempts, ms_of(row.run_after), row.priority,
                  ms_of(row.created_at))
-    return args
+    else:
+        return _INSERT, args
+    del args[2:]
+    for row in rows:
+        args += (row.id, row.job_type, row.payload, row.max_attempts, ms_of(row.run_after), row.priority,
+                 ms_of(row.created_at), row.unique_key or "")
+    return _INSERT_UNIQUE, args
 
 
-def insert(client: Any, prefix: str, rows: Sequence[NewJob]) -> None:
-    """Every row or none (a duplicate id, stored or repeated, fails the whole call)."""
-    if rows:
-        run_script(client, _INSERT, insert_args(prefix, rows))
+def stored_ids(rows: Sequence[NewJob], answer: Any) -> list[str]:
+    """Per row, the id stored for it, from an insert script's answer: how many were inserted
+    (every row), or that count, then the id and holder's id of each row whose key was held."""
+    if isinstance(answer, int):  # every row inserted: the common case
+        return [row.id for row in rows]
+    held = {answer[i].decode(): answer[i + 1].decode() for i in range(1, len(answer), 2)}
+    return [held.get(row.id, row.id) for row in rows]
+
+
+def insert(client: Any, prefix: str, rows: Sequence[NewJob]) -> list[str]:
+    """Every row or none (a duplicate id, stored or repeated, fails the whole call); per row,
+    the id stored for it (its own, or the holder's of its unique key)."""
+    if not rows:
+        return []
+    return stored_ids(rows, run_script(client, *insert_call(prefix, rows)))
 
 
 def stage(client: Any, key: str, rows: Sequence[NewJob]) -> None:
@@ -76,15 +98,20 @@ def stage(client: Any, key: str, rows: Sequence[NewJob]) -> None:
     values: list[Any] = []
     for row in rows:
         values += (row.id, row.job_type, row.payload, row.max_attempts, ms_of(row.run_after), row.priority,
-                   ms_of(row.created_at))
+                   ms_of(row.created_at), row.unique_key or "")
     pipe = client.pipeline(transaction=False)
     pipe.rpush(key, *values)
     pipe.expire(key, 86400)
     pipe.execute()
 
 
-def commit_staged(client: Any, prefix: str, key: str) -> int:
-    return int(run_script(client, _INSERT_STAGED, [prefix, key]))
+def commit_staged(client: Any, prefix: str, key: str) -> tuple[int, list[tuple[str, str]]]:
+    """Insert a staging list's rows; how many were inserted, and (id, holder's id) of each
+    row whose unique key was held."""
+    answer = run_script(client, _INSERT_STAGED, [prefix, key])
+    if isinstance(answer, int):
+        return answer, []
+    return int(answer[0]), [(answer[i].decode(), answer[i + 1].decode()) for i in range(1, len(answer), 2)]
 
 
 # -- claim and settle -------------------------------------------------------------------------------
@@ -148,14 +175,14 @@ def settle(client: Any, prefix: str, items: Sequence[Settlement]) -> list[bool]:
 
 
 def write_batch(client: Any, prefix: str, items: Sequence[Settlement], inserts: Sequence[Sequence[NewJob]],
-                shown: str) -> tuple[list[bool], list[BaseException | None]]:
+                shown: str) -> tuple[list[bool], list[BaseException | list[str]]]:
     """The Ledger's batch in one round trip: every outcome (one script), then each caller's
     insert (a script each: a duplicate fails that caller alone). Returns the outcomes' answers
-    and, per insert, None or the error that refused it."""
+    and, per insert, the ids stored for its rows or the error that refused it."""
     calls = []
     if items:
         calls.append((_SETTLE, settle_args(prefix, items)))
-    calls += [(_INSERT, insert_args(prefix, rows)) for rows in inserts]
+    calls += [insert_call(prefix, rows) for rows in inserts]
     results = run_pipelined(client, calls) if calls else []
     held: list[bool] = []
     if items:
@@ -163,8 +190,10 @@ def write_batch(client: Any, prefix: str, items: Sequence[Settlement], inserts: 
         if isinstance(answer, BaseException):
             raise answer
         held = [v == 49 for v in answer]  # b"1"
-    errors: list[BaseException | None] = [describe(r, shown) if isinstance(r, BaseException) else None for r in results]
-    return held, errors
+    answers: list[BaseException | list[str]] = [
+        describe(r, shown) if isinstance(r, BaseException) else stored_ids(rows, r) for rows, r in zip(inserts, results)
+    ]
+    return held, answers
 
 
 # -- leases -----------------------------------------------------------------------------------------
@@ -227,7 +256,7 @@ def _record(job_id: str, f: Sequence[bytes | None]) -> JobRecord:
         id=job_id, job_type=_s(f[0]) or "", payload=_s(f[1]) or "", status=_s(f[2]) or "", attempts=int(f[3] or 0),
         max_attempts=int(f[4] or 0), run_after=text_of(f[5] or 0), error=_s(f[6]), created_at=text_of(f[7] or 0),
         updated_at=text_of(f[8] or 0), priority=int(f[9] or 0), lease_owner=_s(f[10]),
-        lease_expires_at=None if f[11] is None else text_of(f[11]),
+        lease_expires_at=None if f[11] is None else text_of(f[11]), unique_key=_s(f[12]),
     )
 
 
@@ -279,6 +308,11 @@ def revive(client: Any, prefix: str, job_id: str) -> JobRecord:
     answer = run_script(client, ALL["revive"], [prefix, job_id]).decode()
     if answer == "missing":
         raise LookupError(f"no job with id {job_id!r}")
+    if answer.startswith("held "):
+        job = get_job(client, prefix, job_id)
+        if job is None:  # deleted in between
+            raise LookupError(f"no job with id {job_id!r}")
+        raise UsageError(unique_key_held(job, answer.removeprefix("held ")))
     if answer != "ok":
         raise UsageError(f"job {job_id} is {answer}, only dead jobs can be retried")
     job = get_job(client, prefix, job_id)

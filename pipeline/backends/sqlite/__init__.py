@@ -80,15 +80,21 @@ class SqliteBackend:
 
     # -- producing ----------------------------------------------------------------------------
 
-    async def insert(self, jobs: Sequence[NewJob]) -> None:
-        if jobs:
-            await self._call("insert", None, wakes_poller=True, rows=list(jobs))
+    async def insert(self, jobs: Sequence[NewJob]) -> builtins.list[str]:
+        if not jobs:
+            return []
+        ids: builtins.list[str] = await self._call("insert", None, wakes_poller=True, rows=list(jobs))
+        return ids
 
-    async def bulk_insert(self, jobs: Iterable[NewJob], *, commit_every: int | None = None) -> int:
+    async def bulk_insert(
+        self, jobs: Iterable[NewJob], *, commit_every: int | None = None,
+        duplicates: builtins.list[tuple[str, str]] | None = None,
+    ) -> int:
         """On a connection of its own, in a thread: checking the next chunk (the iterable's
         work) overlaps inserting this one (see bulk.BulkInsert)."""
         db = self._db
-        return await trio.to_thread.run_sync(_bulk_load, db.path, db.busy_timeout_ms, db.synchronous, jobs, commit_every)
+        return await trio.to_thread.run_sync(_bulk_load, db.path, db.busy_timeout_ms, db.synchronous, jobs, commit_every,
+                                             duplicates)
 
     # -- the worker side ------------------------------------------------------------------------
 
@@ -215,7 +221,8 @@ class SqliteBackend:
         self._stats.give_up_at = trio.current_time() + grace
 
 
-def _bulk_load(path: Path, busy_timeout_ms: int, synchronous: str, jobs: Iterable[NewJob], commit_every: int | None) -> int:
+def _bulk_load(path: Path, busy_timeout_ms: int, synchronous: str, jobs: Iterable[NewJob], commit_every: int | None,
+               duplicates: builtins.list[tuple[str, str]] | None = None) -> int:
     """All of ``jobs`` in one transaction, or ``commit_every`` at a time; an error (a bad line
     raised by the iterable, the database) keeps the parts committed before it and says so."""
     conn = store.connect(path, busy_timeout_ms=busy_timeout_ms, synchronous=synchronous)
@@ -224,12 +231,12 @@ def _bulk_load(path: Path, busy_timeout_ms: int, synchronous: str, jobs: Iterabl
         migrations.migrate(conn, path)
         rows = iter(jobs)
         while True:
-            with BulkInsert(conn) as bulk:  # one transaction: everything, or commit_every of it
+            with BulkInsert(conn, duplicates) as bulk:  # one transaction: everything, or commit_every of it
                 for row in rows:
                     bulk.add(row)
                     if bulk.count == commit_every:
                         break
-            committed += bulk.count
+            committed += bulk.count - bulk.skipped
             if bulk.count == 0 or commit_every is None:
                 return committed
     except (UsageError, StoreError, sqlite3.Error) as exc:

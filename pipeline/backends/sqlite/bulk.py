@@ -39,8 +39,10 @@ class BulkInsert:
     CHUNK_ROWS = 2000
     CHUNK_CHARS = 4 << 20  # of payload: each is up to 1 MiB, and a statement's text has a limit
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, duplicates: list[tuple[str, str]] | None = None) -> None:
         self._conn = conn
+        self._duplicates = duplicates  # (id, holder's id) of each row skipped for its unique key
+        self.skipped = 0  # rows not inserted: their unique key was held (written by the worker thread)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pipeline-insert")
         self._pending: list[Any] = []
         self._chunk: list[NewJob] = []
@@ -75,12 +77,22 @@ class BulkInsert:
         if not self._begun:
             self._conn.execute("BEGIN IMMEDIATE")
             self._begun = True
-        if any("\x00" in r.payload or "\x00" in r.job_type for r in rows):
+        if any(r.unique_key is not None for r in rows):
+            # a row may find its key held: this chunk goes through insert_jobs, which says so
+            self._pending.append(self._pool.submit(self._guarded, self._insert_keyed, rows))
+        elif any("\x00" in r.payload or "\x00" in r.job_type for r in rows):
             # SQLite's JSON functions end text at a NUL character: this chunk goes row by row
             self._pending.append(self._pool.submit(self._guarded, insert_jobs, self._conn, rows))
         else:
             text = json.dumps(rows, ensure_ascii=False, separators=(",", ":"))
             self._pending.append(self._pool.submit(self._guarded, self._conn.execute, _INSERT_JSON, (text,)))
+
+    def _insert_keyed(self, rows: list[NewJob]) -> None:
+        for row, stored in zip(rows, insert_jobs(self._conn, rows)):
+            if stored != row.id:
+                self.skipped += 1
+                if self._duplicates is not None:
+                    self._duplicates.append((row.id, stored))
 
     def _guarded(self, fn: Any, *args: Any) -> None:
         """Run one chunk on the worker thread, only inside the transaction. After some errors

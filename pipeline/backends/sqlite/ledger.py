@@ -123,7 +123,8 @@ def _apply_batch(conn: sqlite3.Connection, batch: list[Command], wait_ms: int) -
 def _insert_all(conn: sqlite3.Connection, inserts: list[tuple[int, list[NewJob]]], results: list[tuple[bool, Any]]) -> None:
     conn.execute("SAVEPOINT inserts")
     try:
-        store.insert_jobs(conn, [row for _, rows in inserts for row in rows])
+        # per row, the id stored for it (a unique key held by another job: that job's id)
+        ids = store.insert_jobs(conn, [row for _, rows in inserts for row in rows])
     except Exception:
         if not conn.in_transaction:
             raise  # rolled back whole by SQLite (see _alone)
@@ -132,8 +133,10 @@ def _insert_all(conn: sqlite3.Connection, inserts: list[tuple[int, list[NewJob]]
         for i, rows in inserts:
             results[i] = _alone(conn, functools.partial(store.insert_jobs, conn, rows))
     else:
-        for i, _ in inserts:
-            results[i] = (True, None)
+        start = 0
+        for i, rows in inserts:
+            results[i] = (True, ids[start : start + len(rows)])
+            start += len(rows)
     conn.execute("RELEASE inserts")
 
 

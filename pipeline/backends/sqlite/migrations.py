@@ -103,6 +103,19 @@ MIGRATIONS: Final[list[Migration]] = [
         """,
     ),
     (
+        9,
+        "unique jobs",
+        """
+        -- While a job of a type and key is pending or running, no other job of that type and
+        -- key can be: an insert that would break this inserts nothing (ON CONFLICT DO
+        -- NOTHING) and answers the holder's id. Partial: rows without a key, and finished
+        -- rows, are not in the index, so it costs nothing to jobs that do not use it.
+        ALTER TABLE jobs ADD COLUMN unique_key TEXT;
+        CREATE UNIQUE INDEX IF NOT EXISTS idx_jobs_unique ON jobs(job_type, unique_key)
+            WHERE unique_key IS NOT NULL AND status IN ('pending', 'running');
+        """,
+    ),
+    (
         10,
         "cron schedules",
         """

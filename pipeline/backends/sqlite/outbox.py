@@ -27,17 +27,19 @@ def enqueue_in_transaction(
     run_after: Any = None,
     max_attempts: int | None = None,
     priority: int = 5,
+    unique_key: str | None = None,
 ) -> str:
     """Insert ``job`` with the caller's connection, in the caller's open transaction.
 
     Nothing is committed here: the job becomes visible when the caller commits, and
-    vanishes if it rolls back. Returns the new job's id.
+    vanishes if it rolls back. Returns the new job's id; with ``unique_key``, the id of the
+    pending or running job of its type and key if there is one (then nothing is inserted).
     """
     if registry is None:
         from ...site import types_registry
 
         registry = types_registry()
     job_type, payload = registry.encode(job)
-    (row,) = prepare_rows(registry, [JobRequest(job_type, payload, max_attempts, run_after, priority)])
-    insert_jobs(conn, [row])
-    return row.id
+    (row,) = prepare_rows(registry, [JobRequest(job_type, payload, max_attempts, run_after, priority, unique_key)])
+    (stored,) = insert_jobs(conn, [row])
+    return stored

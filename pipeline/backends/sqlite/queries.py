@@ -13,11 +13,12 @@ from ... import states
 from ...clock import format_ts, to_epoch
 from ...errors import UsageError
 from ...states import Status
-from ..base import JobRecord, WorkerRecord, check_list_order
+from ..base import JobRecord, WorkerRecord, check_list_order, unique_key_held
+from . import store
 
 COLUMNS = (
     "id, job_type, payload, status, attempts, max_attempts, run_after, error, "
-    "created_at, updated_at, priority, lease_owner, lease_expires_at"
+    "created_at, updated_at, priority, lease_owner, lease_expires_at, unique_key"
 )
 
 
@@ -31,6 +32,10 @@ def revive(conn: sqlite3.Connection, job_id: str, *, now: str) -> JobRecord:
         raise LookupError(f"no job with id {job_id!r}")
     if job.status != Status.DEAD:
         raise UsageError(f"job {job_id} is {job.status}, only dead jobs can be retried")
+    if job.unique_key is not None:
+        holder = store.holder_of(conn, job.job_type, job.unique_key)
+        if holder is not None:  # (the Ledger's transaction: nobody takes the key in between)
+            raise UsageError(unique_key_held(job, holder))
     conn.execute(
         "UPDATE jobs SET status = 'pending', attempts = 0, run_after = ?, updated_at = ? WHERE id = ? AND status = 'dead'",
         (now, now, job_id),

@@ -44,15 +44,50 @@ class ClaimedRow:
 
 # -- inserts --------------------------------------------------------------------------------
 
-# numbered parameters in NewJob's field order
+# numbered parameters in NewJob's field order, without its unique key (see insert_jobs)
 _INSERT = (
     "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, "
     "created_at, updated_at, priority) VALUES (?1, ?2, ?3, 'pending', 0, ?4, ?5, ?7, ?7, ?6)"
 )
+# a row with a unique key: nothing is inserted while a pending or running job holds its type
+# and key (the partial index idx_jobs_unique, named by its columns and WHERE); a duplicate id
+# still fails, as in _INSERT
+_INSERT_UNIQUE = (
+    "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, "
+    "created_at, updated_at, priority, unique_key) VALUES (?1, ?2, ?3, 'pending', 0, ?4, ?5, ?7, ?7, ?6, ?8) "
+    "ON CONFLICT (job_type, unique_key) WHERE unique_key IS NOT NULL AND status IN ('pending', 'running') DO NOTHING"
+)
+_HOLDER = "SELECT id FROM jobs WHERE job_type = ? AND unique_key = ? AND status IN ('pending', 'running')"
 
 
-def insert_jobs(conn: sqlite3.Connection, rows: Iterable[NewJob]) -> None:
-    conn.executemany(_INSERT, rows)
+def insert_jobs(conn: sqlite3.Connection, rows: Sequence[NewJob]) -> list[str]:
+    """Insert the rows; per row, the id stored for it: its own, or that of the pending or
+    running job holding its type and unique key (then nothing is inserted for it). The
+    caller holds the write transaction, so nothing changes between the insert and the look-up."""
+    keyed = [row for row in rows if row.unique_key is not None]
+    # Rows without a key: one executemany of _INSERT, as before unique keys, given plain
+    # 7-tuples (row[:7]): binding an eighth parameter, NULL, cost 7 % of an insert, and
+    # sqlite3 binds an exact tuple faster than a NamedTuple (measured: 20,000 rows in 115
+    # ms, against 119 ms for NewJob as it was and 128 ms with the key bound)
+    if not keyed:  # the common case
+        conn.executemany(_INSERT, [row[:7] for row in rows])
+        return [row.id for row in rows]
+    if len(keyed) < len(rows):
+        conn.executemany(_INSERT, [row[:7] for row in rows if row.unique_key is None])
+    held: dict[str, str] = {}
+    for row in keyed:  # in order: of two rows with one type and key, the first is inserted
+        params = (row.id, row.job_type, row.payload, row.max_attempts, row.run_after, row.priority, row.created_at,
+                  row.unique_key)
+        if conn.execute(_INSERT_UNIQUE, params).rowcount == 0:
+            (holder,) = conn.execute(_HOLDER, (row.job_type, row.unique_key)).fetchone()
+            held[row.id] = holder
+    return [held.get(row.id, row.id) for row in rows]
+
+
+def holder_of(conn: sqlite3.Connection, job_type: str, unique_key: str) -> str | None:
+    """The id of the pending or running job holding this type and key, if any."""
+    row = conn.execute(_HOLDER, (job_type, unique_key)).fetchone()
+    return None if row is None else str(row[0])
 
 
 # -- claim and settle -------------------------------------------------------------------------

@@ -47,12 +47,14 @@ async def run_enqueuer(
                     envelope.reply.fail(exc if isinstance(exc, PipelineError) else PipelineError(f"routing {envelope.name} failed: {exc!r}"))
             rows = [job for _, jobs in routed for job in jobs]
             try:
-                await backend.insert(rows)
+                ids = await backend.insert(rows)  # per row, the id stored (a duplicate's: its holder's)
             except Exception as exc:  # every emitter of the batch hears why; the Enqueuer goes on
                 error = exc if isinstance(exc, PipelineError) else PipelineError(f"inserting the routed jobs failed: {exc!r}")
                 for envelope, _ in routed:
                     envelope.reply.fail(error)
                 continue
+            start = 0
             for envelope, jobs in routed:
                 log.debug("event %s → %d jobs", envelope.name, len(jobs))
-                envelope.reply.set([job.id for job in jobs])
+                envelope.reply.set(ids[start : start + len(jobs)])
+                start += len(jobs)
