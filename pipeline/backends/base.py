@@ -406,8 +406,9 @@ class Backend(Protocol):
     async def fire_schedule(self, name: str, *, tick: str, next_run: str, job: NewJob) -> bool:
         """In one transaction, only if schedule ``name`` is enabled and its next_run is still
         ``tick``: insert ``job`` (waking Pollers as any insert does), set next_run to ``next_run``,
-        last_run to ``tick``, last_job_id to the job's id. True if this call fired the tick; False
-        if another did, or the schedule changed (nothing written)."""
+        last_run to ``tick``, last_job_id to the job's id. The job's ``unique_key`` is ignored: a
+        tick always inserts its job (the tick's fence is what makes it one). True if this call
+        fired the tick; False if another did, or the schedule changed (nothing written)."""
 
     # -- the engine's housekeeping ----------------------------------------------------------------
 

@@ -88,7 +88,10 @@ def sync_code(conn: psycopg.Connection[Any], records: Sequence[ScheduleRecord]) 
     now = now_ts()
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(hashtext('pipeline schedules ' || current_schema()))")
-        stored = {record.name: record for record in all_schedules(conn)}
+        # FOR UPDATE: a Scheduler firing one of these meanwhile waits for this merge and then finds
+        # next_run as the merge left it; without the row locks, the merge wrote back the next_run it
+        # had read, and a tick fired in between was due again (it fired twice)
+        stored = {r.name: r for r in (ScheduleRecord(*row) for row in conn.execute(f"{_SELECT} ORDER BY name FOR UPDATE"))}
         for record in records:
             merged = merge_declared(stored.get(record.name), record, now=now)
             if merged is not None:
@@ -116,5 +119,6 @@ def fire(conn: psycopg.Connection[Any], name: str, *, tick: str, next_run: str, 
                                      "name": name}).fetchone()
         if moved is None:
             return False
-        store.insert_jobs(conn, [job], notify=True)  # (a nested transaction: a savepoint)
+        # a schedule's job has no unique key (see Backend.fire_schedule): one job per tick, always
+        store.insert_jobs(conn, [job._replace(unique_key=None)], notify=True)  # (a nested transaction: a savepoint)
         return True

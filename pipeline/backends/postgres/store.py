@@ -335,14 +335,17 @@ def claim(
     if not wanted:
         return []
     if limits and any(t in limits for t, _ in wanted):
-        rows = _claim_rows(conn, [(t, n) for t, n in wanted if t not in limits], owner, lease_seconds, start)
-        for job_type, n in wanted:
-            if job_type in limits:
-                with conn.transaction():
-                    conn.execute(_LIMIT_LOCK, {"job_type": job_type})
-                    row = conn.execute(_RUNNING_OF_TYPE, {"job_type": job_type}).fetchone()
-                    n = min(n, limits[job_type] - (row[0] if row else 0))
-                    rows += _claim_rows(conn, [(job_type, n)], owner, lease_seconds, start)
+        # One transaction for the whole claim: a limited type's part that fails leaves nothing of
+        # the others claimed under a lease no worker holds. The locks are taken in the order of
+        # the types' names, whatever order each process registered them in, so that two claims
+        # (or a claim and an insert's batch claiming with it) never wait for each other in a circle.
+        with conn.transaction():
+            rows = _claim_rows(conn, [(t, n) for t, n in wanted if t not in limits], owner, lease_seconds, start)
+            for job_type, n in sorted((t, n) for t, n in wanted if t in limits):
+                conn.execute(_LIMIT_LOCK, {"job_type": job_type})
+                row = conn.execute(_RUNNING_OF_TYPE, {"job_type": job_type}).fetchone()
+                n = min(n, limits[job_type] - (row[0] if row else 0))
+                rows += _claim_rows(conn, [(job_type, n)], owner, lease_seconds, start)
     else:
         rows = _claim_rows(conn, wanted, owner, lease_seconds, start)
     # RETURNING's order is unspecified: by type as asked, started ones first, each in claim order

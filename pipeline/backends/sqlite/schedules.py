@@ -104,5 +104,5 @@ def fire(conn: sqlite3.Connection, name: str, *, tick: str, next_run: str, job: 
     """Move the schedule on and insert its job, or neither."""
     moved = conn.execute(_FIRE, {"next_run": next_run, "tick": tick, "job_id": job.id, "now": now, "name": name}).rowcount
     if moved:
-        store.insert_jobs(conn, [job])
+        store.insert_jobs(conn, [job._replace(unique_key=None)])  # no unique key: see Backend.fire_schedule
     return bool(moved)
