@@ -33,6 +33,7 @@ import trio
 
 from ..config import masked_url
 from ..errors import UsageError
+from ..schedules import next_tick
 from ..states import Transition
 
 # The priorities every backend keeps exactly and in order: SQLite and Postgres store 64 bits,
@@ -228,6 +229,25 @@ def retired(stored: ScheduleRecord, *, now: str) -> ScheduleRecord:
     """A code schedule its code no longer declares: disabled, not left firing (nor deleted: its
     history stays, and declaring it again enables it)."""
     return attrs.evolve(stored, enabled=False, declared=False, updated_at=now)
+
+
+def code_schedule_writes(
+    stored: Mapping[str, ScheduleRecord], declared: Sequence[ScheduleRecord], *, now: str
+) -> list[ScheduleRecord]:
+    """What a start writes for the schedules its code declares, given those stored by name: each
+    declared one merged with the stored one (:func:`merge_declared`), and every code schedule
+    the code no longer declares retired. The same on every backend; each writes the list in one
+    transaction (or one WATCHed MULTI)."""
+    writes = [merged for merged in (merge_declared(stored.get(r.name), r, now=now) for r in declared) if merged is not None]
+    names = {r.name for r in declared}
+    writes += [retired(r, now=now) for r in stored.values() if r.origin == "code" and r.declared and r.name not in names]
+    return writes
+
+
+def with_enabled(found: ScheduleRecord, enabled: bool, *, now: str) -> ScheduleRecord:
+    """Paused, or resumed from the first tick after now (the pause's ticks are not made up)."""
+    next_run = next_tick(found.cron, found.timezone, now) if enabled else found.next_run
+    return attrs.evolve(found, enabled=enabled, next_run=next_run, updated_at=now)
 
 
 @attrs.frozen

@@ -12,8 +12,7 @@ import psycopg
 
 from ...clock import now_ts
 from ...errors import UsageError
-from ...schedules import next_tick
-from ..base import NewJob, ScheduleRecord, merge_declared, retired
+from ..base import NewJob, ScheduleRecord, code_schedule_writes, with_enabled
 from . import store
 
 _COLUMNS = (
@@ -75,10 +74,7 @@ def set_enabled(conn: psycopg.Connection[Any], name: str, enabled: bool) -> Sche
             raise LookupError(f"no schedule named {name!r}")
         if found.enabled == enabled:
             return found
-        now = now_ts()
-        # resumed: from the first tick after now (the pause's ticks are not made up)
-        next_run = next_tick(found.cron, found.timezone, now) if enabled else found.next_run
-        changed = attrs.evolve(found, enabled=enabled, next_run=next_run, updated_at=now)
+        changed = with_enabled(found, enabled, now=now_ts())
         _write(conn, changed)
         return changed
 
@@ -92,14 +88,8 @@ def sync_code(conn: psycopg.Connection[Any], records: Sequence[ScheduleRecord]) 
         # next_run as the merge left it; without the row locks, the merge wrote back the next_run it
         # had read, and a tick fired in between was due again (it fired twice)
         stored = {r.name: r for r in (ScheduleRecord(*row) for row in conn.execute(f"{_SELECT} ORDER BY name FOR UPDATE"))}
-        for record in records:
-            merged = merge_declared(stored.get(record.name), record, now=now)
-            if merged is not None:
-                _write(conn, merged)
-        names = {record.name for record in records}
-        for record in stored.values():
-            if record.origin == "code" and record.declared and record.name not in names:
-                _write(conn, retired(record, now=now))
+        for record in code_schedule_writes(stored, records, now=now):
+            _write(conn, record)
 
 
 # the fence: still enabled, still due at the tick the caller read (a row lock: a second firer

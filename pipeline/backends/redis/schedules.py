@@ -9,12 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import attrs
-
 from ...clock import now_ts
 from ...errors import UsageError
-from ...schedules import next_tick
-from ..base import NewJob, ScheduleRecord, merge_declared, retired
+from ..base import NewJob, ScheduleRecord, code_schedule_writes, with_enabled
 from .db import run_script
 from .scripts import ALL
 from .store import insert_call, ms_of
@@ -120,10 +117,7 @@ def set_enabled(client: Any, prefix: str, name: str, enabled: bool) -> ScheduleR
             raise LookupError(f"no schedule named {name!r}")
         if found.enabled == enabled:
             return found
-        now = now_ts()
-        # resumed: from the first tick after now (the pause's ticks are not made up)
-        next_run = next_tick(found.cron, found.timezone, now) if enabled else found.next_run
-        changed = attrs.evolve(found, enabled=enabled, next_run=next_run, updated_at=now)
+        changed = with_enabled(found, enabled, now=now_ts())
         pipe.multi()
         _put(pipe, prefix, changed)
         return changed
@@ -138,14 +132,7 @@ def sync_code(client: Any, prefix: str, records: Sequence[ScheduleRecord]) -> No
 
     def merge(pipe: Any) -> None:
         stored = _read(pipe, prefix, names, watched=True)
-        writes = []
-        for record in records:
-            merged = merge_declared(stored.get(record.name), record, now=now)
-            if merged is not None:
-                writes.append(merged)
-        declared = {record.name for record in records}
-        writes += [retired(record, now=now) for record in stored.values()
-                   if record.origin == "code" and record.declared and record.name not in declared]
+        writes = code_schedule_writes(stored, records, now=now)
         pipe.multi()
         for record in writes:
             _put(pipe, prefix, record)

@@ -9,8 +9,7 @@ from collections.abc import Sequence
 import attrs
 
 from ...errors import UsageError
-from ...schedules import next_tick
-from ..base import NewJob, ScheduleRecord, merge_declared, retired
+from ..base import NewJob, ScheduleRecord, code_schedule_writes, with_enabled
 from . import store
 
 _COLUMNS = (
@@ -74,23 +73,14 @@ def set_enabled(conn: sqlite3.Connection, name: str, enabled: bool, *, now: str)
         raise LookupError(f"no schedule named {name!r}")
     if found.enabled == enabled:
         return found
-    # resumed: from the first tick after now (the pause's ticks are not made up)
-    next_run = next_tick(found.cron, found.timezone, now) if enabled else found.next_run
-    changed = attrs.evolve(found, enabled=enabled, next_run=next_run, updated_at=now)
+    changed = with_enabled(found, enabled, now=now)
     write_schedule(conn, changed)
     return changed
 
 
 def sync_code(conn: sqlite3.Connection, records: Sequence[ScheduleRecord], *, now: str) -> None:
-    stored = {record.name: record for record in all_schedules(conn)}
-    for record in records:
-        merged = merge_declared(stored.get(record.name), record, now=now)
-        if merged is not None:
-            write_schedule(conn, merged)
-    names = {record.name for record in records}
-    for record in stored.values():
-        if record.origin == "code" and record.declared and record.name not in names:
-            write_schedule(conn, retired(record, now=now))
+    for record in code_schedule_writes({record.name: record for record in all_schedules(conn)}, records, now=now):
+        write_schedule(conn, record)
 
 
 # the fence: still enabled, still due at the tick the caller read
