@@ -4,8 +4,10 @@ renewals from a thread (as the heartbeat does), and time arithmetic on stored te
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import trio
 
@@ -114,3 +116,36 @@ async def outlive(lease_seconds: float) -> None:
     """Sleep past a lease of this many seconds taken before the call (real time: leases are
     wall-clock times in the store, with millisecond resolution)."""
     await trio.sleep(lease_seconds + 0.03)
+
+
+def released_together(commands: list[list[str]], env: dict[str, str]) -> list[list[str]]:
+    """Start one process per command; once each has printed "ready", tell them all "go" at once,
+    and return each one's output lines (before its final "done")."""
+    procs = [subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+             for command in commands]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            assert line.strip() == "ready", f"{command_name(proc)} did not start: {line!r}"
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        outputs = []
+        for proc in procs:
+            out, _ = proc.communicate(timeout=60)
+            assert proc.returncode == 0, f"{command_name(proc)} failed with {proc.returncode}"
+            lines = out.splitlines()
+            assert lines[-1] == "done", lines[-3:]
+            outputs.append(lines[:-1])
+        return outputs
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def command_name(proc: subprocess.Popen[str]) -> str:
+    return Path(str(proc.args[1])).stem  # type: ignore[index]

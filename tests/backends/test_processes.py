@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -14,7 +13,7 @@ import trio
 from pipeline import Config
 from pipeline.backends import Backend
 
-from .kit import add, record
+from .kit import add, record, released_together
 
 CLAIMER = Path(__file__).parent / "claimer.py"
 
@@ -23,34 +22,8 @@ pytestmark = pytest.mark.slow
 
 def run_claimers(url: str, k: int, batch: int) -> list[list[str]]:
     """Start k claimers, let them all go at once, and return each one's output lines."""
-    procs = [
-        subprocess.Popen([sys.executable, str(CLAIMER), url, "t", str(batch)], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, text=True,
-                         env={**os.environ, "REDIS_ALLOW_NON_DURABLE": "true"})  # the test server keeps nothing on disk
-        for _ in range(k)
-    ]
-    try:
-        for proc in procs:
-            assert proc.stdout is not None
-            line = proc.stdout.readline()
-            assert line.strip() == "ready", f"a claimer did not start: {line!r}"
-        outputs = []
-        for proc in procs:
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        for proc in procs:
-            out, _ = proc.communicate(timeout=60)
-            assert proc.returncode == 0, f"a claimer failed with {proc.returncode}"
-            lines = out.splitlines()
-            assert lines[-1] == "done", lines[-3:]
-            outputs.append(lines[:-1])
-        return outputs
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    env = {**os.environ, "REDIS_ALLOW_NON_DURABLE": "true"}  # the test server keeps nothing on disk
+    return released_together([[sys.executable, str(CLAIMER), url, "t", str(batch)]] * k, env)
 
 
 async def test_processes_claiming_at_once_claim_each_job_once(backend: Backend, store_config: Config) -> None:

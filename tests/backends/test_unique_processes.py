@@ -5,7 +5,6 @@ no window between a check and an insert for a second process to slip through).""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -16,6 +15,8 @@ import trio
 from pipeline import Config
 from pipeline.backends import Backend
 
+from .kit import released_together
+
 ENQUEUER = Path(__file__).parent / "unique_enqueuer.py"
 
 pytestmark = pytest.mark.slow
@@ -24,30 +25,7 @@ pytestmark = pytest.mark.slow
 def run_enqueuers(url: str, tasks: list[int], keys: list[str]) -> list[list[str]]:
     """One process per entry of ``tasks`` (that many enqueuers per key each); all go at once."""
     env = {**os.environ, "REDIS_ALLOW_NON_DURABLE": "true", "LOG_LEVEL": "warning"}
-    procs = [subprocess.Popen([sys.executable, str(ENQUEUER), url, str(n), *keys], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True, env=env) for n in tasks]
-    try:
-        for proc in procs:
-            assert proc.stdout is not None
-            line = proc.stdout.readline()
-            assert line.strip() == "ready", f"an enqueuer did not start: {line!r}"
-        for proc in procs:
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        outputs = []
-        for proc in procs:
-            out, _ = proc.communicate(timeout=60)
-            assert proc.returncode == 0, f"an enqueuer failed with {proc.returncode}"
-            lines = out.splitlines()
-            assert lines[-1] == "done", lines[-3:]
-            outputs.append(lines[:-1])
-        return outputs
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    return released_together([[sys.executable, str(ENQUEUER), url, str(n), *keys] for n in tasks], env)
 
 
 async def test_ten_enqueuers_of_one_key_in_three_processes_leave_one_job(backend: Backend, store_config: Config) -> None:
