@@ -18,6 +18,7 @@ import json
 import logging
 import socket
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -189,6 +190,21 @@ def test_database_errors_never_show_the_password(tmp_path: Path, monkeypatch: py
         assert_no_marker(f"the error for DATABASE_URL={url!r}", err)
         assert_no_marker(f"the logs for DATABASE_URL={url!r}", "\n".join(r.getMessage() for r in caplog.records))
         caplog.clear()
+
+
+def test_a_server_that_refuses_the_connection_is_said_at_once_without_the_password(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A role that does not exist is the server's FATAL answer: waiting will not cure it, so the
+    CLI says it at once (not after the pool's 10 s of retries), as a refusal, not "retry later"."""
+    require_service("PostgreSQL", "127.0.0.1", 5432)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DATABASE_URL", f"postgresql://nobody_{uuid.uuid4().hex[:6]}:{DB}@127.0.0.1:5432/postgres")
+    started = time.monotonic()
+    assert cli.main(["stats"], stdout=io.StringIO()) == 1
+    assert time.monotonic() - started < 5
+    err = capsys.readouterr().err
+    assert "refused the connection" in err and "does not exist" in err and "retry later" not in err, err
+    assert_no_marker("the error of a refused connection", err)
 
 
 def test_the_cache_url_password_is_not_in_its_errors(tmp_path: Path) -> None:

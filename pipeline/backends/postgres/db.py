@@ -78,8 +78,22 @@ def describe(exc: BaseException, url: str) -> StoreError:
         if "SSL error" in said or "certificate" in said:  # not something a retry cures
             return StoreError(f"database {where}: the TLS handshake failed ({said}); check sslmode and sslrootcert "
                               "in DATABASE_URL")
+        if refused_for_good(said):
+            return StoreError(f"database {where} refused the connection ({said})")
         return StoreError(f"database {where} is unreachable or dropped the connection ({said}); retry later")
     return StoreError(f"database {where}: {said}")
+
+
+# what a server says while it cannot take a session yet (a restart, a failover, a full house)
+_NOT_YET = ("starting up", "shutting down", "recovery mode", "too many clients", "remaining connection slots")
+
+
+def refused_for_good(said: str) -> bool:
+    """A connection error that waiting will not cure: the server answered FATAL (an unknown role
+    or database, a password or pg_hba.conf refusal), or the TLS handshake failed."""
+    if any(words in said for words in _NOT_YET):
+        return False
+    return "FATAL" in said or "TLS handshake failed" in said
 
 
 def _first_line(exc: BaseException) -> str:
@@ -120,6 +134,14 @@ class Database:
             psycopg.conninfo.conninfo_to_dict(self.url)
         except psycopg.Error as exc:
             raise describe(exc, self.url) from None
+        try:
+            # one connection first: a server that answers and refuses (a role, a password, a
+            # database that does not exist, a certificate) is said at once, not after the pool's
+            # CONNECT_TIMEOUT of retries; one that does not answer yet is the pool's to wait for
+            connect(self.url).close()
+        except StoreError as exc:
+            if refused_for_good(str(exc)):
+                raise
         try:
             self.pool.open(wait=True, timeout=CONNECT_TIMEOUT)
         except PoolTimeout:
