@@ -62,10 +62,40 @@ async def tick(job: Tick, ctx: pipeline.JobContext) -> None:
     await trio.lowlevel.checkpoint()
 
 
+@attrs.frozen
+class KeyedWork:
+    """An event that routes to one Tick under a unique key, due in a minute (so its holder stays pending)."""
+
+    key: str
+
+
+def keyed_tick(event: KeyedWork, config: Any) -> list[pipeline.Routed]:
+    return [pipeline.Routed(Tick(), run_after=time.time() + 60, unique_key=event.key)]
+
+
+@attrs.frozen
+class Fanout:
+    """A job whose handler emits KeyedWork(key), after ``sleep`` s, and logs the id the emit answered."""
+
+    key: str
+    sleep: float = 0.0
+
+
+async def fanout(job: Fanout, ctx: pipeline.JobContext) -> None:
+    await trio.sleep(job.sleep)
+    (stored,) = await ctx.emit(KeyedWork(job.key))
+    log = os.environ.get("PIPELINE_TEST_LOG")
+    if log:
+        with open(log, "a") as f:
+            f.write(f"emitted {ctx.id} {os.getpid()} {stored}\n")
+
+
 def registry(**options: Any) -> Registry:
     reg = site.types_registry()
     reg.register("echo", Echo, echo, **options)
     reg.register("tick", Tick, tick)
+    reg.register("fanout", Fanout, fanout)
+    reg.add_event("KeyedWork", KeyedWork, keyed_tick)
     return reg
 
 

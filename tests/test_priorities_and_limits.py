@@ -1,7 +1,8 @@
 """Priorities and global per-type limits in a running pipeline, on every backend: a priority-0
 job overtakes a backlog of 10,000; three service processes never run more jobs of a limited
 type than its limit, while another type drains at its own pace; a killed process's slots come
-back once its leases are rescued."""
+back once its leases are rescued; and, with the same three service processes, handlers emitting
+one unique key leave one job."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import attrs
 import pytest
 import trio
 from backends.stores import BACKENDS
-from jobkit import Echo, Tick, registry
+from jobkit import Echo, Fanout, Tick, registry
 
 from pipeline import Config, UsageError, open_pipeline
 from pipeline.backends import Backend, open_backend
@@ -235,3 +236,23 @@ async def test_the_claim_in_an_inserts_transaction_keeps_the_limit_too(store: Co
             assert await count(p.backend, "running", "echo") == 2
             await trio.sleep(0.01)
         assert {(await p.backend.get(i)).status for i in waiting} == {"pending"}  # type: ignore[union-attr]
+
+
+async def test_three_service_processes_emitting_one_unique_key_leave_one_job(
+    store: Config, tmp_path: Path, services: list[Service],
+) -> None:
+    """Unique keys (issue 13) under three service processes: 30 handlers, spread over them, each emit
+    an event routed to a job of one key; one job is stored, and every emit answered its id."""
+    async with open_pipeline(store.replace(worker=attrs.evolve(store.worker, enabled=False)), registry()) as p:
+        await p.enqueue_many([Fanout("the-key", sleep=0.2) for _ in range(30)])
+    # 4 at a time in each process (and 4 claimed ahead): one process alone would take 1.5 s
+    services.append(Service(service_env(store, tmp_path, WORKER_CONCURRENCY="4"), tmp_path, processes=3))
+    async with open_backend(store) as backend:
+        with trio.fail_after(60):
+            while await count(backend, "completed", "fanout") < 30:
+                await trio.sleep(0.05)
+        held, total = await backend.list(job_type="tick", limit=5)
+    assert total == 1 and held[0].status == "pending" and held[0].unique_key == "the-key", held
+    lines = [line.split() for line in (tmp_path / "runs.log").read_text().splitlines() if line.startswith("emitted ")]
+    assert len(lines) == 30 and {line[3] for line in lines} == {held[0].id}, lines
+    assert len({line[2] for line in lines}) >= 2, "one process ran every handler: the test proves little"
