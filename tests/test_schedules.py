@@ -13,7 +13,7 @@ from pathlib import Path
 import attrs
 import pytest
 import trio
-from jobkit import Echo, registry
+from jobkit import Echo, Tick, registry, tick
 
 import pipeline
 from pipeline import Config, InvalidPayload, UnknownJobType, UsageError
@@ -108,6 +108,25 @@ async def test_a_schedule_gone_from_the_code_is_disabled_at_the_next_start(confi
     async with pipeline.open_pipeline(config, registry()) as p:  # the same application, without it
         (stored,) = await p.backend.schedules()
     assert (stored.enabled, stored.to_json()["state"]) == (False, "removed from code")
+
+
+async def test_a_process_that_only_enqueues_leaves_the_code_schedules_alone(config: Config) -> None:
+    """A web app opening the pipeline to enqueue (no workers) with a registry that declares no
+    schedules, or a service whose workers run other types, does not disable the schedules of the
+    service that runs their job type."""
+    reg = registry()
+    reg.schedule("nightly", "0 3 * * *", Echo("n"))
+    async with pipeline.open_pipeline(config, reg):
+        pass
+    async with pipeline.open_pipeline(config.replace(worker=attrs.evolve(config.worker, enabled=False)), registry()):
+        pass
+    other = pipeline.Registry()
+    other.register("tick", Tick, tick)  # a service of another type only
+    async with pipeline.open_pipeline(config, other):
+        pass
+    async with open_backend(config) as backend:
+        (stored,) = await backend.schedules()
+    assert stored.enabled and stored.to_json()["state"] != "removed from code"
 
 
 def test_declaring_a_schedule_checks_every_part() -> None:

@@ -232,15 +232,17 @@ def retired(stored: ScheduleRecord, *, now: str) -> ScheduleRecord:
 
 
 def code_schedule_writes(
-    stored: Mapping[str, ScheduleRecord], declared: Sequence[ScheduleRecord], *, now: str
+    stored: Mapping[str, ScheduleRecord], declared: Sequence[ScheduleRecord], *, now: str,
+    owned: Collection[str] | None = None,
 ) -> list[ScheduleRecord]:
     """What a start writes for the schedules its code declares, given those stored by name: each
     declared one merged with the stored one (:func:`merge_declared`), and every code schedule
-    the code no longer declares retired. The same on every backend; each writes the list in one
-    transaction (or one WATCHed MULTI)."""
+    the code no longer declares retired, if its job type is ``owned`` (None: any). The same on
+    every backend; each writes the list in one transaction (or one WATCHed MULTI)."""
     writes = [merged for merged in (merge_declared(stored.get(r.name), r, now=now) for r in declared) if merged is not None]
     names = {r.name for r in declared}
-    writes += [retired(r, now=now) for r in stored.values() if r.origin == "code" and r.declared and r.name not in names]
+    writes += [retired(r, now=now) for r in stored.values()
+               if r.origin == "code" and r.declared and r.name not in names and (owned is None or r.job_type in owned)]
     return writes
 
 
@@ -418,10 +420,10 @@ class Backend(Protocol):
         """Pause or resume; a resumed schedule's next run is its first tick after now (the ticks
         of the pause are not made up). LookupError if unknown."""
 
-    async def sync_code_schedules(self, records: Sequence[ScheduleRecord]) -> None:
+    async def sync_code_schedules(self, records: Sequence[ScheduleRecord], *, owned: Collection[str] | None = None) -> None:
         """Written at start: each schedule declared in code merged into the stored one of its name
-        (:func:`merge_declared`), and every code schedule not among them disabled (:func:`retired`),
-        in one transaction."""
+        (:func:`merge_declared`), and every code schedule not among them whose job type is
+        ``owned`` (None: any) disabled (:func:`retired`), in one transaction."""
 
     async def fire_schedule(self, name: str, *, tick: str, next_run: str, job: NewJob) -> bool:
         """In one transaction, only if schedule ``name`` is enabled and its next_run is still

@@ -264,8 +264,8 @@ class ServerBackend(Generic[D]):
     async def set_schedule_enabled(self, name: str, enabled: bool) -> ScheduleRecord:
         return await self._db.run(self.scheduling.set_enabled, name, enabled)
 
-    async def sync_code_schedules(self, records: Sequence[ScheduleRecord]) -> None:
-        await self._db.run(self.scheduling.sync_code, list(records))
+    async def sync_code_schedules(self, records: Sequence[ScheduleRecord], *, owned: Collection[str] | None = None) -> None:
+        await self._db.run(functools.partial(self.scheduling.sync_code, owned=owned), list(records))
 
     async def fire_schedule(self, name: str, *, tick: str, next_run: str, job: NewJob) -> bool:
         # one transaction (one script) of its own, not the Ledger's: its insert wakes the Pollers

@@ -339,8 +339,11 @@ async def open_pipeline(config: Config | None = None, registry: Registry | None 
             wiring=wiring,
         ))
         pipeline = Pipeline(config, registry, backend, wiring, owner=owner or default_owner())
-        # the schedules declared in code, written at start; those no longer declared are disabled
-        await backend.sync_code_schedules([schedule.record(origin="code") for schedule in registry.schedules()])
+        # the schedules declared in code, written at start; a code schedule no longer declared is
+        # disabled only by a process that runs its type's jobs: a process that only enqueues (a web
+        # app, the supervisor) or another service's workers never retire this one's schedules
+        await backend.sync_code_schedules([schedule.record(origin="code") for schedule in registry.schedules()],
+                                          owned=set(registry.handled()) if working else set())
         await stack.enter_async_context(_open_resources(pipeline))
         pools = _make_pools(config, registry, wiring) if working else {}
         await stack.enter_async_context(_run_keeper_and_bus(pipeline, pools))

@@ -146,6 +146,20 @@ async def test_code_schedules_are_merged_at_start_and_retired_when_gone(backend:
     assert (again.enabled, again.declared, again.next_run) == (True, True, back.next_run)
 
 
+async def test_only_the_owner_of_a_type_retires_its_code_schedules(backend: Backend) -> None:
+    """A start retires a code schedule it no longer declares only if its job type is ``owned``
+    (the types the process runs): a process that only enqueues, or another service's workers, do not."""
+    digest = schedule("digest", origin="code")  # of job type "t"
+    await backend.sync_code_schedules([digest])
+    await backend.sync_code_schedules([], owned=set())  # enqueues only
+    await backend.sync_code_schedules([], owned={"other"})  # runs other types
+    (kept,) = await backend.schedules()
+    assert kept.enabled and kept.declared
+    await backend.sync_code_schedules([], owned={"t"})  # runs its type, without the declaration
+    (gone,) = await backend.schedules()
+    assert (gone.enabled, gone.declared) == (False, False)
+
+
 async def test_the_due_schedules_are_the_enabled_ones_whose_tick_has_come(backend: Backend) -> None:
     old, recent = ts(-120), ts(-5)
     await backend.put_schedule(schedule("recent", next_run=recent))

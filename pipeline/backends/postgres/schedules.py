@@ -4,7 +4,7 @@ its own transaction)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import attrs
@@ -79,7 +79,7 @@ def set_enabled(conn: psycopg.Connection[Any], name: str, enabled: bool) -> Sche
         return changed
 
 
-def sync_code(conn: psycopg.Connection[Any], records: Sequence[ScheduleRecord]) -> None:
+def sync_code(conn: psycopg.Connection[Any], records: Sequence[ScheduleRecord], *, owned: Collection[str] | None = None) -> None:
     """In one transaction, under a lock of its own: processes starting at once merge one after the other."""
     now = now_ts()
     with conn.transaction():
@@ -88,7 +88,7 @@ def sync_code(conn: psycopg.Connection[Any], records: Sequence[ScheduleRecord]) 
         # next_run as the merge left it; without the row locks, the merge wrote back the next_run it
         # had read, and a tick fired in between was due again (it fired twice)
         stored = {r.name: r for r in (ScheduleRecord(*row) for row in conn.execute(f"{_SELECT} ORDER BY name FOR UPDATE"))}
-        for record in code_schedule_writes(stored, records, now=now):
+        for record in code_schedule_writes(stored, records, now=now, owned=owned):
             _write(conn, record)
 
 

@@ -6,7 +6,7 @@ so a tick fired in between is never written back as due."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from ...clock import now_ts
@@ -126,13 +126,13 @@ def set_enabled(client: Any, prefix: str, name: str, enabled: bool) -> ScheduleR
     return result
 
 
-def sync_code(client: Any, prefix: str, records: Sequence[ScheduleRecord]) -> None:
+def sync_code(client: Any, prefix: str, records: Sequence[ScheduleRecord], *, owned: Collection[str] | None = None) -> None:
     now = now_ts()
     names = sorted(set(_names(client, prefix)) | {record.name for record in records})
 
     def merge(pipe: Any) -> None:
         stored = _read(pipe, prefix, names, watched=True)
-        writes = code_schedule_writes(stored, records, now=now)
+        writes = code_schedule_writes(stored, records, now=now, owned=owned)
         pipe.multi()
         for record in writes:
             _put(pipe, prefix, record)

@@ -192,9 +192,9 @@ class SqliteBackend:
     async def set_schedule_enabled(self, name: str, enabled: bool) -> ScheduleRecord:
         return await self._call("schedule_enabled", lambda conn, now: schedules.set_enabled(conn, name, enabled, now=now))
 
-    async def sync_code_schedules(self, records: Sequence[ScheduleRecord]) -> None:
+    async def sync_code_schedules(self, records: Sequence[ScheduleRecord], *, owned: Collection[str] | None = None) -> None:
         records = list(records)
-        await self._call("sync_schedules", lambda conn, now: schedules.sync_code(conn, records, now=now))
+        await self._call("sync_schedules", lambda conn, now: schedules.sync_code(conn, records, now=now, owned=owned))
 
     async def fire_schedule(self, name: str, *, tick: str, next_run: str, job: NewJob) -> bool:
         # through the Ledger like any insert: the job wakes this process's Poller (and others' by the WAL watch)

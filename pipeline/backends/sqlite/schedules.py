@@ -4,7 +4,7 @@ functions. The ones that write run inside the Ledger's transaction, like the sto
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import attrs
 
@@ -78,8 +78,10 @@ def set_enabled(conn: sqlite3.Connection, name: str, enabled: bool, *, now: str)
     return changed
 
 
-def sync_code(conn: sqlite3.Connection, records: Sequence[ScheduleRecord], *, now: str) -> None:
-    for record in code_schedule_writes({record.name: record for record in all_schedules(conn)}, records, now=now):
+def sync_code(conn: sqlite3.Connection, records: Sequence[ScheduleRecord], *, now: str,
+              owned: Collection[str] | None = None) -> None:
+    for record in code_schedule_writes({record.name: record for record in all_schedules(conn)}, records, now=now,
+                                       owned=owned):
         write_schedule(conn, record)
 
 
