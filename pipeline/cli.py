@@ -387,7 +387,8 @@ def _enqueue_file(args: argparse.Namespace, config: Config, registry: Registry |
     reg = _registry(config, registry)
     name = "standard input" if args.from_file == "-" else args.from_file
     # a line holds one job: its payload (at most the registry's limit, up to 6 bytes a character
-    # when written as \\uXXXX escapes) and a few fields; longer is not a job (/dev/zero has no end)
+    # when written as \\u escapes of four hex digits) and a few fields; longer is not a job
+    # (/dev/zero has no end)
     max_line = 6 * reg.max_payload_bytes + 64 * 1024
     if args.from_file == "-":
         opened: Any = sys.stdin.buffer

@@ -13,7 +13,7 @@ import functools
 import logging
 import math
 import random
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import attrs
@@ -21,9 +21,9 @@ import trio
 
 from ..clock import now_ts
 from ..engine.messages import Reply
-from ..errors import PipelineClosed
+from ..errors import PipelineClosed, StoreError
 from ..states import Transition
-from .base import Claimed, ClaimOffer, JobRecord, Lease, NewJob, Nudge, ScheduleRecord, Settlement, WorkerRecord
+from .base import Claimed, ClaimOffer, JobRecord, Lease, NewJob, Nudge, ScheduleRecord, Settlement, WorkerRecord, nudge
 from .trays import Tray, Trays
 
 log = logging.getLogger("pipeline.ledger")
@@ -281,3 +281,45 @@ class ServerBackend(Generic[D]):
         """A graceful stop began. Nothing to shorten here: every call is bounded by the driver's
         own timeouts (db.CONNECT_TIMEOUT and the like), and none is retried by the backend."""
         self._stats.give_up_at = trio.current_time() + grace
+
+
+L = TypeVar("L")  # a listening connection
+
+
+async def listen_for_work(
+    where: str, verb: str, *, connect: Callable[[], L], listen: Callable[[L], Awaitable[None]],
+    close: Callable[[L], None], errors: tuple[type[BaseException], ...], nudge_send: trio.MemorySendChannel[Nudge],
+    logger: logging.Logger, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """The server backends' wake-up listener, until cancelled: ``connect`` (in a thread), nudge the
+    Poller for whatever became due while nobody listened, then ``listen`` (nudging at each
+    wake-up) until the connection drops with one of ``errors``; connect again with back-off. A
+    first connection that fails raises StoreError (``where``: the masked server, ``verb``: LISTEN
+    or SUBSCRIBE)."""
+    delay = 0.05
+    started = False
+    with nudge_send:
+        while True:
+            try:
+                conn = await trio.to_thread.run_sync(connect)
+            except errors as exc:
+                if not started:
+                    raise StoreError(f"{where}: cannot {verb} for new jobs: {exc}") from None
+                logger.warning("%s: listening for new jobs again in %.2f s (%s)", where, delay, exc)
+                await trio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            try:
+                if not started:
+                    started = True
+                    task_status.started()
+                else:
+                    logger.info("%s: listening for new jobs again", where)
+                delay = 0.05
+                nudge(nudge_send)  # whatever became due while nobody here listened
+                await listen(conn)
+            except errors as exc:
+                logger.warning("%s: the listening connection dropped (%s); reconnecting", where, exc)
+            finally:
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(close, conn)

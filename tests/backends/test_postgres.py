@@ -3,7 +3,6 @@ and a drain that survives the server dropping every connection."""
 
 from __future__ import annotations
 
-import time
 from urllib.parse import urlsplit
 
 import psycopg
@@ -12,8 +11,7 @@ import trio
 
 import pipeline
 from pipeline import Config
-from pipeline.backends import Nudge, open_backend
-from pipeline.backends.base import NUDGE_BUFFER
+from pipeline.backends import open_backend
 
 from .kit import job
 from .stores import BACKENDS, postgres_store
@@ -30,32 +28,6 @@ def _terminate(config: Config) -> int:
             (database,),
         ).fetchall()
     return len(rows)
-
-
-async def test_an_insert_by_another_process_nudges_the_poller_in_milliseconds(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    async with postgres_store(tmp_path) as config:
-        nudge_send, nudge_recv = trio.open_memory_channel[Nudge](NUDGE_BUFFER)
-        async with open_backend(config, nudge_send=nudge_send) as _listening, open_backend(config) as other:
-            with trio.fail_after(5):
-                await nudge_recv.receive()  # the listener's first nudge, once it listens
-            while True:  # nothing else waits
-                try:
-                    nudge_recv.receive_nowait()
-                except trio.WouldBlock:
-                    break
-            t0 = time.perf_counter()
-            await other.insert([job()])
-            with trio.fail_after(2):
-                assert await nudge_recv.receive() is None
-            assert time.perf_counter() - t0 < 0.5
-
-            await other.insert([job(delay=3600.0)])  # not due: nobody needs waking
-            with trio.move_on_after(0.3) as waited:
-                await nudge_recv.receive()
-            assert waited.cancelled_caught
-        nudge_recv.close()
-
-
 
 
 async def test_a_drain_survives_the_server_dropping_every_connection(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -23,8 +23,7 @@ from conftest import fast_config
 
 import pipeline
 from pipeline import Config
-from pipeline.backends import Nudge, open_backend
-from pipeline.backends.base import NUDGE_BUFFER
+from pipeline.backends import open_backend
 from pipeline.config import RedisSettings
 from pipeline.errors import ConfigError
 
@@ -98,30 +97,6 @@ async def test_a_server_whose_config_cannot_be_read_is_refused_unless_allowed(tm
                 pass
         async with open_backend(config.replace(redis=RedisSettings(allow_non_durable=True))) as backend:
             await backend.ping()
-
-
-async def test_an_insert_by_another_process_nudges_the_poller_within_half_a_second(tmp_path: Path) -> None:
-    async with redis_store(tmp_path) as config:
-        nudge_send, nudge_recv = trio.open_memory_channel[Nudge](NUDGE_BUFFER)
-        async with open_backend(config, nudge_send=nudge_send) as _listening, open_backend(config) as other:
-            with trio.fail_after(5):
-                await nudge_recv.receive()  # the listener's first nudge, once it listens
-            while True:  # nothing else waits
-                try:
-                    nudge_recv.receive_nowait()
-                except trio.WouldBlock:
-                    break
-            t0 = time.perf_counter()
-            await other.insert([job()])
-            with trio.fail_after(2):
-                assert await nudge_recv.receive() is None
-            assert time.perf_counter() - t0 < 0.5
-
-            await other.insert([job(delay=3600.0)])  # not due: nobody needs waking
-            with trio.move_on_after(0.3) as waited:
-                await nudge_recv.receive()
-            assert waited.cancelled_caught
-        nudge_recv.close()
 
 
 async def test_a_unique_key_leaves_no_entry_behind_once_its_job_has_finished(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ connection costs at most one interval.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -25,6 +26,7 @@ from psycopg import pq
 from ...config import masked_url
 from ...errors import StoreError
 from ..base import Nudge, nudge
+from ..batches import listen_for_work
 from .db import connect
 from .store import CHANNEL
 
@@ -44,39 +46,23 @@ def _listening(url: str) -> tuple[psycopg.Connection[Any], str]:
 
 async def run_listener(url: str, nudge_send: trio.MemorySendChannel[Nudge], *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """Nudge the Poller at every notification for this schema, until cancelled."""
-    delay = 0.05
-    started = False
-    with nudge_send:
+
+    async def listen(listening: tuple[psycopg.Connection[Any], str]) -> None:
+        conn, schema = listening
+        pgconn = conn.pgconn
         while True:
-            try:
-                conn, schema = await trio.to_thread.run_sync(_listening, url)
-            except (StoreError, psycopg.Error) as exc:
-                if not started:
-                    raise StoreError(f"database {masked_url(url)}: cannot LISTEN for new jobs: {exc}") from None
-                log.warning("database %s: listening for new jobs again in %.2f s (%s)", masked_url(url), delay, exc)
-                await trio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-                continue
-            try:
-                if not started:
-                    started = True
-                    task_status.started()
-                else:
-                    log.info("database %s: listening for new jobs again", masked_url(url))
-                delay = 0.05
-                nudge(nudge_send)  # whatever became due while nobody here listened
-                pgconn = conn.pgconn
-                while True:
-                    await trio.lowlevel.wait_readable(pgconn.socket)
-                    pgconn.consume_input()  # raises once the server has closed the connection
-                    if pgconn.status == pq.ConnStatus.BAD:
-                        raise psycopg.OperationalError("the connection is broken")
-                    woken = False
-                    while (note := pgconn.notifies()) is not None:
-                        woken = woken or note.extra.decode() == schema
-                    if woken:
-                        nudge(nudge_send)
-            except (psycopg.Error, OSError) as exc:
-                log.warning("database %s: the listening connection dropped (%s); reconnecting", masked_url(url), exc)
-            finally:
-                conn.close()
+            await trio.lowlevel.wait_readable(pgconn.socket)
+            pgconn.consume_input()  # raises once the server has closed the connection
+            if pgconn.status == pq.ConnStatus.BAD:
+                raise psycopg.OperationalError("the connection is broken")
+            woken = False
+            while (note := pgconn.notifies()) is not None:
+                woken = woken or note.extra.decode() == schema
+            if woken:
+                nudge(nudge_send)
+
+    await listen_for_work(
+        f"database {masked_url(url)}", "LISTEN", connect=functools.partial(_listening, url), listen=listen,
+        close=lambda listening: listening[0].close(), errors=(StoreError, psycopg.Error, OSError),
+        nudge_send=nudge_send, logger=log, task_status=task_status,
+    )

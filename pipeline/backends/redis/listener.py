@@ -14,6 +14,7 @@ listens again: whatever was made due meanwhile is claimed then. Polling stays th
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -22,8 +23,8 @@ import trio
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ...errors import StoreError
 from ..base import Nudge, nudge
+from ..batches import listen_for_work
 from .db import CONNECT_TIMEOUT
 
 log = logging.getLogger("pipeline.redis")
@@ -56,41 +57,24 @@ def _drain(pubsub: Any) -> int:
 async def run_listener(url: str, channel: str, shown: str, nudge_send: trio.MemorySendChannel[Nudge], *,
                        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """Nudge the Poller at every message on ``channel``, until cancelled."""
-    delay = 0.05
-    started = False
-    with nudge_send:
+
+    async def listen(subscribed: tuple[redis.Redis, Any]) -> None:
+        _, pubsub = subscribed
+        # (redis-py keeps the socket private; the subscription's connection is its own)
+        sock = pubsub.connection._sock
         while True:
-            try:
-                client, pubsub = await trio.to_thread.run_sync(_subscribed, url, channel)
-            except (redis.exceptions.RedisError, OSError) as exc:
-                if not started:
-                    raise StoreError(f"redis {shown}: cannot SUBSCRIBE for new jobs: {exc}") from None
-                log.warning("redis %s: listening for new jobs again in %.2f s (%s)", shown, delay, exc)
-                await trio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-                continue
-            try:
-                if not started:
-                    started = True
-                    task_status.started()
-                else:
-                    log.info("redis %s: listening for new jobs again", shown)
-                delay = 0.05
-                nudge(nudge_send)  # whatever became due while nobody here listened
-                # (redis-py keeps the socket private; the subscription's connection is its own)
-                sock = pubsub.connection._sock
-                while True:
-                    await trio.lowlevel.wait_readable(sock)
-                    # at least one message, or the end of the connection (which raises)
-                    if await trio.to_thread.run_sync(_drain, pubsub):
-                        nudge(nudge_send)
-                    elif pubsub.connection is None or pubsub.connection._sock is not sock:
-                        raise redis.exceptions.ConnectionError("the subscription's connection was replaced")
-            except (redis.exceptions.RedisError, OSError) as exc:
-                log.warning("redis %s: the listening connection dropped (%s); reconnecting", shown, exc)
-            finally:
-                with trio.CancelScope(shield=True):
-                    await trio.to_thread.run_sync(_close, client, pubsub)
+            await trio.lowlevel.wait_readable(sock)
+            # at least one message, or the end of the connection (which raises)
+            if await trio.to_thread.run_sync(_drain, pubsub):
+                nudge(nudge_send)
+            elif pubsub.connection is None or pubsub.connection._sock is not sock:
+                raise redis.exceptions.ConnectionError("the subscription's connection was replaced")
+
+    await listen_for_work(
+        f"redis {shown}", "SUBSCRIBE", connect=functools.partial(_subscribed, url, channel), listen=listen,
+        close=lambda subscribed: _close(*subscribed), errors=(redis.exceptions.RedisError, OSError),
+        nudge_send=nudge_send, logger=log, task_status=task_status,
+    )
 
 
 def _close(client: redis.Redis, pubsub: Any) -> None:
