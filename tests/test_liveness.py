@@ -20,7 +20,7 @@ import httpx
 import pytest
 import trio
 from conftest import fast_config
-from jobkit import Echo, registry, wait_status
+from jobkit import Echo, Tick, registry, wait_status
 
 import pipeline
 from pipeline import ConfigError, Registry, StoreError
@@ -334,3 +334,38 @@ async def test_a_job_committed_by_another_process_starts_without_waiting_for_a_p
             conn.close()
             with trio.fail_after(1.0):
                 await wait_status(p, job_id, "completed")
+
+
+async def test_a_job_committed_by_another_process_starts_at_once_while_the_ledger_is_busy(db_path: Path) -> None:
+    """While this process's Ledger writes a batch every millisecond or so (here: outcomes of
+    echo jobs that end one by one, which claim nothing), the WAL watch leaves the look for
+    other processes' commits to those batches (each reads PRAGMA data_version as it begins):
+    a job another connection commits must still start in milliseconds, not at the poll."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the WAL watch uses Linux's inotify; elsewhere the poll interval is the fallback")
+    config = fast_config(db_path, worker_poll_interval_ms=60_000)
+    reg = registry(concurrency=2100)
+    async with pipeline.open_pipeline(config, reg) as p:
+        # 2,000 echo jobs, all claimed at once, ending one every millisecond for 2 s: a steady stream of outcomes
+        ids = await p.enqueue_many([Echo(str(i), sleep=0.5 + i * 0.001) for i in range(2000)])
+        await wait_status(p, ids[0], "running")
+        waits = []
+        for _ in range(5):
+            await trio.sleep(0.2)
+            assert (await p.backend.get(ids[-1])).status == "running", "the stream of outcomes ended too soon for the test"
+
+            def commit_elsewhere() -> str:
+                conn = sqlite3.connect(db_path, isolation_level=None, timeout=5)
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                    job_id = pipeline.enqueue_in_transaction(conn, Tick(), registry=reg)
+                    conn.execute("COMMIT")
+                    return job_id
+                finally:
+                    conn.close()
+
+            job_id = await trio.to_thread.run_sync(commit_elsewhere)
+            committed = trio.current_time()
+            await wait_status(p, job_id, "completed", timeout=5.0)
+            waits.append(trio.current_time() - committed)
+            assert waits[-1] < 0.5, f"a job committed elsewhere waited {waits[-1]:.2f} s while the Ledger was busy"

@@ -33,7 +33,7 @@ from . import migrations, queries, schedules, store
 from .bulk import BulkInsert
 from .db import Database, describe, open_database
 from .ledger import Command, LedgerStats, run_ledger
-from .watch import watch_commits
+from .watch import Lookout, watch_commits
 
 if TYPE_CHECKING:
     from ...engine.diagrams import Wiring
@@ -311,12 +311,13 @@ async def open_sqlite_backend(
             wiring.edge("Ledger", "SQLite", "one writer: BEGIN IMMEDIATE per batch")
         else:
             ledger_send, ledger_recv = trio.open_memory_channel[Command](LEDGER_INBOX)
-        await tn.start(functools.partial(run_ledger, db, ledger_recv, nudge_send, stats, offers_recv=offers_recv))
+        lookout = Lookout()
+        await tn.start(functools.partial(run_ledger, db, ledger_recv, nudge_send, stats, offers_recv=offers_recv, lookout=lookout))
         watching = trio.CancelScope()
 
         async def watch(task_status: trio.TaskStatus[bool] = trio.TASK_STATUS_IGNORED) -> None:
             with watching:
-                await watch_commits(db, nudge_send, task_status=task_status)
+                await watch_commits(db, nudge_send, lookout, task_status=task_status)
 
         # a Poller listens: wake it when another process commits
         if listening and await tn.start(watch) and wiring is not None:

@@ -35,6 +35,7 @@ from ..batches import BATCH_LIMIT, answer, fail_in_hand, gather, take_offer
 from ..trays import Tray
 from . import store
 from .db import Database, describe
+from .watch import Lookout
 
 log = logging.getLogger("pipeline.ledger")
 
@@ -89,12 +90,14 @@ def _begin(conn: sqlite3.Connection, wait_ms: int) -> None:
     conn.execute("BEGIN IMMEDIATE")
 
 
-def _apply_batch(conn: sqlite3.Connection, batch: list[Command], wait_ms: int) -> list[tuple[bool, Any]]:
+def _apply_batch(conn: sqlite3.Connection, batch: list[Command], wait_ms: int) -> tuple[list[tuple[bool, Any]], int]:
     """Runs in the database thread: one transaction; all outcomes in one executemany per
     kind, all inserted rows in one executemany; every other command under a savepoint of
-    its own. ``BEGIN IMMEDIATE`` waits at most ``wait_ms`` for another writer's lock."""
+    its own. ``BEGIN IMMEDIATE`` waits at most ``wait_ms`` for another writer's lock.
+    Returns the results and ``PRAGMA data_version`` as the transaction began (see Lookout)."""
     results: list[tuple[bool, Any]] = [(False, None)] * len(batch)
     _begin(conn, wait_ms)
+    version = int(conn.execute("PRAGMA data_version").fetchone()[0])
     # the clock is read once the lock is ours: a lease claimed after a long wait for the
     # lock runs its full length from the commit, not from when the batch began to wait
     now = now_ts()
@@ -143,7 +146,7 @@ def _apply_batch(conn: sqlite3.Connection, batch: list[Command], wait_ms: int) -
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
-    return results
+    return results, version
 
 
 def _insert_all(conn: sqlite3.Connection, inserts: list[tuple[int, list[NewJob]]], results: list[tuple[bool, Any]]) -> None:
@@ -186,7 +189,7 @@ def _alone(conn: sqlite3.Connection, fn: Callable[[], Any]) -> tuple[bool, Any]:
 LOCK_PATIENCE = 30.0  # seconds a batch waits, in all, while another process holds the write lock
 
 
-async def _write_patiently(db: Database, batch: list[Command], stats: LedgerStats) -> list[tuple[bool, Any]]:
+async def _write_patiently(db: Database, batch: list[Command], stats: LedgerStats) -> tuple[list[tuple[bool, Any]], int]:
     """Run the batch; while another process holds the write lock, wait for it (SQLite's
     busy handler) and try again, until LOCK_PATIENCE has passed on the clock since the
     first try: one deadline, whatever busy_timeout is, so that nobody waits longer than that
@@ -198,7 +201,7 @@ async def _write_patiently(db: Database, batch: list[Command], stats: LedgerStat
     while True:
         wait_ms = max(0, min(db.busy_timeout_ms, int((deadline - trio.current_time()) * 1000)))
         try:
-            results = await db.write(_apply_batch, batch, wait_ms)
+            done = await db.write(_apply_batch, batch, wait_ms)
         except sqlite3.OperationalError as exc:
             locked = "locked" in str(exc) or "busy" in str(exc)
             left = deadline - trio.current_time()
@@ -212,7 +215,7 @@ async def _write_patiently(db: Database, batch: list[Command], stats: LedgerStat
             delay = min(delay * 2, 1.0)
             continue
         stats.trouble = None
-        return results
+        return done
 
 
 @attrs.define
@@ -231,6 +234,7 @@ async def run_ledger(
     stats: LedgerStats,
     *,
     offers_recv: trio.MemoryReceiveChannel[ClaimOffer] | None = None,
+    lookout: Lookout | None = None,
     batch_limit: int = BATCH_LIMIT,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -240,13 +244,16 @@ async def run_ledger(
     Poller's standing offer from ``offers_recv``, if one waits, and claims for it in the
     same transaction: a job written by this process starts as soon as its insert commits.
     The leases go back on ``nudge_send`` as a :class:`Claimed`; every offer taken is
-    answered, with no leases if the batch failed."""
+    answered, with no leases if the batch failed. Every batch tells ``lookout`` whether
+    another process committed since the last one (and nudges the Poller if so)."""
+    lookout = lookout if lookout is not None else Lookout()
+    lookout.inbox = inbox_recv
     batch: list[Command] = []
     taken: list[ClaimOffer] = []  # the offer in the batch in hand, until answered
     with inbox_recv, nudge_send, (offers_recv or _NO_OFFERS):
         task_status.started()
         try:
-            await _serve(db, inbox_recv, nudge_send, stats, offers_recv, batch_limit, batch, taken)
+            await _serve(db, inbox_recv, nudge_send, stats, offers_recv, lookout, batch_limit, batch, taken)
         finally:
             fail_in_hand(batch, inbox_recv)  # (the Poller, shielded, must not wait for ever)
             for offer in taken:
@@ -262,6 +269,7 @@ async def _serve(
     nudge_send: trio.MemorySendChannel[Nudge],
     stats: LedgerStats,
     offers_recv: trio.MemoryReceiveChannel[ClaimOffer] | None,
+    lookout: Lookout,
     batch_limit: int,
     batch: list[Command],
     taken: list[ClaimOffer],
@@ -276,9 +284,11 @@ async def _serve(
             batch.append(Command("claim", functools.partial(store.claim_leases, wants=offer.wants, owner=offer.owner,
                                                             lease_seconds=offer.lease_seconds, start=offer.start,
                                                             limits=offer.limits), Reply()))
+        handed = lookout.hand()
         try:
-            results = await _write_patiently(db, batch, stats)
+            results, version = await _write_patiently(db, batch, stats)
         except sqlite3.Error as exc:
+            lookout.finish()
             # the transaction as a whole failed (locked past busy_timeout, disk full at
             # COMMIT, I/O error): nothing of it was written; every caller hears so and
             # decides (an enqueue raises, a worker retries its outcome)
@@ -292,9 +302,12 @@ async def _serve(
                 taken.clear()
                 answer(nudge_send, Claimed(offer, []))
             continue
+        # another process committed before this batch began: tell the Poller (the WAL watch
+        # leaves it to a busy Ledger, see watch.py)
+        wake = lookout.saw(version)
+        lookout.finish(looked=handed)
         stats.batches += 1
         stats.commands += len(batch) + outcomes  # each outcome counts as one
-        wake = False
         for command, (ok, value) in zip(batch, results):
             if ok:
                 command.reply.set(value)
