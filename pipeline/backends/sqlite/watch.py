@@ -34,6 +34,7 @@ def _version(conn: sqlite3.Connection) -> int:
 
 
 LEDGER_WAIT = 0.05  # seconds the watch waits for a busy Ledger's next batch before it looks itself
+RECHECK = (0.0005, 0.001, 0.002, 0.004, 0.008)  # seconds between looks again after a WAL write that showed no commit yet
 QUIET = 0.002  # seconds without a batch after which the Ledger counts as quiet: the watch watches again
 
 
@@ -151,6 +152,14 @@ async def watch_commits(
                 # events of the commits meanwhile wake us at once (they wait in inotify's queue)
                 await lookout.quiet()
                 continue
-            # between the Ledger's batches, on its connection
-            if lookout.saw(await db.write(_version)):
-                nudge(nudge_send)
+            # between the Ledger's batches, on its connection; a commit's first WAL write wakes
+            # us before it is visible (its fsync is still on the way): unless a later write
+            # wakes us, look again a few times
+            for delay in (0, *RECHECK):
+                if delay:
+                    with trio.move_on_after(delay):
+                        await trio.lowlevel.wait_readable(watcher.fileno())
+                        break  # more was written: the loop above looks
+                if lookout.saw(await db.write(_version)):
+                    nudge(nudge_send)
+                    break
