@@ -9,6 +9,8 @@ rounds, Huey's consumer as its documentation starts it (`huey_consumer app.huey 
 one worker process per core, `-q`) drains as many no-op tasks from its SQLite backend (`--backend
 sqlite`, `fsync=True`) or its Redis one (`--backend redis`). Three rounds, alternating, medians.
 A drain rate counts from the first job done to the last (the start-up is printed apart).
+`--logging-cost` adds, in the same rounds, the default way with `LOG_LEVEL=warning` (no line per job),
+and prints what the line per job costs.
 """
 
 from __future__ import annotations
@@ -83,10 +85,13 @@ def watch(args: list[str], env: dict[str, str], log: Path, done: Callable[[], in
     return (jobs - first[1]) / max(now - first[0], 1e-9), first[0] - started
 
 
-def pipeline_drain(stores: Stores, directory: Path, jobs: int, concurrency: int, processes: str | None) -> tuple[float, float, float]:
+def pipeline_drain(stores: Stores, directory: Path, jobs: int, concurrency: int, processes: str | None,
+                   log_level: str | None = None) -> tuple[float, float, float]:
     url = stores.fresh("service")
     try:
         env = settings(stores, url, concurrency)
+        if log_level:
+            env["LOG_LEVEL"] = log_level
         loaded = load(directory, jobs, env)
         args = [sys.executable, "-m", "pipeline"] + (["--processes", processes] if processes else [])
         rate, start_up = watch(args, env, directory / "service.log", lambda: stores.completed(url), jobs)
@@ -127,8 +132,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=32, help="WORKER_CONCURRENCY (default 32; the type's default is 2)")
     parser.add_argument("--no-huey", action="store_true", help="leave out Huey's consumer")
+    parser.add_argument("--logging-cost", action="store_true", help="also the default way with LOG_LEVEL=warning")
     options = parser.parse_args()
-    ways = {"--processes 1": "1", f"default ({os.cpu_count()} worker processes)": None}
+    default = f"default ({os.cpu_count()} worker processes)"
+    quiet = f"{default} with LOG_LEVEL=warning"
+    ways: dict[str, tuple[str | None, str | None]] = {"--processes 1": ("1", None), default: (None, None)}
+    if options.logging_cost:
+        ways[quiet] = (None, "warning")
     rates: dict[str, list[float]] = {way: [] for way in ways}
     loads: list[float] = []
     peer = options.backend != "postgres" and not options.no_huey
@@ -144,9 +154,10 @@ def main() -> None:
         stores = open_stores(options.backend, Path(tmp) / "stores")
         try:
             for _ in range(options.rounds):
-                for way, processes in ways.items():
+                for way, (processes, log_level) in ways.items():
                     with tempfile.TemporaryDirectory(dir=tmp) as work:
-                        rate, start_up, loaded = pipeline_drain(stores, Path(work), options.jobs, options.concurrency, processes)
+                        rate, start_up, loaded = pipeline_drain(stores, Path(work), options.jobs, options.concurrency, processes,
+                                                                log_level)
                     rates[way].append(rate)
                     loads.append(loaded)
                     print(f"{way}: {rate:,.0f} jobs/s (first job done {start_up:.2f} s after start)", flush=True)
@@ -163,8 +174,13 @@ def main() -> None:
     huey = statistics.median(hueys) if hueys else None
     for way, values in rates.items():
         ratio = f" ({statistics.median(values) / huey:.1f}× Huey)" if huey else ""
-        print(f"python -m pipeline {way}, WORKER_CONCURRENCY={options.concurrency}, default logging: "
+        logging_ = "" if way == quiet else ", default logging"
+        print(f"python -m pipeline {way}, WORKER_CONCURRENCY={options.concurrency}{logging_}: "
               f"{statistics.median(values):,.0f} jobs/s{ratio}")
+    if options.logging_cost:
+        costs = [1 - with_lines / without for with_lines, without in zip(rates[default], rates[quiet])]
+        print(f"the line per job costs {statistics.median(costs):.0%} of the drain rate "
+              f"(median of the rounds' costs: {', '.join(f'{c:.0%}' for c in costs)})")
     if huey:
         print(f"Huey consumer ({options.backend}), {os.cpu_count()} worker processes, -q: {huey:,.0f} tasks/s")
 

@@ -53,3 +53,18 @@ def test_python_m_pipeline_bench_runs_the_script() -> None:
     proc = subprocess.run([sys.executable, "-m", "pipeline", "bench", "--runs", "0"], capture_output=True, text=True,
                           timeout=60, check=False)
     assert proc.returncode == 2 and "--runs must be at least 1" in proc.stderr  # bench.py's own check, reached through the CLI
+
+
+@pytest.mark.slow
+def test_the_service_benchmark_runs_the_service_as_started(tmp_path: Path) -> None:
+    """benchmarks/service.py on a tiny backlog: the CLI load, `python -m pipeline` with one and
+    with the default processes, and with LOG_LEVEL=warning, every job completed each time."""
+    proc = subprocess.run(
+        [sys.executable, str(BENCH.with_name("service.py")), "--jobs", "300", "--rounds", "1", "--no-huey", "--logging-cost"],
+        capture_output=True, text=True, timeout=240, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for line in ("enqueue --from-file, 300 lines:", "python -m pipeline --processes 1, WORKER_CONCURRENCY=32, default logging:",
+                 "worker processes), WORKER_CONCURRENCY=32, default logging:", "worker processes) with LOG_LEVEL=warning",
+                 "the line per job costs"):
+        assert line in proc.stdout, f"{line!r} missing from\n{proc.stdout}"
