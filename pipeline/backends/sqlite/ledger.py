@@ -288,7 +288,6 @@ async def _serve(
         try:
             results, version = await _write_patiently(db, batch, stats)
         except sqlite3.Error as exc:
-            lookout.finish()
             # the transaction as a whole failed (locked past busy_timeout, disk full at
             # COMMIT, I/O error): nothing of it was written; every caller hears so and
             # decides (an enqueue raises, a worker retries its outcome)
@@ -302,10 +301,12 @@ async def _serve(
                 taken.clear()
                 answer(nudge_send, Claimed(offer, []))
             continue
+        finally:
+            lookout.finish()  # (a batch that failed did not look: the watch waiting for it looks itself)
         # another process committed before this batch began: tell the Poller (the WAL watch
         # leaves it to a busy Ledger, see watch.py)
         wake = lookout.saw(version)
-        lookout.finish(looked=handed)
+        lookout.looked = handed  # (before the watch woken by finish() runs: no checkpoint in between)
         stats.batches += 1
         stats.commands += len(batch) + outcomes  # each outcome counts as one
         for command, (ok, value) in zip(batch, results):

@@ -69,9 +69,8 @@ class Lookout:
         self._handed = trio.Event()
         return self.handed
 
-    def finish(self, looked: int = 0) -> None:
+    def finish(self) -> None:
         self.finished += 1
-        self.looked = max(self.looked, looked)
         self.finished_at = trio.current_time()
         self._finished.set()
         self._finished = trio.Event()
