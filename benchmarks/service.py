@@ -7,7 +7,9 @@ job, to a file), and the script waits until every job is completed, reading the 
 It does so with `--processes 1` and with the default (one worker process per core). In the same
 rounds, Huey's consumer as its documentation starts it (`huey_consumer app.huey -w 2 -k process`,
 one worker process per core, `-q`) drains as many no-op tasks from its SQLite backend (`--backend
-sqlite`, `fsync=True`) or its Redis one (`--backend redis`). Three rounds, alternating, medians.
+sqlite`, `fsync=True`) or its Redis one (`--backend redis`), and on Redis Dramatiq's worker as its
+documentation starts it (`dramatiq app`: a process per core, 8 threads each). Three rounds, alternating,
+medians.
 A drain rate counts from the first job done to the last (the start-up is printed apart).
 `--logging-cost` adds, in the same rounds, the default way with `LOG_LEVEL=warning` (no line per job),
 and prints what the line per job costs.
@@ -125,6 +127,42 @@ def huey_drain(backend: str, stores: Stores, directory: Path, jobs: int) -> tupl
             huey_app.huey.storage.flush_all()
 
 
+DRAMATIQ_APP = """
+import dramatiq
+from dramatiq.brokers.redis import RedisBroker
+
+dramatiq.set_broker(RedisBroker(url={redis!r}, namespace={name!r}))
+
+
+@dramatiq.actor(max_retries=0)
+def noop():
+    pass
+"""
+
+
+def dramatiq_drain(stores: Stores, directory: Path, jobs: int) -> tuple[float, float]:
+    """Dramatiq's worker as its documentation starts it (`dramatiq app`: one process per core, 8
+    threads each), on the same Redis; done = acknowledged (gone from the queue's message hash)."""
+    name = f"bench_dramatiq_{os.getpid()}_{time.monotonic_ns()}"
+    (directory / "dramatiq_app.py").write_text(DRAMATIQ_APP.format(redis=stores.server_url, name=name))  # type: ignore[attr-defined]
+    sys.path.insert(0, str(directory))
+    try:
+        sys.modules.pop("dramatiq_app", None)
+        import dramatiq_app  # type: ignore[import-not-found]
+
+        broker = dramatiq_app.dramatiq.get_broker()
+        for _ in range(jobs):
+            dramatiq_app.noop.send()
+        client = broker.client
+        messages = f"{name}:default.msgs"
+        env = dict(os.environ, PYTHONPATH=str(directory))
+        args = [str(Path(sys.executable).with_name("dramatiq")), "dramatiq_app"]
+        return watch(args, env, directory / "dramatiq.log", lambda: jobs - client.hlen(messages), jobs)
+    finally:
+        sys.path.remove(str(directory))
+        dramatiq_app.dramatiq.get_broker().flush_all()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=BACKENDS, default="sqlite")
@@ -132,6 +170,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=32, help="WORKER_CONCURRENCY (default 32; the type's default is 2)")
     parser.add_argument("--no-huey", action="store_true", help="leave out Huey's consumer")
+    parser.add_argument("--no-dramatiq", action="store_true", help="leave out Dramatiq's worker (--backend redis)")
     parser.add_argument("--logging-cost", action="store_true", help="also the default way with LOG_LEVEL=warning")
     options = parser.parse_args()
     default = f"default ({os.cpu_count()} worker processes)"
@@ -149,6 +188,14 @@ def main() -> None:
             print("huey is not installed (pip install -e '.[bench]'): no peer in this run", flush=True)
             peer = False
     hueys: list[float] = []
+    dramatiqs: list[float] = []
+    with_dramatiq = options.backend == "redis" and not options.no_dramatiq
+    if with_dramatiq:
+        try:
+            import dramatiq  # noqa: F401
+        except ImportError:
+            print("dramatiq is not installed (pip install -e '.[bench]'): no Dramatiq in this run", flush=True)
+            with_dramatiq = False
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "stores").mkdir()
         stores = open_stores(options.backend, Path(tmp) / "stores")
@@ -167,13 +214,21 @@ def main() -> None:
                     hueys.append(rate)
                     print(f"huey_consumer -w {os.cpu_count()} -k process: {rate:,.0f} tasks/s "
                           f"(first task done {start_up:.2f} s after start)", flush=True)
+                if with_dramatiq:
+                    with tempfile.TemporaryDirectory(dir=tmp) as work:
+                        rate, start_up = dramatiq_drain(stores, Path(work), options.jobs)
+                    dramatiqs.append(rate)
+                    print(f"dramatiq app: {rate:,.0f} messages/s (first done {start_up:.2f} s after start)", flush=True)
         finally:
             stores.close()
     print(f"backend {options.backend}, {options.jobs:,} jobs, medians of {options.rounds} rounds:")
     print(f"enqueue --from-file, {options.jobs:,} lines: {statistics.median(loads):,.0f} jobs/s")
     huey = statistics.median(hueys) if hueys else None
+    dramatiq_rate = statistics.median(dramatiqs) if dramatiqs else None
     for way, values in rates.items():
-        ratio = f" ({statistics.median(values) / huey:.1f}× Huey)" if huey else ""
+        ratios = [f"{statistics.median(values) / peer:.1f}× {label}" for label, peer in (("Huey", huey), ("Dramatiq", dramatiq_rate))
+                  if peer]
+        ratio = f" ({', '.join(ratios)})" if ratios else ""
         logging_ = "" if way == quiet else ", default logging"
         print(f"python -m pipeline {way}, WORKER_CONCURRENCY={options.concurrency}{logging_}: "
               f"{statistics.median(values):,.0f} jobs/s{ratio}")
@@ -183,6 +238,8 @@ def main() -> None:
               f"(median of the rounds' costs: {', '.join(f'{c:.0%}' for c in costs)})")
     if huey:
         print(f"Huey consumer ({options.backend}), {os.cpu_count()} worker processes, -q: {huey:,.0f} tasks/s")
+    if dramatiq_rate:
+        print(f"Dramatiq worker (redis), {os.cpu_count()} processes of 8 threads: {dramatiq_rate:,.0f} messages/s")
 
 
 if __name__ == "__main__":
