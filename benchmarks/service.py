@@ -84,6 +84,8 @@ def watch(args: list[str], env: dict[str, str], log: Path, done: Callable[[], in
             process.terminate()
             process.wait(60)
     assert first is not None
+    if first[1] >= jobs:  # all done by the first look (a tiny backlog): the rate counts the start-up too
+        return jobs / max(now - started, 1e-9), first[0] - started
     return (jobs - first[1]) / max(now - first[0], 1e-9), first[0] - started
 
 

@@ -340,6 +340,55 @@ async def test_a_job_committed_by_another_process_starts_without_waiting_for_a_p
             assert waited < 0.25, f"a job committed elsewhere waited {waited:.2f} s for an idle pipeline"
 
 
+SLOW_FSYNC = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <unistd.h>
+static void slow(void) { const char *ms = getenv("FSYNC_DELAY_MS"); if (ms) usleep(atoi(ms) * 1000); }
+int fsync(int fd) { static int (*real)(int); if (!real) real = dlsym(RTLD_NEXT, "fsync"); slow(); return real(fd); }
+int fdatasync(int fd) { static int (*real)(int); if (!real) real = dlsym(RTLD_NEXT, "fdatasync"); slow(); return real(fd); }
+"""
+
+FOREIGN_COMMIT = """
+import sqlite3, sys
+import pipeline
+from jobkit import Echo, registry
+conn = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=5)
+conn.execute("PRAGMA synchronous = FULL")
+conn.execute("BEGIN IMMEDIATE")
+print(pipeline.enqueue_in_transaction(conn, Echo("from a slow disk"), registry=registry()), flush=True)
+conn.execute("COMMIT")
+"""
+
+
+async def test_a_job_committed_by_a_process_whose_fsync_is_slow_starts_at_once(db_path: Path, tmp_path: Path) -> None:
+    """Another process whose fsync takes 40 ms (a loaded or network disk; here an LD_PRELOAD shim
+    around fsync): its first WAL write wakes the watch 40 ms before the commit is visible. The
+    watch's look waits for that writer's lock, so the job still starts at once (a look that
+    only read data_version found nothing, and the job waited for the poll)."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the WAL watch uses Linux's inotify; elsewhere the poll interval is the fallback")
+    shim = tmp_path / "slow_fsync.so"
+    (tmp_path / "slow_fsync.c").write_text(SLOW_FSYNC)
+    await trio.run_process(["gcc", "-shared", "-fPIC", "-o", str(shim), str(tmp_path / "slow_fsync.c"), "-ldl"])
+    (tmp_path / "foreign_commit.py").write_text(FOREIGN_COMMIT)
+    env = dict(os.environ, LD_PRELOAD=str(shim), FSYNC_DELAY_MS="40",
+               PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    config = fast_config(db_path, worker_poll_interval_ms=60_000, worker_lease_seconds=60.0)
+    async with pipeline.open_pipeline(config, registry()) as p:
+        await trio.sleep(0.3)  # the Poller's first claim is done; it now waits for the interval
+        for _ in range(4):
+            await trio.sleep(0.1)  # the Ledger is quiet
+            foreign = await trio.run_process([sys.executable, str(tmp_path / "foreign_commit.py"), str(db_path)], env=env,
+                                             capture_stdout=True)
+            returned = trio.current_time()  # the commit is visible by now
+            job_id = foreign.stdout.decode().strip()
+            await wait_status(p, job_id, "completed", timeout=5.0)
+            waited = trio.current_time() - returned
+            assert waited < 0.5, f"a job committed by a process with a slow fsync waited {waited:.2f} s"
+
+
 async def test_a_job_committed_by_another_process_starts_at_once_while_the_ledger_is_busy(db_path: Path) -> None:
     """While this process's Ledger writes a batch every millisecond or so (here: outcomes of
     echo jobs that end one by one, which claim nothing), the WAL watch leaves the look for

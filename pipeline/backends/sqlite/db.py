@@ -11,6 +11,7 @@ Two kinds of access:
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -23,6 +24,33 @@ from ...sqlite_files import ConnectionPool
 from . import migrations
 
 T = TypeVar("T")
+
+FINE_WAIT = 0.025  # seconds of the lock wait spent looking again every LOOK_EVERY, before SQLite's busy handler
+LOOK_EVERY = 0.0002
+
+
+def begin_immediate(conn: sqlite3.Connection, wait_ms: int) -> None:
+    """``BEGIN IMMEDIATE``, waiting at most ``wait_ms`` for another writer's lock: for its first
+    FINE_WAIT by looking again every LOOK_EVERY, then through SQLite's busy handler. The busy
+    handler sleeps 1, 2, 5, 10, 15 ms... between its looks: a lock held for one commit of another
+    process (a few ms) cost a batch up to 18 ms, the tail of the pickup from another process
+    and a brake on two processes taking the lock in turns."""
+    started = time.monotonic()
+    conn.execute("PRAGMA busy_timeout = 0")
+    while True:
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            waited = time.monotonic() - started
+            if waited >= FINE_WAIT or waited * 1000 >= wait_ms:
+                break
+            time.sleep(LOOK_EVERY)
+    conn.execute(f"PRAGMA busy_timeout = {max(0, int(wait_ms - (time.monotonic() - started) * 1000))}")
+    conn.execute("BEGIN IMMEDIATE")
+
 
 
 def describe(exc: sqlite3.Error, path: Path) -> StoreError:

@@ -34,7 +34,7 @@ from ..base import Claimed, ClaimOffer, NewJob, Nudge, nudge
 from ..batches import BATCH_LIMIT, answer, fail_in_hand, gather, take_offer
 from ..trays import Tray
 from . import store
-from .db import Database, describe
+from .db import Database, begin_immediate, describe
 from .watch import Lookout
 
 log = logging.getLogger("pipeline.ledger")
@@ -63,40 +63,13 @@ class Command:
         return self.wakes_poller or (self.tray is not None and self.tray.wakes_poller)
 
 
-FINE_WAIT = 0.025  # seconds of the lock wait spent looking again every LOOK_EVERY, before SQLite's busy handler
-LOOK_EVERY = 0.0002
-
-
-def _begin(conn: sqlite3.Connection, wait_ms: int) -> None:
-    """``BEGIN IMMEDIATE``, waiting at most ``wait_ms`` for another writer's lock: for its first
-    FINE_WAIT by looking again every LOOK_EVERY, then through SQLite's busy handler. The busy
-    handler sleeps 1, 2, 5, 10, 15 ms... between its looks: a lock held for one commit of another
-    process (a few ms) cost this batch up to 18 ms, the tail of the pickup from another process
-    and a brake on two processes taking the lock in turns."""
-    started = time.monotonic()
-    conn.execute("PRAGMA busy_timeout = 0")
-    while True:
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            return
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) and "busy" not in str(exc):
-                raise
-            waited = time.monotonic() - started
-            if waited >= FINE_WAIT or waited * 1000 >= wait_ms:
-                break
-            time.sleep(LOOK_EVERY)
-    conn.execute(f"PRAGMA busy_timeout = {max(0, int(wait_ms - (time.monotonic() - started) * 1000))}")
-    conn.execute("BEGIN IMMEDIATE")
-
-
 def _apply_batch(conn: sqlite3.Connection, batch: list[Command], wait_ms: int) -> tuple[list[tuple[bool, Any]], int]:
     """Runs in the database thread: one transaction; all outcomes in one executemany per
     kind, all inserted rows in one executemany; every other command under a savepoint of
     its own. ``BEGIN IMMEDIATE`` waits at most ``wait_ms`` for another writer's lock.
     Returns the results and ``PRAGMA data_version`` as the transaction began (see Lookout)."""
     results: list[tuple[bool, Any]] = [(False, None)] * len(batch)
-    _begin(conn, wait_ms)
+    begin_immediate(conn, wait_ms)
     version = int(conn.execute("PRAGMA data_version").fetchone()[0])
     # the clock is read once the lock is ours: a lease claimed after a long wait for the
     # lock runs its full length from the commit, not from when the batch began to wait
