@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -369,6 +370,8 @@ async def test_a_job_committed_by_a_process_whose_fsync_is_slow_starts_at_once(d
     only read data_version found nothing, and the job waited for the poll)."""
     if not sys.platform.startswith("linux"):
         pytest.skip("the WAL watch uses Linux's inotify; elsewhere the poll interval is the fallback")
+    if shutil.which("gcc") is None:
+        pytest.skip("builds its fsync shim with gcc (Debian: apt-get install gcc)")
     shim = tmp_path / "slow_fsync.so"
     (tmp_path / "slow_fsync.c").write_text(SLOW_FSYNC)
     await trio.run_process(["gcc", "-shared", "-fPIC", "-o", str(shim), str(tmp_path / "slow_fsync.c"), "-ldl"])
