@@ -54,6 +54,15 @@ def config(db_path: Path) -> Config:
     return fast_config(db_path)
 
 
+@pytest.fixture
+def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """For the CLI's tests: DATABASE_URL points at a fresh file; the working folder has no .env."""
+    path = tmp_path / "cli.db"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DATABASE_URL", f"sqlite:///{path}")
+    return path
+
+
 def service_available(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=0.5):

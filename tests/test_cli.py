@@ -31,15 +31,6 @@ from pipeline.cli import main
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """DATABASE_URL points at a fresh file; the working folder has no .env."""
-    path = tmp_path / "cli.db"
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("DATABASE_URL", f"sqlite:///{path}")
-    return path
-
-
 def run(*argv: str) -> tuple[int, str]:
     out = io.StringIO()
     code = main(list(argv), stdout=out)

@@ -318,13 +318,15 @@ def test_the_config_refuses_a_busy_timeout_that_could_eat_the_lease() -> None:
 
 # -- a job committed by another process starts in milliseconds (issue 14) -----------------------------
 
+WAL_WATCH = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                               reason="the WAL watch uses Linux's inotify; elsewhere the poll interval is the fallback")
 
+
+@WAL_WATCH
 async def test_a_job_committed_by_another_process_starts_without_waiting_for_a_poll(db_path: Path) -> None:
     """The WAL watch (Linux inotify): with a 60 s poll interval and leases of a minute (no
     upkeep batch of the Ledger's own, which would look too), a job another connection commits
     (the outbox pattern, the CLI, another service) to an idle pipeline starts in milliseconds."""
-    if not sys.platform.startswith("linux"):
-        pytest.skip("the WAL watch uses Linux's inotify; elsewhere the poll interval is the fallback")
     config = fast_config(db_path, worker_poll_interval_ms=60_000, worker_lease_seconds=60.0)
     async with pipeline.open_pipeline(config, registry()) as p:
         await trio.sleep(0.3)  # the Poller's first claim is done; it now waits for the interval
@@ -363,13 +365,12 @@ conn.execute("COMMIT")
 """
 
 
+@WAL_WATCH
 async def test_a_job_committed_by_a_process_whose_fsync_is_slow_starts_at_once(db_path: Path, tmp_path: Path) -> None:
     """Another process whose fsync takes 40 ms (a loaded or network disk; here an LD_PRELOAD shim
     around fsync): its first WAL write wakes the watch 40 ms before the commit is visible. The
     watch's look waits for that writer's lock, so the job still starts at once (a look that
     only read data_version found nothing, and the job waited for the poll)."""
-    if not sys.platform.startswith("linux"):
-        pytest.skip("the WAL watch uses Linux's inotify; elsewhere the poll interval is the fallback")
     if shutil.which("gcc") is None:
         pytest.skip("builds its fsync shim with gcc (Debian: apt-get install gcc)")
     shim = tmp_path / "slow_fsync.so"
@@ -392,13 +393,12 @@ async def test_a_job_committed_by_a_process_whose_fsync_is_slow_starts_at_once(d
             assert waited < 0.5, f"a job committed by a process with a slow fsync waited {waited:.2f} s"
 
 
+@WAL_WATCH
 async def test_a_job_committed_by_another_process_starts_at_once_while_the_ledger_is_busy(db_path: Path) -> None:
     """While this process's Ledger writes a batch every millisecond or so (here: outcomes of
     echo jobs that end one by one, which claim nothing), the WAL watch leaves the look for
     other processes' commits to those batches (each reads PRAGMA data_version as it begins):
     a job another connection commits must still start in milliseconds, not at the poll."""
-    if not sys.platform.startswith("linux"):
-        pytest.skip("the WAL watch uses Linux's inotify; elsewhere the poll interval is the fallback")
     config = fast_config(db_path, worker_poll_interval_ms=60_000)
     reg = registry(concurrency=2100)
     async with pipeline.open_pipeline(config, reg) as p:

@@ -149,14 +149,6 @@ def test_declaring_a_schedule_checks_every_part() -> None:
 # -- the CLI ------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "cli.db"
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("DATABASE_URL", f"sqlite:///{path}")
-    return path
-
-
 def run(*argv: str) -> tuple[int, str]:
     out = io.StringIO()
     code = main(list(argv), stdout=out, registry=registry())

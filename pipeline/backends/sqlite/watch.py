@@ -69,7 +69,7 @@ class Lookout:
         self.handed = 0  # batches handed to the database thread
         self.finished = 0  # of those, how many came back (written or failed)
         self.looked = 0  # the last batch, by its number in ``handed``, that read the version
-        self.inbox: Any = None  # the Ledger's inbox (a MemoryReceiveChannel): commands waiting
+        self.inbox: trio.MemoryReceiveChannel[Any] | None = None  # the Ledger's inbox: commands waiting
         self.finished_at = -float("inf")  # trio time the last batch came back
         self._finished = trio.Event()
         self._handed = trio.Event()
@@ -96,36 +96,37 @@ class Lookout:
         waiting = self.inbox.statistics().current_buffer_used if self.inbox is not None else 0
         return self.finished == self.handed and not waiting
 
+    async def _handed_soon(self) -> bool:
+        """While the Ledger is idle: whether it is handed a batch within QUIET of its last one
+        (a busy Ledger is idle for moments between batches); False once it is quiet."""
+        left = self.finished_at + QUIET - trio.current_time()
+        if left > 0:
+            with trio.move_on_after(left):
+                await self._handed.wait()
+                return True
+        return False
+
     async def ledger_looks_after(self, mark: int) -> bool:
         """Whether a batch handed after the ``mark``-th read the version (and nudged the Poller
-        if it moved), waiting for one while the Ledger has work in hand or waiting, or wrote
-        a batch in the last QUIET seconds (a busy Ledger is idle for moments between batches);
-        False once it is quiet (or after LEDGER_WAIT): then the caller reads the version."""
+        if it moved), waiting for one while the Ledger is busy; False once it is quiet (or
+        after LEDGER_WAIT): then the caller looks itself."""
         with trio.move_on_after(LEDGER_WAIT):
             while self.looked <= mark:
-                if self.idle():
-                    left = self.finished_at + QUIET - trio.current_time()
-                    if left <= 0:
-                        return False
-                    with trio.move_on_after(left):
-                        await self._handed.wait()
-                        continue
+                if not self.idle():
+                    await self._finished.wait()
+                elif not await self._handed_soon():
                     return False
-                await self._finished.wait()
             return True
         return False
 
     async def quiet(self) -> None:
-        """Until the Ledger has had nothing in hand or waiting for QUIET seconds: while it
-        writes batches, each one looks, and the watch need not wake for every commit."""
+        """Until the Ledger is quiet: while it writes batches, each one looks, and the watch
+        need not wake for every commit."""
         while True:
             while not self.idle():
                 await self._finished.wait()
-            left = self.finished_at + QUIET - trio.current_time()
-            if left <= 0:
+            if not await self._handed_soon():
                 return
-            with trio.move_on_after(left):
-                await self._handed.wait()
 
 
 async def watch_commits(
