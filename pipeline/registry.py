@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import collections
 import datetime as dt
+import functools
+import inspect
 import json
 import re
 import typing
@@ -199,6 +201,8 @@ class Registry:
             raise ValueError(f"job type {name!r}: max_attempts must be >= 1")
         if global_limit is not None and (isinstance(global_limit, bool) or not isinstance(global_limit, int) or global_limit < 1):
             raise ValueError(f"job type {name!r}: global_limit must be an integer >= 1, got {global_limit!r}")
+        if handler is not None:
+            _check_handler(name, handler)
         existing = self._jobs.get(name)
         if existing is not None and existing.cls is not cls:
             raise ValueError(f"job type {name!r} is already registered with {existing.cls.__name__}")
@@ -372,6 +376,42 @@ class Registry:
 
     def route(self, event: Any, config: Config) -> list[Routed]:
         return self.event_spec(self.event_name_of(event)).route(event, config)
+
+
+def _check_handler(name: str, handler: Any) -> None:
+    """Refuse at registration what a worker could only find out by running it: a plain ``def``
+    runs its side effect in full before ``await`` fails on its result, and the failure is
+    retried, so the side effect would happen once per attempt. Accepted: an ``async def``
+    function or method, an object whose ``__call__`` is ``async def``, and ``functools.partial``
+    of either (a function marked with ``inspect.markcoroutinefunction`` on Python 3.12+ too)."""
+    target = handler
+    while isinstance(target, functools.partial):
+        target = target.func
+    if inspect.iscoroutinefunction(target):
+        return
+    if callable(target) and not inspect.isroutine(target) and not isinstance(target, type):
+        # an instance: what runs is its class's __call__
+        if inspect.iscoroutinefunction(type(target).__call__):
+            return
+    if not callable(handler):
+        what = f"is not callable (got {type(handler).__name__})"
+    elif inspect.isasyncgenfunction(target):
+        what = f"{_describe(target)} is an async generator function (it yields)"
+    elif isinstance(target, type):
+        what = f"is a class ({target.__qualname__})"
+    elif inspect.isroutine(target):
+        what = f"{_describe(target)} is a plain (sync) function, not `async def`"
+    else:
+        what = f"is a {type(target).__name__} object whose __call__ is not async def"
+    raise TypeError(
+        f"job type {name!r}: handler {what}; a handler must be an `async def` function taking (job, ctx) "
+        "(sync handlers are not supported yet: wrap a blocking one as "
+        "`async def handler(job, ctx): await trio.to_thread.run_sync(blocking, job, ctx)`)"
+    )
+
+
+def _describe(fn: Any) -> str:
+    return str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn))
 
 
 def _clip(name: str, limit: int = 80) -> str:
