@@ -99,6 +99,33 @@ async def test_a_server_whose_config_cannot_be_read_is_refused_unless_allowed(tm
             await backend.ping()
 
 
+@needs_server_binary
+@pytest.mark.parametrize(("settings", "named"), [
+    (("--appendfsync", "no"), "appendfsync no"),  # fsync left to the OS: up to ~30 s lost on power loss
+    (("--appendfsync", "always", "--no-appendfsync-on-rewrite", "yes"), "no-appendfsync-on-rewrite yes"),
+], ids=["appendfsync-no", "no-fsync-on-rewrite"])
+async def test_an_aof_server_that_skips_fsyncs_is_refused_unless_allowed(
+    tmp_path: Path, settings: tuple[str, ...], named: str,
+) -> None:
+    """A server that writes the append-only file but leaves fsyncs out (always, or while a rewrite
+    runs) is refused by name, as one without the file is; REDIS_ALLOW_NON_DURABLE lets it start."""
+    aof = ("--appendonly", "yes", "--maxmemory-policy", "noeviction")
+    with own_server(tmp_path, *aof, *settings) as (port, _):
+        config = fast_config(tmp_path / "unused.db").replace(database_url=f"redis://127.0.0.1:{port}/0")
+        with pytest.raises(ConfigError) as refused:
+            async with open_backend(config):
+                pass
+        message = str(refused.value)
+        assert f"can lose acknowledged jobs ({named})" in message, message
+        assert "REDIS_ALLOW_NON_DURABLE=true" in message
+        async with open_backend(config.replace(redis=RedisSettings(allow_non_durable=True))) as backend:
+            await backend.ping()
+    with own_server(tmp_path, *aof, "--appendfsync", "always") as (port, _):  # the same server, fsyncing: accepted
+        config = fast_config(tmp_path / "unused.db").replace(database_url=f"redis://127.0.0.1:{port}/0")
+        async with open_backend(config) as backend:
+            await backend.ping()
+
+
 async def test_a_unique_key_leaves_no_entry_behind_once_its_job_has_finished(tmp_path: Path) -> None:
     """The uniq:<type> hashes hold only keys of pending and running jobs: every way out of them
     (succeed, bury, rescue to dead, burial of an unknown type, delete) frees the key."""
