@@ -18,7 +18,7 @@ import typing as _typing
 if _typing.TYPE_CHECKING:
     from .backends import Backend, JobRecord
     from .backends.sqlite.outbox import enqueue_in_transaction
-    from .config import AdminSettings, Config, LogSettings, RedisSettings, SqliteSettings, WorkerSettings
+    from .config import AdminSettings, Config, LogSettings, RedisSettings, RetentionSettings, SqliteSettings, WorkerSettings
     from .engine.actors.pools import JobContext
     from .engine.wiring import Enqueued, Pipeline, open_pipeline
     from .errors import (
@@ -58,6 +58,7 @@ _MODULE_OF = {
     "PipelineError": "errors",
     "RedisSettings": "config",
     "Registry": "registry",
+    "RetentionSettings": "config",
     "RetryLater": "errors",
     "Routed": "registry",
     "SchemaTooNew": "errors",
@@ -91,6 +92,7 @@ __all__ = [
     "PipelineError",
     "RedisSettings",
     "Registry",
+    "RetentionSettings",
     "RetryLater",
     "Routed",
     "SchemaTooNew",

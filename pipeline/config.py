@@ -403,6 +403,21 @@ class AdminSettings:
 
 
 @attrs.frozen
+class RetentionSettings:
+    """How long finished job records are kept before the service removes them; 0 keeps them for ever."""
+
+    completed_seconds: float = setting(604_800.0, "JOB_RETENTION_COMPLETED_SECONDS", seconds)  # 7 days
+    dead_seconds: float = setting(2_592_000.0, "JOB_RETENTION_DEAD_SECONDS", seconds)  # 30 days
+    # how often one process (of all sharing the store) looks for records past their retention
+    interval_seconds: float = setting(60.0, "JOB_RETENTION_INTERVAL_SECONDS", positive_seconds)
+
+    def kept_for(self) -> dict[str, float]:
+        """By final status, the age past which a record goes (statuses kept for ever left out)."""
+        ages = {"completed": self.completed_seconds, "dead": self.dead_seconds}
+        return {status: age for status, age in ages.items() if age > 0}
+
+
+@attrs.frozen
 class LogSettings:
     level: str = setting("info", "LOG_LEVEL", choice("debug", "info", "warning", "error"))
     format: str = setting("text", "LOG_FORMAT", choice("text", "json"))
@@ -410,6 +425,7 @@ class LogSettings:
 
 ENGINE_SECTIONS = {
     "worker": WorkerSettings, "sqlite": SqliteSettings, "redis": RedisSettings, "admin": AdminSettings, "log": LogSettings,
+    "retention": RetentionSettings,
 }
 
 
@@ -426,6 +442,7 @@ class Config:
     redis: RedisSettings = attrs.field(factory=RedisSettings)
     admin: AdminSettings = attrs.field(factory=AdminSettings)
     log: LogSettings = attrs.field(factory=LogSettings)
+    retention: RetentionSettings = attrs.field(factory=RetentionSettings)
     # applications' sections, by class: given here, or read from ``environ`` when first asked for
     sections: Mapping[type, Any] = attrs.field(factory=dict, repr=False, hash=False)
     environ: Mapping[str, str] = attrs.field(factory=dict, repr=False, eq=False)  # the text from_env read

@@ -231,7 +231,7 @@ async def report_metrics(pipeline: Any, fd: int) -> None:
     """In a worker process: every second, this process's job counters to the supervisor."""
     from .admin.metrics import Metrics
 
-    metrics = Metrics()
+    metrics = Metrics(pruned=pipeline.pruned)
     pipeline.add_observer(metrics.observe)
     async with trio.lowlevel.FdStream(fd) as stream:
 

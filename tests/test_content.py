@@ -135,7 +135,7 @@ async def test_an_application_of_its_own_gets_only_the_engines_tables(db_path: P
     async with pipeline.open_pipeline(fast_config(db_path), Registry()) as p:
         assert p.resources == {}
     conn = store.connect(db_path)
-    assert tables(conn) == {"jobs", "workers", "scheduled_jobs", "schema_migrations"}
+    assert tables(conn) == {"jobs", "workers", "scheduled_jobs", "upkeep", "schema_migrations"}
     conn.close()
 
 

@@ -51,7 +51,7 @@ def test_every_setting_is_documented_with_its_default() -> None:
             assert row, f"{env} is not in docs/configuration.md"
             default = field.default
             if default not in (None, "", ()) and not isinstance(default, bool):
-                shown = f"{default:g}" if isinstance(default, float) else str(default)
+                shown = f"{default:.15g}" if isinstance(default, float) else str(default)
                 assert shown in row.group(1).replace(",", ""), f"{env}: the docs say {row.group(1).strip()}, the code {default!r}"
             documented += 1
     assert documented >= 35 and attrs.has(Config)

@@ -65,8 +65,10 @@ class Metrics:
     ``/metrics``; both on the trio thread, so no lock is needed."""
 
     def __init__(self, external: Callable[[], Iterable[Mapping[str, Any]]] | None = None,
-                 processes: Callable[[], int] | None = None) -> None:
+                 processes: Callable[[], int] | None = None, pruned: dict[str, int] | None = None) -> None:
         self.processed: dict[tuple[str, str], int] = {}  # (job_type, outcome) -> attempts
+        # rows retention removed, by status and "workers": the pipeline's own dict (Pipeline.pruned)
+        self.pruned: dict[str, int] = pruned if pruned is not None else {}
         self.durations: dict[str, Histogram] = {}  # job_type -> run time
         self.waits: dict[str, Histogram] = {}  # job_type -> queue wait
         # other processes' counters (the worker processes of a supervisor), added up at scrape time
@@ -79,6 +81,7 @@ class Metrics:
             "processed": [[t, o, n] for (t, o), n in self.processed.items()],
             "durations": {t: h.snapshot() for t, h in self.durations.items()},
             "waits": {t: h.snapshot() for t, h in self.waits.items()},
+            "pruned": dict(self.pruned),
         }
 
     def add(self, snapshot: Mapping[str, Any]) -> None:
@@ -86,6 +89,8 @@ class Metrics:
         for job_type, outcome, n in snapshot.get("processed", ()):
             key = (job_type, outcome)
             self.processed[key] = self.processed.get(key, 0) + n
+        for what, n in snapshot.get("pruned", {}).items():
+            self.pruned[what] = self.pruned.get(what, 0) + n
         for name, table, bounds in (("durations", self.durations, DURATION_BUCKETS), ("waits", self.waits, WAIT_BUCKETS)):
             for job_type, data in snapshot.get(name, {}).items():
                 self._histogram(table, job_type, bounds).add(data)
@@ -150,6 +155,12 @@ class Metrics:
                    "The most jobs of a type that run at once across every process (WORKER_GLOBAL_LIMITS, global_limit=): "
                    "compare pipeline_jobs_by_type{status=\"running\"}.",
                    (({"job_type": t}, n) for t, n in sorted(limits.items())))
+        family("pipeline_jobs_pruned_total", "counter",
+               "Finished job records retention removed (JOB_RETENTION_*), by status.",
+               (({"status": s}, self.pruned.get(s, 0)) for s in ("completed", "dead")))
+        family("pipeline_workers_pruned_total", "counter",
+               "Worker-registry entries of processes whose lease ran out long ago that retention removed.",
+               [({}, self.pruned.get("workers", 0))])
         if self.processes is not None:
             family("pipeline_worker_processes", "gauge", "Worker processes the supervisor runs now (--processes).",
                    [({}, self.processes())])

@@ -56,7 +56,7 @@ def create_app(pipeline: Pipeline, *, metrics: Metrics | None = None) -> Starlet
     Registers a metrics observer on the pipeline: create one app per pipeline.
     """
     config = pipeline.config
-    metrics = metrics or Metrics(pipeline.external_metrics, pipeline.worker_processes)
+    metrics = metrics or Metrics(pipeline.external_metrics, pipeline.worker_processes, pruned=pipeline.pruned)
     pipeline.add_observer(metrics.observe)
     api = AdminApi(pipeline, metrics)
     dashboard = Dashboard()

@@ -434,6 +434,20 @@ class Backend(Protocol):
 
     # -- the engine's housekeeping ----------------------------------------------------------------
 
+    async def retention_turn(self, *, interval_seconds: float) -> bool:
+        """Whether the caller takes this round of retention: True for one caller per
+        ``interval_seconds`` among every process sharing the store (the store keeps the time
+        of the next round, and moving it on is atomic)."""
+
+    async def prune(self, status: str, *, older_than_seconds: float, limit: int) -> int:
+        """Delete up to ``limit`` jobs of the final ``status`` that finished more than
+        ``older_than_seconds`` ago, oldest first; returns how many. UsageError for a status
+        that is not final."""
+
+    async def prune_workers(self, *, older_than_seconds: float) -> int:
+        """Remove the worker-registry entries whose lease ran out more than
+        ``older_than_seconds`` ago (processes that died without saying so); returns how many."""
+
     def counters(self) -> builtins.list[tuple[str, str, float]]:
         """(metric name, help, value) of the backend's own work, for /metrics."""
 

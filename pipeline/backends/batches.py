@@ -157,12 +157,14 @@ class ServerBackend(Generic[D]):
     its module of worker-side functions (``calls``: claim, rescue_expired, bury_unknown_types)
     and of operator functions (``operators``: get_job, list_jobs, operator_stats, revive,
     delete_job, cleanup, ping, workers) and of cron schedules' (``scheduling``: all_schedules,
-    due_schedules, add_schedule, remove_schedule, set_enabled, sync_code, fire), and adds bulk_insert,
+    due_schedules, add_schedule, remove_schedule, set_enabled, sync_code, fire) and of retention's
+    (``upkeep``: take_turn, prune, prune_workers), and adds bulk_insert,
     lease_renewer and counters."""
 
     calls: ClassVar[Any]
     operators: ClassVar[Any]
     scheduling: ClassVar[Any]
+    upkeep: ClassVar[Any]  # retention: take_turn, prune, prune_workers
 
     def __init__(self, db: D, ledger_send: trio.MemorySendChannel[Command], stats: LedgerStats,
                  *, rng: random.Random | None = None) -> None:
@@ -273,6 +275,15 @@ class ServerBackend(Generic[D]):
         return await self._db.run(functools.partial(self.scheduling.fire, name=name, tick=tick, next_run=next_run, job=job))
 
     # -- the engine's housekeeping -------------------------------------------------------------
+
+    async def retention_turn(self, *, interval_seconds: float) -> bool:
+        return await self._db.run(self.upkeep.take_turn, interval_seconds)
+
+    async def prune(self, status: str, *, older_than_seconds: float, limit: int) -> int:
+        return await self._db.run(self.upkeep.prune, status, older_than_seconds, limit)
+
+    async def prune_workers(self, *, older_than_seconds: float) -> int:
+        return await self._db.run(self.upkeep.prune_workers, older_than_seconds)
 
     def trouble(self) -> str | None:
         return self._stats.trouble

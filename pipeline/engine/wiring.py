@@ -43,6 +43,7 @@ from .actors.enqueuer import run_enqueuer
 from .actors.leases import run_lease_keeper
 from .actors.poller import run_poller
 from .actors.pools import JobContext, Outcome, Pool, Workers, describe_outcome, run_worker
+from .actors.retention import run_retention
 from .actors.scheduler import run_scheduler
 from .diagrams import Wiring
 from .health import Health
@@ -75,6 +76,7 @@ class Pipeline:
         self.resources: dict[str, Any] = {}  # entered by open_pipeline from registry.resources()
         self.closed = False  # set by the wiring when a graceful stop begins
         self.health = Health()  # what the actors cannot do right now (/healthz)
+        self.pruned: dict[str, int] = {}  # rows retention removed here, by status and "workers" (/metrics)
         # under a supervisor (--processes): its worker processes' job counters, and how many run
         self.external_metrics: Callable[[], list[dict[str, Any]]] | None = None
         self.worker_processes: Callable[[], int] | None = None
@@ -267,6 +269,10 @@ async def _run_keeper_and_bus(pipeline: Pipeline, pools: Mapping[str, Pool]) -> 
             # every worker process fires due cron schedules; the store lets one win each tick
             wiring.edge("Scheduler", "Backend", "fire due cron schedules: insert the job, move next_run on")
             await keeper_tn.start(functools.partial(run_scheduler, backend, pipeline.registry, pipeline.new_job,
+                                                    health=pipeline.health))
+            wiring.edge("Retention", "Backend", "remove finished jobs and dead workers' entries past their retention")
+            await keeper_tn.start(functools.partial(run_retention, backend, kept_for=config.retention.kept_for(),
+                                                    interval=config.retention.interval_seconds, pruned=pipeline.pruned,
                                                     health=pipeline.health))
         bus_send, bus_recv = wiring.channel("business code", "EventBus", "emit", BUS_BUFFER)
         events_send, events_recv = wiring.channel("EventBus", "Enqueuer", "events", BUS_BUFFER)

@@ -32,7 +32,7 @@ from ...clock import now_ts
 from ...errors import StoreError, UsageError
 from ..base import NUDGE_BUFFER, ClaimOffer, NewJob, Nudge
 from ..batches import Command, LedgerStats, ServerBackend
-from . import queries, schedules, schema, store
+from . import queries, retention, schedules, schema, store
 from .db import Database, connect, describe
 from .ledger import run_ledger
 from .listener import run_listener
@@ -53,6 +53,7 @@ class PostgresBackend(ServerBackend[Database]):
     calls: ClassVar[Any] = store
     operators: ClassVar[Any] = queries
     scheduling: ClassVar[Any] = schedules
+    upkeep: ClassVar[Any] = retention
 
 
     async def bulk_insert(

@@ -107,6 +107,18 @@ MIGRATIONS: Final[list[Migration]] = [
         CREATE INDEX IF NOT EXISTS scheduled_jobs_due ON scheduled_jobs (next_run) WHERE enabled;
         """,
     ),
+    (
+        4,
+        "retention",
+        """
+        -- The engine's periodic chores shared by every process on the store (retention): the
+        -- next time one is due. A process takes a turn by moving it on: one at a time.
+        CREATE TABLE IF NOT EXISTS upkeep (
+            name    text PRIMARY KEY,
+            next_at timestamptz NOT NULL
+        );
+        """,
+    ),
 ]
 LATEST: Final = max(v for v, _, _ in MIGRATIONS)
 TABLE: Final = "pipeline_migrations"

@@ -32,7 +32,7 @@ from ...config import masked_url
 from ...errors import StoreError, UsageError
 from ..base import NUDGE_BUFFER, ClaimOffer, NewJob, Nudge
 from ..batches import Command, LedgerStats, ServerBackend
-from . import schedules, store
+from . import retention, schedules, store
 from .db import DRIVER_ERRORS, Database, client_for, describe, split_url
 from .ledger import run_ledger
 from .listener import run_listener
@@ -54,6 +54,7 @@ class RedisBackend(ServerBackend[Database]):
     calls: ClassVar[Any] = store
     operators: ClassVar[Any] = store
     scheduling: ClassVar[Any] = schedules
+    upkeep: ClassVar[Any] = retention
 
 
     async def bulk_insert(

@@ -29,7 +29,7 @@ from ...engine.messages import Reply
 from ...errors import PipelineClosed, StoreError, UsageError
 from ..base import NUDGE_BUFFER, ClaimOffer, JobRecord, Lease, NewJob, Nudge, ScheduleRecord, Settlement, WorkerRecord
 from ..trays import Tray, Trays
-from . import migrations, queries, schedules, store
+from . import migrations, queries, retention, schedules, store
 from .bulk import BulkInsert
 from .db import Database, describe, open_database
 from .ledger import Command, LedgerStats, run_ledger
@@ -202,6 +202,18 @@ class SqliteBackend:
                                                                                   job=job, now=now), wakes_poller=True)
 
     # -- the engine's housekeeping -----------------------------------------------------------------
+
+    async def retention_turn(self, *, interval_seconds: float) -> bool:
+        return await self._call("retention_turn", lambda conn, now: retention.take_turn(conn, now=now,
+                                                                                         interval_seconds=interval_seconds))
+
+    async def prune(self, status: str, *, older_than_seconds: float, limit: int) -> int:
+        return await self._call("prune", lambda conn, now: retention.prune(conn, status, now=now,
+                                                                           older_than_seconds=older_than_seconds, limit=limit))
+
+    async def prune_workers(self, *, older_than_seconds: float) -> int:
+        return await self._call("prune_workers", lambda conn, now: retention.prune_workers(
+            conn, now=now, older_than_seconds=older_than_seconds))
 
     def counters(self) -> builtins.list[tuple[str, str, float]]:
         """(metric name, help, value) for /metrics: the Ledger's own work."""

@@ -142,6 +142,21 @@ MIGRATIONS: Final[list[Migration]] = [
         CREATE INDEX IF NOT EXISTS idx_scheduled_jobs_due ON scheduled_jobs(next_run) WHERE enabled = 1;
         """,
     ),
+    (
+        11,
+        "retention",
+        """
+        -- Finished jobs by status and age, for retention (JOB_RETENTION_*): a look that finds
+        -- nothing to remove reads nothing. Partial: pending and running rows are not in it.
+        CREATE INDEX IF NOT EXISTS idx_jobs_finished ON jobs(status, updated_at) WHERE status IN ('completed', 'dead');
+        -- The engine's periodic chores shared by every process on the file: the next time one
+        -- is due. A process takes a turn by moving it on, in a write transaction: one at a time.
+        CREATE TABLE IF NOT EXISTS upkeep (
+            name    TEXT PRIMARY KEY,
+            next_at TEXT NOT NULL
+        );
+        """,
+    ),
 ]
 RETIRED: Final = (2, 4)  # the site's, once: known here, no longer applied
 LATEST: Final = max(v for v, _, _ in MIGRATIONS)

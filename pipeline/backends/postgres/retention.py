@@ -1,0 +1,45 @@
+"""Retention on Postgres: whose turn it is, and the bounded deletes of finished jobs and of
+the worker-registry entries of processes long gone. Each ``fn(conn, ...)`` is one statement
+on a pooled connection (autocommit), by the server's clock."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from ...errors import UsageError
+from ...states import TERMINAL
+
+TURN = "retention"
+
+
+def take_turn(conn: psycopg.Connection[Any], interval_seconds: float) -> bool:
+    """True, and the next turn set ``interval_seconds`` on, if no process took one within the
+    last interval (the row's lock makes concurrent callers wait, and then find it moved on)."""
+    return conn.execute(
+        "INSERT INTO upkeep (name, next_at) VALUES (%(name)s, now() + %(every)s::float8 * interval '1 second') "
+        "ON CONFLICT (name) DO UPDATE SET next_at = EXCLUDED.next_at WHERE upkeep.next_at <= now()",
+        {"name": TURN, "every": interval_seconds},
+    ).rowcount == 1
+
+
+def prune(conn: psycopg.Connection[Any], status: str, older_than_seconds: float, limit: int) -> int:
+    """Up to ``limit`` jobs of the final ``status`` last updated more than ``older_than_seconds``
+    ago, oldest first (the partial index jobs_finished)."""
+    if status not in TERMINAL:
+        raise UsageError(f"retention removes only finished jobs, not {status!r}")
+    return conn.execute(
+        "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE status = %(status)s "
+        "AND updated_at < now() - %(age)s::float8 * interval '1 second' ORDER BY updated_at LIMIT %(limit)s "
+        "FOR UPDATE SKIP LOCKED)",
+        {"status": status, "age": older_than_seconds, "limit": limit},
+    ).rowcount
+
+
+def prune_workers(conn: psycopg.Connection[Any], older_than_seconds: float) -> int:
+    """Worker entries whose lease (heartbeat + its length) ran out more than ``older_than_seconds`` ago."""
+    return conn.execute(
+        "DELETE FROM workers WHERE heartbeat_at + (lease_seconds + %(age)s::float8) * interval '1 second' < now()",
+        {"age": older_than_seconds},
+    ).rowcount

@@ -1,0 +1,44 @@
+"""Retention on SQLite: whose turn it is, and the bounded deletes of finished jobs and of the
+worker-registry entries of processes long gone. Each runs in a Ledger batch (``fn(conn, now)``)."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from ...clock import format_ts, to_epoch
+from ...errors import UsageError
+from ...states import TERMINAL
+
+TURN = "retention"
+
+
+def take_turn(conn: sqlite3.Connection, *, now: str, interval_seconds: float) -> bool:
+    """True, and the next turn set ``interval_seconds`` on, if no process took a turn within
+    the last interval; in the Ledger's write transaction, so two processes cannot both win."""
+    next_at = format_ts(to_epoch(now) + interval_seconds)
+    return conn.execute(
+        "INSERT INTO upkeep (name, next_at) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET next_at = excluded.next_at "
+        "WHERE upkeep.next_at <= ?", (TURN, next_at, now),
+    ).rowcount == 1
+
+
+def prune(conn: sqlite3.Connection, status: str, *, now: str, older_than_seconds: float, limit: int) -> int:
+    """Up to ``limit`` jobs of the final ``status`` last updated before now − ``older_than_seconds``,
+    oldest first (the partial index idx_jobs_finished: a look that finds none reads nothing)."""
+    if status not in TERMINAL:
+        raise UsageError(f"retention removes only finished jobs, not {status!r}")
+    before = format_ts(to_epoch(now) - older_than_seconds)
+    return conn.execute(
+        "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE status = ? AND updated_at < ? ORDER BY updated_at LIMIT ?)",
+        (status, before, limit),
+    ).rowcount
+
+
+def prune_workers(conn: sqlite3.Connection, *, now: str, older_than_seconds: float) -> int:
+    """Worker entries whose lease (heartbeat + its length) ran out before now − ``older_than_seconds``."""
+    cutoff = to_epoch(now) - older_than_seconds
+    gone = [(owner, beat) for owner, beat, lease in conn.execute("SELECT owner, heartbeat_at, lease_seconds FROM workers")
+            if to_epoch(beat) + lease < cutoff]
+    for owner, beat in gone:
+        conn.execute("DELETE FROM workers WHERE owner = ? AND heartbeat_at = ?", (owner, beat))
+    return len(gone)
