@@ -6,6 +6,7 @@ Nothing here knows about jobs or posts."""
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -16,6 +17,15 @@ import trio
 
 from .clock import now_ts
 from .errors import DatabaseUnavailable, SchemaTooNew, StoreError
+
+
+def resolved(path: Path | str) -> Path:
+    """The database's path as SQLite itself sees it: absolute, every symlink followed (the
+    file's folder's too, for a file not created yet). Taken once, when a database is opened:
+    SQLite writes the ``-wal`` beside the target of a link (where the WAL watch must look),
+    and a relative path would name another file once the application calls ``os.chdir``
+    (for the connections opened later: readers, bulk loads, the lease renewer)."""
+    return Path(os.path.realpath(path))
 
 
 def connect(path: Path | str, *, busy_timeout_ms: int = 5000, synchronous: str = "full") -> sqlite3.Connection:
@@ -86,7 +96,7 @@ class ConnectionPool:
         self, path: Path, *, busy_timeout_ms: int, synchronous: str, size: int,
         describe: Callable[[sqlite3.Error], Exception],
     ) -> None:
-        self.path = path
+        self.path = resolved(path)  # every connection, whenever opened, to the same file
         self.busy_timeout_ms = busy_timeout_ms
         self.synchronous = synchronous
         self._describe = describe  # a sqlite3 error as the exception callers should see

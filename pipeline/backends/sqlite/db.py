@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import trio
 
 from ...errors import DatabaseUnavailable, StoreError
-from ...sqlite_files import ConnectionPool
+from ...sqlite_files import ConnectionPool, resolved
 from . import migrations
 
 T = TypeVar("T")
@@ -67,7 +67,9 @@ def describe(exc: sqlite3.Error, path: Path) -> StoreError:
 
 class Database:
     def __init__(self, path: Path, *, busy_timeout_ms: int, synchronous: str, readers: int = 4) -> None:
-        self.path = path
+        # resolved once (see sqlite_files.resolved): every connection of the backend, the
+        # WAL watch's file and the bulk loads' and lease renewer's connections follow it
+        self.path = path = resolved(path)
         self.busy_timeout_ms = busy_timeout_ms
         self.synchronous = synchronous
         self._writer: sqlite3.Connection | None = None
