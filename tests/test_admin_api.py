@@ -592,3 +592,30 @@ async def test_the_worker_processes_are_listed_with_what_they_handle(db_path: An
         (worker,) = answer["workers"]
         assert worker["owner"] == pipeline.owner and worker["alive"] is True
         assert worker["job_types"] == sorted(pipeline.registry.handled())
+
+
+async def test_every_echoed_input_is_clipped(db_path: Any, seeded: dict[str, list[str]]) -> None:
+    """A 100,000-character value anywhere in a request comes back as its first 80 characters and "…"
+    (issue 21: some answers echoed it whole, 100 KB): each answer is small and says what was wrong."""
+    long = "x" * 100_000
+    cases: list[tuple[str, str, Any, int, list[str]]] = [
+        ("POST", "/admin/jobs", {"job_type": long}, 422, ["unknown job type 'xxx"]),
+        ("POST", "/admin/jobs", {"job_type": "send_email", long: 1}, 422, ["unknown field 'xxx"]),
+        ("POST", "/admin/jobs", {"job_type": "generate_sitemap", "run_after": long}, 422, ["run_after 'xxx", "ISO 8601"]),
+        ("POST", "/admin/jobs", {"job_type": "send_email", "payload": {long: 1}}, 422, ["does not fit SendEmail"]),
+        ("POST", "/admin/events", {"event": long}, 422, ["unknown event 'xxx"]),
+        ("POST", "/admin/events", {"event": "UserRegistered", "data": {long: 1}}, 422, ["does not fit UserRegistered"]),
+        ("POST", "/admin/jobs/cleanup", {"statuses": [long]}, 422, ["statuses must be", "['xxx"]),
+        ("POST", "/admin/jobs/cleanup", {"statuses": ["a"] * 20_000}, 422, ["statuses must be", "characters left out"]),
+        ("POST", "/admin/jobs/cleanup", {long: 1}, 422, ["unknown field 'xxx"]),
+        ("GET", "/admin/jobs?status=" + long[:6000], None, 400, ["status must be one of", "got 'xxx"]),
+        ("GET", "/admin/jobs?" + long[:6000] + "=1", None, 400, ["unknown query parameter 'xxx"]),
+        ("GET", "/admin/jobs/" + long[:6000], None, 404, ["no job with id 'xxx"]),
+        ("POST", f"/admin/schedules/{long[:6000]}/pause", None, 404, ["no schedule named 'xxx"]),
+    ]
+    async with served(api_config(db_path)) as (_, client):
+        for method, path, body, status, words in cases:
+            r = await client.request(method, path, json=body)
+            assert len(r.content) < 2000, (path, r.content[:300])
+            assert_error(r, status, *words)
+            assert "x" * 81 not in r.text and ("x" * 80 + "…" in r.text or "left out" in r.text), r.text

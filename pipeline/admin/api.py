@@ -1,11 +1,13 @@
 """The admin HTTP API: JSON endpoints over the job store (DESIGN 7, issue 4).
 
 Every read and write goes through the pipeline's job backend, like the actors' own.
-Errors are ``{"error": {"code", "message"}}``:
+Errors are ``{"error": {"code", "message"}}``. 400 is a request that cannot be read as asked; 422 a
+JSON body that was read and does not fit (what FastAPI and Starlette users expect):
 
-    400 bad_request        malformed query parameter or body (not JSON, not UTF-8 text)
+    400 bad_request        a malformed or unknown query parameter; a body that is not JSON (or not
+                           UTF-8 text), or none where one is required; no Host header, or one that is
+                           not name[:port]
     401 unauthorized       ADMIN_TOKEN is set and the request's Bearer token is missing or wrong
-    400 bad_request        also: no Host header, or one that is not name[:port]
     403 forbidden          a cross-origin write, or a foreign Host header on a token-less server
     404 not_found          no such job or schedule (or route)
     408 request_timeout    the declared body did not arrive within BODY_TIMEOUT
@@ -13,15 +15,19 @@ Errors are ``{"error": {"code", "message"}}``:
                            delete of a running job; a schedule name in use
     413 payload_too_large  body over ADMIN_MAX_BODY_BYTES
     415 unsupported_media_type  a POST without Content-Type: application/json
-    422 invalid            well-formed JSON that does not fit (unknown job type, bad payload)
-                           (a schedule that does not fit, bad cron or time zone included: 400, as issue 13 asks)
+    422 invalid            a JSON body that does not fit: not an object, a field unknown, missing or
+                           out of range, an unknown job type or event, a payload that does not fit its
+                           class, a schedule's bad name, cron expression or time zone
     503 unavailable        the database refused, or the pipeline is shutting down
+
+Every message goes out through ``error_response``, which clips what the client sent wherever the
+message echoes it (``inputs.clip_echoes``): the endpoints and the engine's checks write ``{value!r}``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -49,8 +55,6 @@ STATS_REUSE_FACTOR = 4.0  # stats are reused for this many times as long as they
 BODY_TIMEOUT = 10.0  # seconds a request's whole body may take to arrive: a client that declares one and
 # never sends it must not hold a connection (and a task) for ever; read when each body is read
 
-SCHEDULE_FIELDS = ("name", "cron", "job_type", "payload", "timezone")
-
 NO_BODY = object()  # an optional body that was not sent (unlike a JSON null, which is refused)
 
 CODES = {
@@ -77,8 +81,22 @@ class ApiError(Exception):
         self.headers = headers
 
 
-def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(status: int, message: str, headers: dict[str, str] | None = None, *,
+                   sent: Iterable[str] = ()) -> JSONResponse:
+    """The error answer; ``sent``: the strings of the request, clipped wherever ``message`` echoes them."""
+    message = inputs.clip_echoes(message, sent)
     return JSONResponse({"error": {"code": CODES.get(status, "error"), "message": message}}, status, headers=headers)
+
+
+def _sent(request: Request) -> Iterator[str]:
+    """What the client sent that a message may echo: path and query parameters, the body's strings."""
+    yield from request.path_params.values()
+    for key, value in request.query_params.multi_items():
+        yield key
+        yield value
+    body = getattr(request.state, "body", NO_BODY)  # set by AdminApi._body once it parsed the body
+    if body is not NO_BODY:
+        yield from inputs.strings_in(body)
 
 
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -93,12 +111,12 @@ def _answers_errors(fn: Endpoint, query: tuple[str, ...] = ()) -> Endpoint:
             unknown = [key for key in request.query_params if key not in query]
             if unknown:
                 expected = f"; expected {', '.join(query)}" if query else "; this endpoint takes none"
-                raise ApiError(400, f"unknown query parameter {_clip(unknown[0])!r}{expected}")
+                raise ApiError(400, f"unknown query parameter {unknown[0]!r}{expected}")
             return await fn(request)
         except ApiError as exc:
-            return error_response(exc.status, exc.message, exc.headers)
+            return error_response(exc.status, exc.message, exc.headers, sent=_sent(request))
         except UsageError as exc:
-            return error_response(422, str(exc))
+            return error_response(422, str(exc), sent=_sent(request))
         except PipelineClosed as exc:
             return error_response(503, str(exc))
         except StoreError as exc:
@@ -150,7 +168,7 @@ class AdminApi:
         params = request.query_params
         status = params.get("status")
         if status is not None and status not in set(Status):
-            raise ApiError(400, f"status must be one of {', '.join(Status)}, got {_clip(status)!r}")
+            raise ApiError(400, f"status must be one of {', '.join(Status)}, got {status!r}")
         job_type = params.get("job_type")
         if job_type == "":
             raise ApiError(400, "job_type must not be empty (leave it out to list every type)")
@@ -160,7 +178,7 @@ class AdminApi:
         priority = None if given is None else _signed_param(given, "priority", PRIORITY_MIN, PRIORITY_MAX)
         order = params.get("order", "newest")
         if order not in LIST_ORDERS:
-            raise ApiError(400, f"order must be one of {', '.join(LIST_ORDERS)}, got {_clip(order)!r}")
+            raise ApiError(400, f"order must be one of {', '.join(LIST_ORDERS)}, got {order!r}")
         records, total = await self.backend.list(status=status, job_type=job_type, limit=per_page, offset=(page - 1) * per_page,
                                                  priority=priority, order=order)
         return JSONResponse({"items": [r.to_json() for r in records], "total": total, "page": page, "per_page": per_page})
@@ -176,7 +194,7 @@ class AdminApi:
         try:
             record = await self.backend.revive(job_id)
         except LookupError:  # deleted meanwhile
-            raise ApiError(404, f"no job with id {_clip(job_id)!r}") from None
+            raise ApiError(404, f"no job with id {job_id!r}") from None
         except UsageError as exc:  # not dead (any more)
             raise ApiError(409, str(exc)) from None
         log.info("admin: job %s retried (dead → pending)", job_id)
@@ -190,7 +208,7 @@ class AdminApi:
         try:
             await self.backend.delete(job_id)
         except LookupError:  # deleted meanwhile
-            raise ApiError(404, f"no job with id {_clip(job_id)!r}") from None
+            raise ApiError(404, f"no job with id {job_id!r}") from None
         except UsageError as exc:  # running
             raise ApiError(409, str(exc)) from None
         log.info("admin: job %s deleted", job_id)
@@ -251,26 +269,12 @@ class AdminApi:
         return JSONResponse({"schedules": [s.to_json() for s in await self.backend.schedules()]})
 
     async def create_schedule(self, request: Request) -> Response:
-        """POST /admin/schedules — {"name", "cron", "job_type", "payload"?, "timezone"?} → 201; 400 naming
-        what does not fit (cron, time zone, job type, payload); 409 if the name is in use."""
-        body = await self._body(request, required=True)
-        if not isinstance(body, dict):
-            raise ApiError(400, "the request body must be a JSON object")
-        unknown = [k for k in body if k not in SCHEDULE_FIELDS]
-        if unknown:
-            raise ApiError(400, f"unknown field {_clip(str(unknown[0]))!r}; expected {', '.join(SCHEDULE_FIELDS)}")
-        missing = [k for k in ("name", "cron", "job_type") if k not in body]
-        if missing:
-            raise ApiError(400, f"the request body needs {', '.join(missing)}")
-        payload = body.get("payload", {})
-        if not isinstance(payload, dict):
-            raise ApiError(400, "payload must be a JSON object")
-        try:
-            schedule = make_schedule(self.pipeline.registry, body["name"], body["cron"], body["job_type"], payload,
-                                     body.get("timezone", "UTC"))
-            record = schedule.record(origin="operator")
-        except UsageError as exc:  # (UnknownJobType, InvalidPayload too)
-            raise ApiError(400, str(exc)) from None
+        """POST /admin/schedules — {"name", "cron", "job_type", "payload"?, "timezone"?} → 201; 422 naming
+        what does not fit (name, cron, time zone, job type, payload); 409 if the name is in use."""
+        asked = inputs.schedule_request(await self._body(request, required=True), "the request body")
+        # a UsageError (UnknownJobType and InvalidPayload too) is a 422 naming what does not fit
+        schedule = make_schedule(self.pipeline.registry, asked.name, asked.cron, asked.job_type, asked.payload, asked.timezone)
+        record = schedule.record(origin="operator")
         try:
             added = await self.backend.put_schedule(record)
         except UsageError as exc:  # the name is in use
@@ -284,7 +288,7 @@ class AdminApi:
         try:
             await self.backend.remove_schedule(name)
         except LookupError:
-            raise ApiError(404, f"no schedule named {_clip(name)!r}") from None
+            raise ApiError(404, f"no schedule named {name!r}") from None
         log.info("admin: schedule %s removed", name)
         return Response(status_code=204)
 
@@ -300,7 +304,7 @@ class AdminApi:
         try:
             changed = await self.backend.set_schedule_enabled(name, enabled)
         except LookupError:
-            raise ApiError(404, f"no schedule named {_clip(name)!r}") from None
+            raise ApiError(404, f"no schedule named {name!r}") from None
         log.info("admin: schedule %s %s", name, "resumed" if enabled else "paused")
         return JSONResponse(changed.to_json())
 
@@ -358,7 +362,7 @@ class AdminApi:
     async def _job(self, job_id: str) -> JobRecord:
         record = await self.backend.get(job_id)
         if record is None:
-            raise ApiError(404, f"no job with id {_clip(job_id)!r}")
+            raise ApiError(404, f"no job with id {job_id!r}")
         return record
 
     async def _body(self, request: Request, *, required: bool) -> Any:
@@ -379,16 +383,17 @@ class AdminApi:
                 raise ApiError(400, "a JSON body is required")
             return NO_BODY
         try:
-            return inputs.loads(raw, "the request body")
+            request.state.body = body = inputs.loads(raw, "the request body")
         except UsageError as exc:
             raise ApiError(400, str(exc)) from None
+        return body
 
 
 def _int_param(text: str | None, name: str, default: int, lo: int, hi: int) -> int:
     if text is None:
         return default
     if not (text.isascii() and text.isdigit()) or len(text) > 12:
-        raise ApiError(400, f"{name} must be an integer from {lo} to {hi}, got {_clip(text)!r}")
+        raise ApiError(400, f"{name} must be an integer from {lo} to {hi}, got {text!r}")
     value = int(text)
     if not lo <= value <= hi:
         raise ApiError(400, f"{name} must be an integer from {lo} to {hi}, got {value}")
@@ -398,12 +403,9 @@ def _int_param(text: str | None, name: str, default: int, lo: int, hi: int) -> i
 def _signed_param(text: str, name: str, lo: int, hi: int) -> int:
     digits = text[1:] if text.startswith("-") else text
     if not (digits.isascii() and digits.isdigit()) or len(digits) > 12:
-        raise ApiError(400, f"{name} must be an integer from {lo} to {hi}, got {_clip(text)!r}")
+        raise ApiError(400, f"{name} must be an integer from {lo} to {hi}, got {text!r}")
     value = int(text)
     if not lo <= value <= hi:
         raise ApiError(400, f"{name} must be an integer from {lo} to {hi}, got {value}")
     return value
 
-
-def _clip(text: str, limit: int = 80) -> str:
-    return text if len(text) <= limit else text[:limit] + "…"

@@ -44,5 +44,5 @@ class Dashboard:
         name = request.path_params["name"]
         body = self._files.get(name)
         if body is None:
-            return error_response(404, f"no static file {name[:80]!r}")
+            return error_response(404, f"no static file {name!r}", sent=(name,))
         return Response(body, media_type=_TYPES[name], headers=HEADERS)

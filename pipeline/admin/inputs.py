@@ -2,10 +2,16 @@
 
 A job arrives as a JSON object ``{"job_type", "payload", "priority"?, "max_attempts"?,
 "run_after"?, "unique_key"?}`` (a POST body, one line of ``enqueue --from-file``, or the CLI's flags); an
-event as ``{"event", "data"}``. These functions check the *shape* and bounds and raise
-UsageError naming the field; ``outbox.prepare_rows`` then checks the payload against the
-job's class. Integers are bounded so that SQLite can store them (a Python int has no
+event as ``{"event", "data"}``; a schedule as ``{"name", "cron", "job_type", "payload"?, "timezone"?}``.
+These functions check the *shape* and bounds and raise UsageError naming the field;
+``outbox.prepare_rows`` then checks the payload against the job's class (``make_schedule`` the
+rest of a schedule). Integers are bounded so that SQLite can store them (a Python int has no
 limit, an SQLite INTEGER has 64 bits).
+
+What an operator sent comes back in error messages clipped one way, ``clip``: a name, a cron
+expression, an unknown field of 100,000 characters is echoed as its first 80 and "…". The admin
+API applies it at its one door for errors (``clip_echoes``), to its own messages and to those of
+the engine's checks it passes on.
 """
 
 from __future__ import annotations
@@ -26,8 +32,48 @@ from ..requests import JobRequest, check_unique_key, prepare_row
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 JOB_FIELDS = ("job_type", "payload", "priority", "max_attempts", "run_after", "unique_key")
 EVENT_FIELDS = ("event", "data")
+SCHEDULE_FIELDS = ("name", "cron", "job_type", "payload", "timezone")
 MAX_OLDER_THAN_SECONDS = 100 * 366 * 86400  # a century: anything older is "all of them"
-_FIELD_SETS: dict[tuple[str, ...], frozenset[str]] = {fields: frozenset(fields) for fields in (JOB_FIELDS, EVENT_FIELDS)}
+_FIELD_SETS: dict[tuple[str, ...], frozenset[str]] = {fields: frozenset(fields) for fields in (JOB_FIELDS, EVENT_FIELDS, SCHEDULE_FIELDS)}
+MAX_ECHO_CHARS = 80  # of one input echoed in an error message
+MAX_MESSAGE_CHARS = 1000  # of an error message, whatever it echoes (a list of 10,000 short unknown names)
+
+
+def clip(text: str) -> str:
+    """``text`` as an error message echoes it: at most MAX_ECHO_CHARS characters, then "…"."""
+    return text if len(text) <= MAX_ECHO_CHARS else text[:MAX_ECHO_CHARS] + "…"
+
+
+def clip_echoes(message: str, sent: Iterable[str] = ()) -> str:
+    """``message`` with every long string of ``sent`` (what the client sent: query, path, body keys and
+    values) clipped wherever it is echoed, quoted (``'…'``, as ``!r`` writes it) or bare; then bounded to
+    MAX_MESSAGE_CHARS, its head and tail kept. Messages written by the engine's checks (a cron expression,
+    a time zone, a payload's unknown fields) echo what they were given whole: this is where it is clipped."""
+    if len(message) <= MAX_ECHO_CHARS:
+        return message
+    longest = sorted({s for s in sent if len(s) > MAX_ECHO_CHARS}, key=len, reverse=True)
+    for text in longest[:32]:  # the longest make the long messages; the bound below does the rest
+        if text in message:
+            message = message.replace(repr(text), repr(clip(text))).replace(text, clip(text))
+    if len(message) > MAX_MESSAGE_CHARS:
+        head, tail = MAX_MESSAGE_CHARS * 2 // 3, MAX_MESSAGE_CHARS // 4
+        message = f"{message[:head]} … ({len(message) - head - tail:,} characters left out) … {message[-tail:]}"
+    return message
+
+
+def strings_in(value: Any, *, limit: int = 100_000) -> Iterator[str]:
+    """The strings of a JSON value, its object keys included (at most ``limit`` of them)."""
+    stack, seen = [value], 0
+    while stack and seen < limit:
+        item = stack.pop()
+        seen += 1
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, dict):
+            yield from item.keys()
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 def loads(text: str | bytes, what: str) -> Any:
@@ -118,6 +164,27 @@ def event_request(value: Any, what: str = "the request") -> EventRequest:
     return EventRequest(name, object_of(data, f"{what}: data"))
 
 
+@attrs.frozen
+class ScheduleRequest:
+    name: Any  # name, cron, job_type and timezone are checked by make_schedule, which says what fits
+    cron: Any
+    job_type: Any
+    payload: dict[str, Any]
+    timezone: Any
+
+
+def schedule_request(value: Any, what: str = "the request body") -> ScheduleRequest:
+    obj = object_of(value, what)
+    _no_unknown(obj, SCHEDULE_FIELDS, what)
+    missing = [key for key in ("name", "cron", "job_type") if key not in obj]
+    if missing:
+        raise UsageError(f"{what} needs {', '.join(missing)}")
+    payload = obj.get("payload", {})
+    if not isinstance(payload, dict):
+        raise UsageError(f"{what}: payload must be a JSON object, got {_kind(payload)}")
+    return ScheduleRequest(obj["name"], obj["cron"], obj["job_type"], payload, obj.get("timezone", "UTC"))
+
+
 def integer(value: Any, what: str, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise UsageError(f"{what} must be an integer, got {_kind(value)}")
@@ -140,7 +207,7 @@ def _no_unknown(obj: Mapping[str, Any], fields: tuple[str, ...], what: str) -> N
         return
     unknown = [key for key in obj if key not in fields]
     if unknown:
-        raise UsageError(f"{what}: unknown field {unknown[0]!r}; expected {', '.join(fields)}")
+        raise UsageError(f"{what}: unknown field {clip(unknown[0])!r}; expected {', '.join(fields)}")
 
 
 def _kind(value: Any) -> str:

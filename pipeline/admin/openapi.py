@@ -29,7 +29,8 @@ def _error(description: str) -> dict[str, Any]:
 
 
 _ERRORS = {
-    400: "Malformed query parameter or body, or a missing or malformed Host header.",
+    400: "The request cannot be read as asked: a malformed or unknown query parameter, a body that is not JSON "
+         "(or none where one is required), a missing or malformed Host header.",
     401: "ADMIN_TOKEN is set and the Bearer token is missing or wrong.",
     403: "Cross-origin write (by Origin or Sec-Fetch-Site), or a foreign Host header on a server without ADMIN_TOKEN.",
     404: "No such job (or schedule).",
@@ -37,7 +38,8 @@ _ERRORS = {
     408: "The declared body did not arrive in time.",
     413: "Body larger than ADMIN_MAX_BODY_BYTES.",
     415: "A POST without Content-Type: application/json.",
-    422: "Well-formed JSON that does not fit (unknown job type or event, payload that does not fit its class).",
+    422: "A JSON body that does not fit: not an object, a field unknown, missing or out of range, an unknown job "
+         "type or event, a payload that does not fit its class, a schedule's bad name, cron expression or time zone.",
     503: "The database refused, or the pipeline is shutting down.",
 }
 
@@ -309,9 +311,9 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
             },
             "post": {
                 "operationId": "createSchedule",
-                "summary": "Add a cron schedule (400 naming a bad cron expression, time zone, job type or payload)",
+                "summary": "Add a cron schedule (422 naming a bad name, cron expression, time zone, job type or payload)",
                 "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("NewSchedule")}}},
-                "responses": _responses({"201": _json(_ref("Schedule"), "The new schedule.")}, 408, 409, 413, 415),
+                "responses": _responses({"201": _json(_ref("Schedule"), "The new schedule.")}, 408, 409, 413, 415, 422),
             },
         },
         "/admin/schedules/{name}": {
