@@ -27,7 +27,7 @@ from .config import Config
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time (UTC, ms), level, logger, message, and for job
     outcomes the job's fields (job_id, job_type, attempt, outcome, status, duration_ms,
-    waited_ms, error) at the top level, so log tools can filter on them."""
+    waited_ms, retry_delay_ms, error) at the top level, so log tools can filter on them."""
 
     def format(self, record: logging.LogRecord) -> str:
         out = {
@@ -45,6 +45,35 @@ class JsonFormatter(logging.Formatter):
 
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def outcome_message(fields: dict[str, Any]) -> str:
+    """The text of the one line per job outcome (``describe_outcome``'s fields). The run time
+    and the wait before the next attempt are two numbers, each said for what it is:
+    ``job … attempt 1/3 error → retry: failed after 1.2 ms; next attempt in 10.3 s: <error>``."""
+    took = _duration(fields["duration_ms"])
+    status = fields["status"]
+    if status == "completed":
+        what = f" in {took}"
+    elif status == "retry":
+        what = f": failed after {took}; next attempt in {_duration(fields.get('retry_delay_ms'))}"
+    elif status == "dead":
+        what = f": failed after {took}"
+    else:  # released (shutdown), stale (the lease had been lost)
+        what = f" after {took}"
+    err = f": {fields['error']}" if fields["error"] else ""
+    return (f"job {fields['job_id']} {fields['job_type']} attempt {fields['attempt']}/{fields['max_attempts']} "
+            f"{fields['outcome']} → {status}{what}{err}")
+
+
+def _duration(ms: float | None) -> str:
+    """1.2 ms, 10.3 s, 2.5 min, 1.5 h, 3.0 d: a tenth of the unit that fits."""
+    if ms is None:
+        return "an unknown time"
+    for unit, size in (("d", 86_400_000.0), ("h", 3_600_000.0), ("min", 60_000.0), ("s", 1000.0)):
+        if ms >= size:
+            return f"{ms / size:.1f} {unit}"
+    return f"{ms:.1f} ms"
 
 
 class OutcomeLines:
@@ -165,6 +194,8 @@ def configure(config: Config, stream: object = None) -> None:
 
 
 @atexit.register
-def _flush_at_exit() -> None:
+def flush() -> None:
+    """Write out the outcome lines gathered so far: at exit, and on the service's exit-at-once
+    path before ``os._exit`` (which runs no atexit function)."""
     if _outcomes is not None:
         _outcomes.flush()

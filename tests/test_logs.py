@@ -48,7 +48,8 @@ def registry() -> Registry:
 
 async def run_jobs(db_path: Path) -> dict[str, str]:
     ids = {}
-    async with open_pipeline(fast_config(db_path, worker_backoff_base_ms=1), registry()) as p:
+    # flaky's first failure waits 10-12 ms (1.15 × 10 at most) before its next attempt
+    async with open_pipeline(fast_config(db_path, worker_backoff_base_ms=10), registry()) as p:
         for subject in ("fine", "flaky", "never"):
             ids[subject] = await p.enqueue(SendEmail(to=f"{subject}@example.com", subject=subject, body="b"))
         with trio.fail_after(10):
@@ -74,21 +75,28 @@ async def test_json_lines_carry_each_job_outcome(db_path: Path, log_stream: io.S
     first, second = by_job[ids["flaky"]]
     assert (first["attempt"], first["outcome"], first["status"], first["level"]) == (1, "error", "retry", "warning")
     assert first["error"] == "ConnectionRefusedError: smtp.example.com:25 refused the connection"
+    assert 8.5 <= first["retry_delay_ms"] <= 11.5 and first["duration_ms"] >= 0  # backoff 10 ms × jitter, apart from the run time
+    assert first["message"] == (f"job {ids['flaky']} send_email attempt 1/3 error → retry: failed after "
+                                f"{first['duration_ms']:.1f} ms; next attempt in {first['retry_delay_ms']:.1f} ms: {first['error']}")
+    assert fine["retry_delay_ms"] is None and second["retry_delay_ms"] is None
     assert (second["attempt"], second["outcome"], second["status"]) == (2, "ok", "completed")
 
     (never,) = by_job[ids["never"]]
     assert (never["outcome"], never["status"]) == ("permanent", "dead")
-    assert never["error"] == "permanent error: 550 no such mailbox"
+    assert never["error"] == "permanent error: 550 no such mailbox" and never["retry_delay_ms"] is None
 
 
 async def test_text_lines_for_people(db_path: Path, log_stream: io.StringIO) -> None:
     configure(config_of(log_format="text", log_level="info"), stream=log_stream)
     ids = await run_jobs(db_path)
     text = log_stream.getvalue()
-    assert re.search(rf" INFO pipeline: job {ids['fine']} send_email attempt 1/3 ok → completed in [\d.]+ ms$", text, re.M), text
-    assert re.search(rf" WARNING pipeline: job {ids['flaky']} send_email attempt 1/3 error → retry in [\d.]+ ms: "
-                     "ConnectionRefusedError: smtp.example.com:25 refused the connection$", text, re.M), text
-    assert re.search(rf"job {ids['never']} send_email attempt 1/3 permanent → dead in [\d.]+ ms: permanent error: 550", text), text
+    assert re.search(rf" INFO pipeline: job {ids['fine']} send_email attempt 1/3 ok → completed in \d+\.\d (ms|s)$", text, re.M), text
+    # the run time and the wait before the next attempt, each named
+    assert re.search(rf" WARNING pipeline: job {ids['flaky']} send_email attempt 1/3 error → retry: failed after \d+\.\d (ms|s); "
+                     r"next attempt in (8\.[5-9]|9\.\d|1[01]\.\d) ms: ConnectionRefusedError: smtp.example.com:25 refused the connection$",
+                     text, re.M), text
+    assert re.search(rf"job {ids['never']} send_email attempt 1/3 permanent → dead: failed after \d+\.\d (ms|s): permanent error: 550",
+                     text), text
     assert len([line for line in text.splitlines() if f"job {ids['flaky']} " in line]) == 2  # one line per outcome
 
 
@@ -140,6 +148,22 @@ def test_outcome_lines_are_written_within_a_tenth_of_a_second(log_stream: io.Str
     time.sleep(0.3)
     (record,) = [json.loads(line) for line in log_stream.getvalue().splitlines()]
     assert record["level"] == "warning" and record["job_id"] == "1" and TIME.match(record["time"])
+
+
+def test_outcome_message_says_run_time_and_next_attempt_apart() -> None:
+    from pipeline.logs import outcome_message
+
+    base = {"job_id": "j1", "job_type": "send_email", "attempt": 1, "max_attempts": 3, "outcome": "error",
+            "status": "retry", "duration_ms": 1.154, "retry_delay_ms": 10_312.0, "error": "OSError: down"}
+    assert outcome_message(base) == ("job j1 send_email attempt 1/3 error → retry: failed after 1.2 ms; "
+                                     "next attempt in 10.3 s: OSError: down")
+    assert outcome_message({**base, "duration_ms": 95_000.0, "retry_delay_ms": 5_400_000.0}).endswith(
+        "failed after 1.6 min; next attempt in 1.5 h: OSError: down")
+    assert outcome_message({**base, "attempt": 3, "status": "dead", "retry_delay_ms": None}).endswith(
+        "3/3 error → dead: failed after 1.2 ms: OSError: down")
+    assert outcome_message({**base, "outcome": "ok", "status": "completed", "error": None}).endswith("ok → completed in 1.2 ms")
+    assert outcome_message({**base, "outcome": "released", "status": "released", "error": None}).endswith(
+        "released → released after 1.2 ms")
 
 
 def test_handlers_of_the_applications_own_get_every_line_through_logging(log_stream: io.StringIO) -> None:

@@ -35,7 +35,7 @@ from ..clock import now_ts, to_ts
 from ..config import Config
 from ..errors import ConfigError, PipelineClosed, UsageError
 from ..ids import UUID7Factory
-from ..logs import outcome_lines
+from ..logs import outcome_lines, outcome_message
 from ..registry import Registry
 from ..requests import check_unique_key
 from .actors.bus import Envelope, run_event_bus
@@ -183,12 +183,9 @@ class Pipeline:
         if logged:
             lines = outcome_lines()
             if lines is not None:  # the service's own logging: batched, off the hot path (see logs.py)
-                err = f": {fields['error']}" if fields["error"] else ""
-                lines.write(level, f"job {fields['job_id']} {fields['job_type']} attempt {fields['attempt']}/{fields['max_attempts']} "
-                                   f"{fields['outcome']} → {fields['status']} in {fields['duration_ms']} ms{err}", fields)
+                lines.write(level, outcome_message(fields), fields)
             else:
-                log.log(level, "job %(job_id)s %(job_type)s attempt %(attempt)s/%(max_attempts)s %(outcome)s → %(status)s in %(duration_ms)s ms%(err)s",
-                        {**fields, "err": f": {fields['error']}" if fields["error"] else ""}, extra={"job": fields})
+                log.log(level, "%s", outcome_message(fields), extra={"job": fields})
         for fn in self._observers:
             fn(fields)
 

@@ -102,6 +102,17 @@ class Workers:
         held, started = await self.backend.settle([item, Settlement(start.id, start.token, Transition.START)])
         return (_RESULT[item.transition] if held else None), started
 
+    def decide(self, lease: Lease, outcome: Outcome) -> Outcome:
+        """A failed attempt's retry delay, chosen once before its outcome is written: the
+        outcome line says it, and a write tried again keeps it (``settle`` takes ``outcome.delay``)."""
+        if outcome.kind in ("ok", "released", "lost"):
+            return outcome
+        decision = states.settle_failure(
+            attempts=lease.attempts, max_attempts=lease.max_attempts, permanent=outcome.kind == "permanent",
+            base_seconds=self.backoff_base_seconds, retry_delay=outcome.delay, rng=self.rng,
+        )
+        return attrs.evolve(outcome, delay=decision.delay) if decision.transition is Transition.RETRY else outcome
+
     async def start(self, lease: Lease) -> bool:
         """Count the attempt of a job claimed ahead, before it runs; False if its lease is gone."""
         (held,) = await self.backend.settle([Settlement(lease.id, lease.token, Transition.START)])
@@ -330,6 +341,7 @@ async def _settle(workers: Workers, pool: Pool, lease: Lease, outcome: Outcome, 
     counted = False
     key = (lease.id, lease.token)
     pool.settling.add(key)
+    outcome = workers.decide(lease, outcome)
     while True:
         try:
             result, counted = await workers.settle(lease, outcome, start)
@@ -401,6 +413,8 @@ def describe_outcome(lease: Lease, outcome: Outcome, result: str | None, duratio
         "duration_ms": round(duration * 1000, 3) if math.isfinite(duration) else None,
         "waited_ms": _waited_ms(lease, duration),
         "error": first_line,
+        # the wait before the next attempt (backoff, or what RetryLater asked); None unless retried
+        "retry_delay_ms": round(outcome.delay * 1000, 3) if result == "retry" and outcome.delay is not None else None,
     }
 
 
