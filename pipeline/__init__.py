@@ -18,6 +18,7 @@ import typing as _typing
 if _typing.TYPE_CHECKING:
     from .backends import Backend, JobRecord
     from .backends.sqlite.outbox import enqueue_in_transaction
+    from .client import AsyncClient, Client
     from .config import AdminSettings, Config, LogSettings, RedisSettings, RetentionSettings, SqliteSettings, WorkerSettings
     from .engine.actors.pools import JobContext
     from .engine.wiring import Enqueued, Pipeline, open_pipeline
@@ -42,7 +43,9 @@ if _typing.TYPE_CHECKING:
 
 _MODULE_OF = {
     "AdminSettings": "config",
+    "AsyncClient": "client",
     "Backend": "backends",
+    "Client": "client",
     "Config": "config",
     "ConfigError": "errors",
     "DatabaseUnavailable": "errors",
@@ -76,7 +79,9 @@ _MODULE_OF = {
 
 __all__ = [
     "AdminSettings",
+    "AsyncClient",
     "Backend",
+    "Client",
     "Config",
     "ConfigError",
     "DatabaseUnavailable",

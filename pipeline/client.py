@@ -1,0 +1,318 @@
+"""Producers for code that is not trio: :class:`Client` for synchronous code (Django, Flask,
+scripts, other queues' workers) and :class:`AsyncClient` for asyncio (it runs under trio too).
+
+    client = pipeline.Client(registry=registry)          # DATABASE_URL, or Client("postgresql://...")
+    job_id = client.enqueue(ResizeAvatar("u42"), delay=60)
+    client.close()                                        # or: with pipeline.Client(...) as client:
+
+A client runs the pipeline's producing half (the backend and its Ledger, the EventBus and the
+Enqueuer; no Poller, no workers) on a trio loop in a thread of its own, opened with
+``open_pipeline`` and ``WORKER_ENABLED=false``. Each call is handed to that loop and returns once
+its rows are committed, with the same checks and errors as :meth:`Pipeline.enqueue` (raised
+before anything is written). Concurrent calls share the Ledger's batches, as the engine's own
+enqueues do, and a service on the same store is woken as by any insert (SQLite's WAL watch,
+Postgres NOTIFY, Redis PUBLISH): it starts the job within milliseconds.
+
+:class:`Client` is thread-safe: any number of threads may call one client at once (one per
+process is enough). :class:`AsyncClient` answers on the caller's own event loop, asyncio or trio,
+without a thread per call: the call runs as a task on the client's loop, which wakes the
+caller's loop when it is done.
+"""
+
+from __future__ import annotations
+
+import builtins
+import datetime as dt
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import attrs
+import outcome
+import sniffio
+import trio
+
+from .backends.base import JobRecord
+from .config import Config
+from .engine.wiring import Pipeline, open_pipeline
+from .errors import PipelineClosed, UsageError
+from .registry import Registry
+
+__all__ = ["AsyncClient", "Client"]
+
+T = TypeVar("T")
+
+DEFAULT_PRIORITY = 5
+
+
+class Client:
+    """Enqueue and emit from synchronous code; see the module docstring.
+
+    ``database_url``: the job store (default: ``DATABASE_URL`` from the environment or ``.env``);
+    ``registry``: the job types, events and routes this client may enqueue (the service's own);
+    ``config``: every other setting (default: ``Config.from_env()``).
+    """
+
+    def __init__(self, database_url: str | None = None, *, registry: Registry, config: Config | None = None) -> None:
+        config = config if config is not None else Config.from_env()
+        if database_url is not None:
+            config = config.replace(database_url=database_url)
+        self.config = config.replace(worker=attrs.evolve(config.worker, enabled=False))
+        self.registry = registry
+        self._lock = threading.Lock()
+        self._opened = threading.Event()
+        self._failure: BaseException | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._pipeline: Pipeline | None = None
+        self._nursery: trio.Nursery | None = None
+        self._stop: trio.Event | None = None
+        self._thread = threading.Thread(target=self._run, name="pipeline-client", daemon=True)
+        self._thread.start()
+        self._opened.wait()
+        if self._failure is not None:
+            self._thread.join()
+            raise self._failure
+
+    # -- the client's own loop ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            trio.run(self._main)
+        except BaseException as exc:  # noqa: BLE001 - the opener learns why (a bad URL, a store that refuses)
+            if not self._opened.is_set():
+                self._failure = exc
+        finally:
+            self._token = None
+            self._opened.set()
+
+    async def _main(self) -> None:
+        async with open_pipeline(self.config, self.registry) as pipeline, trio.open_nursery() as nursery:
+            self._pipeline, self._nursery, self._stop = pipeline, nursery, trio.Event()
+            self._token = trio.lowlevel.current_trio_token()
+            self._opened.set()
+            await self._stop.wait()  # then the nursery waits for the calls in flight, and the pipeline closes
+
+    def _call(self, fn: Callable[[Pipeline], Awaitable[T]]) -> T:
+        token, pipeline = self._token, self._pipeline
+        if token is None or pipeline is None:
+            raise PipelineClosed("the client is closed")
+        try:
+            return trio.from_thread.run(fn, pipeline, trio_token=token)
+        except trio.RunFinishedError:
+            raise PipelineClosed("the client is closed") from None
+
+    def _start(self, fn: Callable[[Pipeline], Awaitable[Any]], done: Callable[[outcome.Outcome[Any]], None]) -> None:
+        """Run ``fn(pipeline)`` as a task of the client's loop; ``done(its outcome)`` there, once it ends."""
+        token, pipeline = self._token, self._pipeline
+        if token is None or pipeline is None:
+            raise PipelineClosed("the client is closed")
+
+        async def task() -> None:
+            done(await outcome.acapture(fn, pipeline))
+
+        def spawn() -> None:
+            if self._nursery is None or self._stop is None or self._stop.is_set():
+                done(outcome.Error(PipelineClosed("the client is closed")))
+            else:
+                self._nursery.start_soon(task)
+
+        try:
+            token.run_sync_soon(spawn)
+        except trio.RunFinishedError:
+            raise PipelineClosed("the client is closed") from None
+
+    # -- producing ---------------------------------------------------------------------------------
+
+    def enqueue(self, job: Any, *, priority: int | None = None, run_after: Any = None, delay: float | dt.timedelta | None = None,
+                max_attempts: int | None = None, unique_key: str | None = None, connection: Any = None) -> str:
+        """Commit one job; its id. ``run_after``: a datetime, ISO 8601 text or epoch seconds;
+        ``delay``: seconds (or a timedelta) from now, instead. With ``unique_key``: while a job
+        of the same type and key is pending or running nothing is inserted, and that job's id is
+        returned. ``connection``: not yet supported (enqueue in your own transaction)."""
+        _no_connection(connection)
+        when = _when(run_after, delay)
+        return self._call(lambda p: p.enqueue(job, run_after=when, max_attempts=max_attempts,
+                                              priority=_priority(priority), unique_key=unique_key))
+
+    def enqueue_many(self, jobs: Sequence[Any], *, priority: int | None = None,
+                     unique_keys: Sequence[str | None] | None = None, connection: Any = None) -> builtins.list[str]:
+        """Commit many jobs in one transaction; their ids (as :meth:`enqueue`'s)."""
+        _no_connection(connection)
+        jobs = list(jobs)
+        return self._call(lambda p: p.enqueue_many(jobs, priority=_priority(priority), unique_keys=unique_keys))
+
+    def emit(self, event: Any) -> builtins.list[str]:
+        """Route a domain event by the registry's routes; the ids of its jobs, once committed."""
+        return self._call(lambda p: p.emit(event))
+
+    def get(self, job_id: str) -> JobRecord | None:
+        """The job's record (``status``, ``attempts``, ``error``, ...), or None if there is none."""
+        return self._call(lambda p: p.backend.get(job_id))
+
+    # -- closing -----------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the client's loop (what was committed stays committed); calls after it raise PipelineClosed."""
+        with self._lock:
+            token = self._token
+            if token is not None:
+                try:
+                    trio.from_thread.run_sync(self._stop_now, trio_token=token)
+                except trio.RunFinishedError:
+                    pass
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _stop_now(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class AsyncClient:
+    """:class:`Client` for asyncio (and trio) code: the same calls, awaited.
+
+        async with pipeline.AsyncClient(registry=registry) as client:
+            job_id = await client.enqueue(ResizeAvatar("u42"))
+
+    Opening it (``async with``, or ``await client.open()``) opens the store in a thread; each call
+    then runs on the client's loop and wakes the caller's loop when it is done (no thread per
+    call). A caller cancelled while it waits stops waiting; the call itself still completes.
+    """
+
+    def __init__(self, database_url: str | None = None, *, registry: Registry, config: Config | None = None) -> None:
+        self._args = (database_url, registry, config)
+        self._client: Client | None = None
+
+    async def open(self) -> AsyncClient:
+        if self._client is None:
+            database_url, registry, config = self._args
+            self._client = await _in_thread(lambda: Client(database_url, registry=registry, config=config))
+        return self
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await _in_thread(client.close)
+
+    async def __aenter__(self) -> AsyncClient:
+        return await self.open()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def _call(self, fn: Callable[[Pipeline], Awaitable[T]]) -> T:
+        if self._client is None:
+            raise PipelineClosed("the client is not open: use `async with AsyncClient(...)` or `await client.open()`")
+        wait, done = _answer_here()
+        self._client._start(fn, done)
+        return await wait()
+
+    async def enqueue(self, job: Any, *, priority: int | None = None, run_after: Any = None,
+                      delay: float | dt.timedelta | None = None, max_attempts: int | None = None,
+                      unique_key: str | None = None, connection: Any = None) -> str:
+        """As :meth:`Client.enqueue`."""
+        _no_connection(connection)
+        when = _when(run_after, delay)
+        return await self._call(lambda p: p.enqueue(job, run_after=when, max_attempts=max_attempts,
+                                                    priority=_priority(priority), unique_key=unique_key))
+
+    async def enqueue_many(self, jobs: Sequence[Any], *, priority: int | None = None,
+                           unique_keys: Sequence[str | None] | None = None, connection: Any = None) -> builtins.list[str]:
+        """As :meth:`Client.enqueue_many`."""
+        _no_connection(connection)
+        jobs = list(jobs)
+        return await self._call(lambda p: p.enqueue_many(jobs, priority=_priority(priority), unique_keys=unique_keys))
+
+    async def emit(self, event: Any) -> builtins.list[str]:
+        """As :meth:`Client.emit`."""
+        return await self._call(lambda p: p.emit(event))
+
+    async def get(self, job_id: str) -> JobRecord | None:
+        """As :meth:`Client.get`."""
+        return await self._call(lambda p: p.backend.get(job_id))
+
+
+# -- the caller's event loop ------------------------------------------------------------------------
+
+
+def _answer_here() -> tuple[Callable[[], Awaitable[Any]], Callable[[outcome.Outcome[Any]], None]]:
+    """A ``wait`` for the calling task and a ``done`` that any thread may call once with the
+    outcome: it wakes the caller's loop (asyncio or trio) without blocking the thread that calls it."""
+    library = sniffio.current_async_library()
+    if library == "asyncio":
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+
+        def set_result(result: outcome.Outcome[Any]) -> None:
+            if not future.done():  # a caller cancelled meanwhile left it done
+                future.set_result(result)
+
+        async def wait_asyncio() -> Any:
+            result: outcome.Outcome[Any] = await future
+            return result.unwrap()
+
+        def done_asyncio(result: outcome.Outcome[Any]) -> None:
+            loop.call_soon_threadsafe(set_result, result)
+
+        return wait_asyncio, done_asyncio
+    if library == "trio":
+        token = trio.lowlevel.current_trio_token()
+        event = trio.Event()
+        box: list[outcome.Outcome[Any]] = []
+
+        def done(result: outcome.Outcome[Any]) -> None:
+            box.append(result)
+            try:
+                token.run_sync_soon(event.set)
+            except trio.RunFinishedError:
+                pass  # the caller's loop ended: nobody waits
+
+        async def wait_trio() -> Any:
+            await event.wait()
+            return box[0].unwrap()
+
+        return wait_trio, done
+    raise RuntimeError(f"AsyncClient runs under asyncio or trio, not {library}")
+
+
+async def _in_thread(fn: Callable[[], T]) -> T:
+    """``fn()`` in a thread, awaited from asyncio or trio."""
+    if sniffio.current_async_library() == "trio":
+        return await trio.to_thread.run_sync(fn)
+    import asyncio
+
+    return await asyncio.to_thread(fn)
+
+
+# -- arguments ----------------------------------------------------------------------------------------
+
+
+def _when(run_after: Any, delay: float | dt.timedelta | None) -> Any:
+    if delay is None:
+        return run_after
+    if run_after is not None:
+        raise UsageError("give run_after or delay, not both")
+    seconds = delay.total_seconds() if isinstance(delay, dt.timedelta) else delay
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds >= 0:
+        raise UsageError(f"delay must be a number of seconds >= 0 or a timedelta, got {delay!r}")
+    return time.time() + seconds
+
+
+def _priority(priority: int | None) -> int:
+    return DEFAULT_PRIORITY if priority is None else priority
+
+
+def _no_connection(connection: Any) -> None:
+    if connection is not None:
+        raise UsageError("enqueue in your own transaction (connection=) is not supported by this version yet; "
+                         "for SQLite use pipeline.enqueue_in_transaction(conn, job, registry=...)")
+

@@ -1,0 +1,142 @@
+"""Producers without trio (issue 22, item 4): ``pipeline.Client`` from threads and
+``pipeline.AsyncClient`` from asyncio and trio, on every store. Each call has committed when it
+returns, a service on the same store starts the job within milliseconds (a minute-long poll would
+not), bad input raises before anything is written, and many callers at once lose nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import attrs
+import pytest
+import trio
+from jobkit import Echo, KeyedWork, Tick, registry, wait_status
+
+import pipeline
+from pipeline import Config
+
+LONG_POLL_MS = 60_000  # the service would find a job by its poll only after a minute
+
+
+def _quiet(config: Config) -> Config:
+    return config.replace(worker=attrs.evolve(config.worker, poll_interval_ms=LONG_POLL_MS))
+
+
+async def test_a_sync_client_enqueues_from_threads_and_the_service_starts_it_at_once(store_config: Config) -> None:
+    reg = registry()
+    async with pipeline.open_pipeline(_quiet(store_config), reg) as service:
+        client = await trio.to_thread.run_sync(lambda: pipeline.Client(store_config.database_url, registry=reg,
+                                                                        config=store_config))
+        try:
+            await trio.sleep(0.3)  # the service idle, its listener waiting
+            started = time.monotonic()
+            job_id = await trio.to_thread.run_sync(client.enqueue, Echo("from a thread"))
+            await wait_status(service, job_id, "completed", timeout=5)
+            assert time.monotonic() - started < 3, "the service found the job by its poll, not by a wake-up"
+            record = await trio.to_thread.run_sync(client.get, job_id)
+            assert record is not None and record.status == "completed" and record.attempts == 1
+            assert await trio.to_thread.run_sync(client.get, "no-such-id") is None
+        finally:
+            await trio.to_thread.run_sync(client.close)
+
+
+async def test_many_threads_at_once_lose_nothing_and_keys_and_routes_hold(store_config: Config) -> None:
+    reg = registry()
+
+    def work() -> tuple[list[str], list[str], list[str], str]:
+        with pipeline.Client(registry=reg, config=store_config) as client:
+            ids: list[str] = []
+            lock = threading.Lock()
+
+            def enqueue_20(n: int) -> None:
+                mine = [client.enqueue(Tick(n * 100 + i), delay=3600) for i in range(20)]
+                with lock:
+                    ids.extend(mine)
+
+            threads = [threading.Thread(target=enqueue_20, args=(n,)) for n in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            many = client.enqueue_many([Tick(1), Tick(2)], priority=0)
+            keyed = [client.enqueue(Tick(9), unique_key="k", delay=3600) for _ in range(3)]
+            routed = client.emit(KeyedWork("k"))  # routes to one Tick under the key "k": held already
+            return ids, many, keyed, routed[0]
+
+    ids, many, keyed, routed = await trio.to_thread.run_sync(work)
+    assert len(set(ids)) == 160
+    assert len(set(keyed)) == 1 and routed == keyed[0]
+    async with pipeline.backends.open_backend(store_config) as backend:
+        for job_id in [*ids, *many, keyed[0]]:
+            found = await backend.get(job_id)
+            assert found is not None and found.status == "pending"
+        assert (await backend.get(many[0])).priority == 0  # type: ignore[union-attr]
+        stats = await backend.stats()
+        assert stats["by_status"]["pending"] == 160 + 2 + 1
+
+
+async def test_bad_input_raises_before_anything_is_written(store_config: Config) -> None:
+    reg = registry()
+
+    def misuse() -> list[str]:
+        with pipeline.Client(registry=reg, config=store_config) as client:
+            errors = []
+            for call in (lambda: client.enqueue(object()), lambda: client.enqueue(Echo("x"), priority="high"),
+                         lambda: client.enqueue(Echo("x"), delay=-1), lambda: client.enqueue(Echo("x"), delay=5, run_after=0),
+                         lambda: client.enqueue_many([Tick(1), "not a job"]), lambda: client.enqueue(Tick(1), unique_key="")):
+                with pytest.raises(pipeline.PipelineError) as caught:
+                    call()
+                errors.append(str(caught.value))
+            client.close()
+            with pytest.raises(pipeline.PipelineClosed, match="closed"):
+                client.enqueue(Tick(1))
+            return errors
+
+    errors = await trio.to_thread.run_sync(misuse)
+    assert "object" in errors[0] and "priority" in errors[1] and "delay" in errors[2] and "not both" in errors[3]
+    async with pipeline.backends.open_backend(store_config) as backend:
+        assert sum((await backend.stats())["by_status"].values()) == 0
+
+
+async def test_an_asyncio_app_enqueues_from_100_tasks_and_each_call_has_committed(store_config: Config) -> None:
+    reg = registry()
+
+    async def app() -> list[str]:
+        async with pipeline.AsyncClient(registry=reg, config=store_config) as client:
+            ids = await asyncio.gather(*(client.enqueue(Tick(n), delay=3600) for n in range(100)))
+            record = await client.get(ids[0])
+            assert record is not None and record.status == "pending"
+            with pytest.raises(pipeline.UnknownJobType):
+                await client.enqueue(object())
+            return list(ids)
+
+    ids = await trio.to_thread.run_sync(lambda: asyncio.run(app()))
+    assert len(set(ids)) == 100
+    async with pipeline.backends.open_backend(store_config) as backend:
+        assert (await backend.stats())["by_status"]["pending"] == 100
+
+
+async def test_the_async_client_runs_under_trio_too(store_config: Config) -> None:
+    reg = registry()
+    async with pipeline.open_pipeline(_quiet(store_config), reg) as service:
+        async with pipeline.AsyncClient(registry=reg, config=store_config) as client:
+            await trio.sleep(0.3)
+            results: list[str] = []
+
+            async def one(n: int) -> None:
+                results.append(await client.enqueue(Echo(f"trio {n}")))
+
+            async with trio.open_nursery() as nursery:
+                for n in range(20):
+                    nursery.start_soon(one, n)
+            for job_id in results:
+                await wait_status(service, job_id, "completed", timeout=5)
+
+
+def test_a_client_on_a_store_that_cannot_open_says_why(tmp_path: object) -> None:
+    with pytest.raises(pipeline.ConfigError, match="DATABASE_URL"):
+        pipeline.Client("mysql://nowhere/db", registry=registry())
+    with pytest.raises(pipeline.PipelineError, match="missing-folder"):
+        pipeline.Client(f"sqlite:///{tmp_path}/missing-folder/x.db", registry=registry())
