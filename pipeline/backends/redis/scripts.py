@@ -14,6 +14,9 @@ one store hashes to one slot). Keys (layout in docs/backends.md, "Key layout"):
     ready:<type>:<prio>   ZSET  pending jobs of one type and priority, score run (ms), member id:
                                 due ones are a range by score; ties go by id (member order)
     prios:<type>          ZSET  the priorities that have a ready set, score = priority
+    pdue:<type>           ZSET  the claim's index: those of them whose first job is due, score = priority
+    pwait:<type>          ZSET  and the others, score = when their first job is due (ms); every script
+                                that adds to or takes from a ready set keeps the two in step
     ptypes                SET   the types that have pending jobs
     leases                ZSET  running jobs, score = lease expiry (ms)
     all, type:<t>, status:<s>, st:<s>:<t>
@@ -26,7 +29,7 @@ one store hashes to one slot). Keys (layout in docs/backends.md, "Key layout"):
                                 it (job field ukey); deleted when that job finishes, dies or is
                                 deleted. A hash per type: a type name may hold ':', a key anything
     workers               HASH  owner -> "beat_ms|lease_ms|<json list of types>"
-    schema                STRING the key layout's version
+    schema                STRING the key layout's version (2: with pdue/pwait; 1 is upgraded at open)
     sched:<name>          HASH  a cron schedule: type payload cron tz enabled origin declared next
                                 [last job] created updated (times: the protocol's ISO text)
     scheds                SET   the names of every schedule
@@ -59,21 +62,50 @@ local function index_status(id, t, from, to)
     redis.call('ZADD', P .. 'st:' .. to .. ':' .. t, 0, id)
   end
 end
-local function make_ready(id, t, p, run)
+-- The claim's index of a type's priorities (prios:<t> holds them all): pdue:<t> those whose
+-- first job is due (score: the priority), pwait:<t> the others (score: their first job's run).
+-- A claim moves the ones that came due from pwait to pdue and reads pdue from its lowest
+-- priority only as far as it takes jobs: never a priority with nothing due.
+local function index_add(t, p, run, now)
+  -- a job due at ``run`` joined ready:<t>:<p>
+  local due = P .. 'pdue:' .. t
+  if redis.call('ZSCORE', due, p) then return end
+  local wait = P .. 'pwait:' .. t
+  if tonumber(run) <= now then
+    redis.call('ZADD', due, p, p)
+    redis.call('ZREM', wait, p)
+  else
+    local first = redis.call('ZSCORE', wait, p)
+    if not first or tonumber(run) < tonumber(first) then redis.call('ZADD', wait, run, p) end
+  end
+end
+local function index_head(t, p, now)
+  -- ready:<t>:<p> lost jobs: file the priority by its first job now; an empty ZSET is no key, so
+  -- drop the priority then, and the type once it has none
+  local head = redis.call('ZRANGE', ready_key(t, p), 0, 0, 'WITHSCORES')
+  local due, wait = P .. 'pdue:' .. t, P .. 'pwait:' .. t
+  if not head[2] then
+    redis.call('ZREM', due, p)
+    redis.call('ZREM', wait, p)
+    redis.call('ZREM', P .. 'prios:' .. t, p)
+    if redis.call('EXISTS', P .. 'prios:' .. t) == 0 then redis.call('SREM', P .. 'ptypes', t) end
+  elseif tonumber(head[2]) <= now then
+    redis.call('ZADD', due, p, p)
+    redis.call('ZREM', wait, p)
+  else
+    redis.call('ZREM', due, p)
+    redis.call('ZADD', wait, head[2], p)
+  end
+end
+local function make_ready(id, t, p, run, now)
   redis.call('ZADD', ready_key(t, p), run, id)
   redis.call('ZADD', P .. 'prios:' .. t, p, p)
   redis.call('SADD', P .. 'ptypes', t)
-end
-local function forget_ready_set(t, p)
-  -- an empty ZSET is no key: drop its priority, and the type once it has none
-  if redis.call('EXISTS', ready_key(t, p)) == 0 then
-    redis.call('ZREM', P .. 'prios:' .. t, p)
-    if redis.call('EXISTS', P .. 'prios:' .. t) == 0 then redis.call('SREM', P .. 'ptypes', t) end
-  end
+  index_add(t, p, run, now)
 end
 local function unready(id, t, p)
   redis.call('ZREM', ready_key(t, p), id)
-  forget_ready_set(t, p)
+  index_head(t, p, now_ms())
 end
 local function finish(id, status, now)
   redis.call('ZADD', P .. 'done:' .. status, now, id)
@@ -121,7 +153,7 @@ local function insert_rows(rows, first, n, width)
   end
   local now = now_ms()
   local due = false
-  local known = {}  -- (type, priority) whose sets this call wrote already
+  local known = {}  -- (type, priority) whose sets this call wrote already -> the earliest run given
   local inserted = 0
   for i = 0, n - 1 do
     local b = first + i * width
@@ -138,10 +170,14 @@ local function insert_rows(rows, first, n, width)
       local tp = t .. '\0' .. p
       if known[tp] then
         redis.call('ZADD', ready_key(t, p), run, id)
+        if tonumber(run) < known[tp] then
+          known[tp] = tonumber(run)
+          index_add(t, p, run, now)
+        end
       else
-        make_ready(id, t, p, run)
+        make_ready(id, t, p, run, now)
         redis.call('SADD', P .. 'types', t)
-        known[tp] = true
+        known[tp] = tonumber(run)
       end
       redis.call('ZADD', P .. 'all', 0, id)
       redis.call('ZADD', P .. 'type:' .. t, 0, id)
@@ -204,7 +240,9 @@ return held
 # none). For each type, its due pending jobs in claim order (priority, then run, then id), up
 # to limit, and for a type with a global limit, up to that limit less the type's running jobs
 # (ZCARD of st:running:<type>: the script runs alone, so nothing comes between count and claim);
-# the first ``start`` count their attempt now, the rest are claimed ahead. Returns, per type asked, how many it
+# the first ``start`` count their attempt now, the rest are claimed ahead. It visits only the
+# priorities with due jobs (pdue, once those of pwait that came due moved there): a claim costs
+# what it takes, not how many priorities wait. Returns, per type asked, how many it
 # got, then three values per lease: id, payload, and "attempts max token created run started"
 # (attempts: this one's; started 1/0): a third of the values of an array per lease, whose
 # parsing was a fifth of the client's time per claimed job.
@@ -220,37 +258,54 @@ for j = 0, m - 1 do
   out[count_at] = 0
   local pending_key, running_key = P .. 'st:pending:' .. t, P .. 'st:running:' .. t
   if cap ~= '' then want = math.min(want, tonumber(cap) - redis.call('ZCARD', running_key)) end
-  for _, p in ipairs(redis.call('ZRANGE', P .. 'prios:' .. t, 0, -1)) do
-    if got >= want then break end
-    local rk = ready_key(t, p)
-    local ids = redis.call('ZRANGEBYSCORE', rk, '-inf', now, 'LIMIT', 0, want - got)
-    if #ids > 0 then
-      for _, id in ipairs(ids) do
-        local key = jkey(id)
-        local f = redis.call('HMGET', key, 'payload', 'max', 'created', 'run', 'attempts', 'token', 'started')
-        local token = tonumber(f[6]) + 1
-        local attempts = tonumber(f[5]) + 1  -- the attempt this lease is, counted now or at its START
-        if got < k then
-          redis.call('HSET', key, 'status', 'running', 'owner', owner, 'expires', expires, 'updated', now,
-                     'token', token, 'attempts', attempts, 'started', now)
-        else
-          redis.call('HSET', key, 'status', 'running', 'owner', owner, 'expires', expires, 'updated', now,
-                     'token', token)
-          if f[7] then redis.call('HDEL', key, 'started') end
+  local due_key, wait_key, prios_key = P .. 'pdue:' .. t, P .. 'pwait:' .. t, P .. 'prios:' .. t
+  if redis.call('ZCARD', due_key) + redis.call('ZCARD', wait_key) ~= redis.call('ZCARD', prios_key) then
+    -- a priority written or emptied without the index (by a process of layout 1 still running
+    -- after the upgrade): file every priority of the type again
+    redis.call('DEL', due_key, wait_key)
+    for _, p in ipairs(redis.call('ZRANGE', prios_key, 0, -1)) do index_head(t, p, now) end
+  end
+  local came = redis.call('ZRANGEBYSCORE', wait_key, '-inf', now)
+  if #came > 0 then
+    for _, p in ipairs(came) do redis.call('ZADD', due_key, p, p) end
+    redis.call('ZREMRANGEBYSCORE', wait_key, '-inf', now)
+  end
+  while got < want do
+    -- every priority of pdue has a due job: the lowest (want - got) are all this pass can use
+    local prios = redis.call('ZRANGE', due_key, 0, want - got - 1)
+    if #prios == 0 then break end
+    for _, p in ipairs(prios) do
+      if got >= want then break end
+      local rk = ready_key(t, p)
+      local ids = redis.call('ZRANGEBYSCORE', rk, '-inf', now, 'LIMIT', 0, want - got)
+      if #ids > 0 then
+        for _, id in ipairs(ids) do
+          local key = jkey(id)
+          local f = redis.call('HMGET', key, 'payload', 'max', 'created', 'run', 'attempts', 'token', 'started')
+          local token = tonumber(f[6]) + 1
+          local attempts = tonumber(f[5]) + 1  -- the attempt this lease is, counted now or at its START
+          if got < k then
+            redis.call('HSET', key, 'status', 'running', 'owner', owner, 'expires', expires, 'updated', now,
+                       'token', token, 'attempts', attempts, 'started', now)
+          else
+            redis.call('HSET', key, 'status', 'running', 'owner', owner, 'expires', expires, 'updated', now,
+                       'token', token)
+            if f[7] then redis.call('HDEL', key, 'started') end
+          end
+          redis.call('ZADD', P .. 'leases', expires, id)
+          redis.call('ZREM', P .. 'status:pending', id)
+          redis.call('ZREM', pending_key, id)
+          redis.call('ZADD', P .. 'status:running', 0, id)
+          redis.call('ZADD', running_key, 0, id)
+          out[#out + 1] = id
+          out[#out + 1] = f[1]
+          out[#out + 1] = attempts .. ' ' .. f[2] .. ' ' .. token .. ' ' .. f[3] .. ' ' .. f[4] .. ' ' .. (got < k and 1 or 0)
+          got = got + 1
         end
-        redis.call('ZADD', P .. 'leases', expires, id)
-        redis.call('ZREM', P .. 'status:pending', id)
-        redis.call('ZREM', pending_key, id)
-        redis.call('ZADD', P .. 'status:running', 0, id)
-        redis.call('ZADD', running_key, 0, id)
-        out[#out + 1] = id
-        out[#out + 1] = f[1]
-        out[#out + 1] = attempts .. ' ' .. f[2] .. ' ' .. token .. ' ' .. f[3] .. ' ' .. f[4] .. ' ' .. (got < k and 1 or 0)
-        got = got + 1
+        -- the ids taken are the set's first ones: everything scored below them was taken too
+        redis.call('ZREMRANGEBYRANK', rk, 0, #ids - 1)
       end
-      -- the ids taken are the set's first ones: everything scored below them was taken too
-      redis.call('ZREMRANGEBYRANK', rk, 0, #ids - 1)
-      forget_ready_set(t, p)
+      index_head(t, p, now)  -- out of pdue once nothing due is left (the loop's progress when none was)
     end
   end
   out[count_at] = got
@@ -302,14 +357,14 @@ for i = 0, n - 1 do
         if has_error == '1' then redis.call('HSET', key, 'error', ARGV[b + 2]) end
         redis.call('HDEL', key, 'started')
         index_status(id, t, 'running', 'pending')
-        make_ready(id, t, p, run)
+        make_ready(id, t, p, run, now)
       else -- release: due at once, the attempt given back if it was counted
         local attempts = tonumber(f[6])
         if f[5] then attempts = math.max(attempts - 1, 0) end
         redis.call('HSET', key, 'status', 'pending', 'updated', now, 'run', now, 'attempts', attempts)
         redis.call('HDEL', key, 'started')
         index_status(id, t, 'running', 'pending')
-        make_ready(id, t, p, now)
+        make_ready(id, t, p, now, now)
         wake = true
       end
     end
@@ -383,7 +438,7 @@ for i = 0, n - 1 do
     if started == '0' then
       redis.call('HSET', key, 'status', 'pending', 'updated', now)
       index_status(id, t, 'running', 'pending')
-      make_ready(id, t, p, f[8])
+      make_ready(id, t, p, f[8], now)
     elseif dead == '1' then
       redis.call('HSET', key, 'status', 'dead', 'updated', now, 'error', ARGV[b + 6])
       index_status(id, t, 'running', 'dead')
@@ -393,7 +448,7 @@ for i = 0, n - 1 do
       local run = now + tonumber(ARGV[b + 5])
       redis.call('HSET', key, 'status', 'pending', 'updated', now, 'run', run, 'error', ARGV[b + 6])
       index_status(id, t, 'running', 'pending')
-      make_ready(id, t, p, run)
+      make_ready(id, t, p, run, now)
     end
   end
 end
@@ -434,7 +489,7 @@ for _, t in ipairs(redis.call('SMEMBERS', P .. 'ptypes')) do
         finish(id, 'dead', now)
         n = n + 1
       end
-      forget_ready_set(t, p)
+      index_head(t, p, now)
     end
   end
 end
@@ -539,7 +594,7 @@ redis.call('HSET', key, 'status', 'pending', 'attempts', 0, 'run', now, 'updated
 redis.call('HDEL', key, 'started')
 redis.call('ZREM', P .. 'done:dead', id)
 index_status(id, f[2], 'dead', 'pending')
-make_ready(id, f[2], f[3], now)
+make_ready(id, f[2], f[3], now, now)
 redis.call('PUBLISH', P .. 'wake', '1')
 return 'ok'
 """
@@ -600,8 +655,18 @@ return 1
 """
 
 # ARGV: prefix, version. The layout's version, set by the first process to start (SET NX is
-# atomic: processes starting at once agree); returns the version stored.
+# atomic: processes starting at once agree); returns the version stored. A store of layout 1
+# (before the claim's index) is upgraded to 2 here, in the same step: its index is built from
+# prios:<type> and the ready sets.
 SCHEMA = r"""
+if redis.call('GET', P .. 'schema') == '1' and ARGV[2] == '2' then
+  local now = now_ms()
+  for _, t in ipairs(redis.call('SMEMBERS', P .. 'ptypes')) do
+    redis.call('DEL', P .. 'pdue:' .. t, P .. 'pwait:' .. t)
+    for _, p in ipairs(redis.call('ZRANGE', P .. 'prios:' .. t, 0, -1)) do index_head(t, p, now) end
+  end
+  redis.call('SET', P .. 'schema', '2')
+end
 redis.call('SET', P .. 'schema', ARGV[2], 'NX')
 return redis.call('GET', P .. 'schema')
 """
