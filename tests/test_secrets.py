@@ -13,11 +13,15 @@ the connection: either error is searched).
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import logging
+import shutil
 import socket
+import struct
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -39,7 +43,16 @@ HOOK_KEY = base64.b64encode(b"hook-M4RK3R-key-bytes").decode()  # whsec_<this>: 
 HOOK_URL_PASSWORD = "url-M4RK3R-hook"
 CACHE = "cache-M4RK3R-pass"
 DB = "db-M4RK3R-pass"
-MARKERS = (ADMIN, SMTP, HOOK_KEY, HOOK_URL_PASSWORD, CACHE, DB)
+
+
+def encoded(password: str) -> str:
+    """A password as a URL may carry it, percent-encoded (``M4RK%33R``: ``%33`` is ``3``). The
+    driver decodes it, so the secret is both forms: neither may be shown."""
+    return password.replace("3", "%33")
+
+
+# The URL passwords are written percent-encoded: each marker is looked for as written and decoded.
+MARKERS = (ADMIN, SMTP, HOOK_KEY, HOOK_URL_PASSWORD, CACHE, DB, encoded(HOOK_URL_PASSWORD), encoded(CACHE), encoded(DB))
 
 
 def free_port() -> int:
@@ -62,7 +75,7 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     name = f"pipeline_secrets_{uuid.uuid4().hex[:12]}"
     _psql(f"CREATE DATABASE {name}")
     try:
-        yield f"postgresql://postgres:{DB}@127.0.0.1:5432/{name}"
+        yield f"postgresql://postgres:{encoded(DB)}@127.0.0.1:5432/{name}"
     finally:
         _psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
@@ -82,9 +95,9 @@ def environment(database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPat
         "SMTP_PASSWORD": SMTP,
         "MAIL_FROM": "noreply@example.com",
         "WEBHOOK_SECRET": f"whsec_{HOOK_KEY}",
-        "WEBHOOK_URLS": f"http://hook:{HOOK_URL_PASSWORD}@127.0.0.1:{free_port()}/in",
+        "WEBHOOK_URLS": f"http://hook:{encoded(HOOK_URL_PASSWORD)}@127.0.0.1:{free_port()}/in",
         "WEBHOOK_ALLOW_PRIVATE_NETWORKS": "true",
-        "CACHE_URL": f"redis://cacheuser:{CACHE}@127.0.0.1:6379/0",
+        "CACHE_URL": f"redis://cacheuser:{encoded(CACHE)}@127.0.0.1:6379/0",
         "WORKER_POLL_INTERVAL_MS": "20",
         "WORKER_BACKOFF_BASE_MS": "10",
         "SQLITE_SYNCHRONOUS": "normal",
@@ -108,9 +121,9 @@ def test_config_reprs_and_errors_never_show_a_secret(environment: dict[str, str]
     # a bad value of each secret (or of a setting holding one) is named, not shown
     bad = {
         "WEBHOOK_SECRET": f"whsec_{HOOK_KEY}!",
-        "WEBHOOK_URLS": f"ftp://hook:{HOOK_URL_PASSWORD}@example.com/",
-        "CACHE_URL": f"http://cacheuser:{CACHE}@127.0.0.1/",
-        "DATABASE_URL": f"mysql://root:{DB}@127.0.0.1/db",
+        "WEBHOOK_URLS": f"ftp://hook:{encoded(HOOK_URL_PASSWORD)}@example.com/",
+        "CACHE_URL": f"http://cacheuser:{encoded(CACHE)}@127.0.0.1/",
+        "DATABASE_URL": f"mysql://root:{encoded(DB)}@127.0.0.1/db",
     }
     for name, value in bad.items():
         with pytest.raises(ConfigError) as caught:
@@ -179,9 +192,9 @@ def test_database_errors_never_show_the_password(tmp_path: Path, monkeypatch: py
     """libpq quotes what it cannot parse, the password too; the errors the CLI prints do not.
     (No server is needed: these fail as the URL is parsed.)"""
     monkeypatch.chdir(tmp_path)
-    for url in (f"postgresql://postgres:{DB}%zz@127.0.0.1:5432/postgres",  # a bad percent-escape
-                f"postgresql://postgres:{DB}@[127.0.0.1/postgres",  # an unclosed IPv6 bracket: libpq quotes the URI
-                f"postgresql://postgres@[127.0.0.1/postgres?password={DB}"):
+    for url in (f"postgresql://postgres:{encoded(DB)}%zz@127.0.0.1:5432/postgres",  # a bad percent-escape
+                f"postgresql://postgres:{encoded(DB)}@[127.0.0.1/postgres",  # an unclosed IPv6 bracket: libpq quotes the URI
+                f"postgresql://postgres@[127.0.0.1/postgres?password={encoded(DB)}"):
         # (an unreachable server's error names it masked too, but only after the pool's 10 s of retries)
         monkeypatch.setenv("DATABASE_URL", url)
         assert cli.main(["stats", "--json"], stdout=io.StringIO()) in (1, 2)
@@ -198,7 +211,7 @@ def test_a_server_that_refuses_the_connection_is_said_at_once_without_the_passwo
     CLI says it at once (not after the pool's 10 s of retries), as a refusal, not "retry later"."""
     require_service("PostgreSQL", "127.0.0.1", 5432)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("DATABASE_URL", f"postgresql://nobody_{uuid.uuid4().hex[:6]}:{DB}@127.0.0.1:5432/postgres")
+    monkeypatch.setenv("DATABASE_URL", f"postgresql://nobody_{uuid.uuid4().hex[:6]}:{encoded(DB)}@127.0.0.1:5432/postgres")
     started = time.monotonic()
     assert cli.main(["stats"], stdout=io.StringIO()) == 1
     assert time.monotonic() - started < 5
@@ -212,10 +225,119 @@ def test_the_cache_url_password_is_not_in_its_errors(tmp_path: Path) -> None:
 
     async def main() -> str:
         try:
-            async with open_cache_store(f"redis://cacheuser:{CACHE}@127.0.0.1:6379/x") as store:
+            async with open_cache_store(f"redis://cacheuser:{encoded(CACHE)}@127.0.0.1:6379/x") as store:
                 await store.delete_many(["k"])
         except ConfigError as exc:
             return str(exc)
         raise AssertionError("a bad database number was accepted")
 
     assert_no_marker("CACHE_URL's error", trio.run(main))
+
+
+class RefusingPostgres:
+    """A TCP server speaking just enough of PostgreSQL's protocol to ask for the password in
+    clear text, keep what the client sent, and refuse it with a FATAL answer quoting it, as a
+    server or a pooler in front of it may word a refusal. What libpq sends is the password
+    decoded: that is the form such an answer quotes."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.received: list[str] = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        with self.listener:
+            while True:
+                try:
+                    conn, _ = self.listener.accept()
+                except OSError:  # closed: the test is over
+                    return
+                with conn:
+                    conn.settimeout(5)
+                    with contextlib.suppress(OSError, struct.error):
+                        self._refuse(conn)
+
+    def _refuse(self, conn: socket.socket) -> None:
+        def read(n: int) -> bytes:
+            data = b""
+            while len(data) < n:
+                chunk = conn.recv(n - len(data))
+                if not chunk:
+                    raise OSError("closed")
+                data += chunk
+            return data
+
+        while True:  # SSLRequest and GSSENCRequest are answered "N"; then the startup message
+            length, code = struct.unpack("!ii", read(8))
+            read(length - 8)
+            if code in (80877103, 80877104):
+                conn.sendall(b"N")
+                continue
+            break
+        conn.sendall(b"R" + struct.pack("!ii", 8, 3))  # AuthenticationCleartextPassword
+        kind, length = struct.unpack("!ci", read(5))
+        password = read(length - 4).rstrip(b"\0").decode()
+        self.received.append(password)
+        fields = [b"SFATAL", b"VFATAL", b"C28P01", f'Mpassword authentication failed for user "postgres": got "{password}"'.encode()]
+        body = b"".join(field + b"\0" for field in fields) + b"\0"
+        conn.sendall(b"E" + struct.pack("!i", len(body) + 4) + body)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_refused_percent_encoded_password_is_shown_in_neither_form(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """DATABASE_URL's password percent-encoded, the server refusing it: the CLI's error (said at
+    once) and the logs show neither the password as written nor as the driver decoded it."""
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.chdir(tmp_path)
+    server = RefusingPostgres()
+    try:
+        monkeypatch.setenv("DATABASE_URL", f"postgresql://postgres:{encoded(DB)}@127.0.0.1:{server.port}/jobs")
+        started = time.monotonic()
+        assert cli.main(["stats"], stdout=io.StringIO()) == 1
+        assert time.monotonic() - started < 5
+    finally:
+        server.close()
+    assert server.received and set(server.received) == {DB}  # libpq sent it decoded
+    err = capsys.readouterr().err
+    assert "refused the connection" in err and "password authentication failed" in err, err
+    assert f"postgresql://postgres:***@127.0.0.1:{server.port}/jobs" in err, err
+    assert_no_marker("the error of a refused password", err)
+    assert_no_marker("the logs of a refused password", "\n".join(f"{r.getMessage()} {r.exc_text or ''}" for r in caplog.records))
+
+
+def test_a_wrong_percent_encoded_password_for_redis_is_shown_in_neither_form(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A redis-server of this test's own that wants another password (and, for the user form,
+    has no such user): the error names the server, with the password masked in both forms."""
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("redis-server is not installed")
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.chdir(tmp_path)
+    port = free_port()
+    proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path), "--save", "",
+                             "--appendonly", "yes", "--appendfsync", "always", "--maxmemory-policy", "noeviction",
+                             "--requirepass", "the-right-one"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
+            assert time.monotonic() < deadline and proc.poll() is None, "redis-server did not start"
+            time.sleep(0.02)
+        for userinfo in (f":{encoded(DB)}", f"someone:{encoded(DB)}"):
+            url = f"redis://{userinfo}@127.0.0.1:{port}/0"
+            monkeypatch.setenv("DATABASE_URL", url)
+            assert cli.main(["stats"], stdout=io.StringIO()) == 1
+            err = capsys.readouterr().err
+            assert "invalid username-password pair" in err and f"redis://{userinfo.split(':')[0]}:***@127.0.0.1:{port}/0" in err, err
+            assert_no_marker(f"the error for {url}", err)
+        assert_no_marker("the logs", "\n".join(f"{r.getMessage()} {r.exc_text or ''}" for r in caplog.records))
+    finally:
+        proc.kill()
+        proc.wait()
