@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
     from ..config import Config
     from ..engine.diagrams import Wiring
+    from ..engine.health import Health
 
 __all__ = [
     "Backend", "ClaimOffer", "Claimed", "JobRecord", "Lease", "LeaseRenewer", "NewJob", "Nudge", "ScheduleRecord", "Settlement",
@@ -50,11 +51,13 @@ async def open_backend(
     nudge_send: trio.MemorySendChannel[Nudge] | None = None,
     offers_recv: trio.MemoryReceiveChannel[ClaimOffer] | None = None,
     wiring: Wiring | None = None,
+    health: Health | None = None,
 ) -> AsyncIterator[Backend]:
     """The backend DATABASE_URL names, open (its schema created or migrated) until the block ends.
 
     ``nudge_send`` is where the backend tells the Poller that work may be due (and answers
-    its :class:`ClaimOffer` from ``offers_recv``, if the backend can claim with an insert)."""
+    its :class:`ClaimOffer` from ``offers_recv``, if the backend can claim with an insert).
+    ``health``: where the server backends' wake-up listener says while it cannot listen."""
     url = config.database_url
     kind = config.backend
     if kind == "sqlite":
@@ -74,7 +77,8 @@ async def open_backend(
                 f"DATABASE_URL={masked_url(url)!r} names PostgreSQL, whose driver is not installed ({exc}); "
                 "install it with: pip install 'trio-pipeline[postgres]'"
             ) from None
-        async with open_postgres_backend(url, nudge_send=nudge_send, offers_recv=offers_recv, wiring=wiring) as backend:
+        async with open_postgres_backend(url, nudge_send=nudge_send, offers_recv=offers_recv, wiring=wiring,
+                                          health=health) as backend:
             yield backend
         return
     if kind == "redis":
@@ -82,7 +86,7 @@ async def open_backend(
 
         async with open_redis_backend(
             url, key_prefix=config.redis.key_prefix, allow_non_durable=config.redis.allow_non_durable,
-            nudge_send=nudge_send, offers_recv=offers_recv, wiring=wiring,
+            nudge_send=nudge_send, offers_recv=offers_recv, wiring=wiring, health=health,
         ) as backend:
             yield backend
         return

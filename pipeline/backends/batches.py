@@ -20,6 +20,7 @@ import attrs
 import trio
 
 from ..clock import now_ts
+from ..engine.health import Health
 from ..engine.messages import Reply
 from ..errors import PipelineClosed, StoreError
 from ..states import Transition
@@ -296,19 +297,40 @@ class ServerBackend(Generic[D]):
 
 L = TypeVar("L")  # a listening connection
 
+# A listening connection only reads, so a middlebox that drops its traffic without closing it (a
+# NAT or a firewall forgetting an idle connection, a proxy whose upstream went away) would leave
+# it waiting for ever while pickup falls back to the poll. Two guards, both on by default:
+# - TCP keepalives, so that a NAT or firewall keeps the idle connection's state, and the kernel
+#   gives up on a peer that stopped answering: first probe after LISTENER_KEEPALIVE[0] s idle,
+#   then every [1] s, dropped after [2] unanswered probes;
+# - a ping of the server itself (Postgres: SELECT 1, Redis: PING) after LISTENER_PING_INTERVAL s
+#   of silence, to be answered within LISTENER_PING_DEADLINE s, or the connection is replaced.
+#   Only this catches a proxy that answers the keepalives itself (pgbouncer, HAProxy, a cloud
+#   load balancer). Module constants: tests lower them.
+LISTENER_KEEPALIVE = (30, 10, 3)
+LISTENER_PING_INTERVAL = 15.0
+LISTENER_PING_DEADLINE = 5.0
+
 
 async def listen_for_work(
-    where: str, verb: str, *, connect: Callable[[], L], listen: Callable[[L], Awaitable[None]],
+    where: str, verb: str, *, connect: Callable[[], L], socket_of: Callable[[L], Any],
+    receive: Callable[[L], Awaitable[tuple[bool, bool]]], ping: Callable[[L], Awaitable[None]],
     close: Callable[[L], None], errors: tuple[type[BaseException], ...], nudge_send: trio.MemorySendChannel[Nudge],
-    logger: logging.Logger, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    logger: logging.Logger, health: Health | None = None, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """The server backends' wake-up listener, until cancelled: ``connect`` (in a thread), nudge the
-    Poller for whatever became due while nobody listened, then ``listen`` (nudging at each
-    wake-up) until the connection drops with one of ``errors``; connect again with back-off. A
-    first connection that fails raises StoreError (``where``: the masked server, ``verb``: LISTEN
-    or SUBSCRIBE)."""
+    Poller for whatever became due while nobody listened, then listen (nudging at each wake-up)
+    until the connection drops with one of ``errors`` or leaves a ping unanswered past its
+    deadline; connect again with back-off. While it does not listen, ``health`` says so as the
+    part "listener" (pickup falls back to the poll meanwhile). A first connection that fails
+    raises StoreError (``where``: the masked server, ``verb``: LISTEN or SUBSCRIBE).
+
+    The backend's part: ``socket_of`` the connection (to wait on from trio), ``receive`` what
+    arrived once it is readable (whether it holds a wake-up, and whether it answers the ping),
+    ``ping`` (send one, without waiting for the answer)."""
     delay = 0.05
     started = False
+    down_since: str | None = None  # when it stopped listening, while it does not
     with nudge_send:
         while True:
             try:
@@ -317,6 +339,8 @@ async def listen_for_work(
                 if not started:
                     raise StoreError(f"{where}: cannot {verb} for new jobs: {exc}") from None
                 logger.warning("%s: listening for new jobs again in %.2f s (%s)", where, delay, exc)
+                if health is not None:
+                    health.report("listener", _not_listening(where, down_since, f"cannot connect again: {_said(exc)}"))
                 await trio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
@@ -326,11 +350,59 @@ async def listen_for_work(
                     task_status.started()
                 else:
                     logger.info("%s: listening for new jobs again", where)
+                if health is not None:
+                    health.clear("listener")
+                down_since = None
                 delay = 0.05
                 nudge(nudge_send)  # whatever became due while nobody here listened
-                await listen(conn)
+                why = await _listen(conn, socket_of, receive, ping, nudge_send)
+                logger.warning("%s: %s; reconnecting", where, why)
             except errors as exc:
+                why = f"the listening connection dropped: {_said(exc)}"
                 logger.warning("%s: the listening connection dropped (%s); reconnecting", where, exc)
             finally:
                 with trio.CancelScope(shield=True):
                     await trio.to_thread.run_sync(close, conn)
+            down_since = now_ts()
+            if health is not None:
+                health.report("listener", _not_listening(where, down_since, why))
+
+
+def _not_listening(where: str, since: str | None, why: str) -> str:
+    return f"not listening to {where} for new jobs since {since} ({why}); new jobs wait for the poll meanwhile"
+
+
+def _said(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()  # libpq's messages run on with hints
+    return lines[0] if lines else type(exc).__name__
+
+
+async def _listen(conn: L, socket_of: Callable[[L], Any], receive: Callable[[L], Awaitable[tuple[bool, bool]]],
+                  ping: Callable[[L], Awaitable[None]], nudge_send: trio.MemorySendChannel[Nudge]) -> str:
+    """Nudge at each wake-up on ``conn``; ping it after LISTENER_PING_INTERVAL s of silence.
+    Returns (why) once a ping is not answered within LISTENER_PING_DEADLINE s; raises whatever
+    ``receive`` or ``ping`` raise once the connection drops."""
+    sock = socket_of(conn)
+    heard_at = trio.current_time()  # the last bytes from the server
+    pinged_at: float | None = None  # the ping waiting for its answer, if any
+    while True:
+        wake_at = heard_at + LISTENER_PING_INTERVAL if pinged_at is None else pinged_at + LISTENER_PING_DEADLINE
+        readable = False
+        with trio.move_on_at(wake_at):
+            await trio.lowlevel.wait_readable(sock)
+            readable = True
+        if readable:
+            woken, answered = await receive(conn)
+            heard_at = trio.current_time()
+            if answered:
+                pinged_at = None
+            if woken:
+                nudge(nudge_send)
+        elif pinged_at is None:
+            pinged_at = trio.current_time()
+            with trio.move_on_after(LISTENER_PING_DEADLINE) as sending:
+                await ping(conn)
+            if sending.cancelled_caught:
+                return f"the listening connection could not send a ping in {LISTENER_PING_DEADLINE:g} s"
+        else:
+            return f"the listening connection left a ping unanswered for {LISTENER_PING_DEADLINE:g} s"

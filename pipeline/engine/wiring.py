@@ -66,7 +66,8 @@ class Enqueued:
 class Pipeline:
     """What ``open_pipeline`` yields: enqueue and emit, and the backend for operator reads."""
 
-    def __init__(self, config: Config, registry: Registry, backend: Backend, wiring: Wiring, *, owner: str) -> None:
+    def __init__(self, config: Config, registry: Registry, backend: Backend, wiring: Wiring, *, owner: str,
+                 health: Health | None = None) -> None:
         self.config = config
         self.registry = registry
         self.backend = backend
@@ -75,7 +76,7 @@ class Pipeline:
         self.wiring = wiring  # the channels the wiring created: diagrams/actors.mmd is drawn from it
         self.resources: dict[str, Any] = {}  # entered by open_pipeline from registry.resources()
         self.closed = False  # set by the wiring when a graceful stop begins
-        self.health = Health()  # what the actors cannot do right now (/healthz)
+        self.health = health if health is not None else Health()  # what the actors (the backend's listener too) cannot do right now (/healthz)
         self.pruned: dict[str, int] = {}  # rows retention removed here, by status and "workers" (/metrics)
         # under a supervisor (--processes): its worker processes' job counters, and how many run
         self.external_metrics: Callable[[], list[dict[str, Any]]] | None = None
@@ -331,6 +332,7 @@ async def open_pipeline(config: Config | None = None, registry: Registry | None 
     registry = registry if registry is not None else Registry()
     global_limits(config, registry)  # refused before anything opens
     wiring = Wiring()
+    health = Health()  # the backend's listener reports in it too
     # the Poller's two channels across the backend boundary (see backends.base.ClaimOffer)
     nudge_send, nudge_recv = wiring.channel("Backend", "Poller", "nudge: work due, or the offer's claim", NUDGE_BUFFER)
     offers_send, offers_recv = wiring.channel("Poller", "Backend", "offer: free capacity for the next insert", 1)
@@ -339,9 +341,9 @@ async def open_pipeline(config: Config | None = None, registry: Registry | None 
         stack.callback(_flush_outcome_lines)  # the last outcomes' lines are out once the block is left
         backend = await stack.enter_async_context(open_backend(
             config, nudge_send=nudge_send.clone() if working else None, offers_recv=offers_recv.clone() if working else None,
-            wiring=wiring,
+            wiring=wiring, health=health,
         ))
-        pipeline = Pipeline(config, registry, backend, wiring, owner=owner or default_owner())
+        pipeline = Pipeline(config, registry, backend, wiring, owner=owner or default_owner(), health=health)
         # the schedules declared in code, written at start; a code schedule no longer declared is
         # disabled only by a process that runs its type's jobs: a process that only enqueues (a web
         # app, the supervisor) or another service's workers never retire this one's schedules

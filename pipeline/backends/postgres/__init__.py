@@ -29,6 +29,7 @@ import psycopg
 import trio
 
 from ...clock import now_ts
+from ...engine.health import Health
 from ...errors import StoreError, UsageError
 from ..base import NUDGE_BUFFER, ClaimOffer, NewJob, Nudge
 from ..batches import Command, LedgerStats, ServerBackend
@@ -179,10 +180,12 @@ async def open_postgres_backend(
     nudge_send: trio.MemorySendChannel[Nudge] | None = None,
     offers_recv: trio.MemoryReceiveChannel[ClaimOffer] | None = None,
     wiring: Wiring | None = None,
+    health: Health | None = None,
 ) -> AsyncIterator[PostgresBackend]:
     """Open the pool, create or migrate the tables, run the Ledger and (when someone listens
     for nudges) the listener until the block ends; then the Ledger writes whatever is still in
-    its inbox and stops. The Ledger takes the Poller's offers from ``offers_recv``."""
+    its inbox and stops. The Ledger takes the Poller's offers from ``offers_recv``; the
+    listener says in ``health`` while it cannot listen."""
     listening = nudge_send is not None
     if nudge_send is None:
         nudge_send, nudge_recv = trio.open_memory_channel[Nudge](NUDGE_BUFFER)
@@ -210,7 +213,7 @@ async def open_postgres_backend(
             if listening:
                 async def listen(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
                     with listener_scope:
-                        await run_listener(url, nudge_send.clone(), task_status=task_status)
+                        await run_listener(url, nudge_send.clone(), health=health, task_status=task_status)
 
                 await tn.start(listen)
             nudge_send.close()

@@ -58,10 +58,11 @@ def configure(conn: psycopg.Connection[Any]) -> None:
     conn.execute("SET TIME ZONE 'UTC'")
 
 
-def connect(url: str) -> psycopg.Connection[Any]:
-    """A connection outside the pool (the heartbeat's, the bulk loader's, the listener's)."""
+def connect(url: str, **params: Any) -> psycopg.Connection[Any]:
+    """A connection outside the pool (the heartbeat's, the bulk loader's, the listener's);
+    ``params``: libpq's, over the URL's (the listener's keepalives)."""
     try:
-        conn = psycopg.connect(url, autocommit=True, connect_timeout=int(CONNECT_TIMEOUT))
+        conn = psycopg.connect(url, autocommit=True, connect_timeout=int(CONNECT_TIMEOUT), **params)
     except psycopg.Error as exc:
         raise describe(exc, url) from None
     configure(conn)

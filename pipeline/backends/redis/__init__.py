@@ -29,6 +29,7 @@ import redis
 import trio
 
 from ...config import masked_url
+from ...engine.health import Health
 from ...errors import StoreError, UsageError
 from ..base import NUDGE_BUFFER, ClaimOffer, NewJob, Nudge
 from ..batches import Command, LedgerStats, ServerBackend
@@ -176,11 +177,12 @@ async def open_redis_backend(
     nudge_send: trio.MemorySendChannel[Nudge] | None = None,
     offers_recv: trio.MemoryReceiveChannel[ClaimOffer] | None = None,
     wiring: Wiring | None = None,
+    health: Health | None = None,
 ) -> AsyncIterator[RedisBackend]:
     """Connect, check the server's durability settings and the key layout's version, run the
     Ledger and (when someone listens for nudges) the listener until the block ends; then the
     Ledger writes whatever is still in its inbox and stops. ``offers_recv`` is closed at once:
-    this backend takes no offers."""
+    this backend takes no offers. The listener says in ``health`` while it cannot listen."""
     if offers_recv is not None:
         offers_recv.close()  # the Poller keeps its own end and takes back its offer itself
     listening = nudge_send is not None
@@ -209,7 +211,7 @@ async def open_redis_backend(
                 async def listen(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
                     with listener_scope:
                         await run_listener(driver_url, f"{prefix}wake", db.shown, nudge_send.clone(),
-                                           task_status=task_status)
+                                           health=health, task_status=task_status)
 
                 await tn.start(listen)
             nudge_send.close()
