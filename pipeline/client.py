@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import builtins
 import datetime as dt
+import os
+import sqlite3
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -33,7 +35,8 @@ import outcome
 import sniffio
 import trio
 
-from .backends.base import JobRecord
+from .backends.base import JobRecord, NewJob
+from .clock import now_ts
 from .config import Config
 from .engine.wiring import Pipeline, open_pipeline
 from .errors import PipelineClosed, UsageError
@@ -67,6 +70,7 @@ class Client:
         self._pipeline: Pipeline | None = None
         self._nursery: trio.Nursery | None = None
         self._stop: trio.Event | None = None
+        self._store_identity: tuple[str, str] | None = None  # Postgres: (database, schema), once asked
         self._thread = threading.Thread(target=self._run, name="pipeline-client", daemon=True)
         self._thread.start()
         self._opened.wait()
@@ -129,18 +133,70 @@ class Client:
         """Commit one job; its id. ``run_after``: a datetime, ISO 8601 text or epoch seconds;
         ``delay``: seconds (or a timedelta) from now, instead. With ``unique_key``: while a job
         of the same type and key is pending or running nothing is inserted, and that job's id is
-        returned. ``connection``: not yet supported (enqueue in your own transaction)."""
-        _no_connection(connection)
+        returned.
+
+        ``connection``: your own ``sqlite3.Connection`` to the same file, or psycopg 3
+        ``Connection`` to the same database and schema: the job is written in your transaction
+        (it commits or rolls back with your rows; nothing here commits), and a service learns of
+        it when you commit."""
         when = _when(run_after, delay)
+        if connection is not None:
+            rows = self._rows([job], priority=priority, unique_keys=[unique_key], run_after=when, max_attempts=max_attempts)
+            return self._insert_in(connection, rows)[0]
         return self._call(lambda p: p.enqueue(job, run_after=when, max_attempts=max_attempts,
                                               priority=_priority(priority), unique_key=unique_key))
 
     def enqueue_many(self, jobs: Sequence[Any], *, priority: int | None = None,
                      unique_keys: Sequence[str | None] | None = None, connection: Any = None) -> builtins.list[str]:
-        """Commit many jobs in one transaction; their ids (as :meth:`enqueue`'s)."""
-        _no_connection(connection)
+        """Commit many jobs in one transaction; their ids (as :meth:`enqueue`'s, ``connection`` too)."""
         jobs = list(jobs)
+        if connection is not None:
+            return self._insert_in(connection, self._rows(jobs, priority=priority, unique_keys=unique_keys))
         return self._call(lambda p: p.enqueue_many(jobs, priority=_priority(priority), unique_keys=unique_keys))
+
+    def _rows(self, jobs: Sequence[Any], *, priority: int | None, unique_keys: Sequence[str | None] | None,
+              run_after: Any = None, max_attempts: int | None = None) -> builtins.list[NewJob]:
+        """The jobs as checked rows, made here (Pipeline.new_job is thread-safe); writes nothing."""
+        pipeline = self._pipeline
+        if self._token is None or pipeline is None:
+            raise PipelineClosed("the client is closed")
+        keys = list(unique_keys) if unique_keys is not None else [None] * len(jobs)
+        if len(keys) != len(jobs):
+            raise UsageError(f"unique_keys must give one key (or None) per job: {len(keys)} for {len(jobs)} jobs")
+        now = now_ts()
+        return [pipeline.new_job(job, run_after=run_after, max_attempts=max_attempts, priority=_priority(priority), now=now,
+                                 unique_key=key) for job, key in zip(jobs, keys)]
+
+    def _insert_in(self, connection: Any, rows: Sequence[NewJob]) -> builtins.list[str]:
+        """``rows`` written with the caller's connection, in the caller's transaction."""
+        kind = self.config.backend
+        if isinstance(connection, sqlite3.Connection):
+            if kind != "sqlite":
+                raise UsageError(f"connection= is a sqlite3 connection, but this client's store is {kind}")
+            _same_sqlite_file(connection, self.config.database_path)
+            if not connection.in_transaction and connection.isolation_level is None:
+                raise UsageError("the sqlite3 connection is in autocommit mode with no transaction open, so the job would "
+                                 "commit on its own; execute BEGIN first")
+            from .backends.sqlite.store import insert_jobs
+
+            return insert_jobs(connection, rows)
+        if type(connection).__module__.startswith("psycopg"):
+            if kind != "postgres":
+                raise UsageError(f"connection= is a psycopg connection, but this client's store is {kind}")
+            if not hasattr(connection, "cursor") or type(connection).__name__.startswith("Async"):
+                raise UsageError("connection= takes a psycopg Connection here; an AsyncConnection is not supported yet")
+            from .backends.postgres import outbox
+
+            if self._store_identity is None:
+                self._store_identity = self._call(lambda p: p.backend.database.run(outbox.identity))  # type: ignore[attr-defined]
+            theirs = outbox.identity(connection)
+            if theirs != self._store_identity:
+                raise UsageError(f"connection= is on database {theirs[0]!r}, schema {theirs[1]!r}; this client's jobs are in "
+                                 f"database {self._store_identity[0]!r}, schema {self._store_identity[1]!r}")
+            return outbox.insert_in_transaction(connection, rows)
+        if kind == "redis":
+            raise UsageError("the Redis store has no transaction of yours to join (connection=): enqueue without it")
+        raise UsageError(f"connection= takes a sqlite3 or psycopg connection, not {type(connection).__name__}")
 
     def emit(self, event: Any) -> builtins.list[str]:
         """Route a domain event by the registry's routes; the ids of its jobs, once committed."""
@@ -217,7 +273,7 @@ class AsyncClient:
     async def enqueue(self, job: Any, *, priority: int | None = None, run_after: Any = None,
                       delay: float | dt.timedelta | None = None, max_attempts: int | None = None,
                       unique_key: str | None = None, connection: Any = None) -> str:
-        """As :meth:`Client.enqueue`."""
+        """As :meth:`Client.enqueue`; ``connection`` not yet (use :class:`Client` for that)."""
         _no_connection(connection)
         when = _when(run_after, delay)
         return await self._call(lambda p: p.enqueue(job, run_after=when, max_attempts=max_attempts,
@@ -225,7 +281,7 @@ class AsyncClient:
 
     async def enqueue_many(self, jobs: Sequence[Any], *, priority: int | None = None,
                            unique_keys: Sequence[str | None] | None = None, connection: Any = None) -> builtins.list[str]:
-        """As :meth:`Client.enqueue_many`."""
+        """As :meth:`Client.enqueue_many`; ``connection`` not yet."""
         _no_connection(connection)
         jobs = list(jobs)
         return await self._call(lambda p: p.enqueue_many(jobs, priority=_priority(priority), unique_keys=unique_keys))
@@ -313,6 +369,14 @@ def _priority(priority: int | None) -> int:
 
 def _no_connection(connection: Any) -> None:
     if connection is not None:
-        raise UsageError("enqueue in your own transaction (connection=) is not supported by this version yet; "
-                         "for SQLite use pipeline.enqueue_in_transaction(conn, job, registry=...)")
+        raise UsageError("AsyncClient cannot enqueue in your own transaction (connection=) yet; pipeline.Client can, "
+                         "with a sqlite3 or psycopg connection")
+
+
+def _same_sqlite_file(connection: sqlite3.Connection, path: os.PathLike[str] | str) -> None:
+    """UsageError unless ``connection``'s main database is the file at ``path``."""
+    found = next((row[2] for row in connection.execute("PRAGMA database_list") if row[1] == "main"), "")
+    if not found or os.path.realpath(found) != os.path.realpath(path):
+        raise UsageError(f"connection= is a connection to {found or 'an in-memory database'!r}; this client's jobs are in "
+                         f"{os.path.realpath(path)!r}")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from pathlib import Path
 
 import attrs
 import pytest
@@ -16,6 +17,8 @@ from jobkit import Echo, KeyedWork, Tick, registry, wait_status
 
 import pipeline
 from pipeline import Config
+
+from .stores import POSTGRES_URL, postgres_store, redis_store
 
 LONG_POLL_MS = 60_000  # the service would find a job by its poll only after a minute
 
@@ -140,3 +143,112 @@ def test_a_client_on_a_store_that_cannot_open_says_why(tmp_path: object) -> None
         pipeline.Client("mysql://nowhere/db", registry=registry())
     with pytest.raises(pipeline.PipelineError, match="missing-folder"):
         pipeline.Client(f"sqlite:///{tmp_path}/missing-folder/x.db", registry=registry())
+
+
+# -- in the caller's transaction (issue 22, item 5) ---------------------------------------------------
+
+
+async def _enqueue_in_a_transaction_then(service: pipeline.Pipeline, client: pipeline.Client, connect: object,
+                                         begin: object) -> None:
+    """Rolled back: no job. Committed: the service runs it by its wake-up (a minute-long poll)."""
+
+    def rolled_back() -> str:
+        conn = connect()  # type: ignore[operator]
+        try:
+            begin(conn)  # type: ignore[operator]
+            job_id = client.enqueue(Echo("rolled back"), connection=conn)
+            conn.rollback()
+            return job_id
+        finally:
+            conn.close()
+
+    def committed() -> list[str]:
+        conn = connect()  # type: ignore[operator]
+        try:
+            begin(conn)  # type: ignore[operator]
+            ids = [client.enqueue(Echo("committed"), connection=conn),
+                   *client.enqueue_many([Echo("a"), Tick(1)], unique_keys=[None, "k"], connection=conn),
+                   client.enqueue(Tick(2), unique_key="k", connection=conn)]  # the key is held in this transaction
+            assert ids[2] == ids[3]
+            assert client.get(ids[0]) is None  # not committed yet: invisible to the store's own connections
+            conn.commit()
+            return ids
+        finally:
+            conn.close()
+
+    gone = await trio.to_thread.run_sync(rolled_back)
+    await trio.sleep(0.3)
+    started = time.monotonic()
+    ids = await trio.to_thread.run_sync(committed)
+    await wait_status(service, ids[0], "completed", timeout=5)
+    assert time.monotonic() - started < 3, "the service found the committed job by its poll, not by a wake-up"
+    assert await service.backend.get(gone) is None
+
+
+async def test_a_sqlite_transaction_rolled_back_leaves_no_job_and_a_committed_one_runs(config: Config) -> None:
+    import sqlite3
+
+    reg = registry()
+    async with pipeline.open_pipeline(_quiet(config), reg) as service:
+        client = await trio.to_thread.run_sync(lambda: pipeline.Client(registry=reg, config=config))
+        try:
+            await _enqueue_in_a_transaction_then(service, client, lambda: sqlite3.connect(config.database_path),
+                                                 lambda conn: conn.execute("BEGIN IMMEDIATE"))
+
+            def misuse() -> list[str]:
+                errors = []
+                other = sqlite3.connect(config.database_path.parent / "other.db")
+                autocommit = sqlite3.connect(config.database_path, isolation_level=None)
+                for conn in (other, autocommit, object()):
+                    with pytest.raises(pipeline.UsageError) as caught:
+                        client.enqueue(Echo("x"), connection=conn)
+                    errors.append(str(caught.value))
+                other.close()
+                autocommit.close()
+                return errors
+
+            errors = await trio.to_thread.run_sync(misuse)
+            assert "other.db" in errors[0] and "autocommit" in errors[1] and "object" in errors[2]
+        finally:
+            await trio.to_thread.run_sync(client.close)
+
+
+async def test_a_postgres_transaction_rolled_back_leaves_no_job_and_a_committed_one_runs(tmp_path: Path) -> None:
+    import psycopg
+
+    reg = registry()
+    async with postgres_store(tmp_path) as config, pipeline.open_pipeline(_quiet(config), reg) as service:
+        client = await trio.to_thread.run_sync(lambda: pipeline.Client(registry=reg, config=config))
+        try:
+            await _enqueue_in_a_transaction_then(service, client, lambda: psycopg.connect(config.database_url),
+                                                 lambda conn: conn.execute("SELECT 1"))
+
+            def misuse() -> list[str]:
+                errors = []
+                with psycopg.connect(config.database_url, autocommit=True) as conn:
+                    with pytest.raises(pipeline.UsageError) as caught:
+                        client.enqueue(Echo("x"), connection=conn)  # autocommit, no transaction: would commit alone
+                    errors.append(str(caught.value))
+                    with conn.transaction():  # an autocommit connection's own transaction block is one
+                        errors.append(client.enqueue(Echo("in a block"), connection=conn))
+                with psycopg.connect(POSTGRES_URL) as conn:  # the same server, another schema
+                    with pytest.raises(pipeline.UsageError) as caught:
+                        client.enqueue(Echo("x"), connection=conn)
+                    errors.append(str(caught.value))
+                return errors
+
+            errors = await trio.to_thread.run_sync(misuse)
+            assert "autocommit" in errors[0] and "schema" in errors[2]
+            await wait_status(service, errors[1], "completed", timeout=5)
+        finally:
+            await trio.to_thread.run_sync(client.close)
+
+
+async def test_redis_refuses_to_enqueue_in_a_transaction_saying_why(tmp_path: Path) -> None:
+    async with redis_store(tmp_path) as config:
+        def misuse() -> str:
+            with pipeline.Client(registry=registry(), config=config) as client, pytest.raises(pipeline.UsageError) as caught:
+                client.enqueue(Echo("x"), connection=object())
+            return str(caught.value)
+
+        assert "Redis" in await trio.to_thread.run_sync(misuse)
