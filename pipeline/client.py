@@ -169,6 +169,22 @@ class Client:
 
     def _insert_in(self, connection: Any, rows: Sequence[NewJob]) -> builtins.list[str]:
         """``rows`` written with the caller's connection, in the caller's transaction."""
+        if self._joining(connection) == "sqlite":
+            from .backends.sqlite.store import insert_jobs
+
+            return insert_jobs(connection, rows)
+        if _is_async(connection):
+            raise UsageError("connection= is a psycopg AsyncConnection: enqueue with pipeline.AsyncClient, or pass a Connection")
+        from .backends.postgres import outbox
+
+        if self._store_identity is None:
+            self._store_identity = self._call(lambda p: p.backend.database.run(outbox.identity))  # type: ignore[attr-defined]
+        self._same_store(outbox.identity(connection))
+        return outbox.insert_in_transaction(connection, rows)
+
+    def _joining(self, connection: Any) -> str:
+        """Which store's transaction ``connection`` offers ("sqlite" or "postgres"), if it is this
+        client's kind (and, for SQLite, its file); UsageError, naming why, otherwise."""
         kind = self.config.backend
         if isinstance(connection, sqlite3.Connection):
             if kind != "sqlite":
@@ -177,26 +193,20 @@ class Client:
             if not connection.in_transaction and connection.isolation_level is None:
                 raise UsageError("the sqlite3 connection is in autocommit mode with no transaction open, so the job would "
                                  "commit on its own; execute BEGIN first")
-            from .backends.sqlite.store import insert_jobs
-
-            return insert_jobs(connection, rows)
+            return "sqlite"
         if type(connection).__module__.startswith("psycopg"):
             if kind != "postgres":
                 raise UsageError(f"connection= is a psycopg connection, but this client's store is {kind}")
-            if not hasattr(connection, "cursor") or type(connection).__name__.startswith("Async"):
-                raise UsageError("connection= takes a psycopg Connection here; an AsyncConnection is not supported yet")
-            from .backends.postgres import outbox
-
-            if self._store_identity is None:
-                self._store_identity = self._call(lambda p: p.backend.database.run(outbox.identity))  # type: ignore[attr-defined]
-            theirs = outbox.identity(connection)
-            if theirs != self._store_identity:
-                raise UsageError(f"connection= is on database {theirs[0]!r}, schema {theirs[1]!r}; this client's jobs are in "
-                                 f"database {self._store_identity[0]!r}, schema {self._store_identity[1]!r}")
-            return outbox.insert_in_transaction(connection, rows)
+            return "postgres"
         if kind == "redis":
             raise UsageError("the Redis store has no transaction of yours to join (connection=): enqueue without it")
         raise UsageError(f"connection= takes a sqlite3 or psycopg connection, not {type(connection).__name__}")
+
+    def _same_store(self, theirs: tuple[str, str]) -> None:
+        ours = self._store_identity
+        if ours is not None and theirs != ours:
+            raise UsageError(f"connection= is on database {theirs[0]!r}, schema {theirs[1]!r}; this client's jobs are in "
+                             f"database {ours[0]!r}, schema {ours[1]!r}")
 
     def emit(self, event: Any) -> builtins.list[str]:
         """Route a domain event by the registry's routes; the ids of its jobs, once committed."""
@@ -264,27 +274,47 @@ class AsyncClient:
         await self.close()
 
     async def _call(self, fn: Callable[[Pipeline], Awaitable[T]]) -> T:
-        if self._client is None:
-            raise PipelineClosed("the client is not open: use `async with AsyncClient(...)` or `await client.open()`")
+        client = self._open()
         wait, done = _answer_here()
-        self._client._start(fn, done)
+        client._start(fn, done)
         return await wait()
 
     async def enqueue(self, job: Any, *, priority: int | None = None, run_after: Any = None,
                       delay: float | dt.timedelta | None = None, max_attempts: int | None = None,
                       unique_key: str | None = None, connection: Any = None) -> str:
-        """As :meth:`Client.enqueue`; ``connection`` not yet (use :class:`Client` for that)."""
-        _no_connection(connection)
+        """As :meth:`Client.enqueue`; ``connection`` may also be a psycopg ``AsyncConnection``."""
         when = _when(run_after, delay)
+        if connection is not None:
+            rows = self._open()._rows([job], priority=priority, unique_keys=[unique_key], run_after=when,
+                                      max_attempts=max_attempts)
+            return (await self._insert_in(connection, rows))[0]
         return await self._call(lambda p: p.enqueue(job, run_after=when, max_attempts=max_attempts,
                                                     priority=_priority(priority), unique_key=unique_key))
 
     async def enqueue_many(self, jobs: Sequence[Any], *, priority: int | None = None,
                            unique_keys: Sequence[str | None] | None = None, connection: Any = None) -> builtins.list[str]:
-        """As :meth:`Client.enqueue_many`; ``connection`` not yet."""
-        _no_connection(connection)
+        """As :meth:`Client.enqueue_many`."""
         jobs = list(jobs)
+        if connection is not None:
+            return await self._insert_in(connection, self._open()._rows(jobs, priority=priority, unique_keys=unique_keys))
         return await self._call(lambda p: p.enqueue_many(jobs, priority=_priority(priority), unique_keys=unique_keys))
+
+    async def _insert_in(self, connection: Any, rows: Sequence[NewJob]) -> builtins.list[str]:
+        client = self._open()
+        if not _is_async(connection):  # a sqlite3 or sync psycopg connection: the caller's own, used here as it would
+            return client._insert_in(connection, rows)
+        client._joining(connection)
+        from .backends.postgres import outbox
+
+        if client._store_identity is None:
+            client._store_identity = await self._call(lambda p: p.backend.database.run(outbox.identity))  # type: ignore[attr-defined]
+        client._same_store(await outbox.identity_async(connection))
+        return await outbox.insert_in_transaction_async(connection, rows)
+
+    def _open(self) -> Client:
+        if self._client is None:
+            raise PipelineClosed("the client is not open: use `async with AsyncClient(...)` or `await client.open()`")
+        return self._client
 
     async def emit(self, event: Any) -> builtins.list[str]:
         """As :meth:`Client.emit`."""
@@ -367,10 +397,8 @@ def _priority(priority: int | None) -> int:
     return DEFAULT_PRIORITY if priority is None else priority
 
 
-def _no_connection(connection: Any) -> None:
-    if connection is not None:
-        raise UsageError("AsyncClient cannot enqueue in your own transaction (connection=) yet; pipeline.Client can, "
-                         "with a sqlite3 or psycopg connection")
+def _is_async(connection: Any) -> bool:
+    return type(connection).__module__.startswith("psycopg") and type(connection).__name__.startswith("Async")
 
 
 def _same_sqlite_file(connection: sqlite3.Connection, path: os.PathLike[str] | str) -> None:

@@ -243,6 +243,25 @@ async def test_a_postgres_transaction_rolled_back_leaves_no_job_and_a_committed_
         finally:
             await trio.to_thread.run_sync(client.close)
 
+        async def asyncio_app() -> tuple[str, list[str]]:  # AsyncClient with a psycopg AsyncConnection
+            async with pipeline.AsyncClient(registry=reg, config=config) as aclient:
+                async with await psycopg.AsyncConnection.connect(config.database_url) as aconn:
+                    gone = await aclient.enqueue(Echo("async, rolled back"), connection=aconn)
+                    await aconn.rollback()
+                    async with aconn.transaction():
+                        ids = await aclient.enqueue_many([Echo("async"), Tick(5)], unique_keys=[None, "k2"], connection=aconn)
+                        assert await aclient.enqueue(Tick(6), unique_key="k2", connection=aconn) == ids[1]
+                    await aconn.set_autocommit(True)
+                    with pytest.raises(pipeline.UsageError, match="autocommit"):
+                        await aclient.enqueue(Echo("x"), connection=aconn)
+                return gone, ids
+
+        started = time.monotonic()
+        gone, ids = await trio.to_thread.run_sync(lambda: asyncio.run(asyncio_app()))
+        await wait_status(service, ids[0], "completed", timeout=5)
+        assert time.monotonic() - started < 4
+        assert await service.backend.get(gone) is None
+
 
 async def test_redis_refuses_to_enqueue_in_a_transaction_saying_why(tmp_path: Path) -> None:
     async with redis_store(tmp_path) as config:
