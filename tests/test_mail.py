@@ -20,6 +20,7 @@ from typing import Any
 
 import attrs
 import pytest
+import trio
 import trustme
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
@@ -27,7 +28,7 @@ from conftest import fast_config
 from jobkit import wait_status
 
 import pipeline
-from pipeline import ConfigError, Registry, site
+from pipeline import ConfigError, PermanentError, Registry, site
 from pipeline.site import SendEmail, SendWelcomeEmail, UserRegistered, default_registry, mail
 from pipeline.site.settings import MailSettings
 
@@ -327,7 +328,8 @@ async def test_credentials_use_starttls_when_offered_even_with_security_none(
     assert got.login == b"mailer"
 
 
-@pytest.mark.parametrize("host", ["mail.example.com", "10.0.0.5", "127.0.0.1.example.com", "[2001:db8::1]"])
+@pytest.mark.parametrize("host", ["mail.example.com", "10.0.0.5", "127.0.0.1.example.com", "[2001:db8::1]",
+                                  "localhost.example.com", "localhost-mail.example.com", "0.0.0.0"])
 def test_credentials_in_clear_text_to_a_remote_host_are_refused_at_start(db_path: Path, host: str) -> None:
     with pytest.raises(ConfigError) as caught:
         mail_config(db_path, 587, smtp_host=host, smtp_username="mailer", smtp_password="s3cret").section(MailSettings)
@@ -336,7 +338,8 @@ def test_credentials_in_clear_text_to_a_remote_host_are_refused_at_start(db_path
         assert name in message
     assert "s3cret" not in message
     for fine in ({"smtp_security": "starttls"}, {"smtp_security": "tls"}, {"smtp_host": "localhost"}, {"smtp_host": "127.0.0.1"},
-                 {"smtp_host": "[::1]"}, {"smtp_username": "", "smtp_password": ""}):
+                 {"smtp_host": "[::1]"}, {"smtp_host": "::1"}, {"smtp_host": "LocalHost."}, {"smtp_host": "mail.localhost"},
+                 {"smtp_host": "127.8.9.10"}, {"smtp_username": "", "smtp_password": ""}):
         values = {"smtp_host": host, "smtp_username": "mailer", "smtp_password": "s3cret", **fine}
         mail_config(db_path, 587, **values).section(MailSettings)
 
@@ -404,3 +407,69 @@ async def test_ssl_cert_file_points_the_default_check_at_a_private_ca(
 
     assert record.status == "completed", record.error
     assert len(inbox.messages) == 1
+
+
+def _own_address() -> str | None:
+    """This machine's address on its way out (no packet is sent), if it is not loopback."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))
+        except OSError:
+            return None
+        address = probe.getsockname()[0]
+    return None if address.startswith("127.") else address
+
+
+def test_credentials_in_clear_text_go_only_where_the_name_and_the_address_are_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Mailer built by hand (no start-time check) with a username, SMTP_SECURITY=none and a
+    server offering AUTH but no STARTTLS: the password goes only to a host written as loopback
+    that the connection reached at a loopback address. ``localhost.example.com`` is not loopback
+    even where it resolves to 127.0.0.1; ``mail.localhost`` is refused where a DNS server answered
+    it with another address. Names are resolved by a stand-in for DNS (the one part that cannot
+    run here); the connections and the SMTP servers are real."""
+    own = _own_address()
+    if own is None:
+        pytest.skip("this machine has no address besides loopback")
+    tried: list[bytes] = []
+
+    def recording(server: Any, session: Any, envelope: Any, mechanism: str, auth_data: Any) -> AuthResult:
+        tried.append(auth_data.password)
+        return authenticator(server, session, envelope, mechanism, auth_data)
+
+    resolved = {"localhost.example.com": "127.0.0.1", "mail.localhost": own}
+    real_getaddrinfo = socket.getaddrinfo
+
+    def dns(host: Any, *args: Any, **kwargs: Any) -> Any:
+        return real_getaddrinfo(resolved.get(host, host), *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", dns)
+    controllers = []
+    try:
+        servers = {}
+        for address in ("127.0.0.1", own):
+            inbox, port = Inbox(), free_port()
+            controller = Controller(inbox, hostname=address, port=port, auth_require_tls=False, authenticator=recording)
+            controller.start()
+            controllers.append(controller)
+            servers[address] = (inbox, port)
+
+        def send(host: str, address: str) -> None:
+            mailer = mail.Mailer(host=host, port=servers[address][1], username="mailer", password="s3cret", security="none",
+                                 timeout=5.0, mail_from=SENDER, site_url="http://localhost", limiter=trio.CapacityLimiter(1),
+                                 ssl_context=None, welcome=mail.WelcomeTemplate())
+            mailer.send_blocking(mailer.compose("job-1", "a@example.org", "hi", "x"))
+
+        for host, address, why in (("localhost.example.com", "127.0.0.1", "SMTP_HOST='localhost.example.com'"),
+                                   ("mail.localhost", own, f"mail.localhost (reached at {own})"),
+                                   (own, own, f"SMTP_HOST='{own}'")):
+            with pytest.raises(PermanentError) as refused:
+                send(host, address)
+            assert f"not sending SMTP_PASSWORD in clear text to {why}, which is not loopback" in str(refused.value)
+        assert tried == [] and all(inbox.messages == [] for inbox, _ in servers.values())
+
+        send("localhost", "127.0.0.1")  # written and reached as loopback: the login goes in clear, on this machine only
+        (got,) = servers["127.0.0.1"][0].messages
+        assert got.login == b"mailer" and tried == [b"s3cret"]
+    finally:
+        for controller in controllers:
+            controller.stop()

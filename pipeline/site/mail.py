@@ -27,6 +27,7 @@ from __future__ import annotations
 import email.policy
 import email.utils
 import html
+import ipaddress
 import logging
 import smtplib
 import ssl
@@ -160,10 +161,11 @@ class Mailer:
                     # SMTP_SECURITY=none with credentials: upgrade whenever the server offers it
                     smtp.starttls(context=self.ssl_context)
                     smtp.ehlo()
-                elif self.username and self.security == "none" and not is_loopback_host(self.host):
-                    # (the settings refuse this at start; a Mailer built by hand gets the same rule)
+                elif self.username and self.security == "none" and (reached := _not_loopback(smtp, self.host)):
+                    # (the settings refuse a host not written as loopback at start; here what the
+                    # name led to decides, for a Mailer built by hand too)
                     raise PermanentError(f"{where} offers no STARTTLS: not sending SMTP_PASSWORD in clear text "
-                                         "to a host that is not loopback; set SMTP_SECURITY=starttls or tls")
+                                         f"to {reached}, which is not loopback; set SMTP_SECURITY=starttls or tls")
                 if self.username:
                     smtp.login(self.username, self.password)
                 smtp.send_message(msg)
@@ -188,6 +190,23 @@ class Mailer:
             except (OSError, smtplib.SMTPException):
                 smtp.close()  # the mail is accepted (or we already fail): a failed QUIT changes nothing
         log.info("mail %s sent to %s", msg["Message-ID"], msg["To"])
+
+
+def _not_loopback(smtp: smtplib.SMTP, host: str) -> str | None:
+    """Where the connection went when that is not loopback; None when both the host as written
+    (localhost, *.localhost, 127.0.0.0/8, ::1: is_loopback_host, the rule the settings apply at
+    start) and the address the connection reached are. The address decides what the name only
+    promises: ``mail.localhost`` answered by a DNS server, a ``localhost`` that /etc/hosts sends
+    elsewhere."""
+    if not is_loopback_host(host):
+        return f"SMTP_HOST={host!r}"
+    try:
+        peer = ipaddress.ip_address(str(smtp.sock.getpeername()[0]).partition("%")[0])  # type: ignore[union-attr]
+    except (AttributeError, OSError, IndexError, ValueError):  # no socket (closed), or not an IP address
+        return f"{host} (reached at an address that could not be read)"
+    if isinstance(peer, ipaddress.IPv6Address) and peer.ipv4_mapped is not None:
+        peer = peer.ipv4_mapped
+    return None if peer.is_loopback else f"{host} (reached at {peer})"
 
 
 def _describe(exc: BaseException) -> str:
