@@ -82,13 +82,43 @@
     return node;
   }
 
-  function shortTime(iso) {
+  // Every time on the page is UTC and says so, as the API, the CLI and the schedules' next runs are:
+  // today's as "15:04:05 UTC", another day's with its date; the stored ISO text is in the cell's title.
+  const pad = (n, width = 2) => String(n).padStart(width, "0");
+
+  function utcDate(d) {
+    return `${d.getUTCFullYear()}-${pad(d.getUTCMonth() + 1)}-${pad(d.getUTCDate())}`;
+  }
+
+  function utcClock(d, millis) {
+    const clock = `${pad(d.getUTCHours())}:${pad(d.getUTCMinutes())}:${pad(d.getUTCSeconds())}`;
+    return millis ? `${clock}.${pad(d.getUTCMilliseconds(), 3)}` : clock;
+  }
+
+  // "15:04:05 UTC" today, "2026-12-02 03:00:00 UTC" another day; full: always the date, and milliseconds
+  function utcTime(iso, full = false) {
     if (!iso) return "";
     const d = new Date(iso);
     if (isNaN(d)) return iso;
-    const now = new Date();
-    const sameDay = d.toDateString() === now.toDateString();
-    return sameDay ? d.toLocaleTimeString() : d.toLocaleString();
+    const day = utcDate(d);
+    const clock = utcClock(d, full);
+    return (full || day !== utcDate(new Date()) ? `${day} ${clock}` : clock) + " UTC";
+  }
+
+  // a table cell showing a time as utcTime does, the stored text (and ``more``) in its title
+  function timeCell(iso, empty, more) {
+    if (!iso) return el("td", { class: "time muted" }, empty);
+    return el("td", { class: "time", title: more ? `${iso}\n${more}` : iso }, utcTime(iso));
+  }
+
+  // the wall-clock time of ``iso`` in a schedule's zone, for the tooltip: "03:00:00 in Europe/Paris"
+  function inZone(iso, zone) {
+    try {
+      const text = new Date(iso).toLocaleString("sv-SE", { timeZone: zone, timeZoneName: "short" });
+      return `${text} in ${zone}`;
+    } catch (e) {
+      return "";
+    }
   }
 
   function duration(seconds) {
@@ -125,7 +155,7 @@
       const row = el("tr");
       row.append(el("td", {}, w.owner));
       row.append(el("td", {}, w.job_types.join(", ") || "–"));
-      row.append(el("td", {}, w.heartbeat_at));
+      row.append(timeCell(w.heartbeat_at, "–"));
       row.append(el("td", { class: w.alive ? "completed" : "dead" }, w.alive ? "alive" : "gone (lease ran out)"));
       body.append(row);
     }
@@ -136,17 +166,32 @@
     body.replaceChildren();
     if (!answer.schedules.length) {
       const row = el("tr");
-      row.append(el("td", { colspan: "6", class: "muted" }, "no schedules"));
+      row.append(el("td", { colspan: "8", class: "muted" }, "no schedules"));
       body.append(row);
     }
     for (const s of answer.schedules) {
-      const row = el("tr");
-      row.append(el("td", {}, s.name));
-      row.append(el("td", {}, s.timezone === "UTC" ? s.cron : `${s.cron} (${s.timezone})`));
+      const row = el("tr", { "data-name": s.name });
+      row.append(el("td", { class: "name" }, s.name));
+      row.append(el("td", { class: "cron" }, s.cron));
+      row.append(el("td", { class: "zone" }, s.timezone));
       row.append(el("td", {}, s.job_type));
-      row.append(el("td", {}, s.enabled ? s.next_run : "–"));
-      row.append(el("td", {}, s.last_run || "never"));
-      row.append(el("td", { class: s.enabled ? "completed" : "dead" }, s.state));
+      row.append(s.enabled ? timeCell(s.next_run, "", inZone(s.next_run, s.timezone)) : el("td", { class: "time muted" }, "–"));
+      row.append(timeCell(s.last_run, "never", s.last_run ? inZone(s.last_run, s.timezone) : ""));
+      row.append(el("td", { class: "state " + (s.enabled ? "completed" : "dead") }, s.state));
+      const actions = el("td", { class: "buttons" });
+      const toggle = el("button", {
+        type: "button", class: "small " + (s.enabled ? "pause" : "resume"),
+        title: s.enabled ? "stop firing; kept, with its history" : "fire again, from its first tick after now",
+      }, s.enabled ? "Pause" : "Resume");
+      toggle.addEventListener("click", () => actOnSchedule(s.name, s.enabled ? "pause" : "resume"));
+      const remove = el("button", {
+        type: "button", class: "small danger remove",
+        title: s.origin === "code" ? "delete it; it comes back at the next start while the code declares it"
+          : "delete this schedule",
+      }, "Remove");
+      remove.addEventListener("click", () => actOnSchedule(s.name, "remove"));
+      actions.append(toggle, remove);
+      row.append(actions);
       body.append(row);
     }
   }
@@ -208,7 +253,7 @@
       const hd = (m.dead / scale) * plotH;
       const g = svgEl("g", { class: "bar" });
       const title = svgEl("title", {});
-      title.textContent = `${new Date(m.minute).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })}: ` +
+      title.textContent = `${utcClock(new Date(m.minute)).slice(0, 5)} UTC: ` +
         `${m.completed} completed, ${m.dead} dead`;
       g.append(title);
       // an invisible full-height rect makes thin bars easy to hover
@@ -258,8 +303,8 @@
       row.append(statusCell);
       row.append(el("td", { class: "num" }, `${job.attempts}/${job.max_attempts}`));
       row.append(el("td", { class: "num priority" }, String(job.priority)));
-      row.append(el("td", { title: job.run_after }, shortTime(job.run_after)));
-      row.append(el("td", { title: job.updated_at }, shortTime(job.updated_at)));
+      row.append(timeCell(job.run_after, ""));
+      row.append(timeCell(job.updated_at, ""));
       row.append(el("td", { class: "error-cell", title: job.error || "" }, (job.error || "").split("\n")[0]));
       row.addEventListener("click", () => openJob(job.id));
       row.addEventListener("keydown", (e) => { if (e.key === "Enter") openJob(job.id); });
@@ -286,9 +331,10 @@
     $("d-attempts").textContent = `${job.attempts} of ${job.max_attempts}`;
     $("d-priority").textContent = job.priority;
     $("d-unique-key").textContent = job.unique_key ?? "—";
-    $("d-run-after").textContent = job.run_after;
-    $("d-created").textContent = job.created_at;
-    $("d-updated").textContent = job.updated_at;
+    for (const [id, iso] of [["d-run-after", job.run_after], ["d-created", job.created_at], ["d-updated", job.updated_at]]) {
+      $(id).textContent = utcTime(iso, true);
+      $(id).title = iso;
+    }
     $("d-payload").textContent = JSON.stringify(job.payload, null, 2);
     $("d-error").textContent = job.error || "—";
     $("d-retry").disabled = job.status !== "dead";
@@ -341,7 +387,7 @@
       drawChart(stats);
       drawJobs(list);
       if (state.open && !$("detail").hidden) await reloadDetail();
-      $("refreshed").textContent = "updated " + new Date().toLocaleTimeString();
+      $("refreshed").textContent = "updated " + utcTime(new Date().toISOString());
       showProblem(null);
       $("auth").hidden = true;
     } catch (error) {
@@ -394,6 +440,21 @@
       }
     } catch (error) {
       message.textContent = error.message;
+    }
+    await refresh();
+  }
+
+  async function actOnSchedule(name, kind) {
+    if (kind === "remove" && !confirm(`Remove schedule ${name}? Its next runs will not be enqueued.`)) return;
+    const message = $("schedules-message");
+    const path = "/admin/schedules/" + encodeURIComponent(name);
+    message.textContent = { pause: "pausing…", resume: "resuming…", remove: "removing…" }[kind] + " " + name;
+    try {
+      if (kind === "remove") await api("DELETE", path);
+      else await api("POST", `${path}/${kind}`);
+      message.textContent = `${name} ${{ pause: "paused", resume: "resumed", remove: "removed" }[kind]}`;
+    } catch (error) {
+      message.textContent = `${name}: ${error.message}`;
     }
     await refresh();
   }
