@@ -74,6 +74,23 @@ async def test_the_host_header_is_required_and_must_be_a_name_and_digits(db_path
             assert (await client.get("/admin/jobs", headers={"Host": f"localhost:{port}"})).status_code == 200
 
 
+async def test_dns_rebinding_names_that_only_look_like_loopback_are_refused(db_path: Any) -> None:
+    """Without ADMIN_TOKEN only loopback names are served: localhost, *.localhost, 127.0.0.0/8 and
+    ::1, compared exactly. A name that merely starts like one (``localhost.example.com``, which
+    an attacker's DNS can point at 127.0.0.1) is refused, as are spellings of an address that
+    are not one (``127.1``, ``2130706433``: a browser sends them normalised)."""
+    async with served(api_config(db_path)) as (_, client):
+        port = client.base_url.port
+        for host in ("localhost.example.com", f"localhost.example.com:{port}", "localhostevil.test", f"localhost-admin.example:{port}",
+                     "localhost.localdomain", f"127.0.0.1.nip.io:{port}", "127.1", "2130706433", "0x7f000001", "0.0.0.0",
+                     f"[::]:{port}", "evil.localhost.example"):
+            assert_error(await client.get("/admin/jobs", headers={"Host": host}), 403, "loopback"), host
+            assert_error(await client.post("/admin/jobs/cleanup", headers={"Host": host}), 403, "loopback"), host
+        for host in ("LOCALHOST", f"localhost.:{port}", f"app.localhost:{port}", "a.b.localhost.", f"127.0.0.2:{port}",
+                     "127.255.255.254", f"[::1]:{port}", "[0:0:0:0:0:0:0:1]"):
+            assert (await client.get("/admin/jobs", headers={"Host": host})).status_code == 200, host
+
+
 async def test_a_websocket_scope_gets_the_same_checks() -> None:
     reached: list[dict[str, Any]] = []
     sent: list[dict[str, Any]] = []
