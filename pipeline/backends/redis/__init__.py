@@ -18,8 +18,10 @@ Ledger's nudge sends the Poller to claim as soon as an insert is written.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import functools
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -43,6 +45,8 @@ if TYPE_CHECKING:
 
 LEDGER_INBOX = 4096  # commands waiting for the Ledger before writers block
 STAGE_CHUNK = 1000  # rows pushed to a bulk load's staging list per round trip
+COMMIT_SECONDS_PER_ROW = 0.001  # what a bulk load's commit may take beyond the socket timeout (~100x its cost)
+COMMIT_RETRY_PAUSE = 0.1  # between asks for a commit's lost answer
 
 log = logging.getLogger("pipeline.redis")
 
@@ -83,51 +87,99 @@ class RedisBackend(ServerBackend[Database]):
 
 def _bulk_load(db: Database, jobs: Iterable[NewJob], commit_every: int | None,
                duplicates: builtins.list[tuple[str, str]] | None = None) -> int:
-    """Stage rows in a list of the load's own, then commit it in one script: every row of the
-    part, or none. A part is everything (``commit_every`` None) or ``commit_every`` rows; an
-    error (a bad line raised by the iterable, a duplicate id) keeps the parts committed before
-    it, drops the staged rows of its own part, and says so."""
-    client, prefix = db.client, db.prefix
-    key = f"{prefix}bulk:{uuid.uuid4().hex}"
+    """Stage each part's rows in a list of its own, then commit it in one script (_commit):
+    every row of the part, or none. A part is everything (``commit_every`` None) or
+    ``commit_every`` rows; an error (a bad line raised by the iterable, a duplicate id) keeps
+    the parts committed before it, drops the staged rows of its own part, and says so."""
     committed = 0
-    try:
-        rows = iter(jobs)
-        while True:
-            count = 0
-            staged = False
+    rows = iter(jobs)
+    while True:
+        key = f"{db.prefix}bulk:{uuid.uuid4().hex}"
+        count = 0
+        first: str | None = None  # a row of the part that no unique key can keep out: named if unsure
+        try:
             buffer: list[NewJob] = []
             for row in rows:
                 buffer.append(row)
                 count += 1
+                if first is None and row.unique_key is None:
+                    first = row.id
                 if len(buffer) >= STAGE_CHUNK:
                     _stage(db, key, buffer)
-                    staged = True
                     buffer = []
                 if count == commit_every:
                     break
-            held: builtins.list[tuple[str, str]] = []  # rows skipped: their unique key was held
-            if staged:
-                if buffer:
-                    _stage(db, key, buffer)
-                _, held = db.run_blocking(store.commit_staged, key)
-            elif buffer:
-                ids = db.run_blocking(store.insert, buffer)  # a part that fits one call: no staging
-                held = [(row.id, stored) for row, stored in zip(buffer, ids) if stored != row.id]
-            if duplicates is not None:
-                duplicates.extend(held)
-            committed += count - len(held)
-            if count == 0 or commit_every is None:
+            if buffer:
+                _stage(db, key, buffer)
+            if count == 0:
                 return committed
-    except (UsageError, StoreError, *DRIVER_ERRORS) as exc:
-        error = describe(exc, db.shown) if isinstance(exc, DRIVER_ERRORS) else exc
-        try:
-            client.delete(key)
-        except DRIVER_ERRORS:
-            pass  # it expires in a day
-        if committed:
-            kept = f"the {committed} jobs before it were enqueued (in parts of {commit_every}), nothing from there on"
-            raise type(error)(f"{error}; {kept}") from None
-        raise error from None
+            inserted, held = _commit(db, key, count, first)  # held: rows skipped, their unique key was held
+        except (UsageError, StoreError, *DRIVER_ERRORS) as exc:
+            error = describe(exc, db.shown) if isinstance(exc, DRIVER_ERRORS) else exc
+            unsure = isinstance(error, _MaybeCommitted)
+            if not unsure:
+                try:
+                    db.client.delete(key)
+                except DRIVER_ERRORS:
+                    pass  # it expires in a day
+            if committed:
+                after = f"this part of {count} may have been, nothing after it" if unsure else "nothing from there on"
+                kept = f"the {committed} jobs before it were enqueued (in parts of {commit_every}), {after}"
+                raise (StoreError if unsure else type(error))(f"{error}; {kept}") from None
+            if unsure:
+                raise StoreError(str(error)) from None
+            raise error from None
+        if duplicates is not None:
+            duplicates.extend(held)
+        committed += inserted
+        if commit_every is None:
+            return committed
+
+
+class _MaybeCommitted(StoreError):
+    """A commit whose answer never came: it may have run (_commit's; said as a StoreError)."""
+
+
+def _commit(db: Database, key: str, rows: int, first: str | None) -> tuple[int, builtins.list[tuple[str, str]]]:
+    """Commit a staged part on a connection of its own that waits for it: one script over
+    150,000 rows may outlast the socket timeout, and its end is no failure, since the
+    script runs on. The wait is the socket timeout plus COMMIT_SECONDS_PER_ROW a row. An
+    answer lost even so (the connection dropped, or that wait ran out) is asked for again, for
+    as long again: the script is idempotent (run again, it answers what the first run did,
+    inserting nothing more; while the first still runs the server answers BUSY, or queues it).
+    Only with no answer at all does it raise, saying that the rows may have been committed and
+    how to check."""
+    answer_key = f"{key}:answer"
+    patience = db.socket_timeout + rows * COMMIT_SECONDS_PER_ROW
+    client = client_for(db.url, size=1, socket_timeout=patience)
+    deadline: float | None = None
+    try:
+        while True:
+            try:
+                answer = store.commit_staged(client, db.prefix, key, answer_key)
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
+                lost: BaseException = exc
+            except redis.exceptions.ResponseError as exc:
+                if not str(exc).startswith("BUSY"):  # a refusal: the script wrote nothing
+                    raise
+                lost = exc
+            else:
+                with contextlib.suppress(*DRIVER_ERRORS):
+                    client.delete(answer_key)  # heard: nobody needs it any more
+                return answer
+            now = time.monotonic()
+            deadline = now + patience if deadline is None else deadline
+            if now >= deadline:
+                job = f"; or `python -m pipeline jobs show {first}` finds a job of the part" if first else ""
+                text = (str(lost).strip().splitlines() or [type(lost).__name__])[0]
+                raise _MaybeCommitted(
+                    f"redis {db.shown}: no answer to the commit of {rows} staged jobs ({text}): they may have been committed "
+                    f"(all or none of them); check before retrying: `redis-cli -u {db.shown} GET '{answer_key}'` "
+                    f"shows what the commit inserted if it ran (kept for a day), nil if it did not{job}") from None
+            time.sleep(COMMIT_RETRY_PAUSE)
+    finally:
+        client.close()
+        client.connection_pool.disconnect()
 
 
 def _stage(db: Database, key: str, rows: Sequence[NewJob]) -> None:

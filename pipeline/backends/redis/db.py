@@ -41,6 +41,7 @@ SCHEMA_VERSION = "2"
 POOL_SIZE = 8  # the Ledger, the Poller's claim, the lease keeper, bulk loads, operator reads
 CONNECT_TIMEOUT = 5.0
 SOCKET_TIMEOUT = 30.0  # a script over a big batch may take a while; a dead server is seen by its socket closing
+# (the URL's own ``socket_timeout=`` replaces it; a bulk load's commit waits longer: see __init__.py)
 BACKOFF_FIRST, BACKOFF_MAX = 0.05, 2.0
 
 DRIVER_ERRORS = (redis.exceptions.RedisError, OSError)
@@ -63,14 +64,28 @@ def split_url(url: str, default_prefix: str) -> tuple[str, str]:
     return urlunsplit(parts._replace(query=urlencode(kept))), f"{{{prefix}}}:"
 
 
-def client_for(url: str, *, size: int = POOL_SIZE) -> redis.Redis:
+def client_for(url: str, *, size: int = POOL_SIZE, socket_timeout: float | None = None) -> redis.Redis:
     """A client on a blocking pool (threads wait for a free connection rather than fail), with
-    no retry of its own (see the module's docstring)."""
+    no retry of its own (see the module's docstring). Its socket timeout is the URL's
+    ``socket_timeout=``, else SOCKET_TIMEOUT; ``socket_timeout`` given replaces both."""
+    if socket_timeout is not None:  # (redis-py lets the URL's query win over its arguments)
+        parts = urlsplit(url)
+        query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "socket_timeout"]
+        url = urlunsplit(parts._replace(query=urlencode(query)))
     pool = redis.BlockingConnectionPool.from_url(
         url, max_connections=size, timeout=CONNECT_TIMEOUT, socket_connect_timeout=CONNECT_TIMEOUT,
-        socket_timeout=SOCKET_TIMEOUT, socket_keepalive=True, retry=Retry(NoBackoff(), 0), decode_responses=False,
+        socket_timeout=SOCKET_TIMEOUT if socket_timeout is None else socket_timeout, socket_keepalive=True,
+        retry=Retry(NoBackoff(), 0), decode_responses=False,
     )
     return redis.Redis(connection_pool=pool, retry=Retry(NoBackoff(), 0))
+
+
+def socket_timeout_of(url: str) -> float:
+    """The socket timeout of the clients made for ``url``: its ``socket_timeout=``, else SOCKET_TIMEOUT."""
+    for key, value in parse_qsl(urlsplit(url).query):
+        if key == "socket_timeout":
+            return float(value)
+    return SOCKET_TIMEOUT
 
 
 def describe(exc: BaseException, shown: str) -> StoreError:
@@ -169,6 +184,7 @@ class Database:
         self.prefix = prefix
         self.shown = shown
         self.client = client_for(url)
+        self.socket_timeout = socket_timeout_of(url)
         self.write_limiter = trio.CapacityLimiter(1)  # the Ledger: one batch at a time
         self.limiter = trio.CapacityLimiter(POOL_SIZE - 1)  # everyone else
         self._lock = threading.Lock()

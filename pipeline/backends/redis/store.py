@@ -105,10 +105,11 @@ def stage(client: Any, key: str, rows: Sequence[NewJob]) -> None:
     pipe.execute()
 
 
-def commit_staged(client: Any, prefix: str, key: str) -> tuple[int, list[tuple[str, str]]]:
+def commit_staged(client: Any, prefix: str, key: str, answer_key: str) -> tuple[int, list[tuple[str, str]]]:
     """Insert a staging list's rows; how many were inserted, and (id, holder's id) of each
-    row whose unique key was held."""
-    answer = run_script(client, _INSERT_STAGED, [prefix, key])
+    row whose unique key was held. Called again with the same keys (its answer lost), it
+    answers the same and inserts nothing more: the answer is kept under ``answer_key``."""
+    answer = run_script(client, _INSERT_STAGED, [prefix, key, answer_key])
     if isinstance(answer, int):
         return answer, []
     return int(answer[0]), [(answer[i].decode(), answer[i + 1].decode()) for i in range(1, len(answer), 2)]
