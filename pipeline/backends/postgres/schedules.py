@@ -12,6 +12,7 @@ import psycopg
 
 from ...clock import now_ts
 from ...errors import UsageError
+from ...schedules import check_advance
 from ..base import NewJob, ScheduleRecord, code_schedule_writes, with_enabled
 from . import store
 
@@ -103,7 +104,9 @@ RETURNING 1
 
 
 def fire(conn: psycopg.Connection[Any], name: str, *, tick: str, next_run: str, job: NewJob) -> bool:
-    """Move the schedule on and insert its job (and NOTIFY), or neither."""
+    """Move the schedule on and insert its job (and NOTIFY), or neither (UsageError for a next run
+    that is not after the tick: see schedules.check_advance)."""
+    check_advance(name, tick=tick, next_run=next_run)
     with conn.transaction():
         moved = conn.execute(_FIRE, {"next_run": next_run, "tick": tick, "job_id": job.id, "now": now_ts(),
                                      "name": name}).fetchone()

@@ -9,6 +9,7 @@ from collections.abc import Collection, Sequence
 import attrs
 
 from ...errors import UsageError
+from ...schedules import check_advance
 from ..base import NewJob, ScheduleRecord, code_schedule_writes, with_enabled
 from . import store
 
@@ -93,7 +94,9 @@ UPDATE scheduled_jobs SET next_run = :next_run, last_run = :tick, last_job_id = 
 
 
 def fire(conn: sqlite3.Connection, name: str, *, tick: str, next_run: str, job: NewJob, now: str) -> bool:
-    """Move the schedule on and insert its job, or neither."""
+    """Move the schedule on and insert its job, or neither (UsageError for a next run that is not
+    after the tick: see schedules.check_advance)."""
+    check_advance(name, tick=tick, next_run=next_run)
     moved = conn.execute(_FIRE, {"next_run": next_run, "tick": tick, "job_id": job.id, "now": now, "name": name}).rowcount
     if moved:
         store.insert_jobs(conn, [job._replace(unique_key=None)])  # no unique key: see Backend.fire_schedule
