@@ -1,6 +1,6 @@
 """Three worker processes (`tests/supervised_service.py --processes 3`) on one store, one schedule
 (added with the CLI) that ticks every second: every tick is enqueued exactly once, none twice, none
-skipped, and each tick's job starts at once, wherever it was fired (the insert wakes every Poller:
+skipped once the three are up, and each tick's job starts at once, wherever it was fired (the insert wakes every Poller:
 the poll interval here is 5 s)."""
 
 from __future__ import annotations
@@ -59,9 +59,11 @@ async def test_three_processes_enqueue_each_tick_once(backend: Backend, store_co
     jobs, _ = await backend.list(job_type="echo", limit=1000)
     ticks = sorted(j.run_after for j in jobs)
     assert len(ticks) == len(set(ticks)), f"a tick enqueued twice: {ticks}"
-    seconds = [round(to_epoch(t)) for t in ticks]
-    assert seconds == list(range(seconds[0], seconds[0] + len(seconds))), f"a tick skipped: {ticks}"
-    assert len([t for t in ticks if t >= started]) >= 5, ticks
+    # none skipped once the three are up (before, a process starting on a busy machine may find a
+    # tick a second late, which then fires once, late, and the next run is the tick after that)
+    seconds = [round(to_epoch(t)) for t in ticks if t >= started]
+    assert len(seconds) >= 5, ticks
+    assert seconds == list(range(seconds[0], seconds[0] + len(seconds))), f"a tick skipped: {ticks} (from {started})"
     (stored,) = await backend.schedules()
     assert attrs.evolve(stored, next_run="", last_run="", last_job_id="", updated_at="") == attrs.evolve(
         every_second.record(origin="operator", now=stored.created_at), next_run="", last_run="", last_job_id="",

@@ -3,11 +3,14 @@ start; and fired, each tick once, whoever tries and however many at once."""
 
 from __future__ import annotations
 
+import time
+
 import attrs
 import pytest
 import trio
 
 from pipeline.backends import Backend, ScheduleRecord
+from pipeline.clock import to_epoch
 from pipeline.errors import UsageError
 
 from .kit import job, record, ts
@@ -76,6 +79,19 @@ async def test_a_tick_fires_once_with_its_job_in_the_same_write(backend: Backend
     # unknown: nothing
     assert not await backend.fire_schedule("nope", tick=after, next_run=ts(120), job=job())
     assert await jobs_of(backend) == [first.id]
+
+
+async def test_a_next_run_that_is_not_after_the_tick_is_refused(backend: Backend) -> None:
+    """The store never writes back a next run at or before the tick it fires: the Scheduler would
+    find that tick due again and fire it every round (issue 21's storm in the repeated hour)."""
+    tick = ts(-1)
+    await backend.put_schedule(schedule(next_run=tick))
+    for next_run in (ts(-2400), tick):
+        with pytest.raises(UsageError, match="is not after the tick"):
+            await backend.fire_schedule("nightly", tick=tick, next_run=next_run, job=job(run_after=tick))
+    (still,) = await backend.schedules()
+    assert (still.next_run, still.last_run) == (tick, None) and await jobs_of(backend) == []
+    assert await backend.fire_schedule("nightly", tick=tick, next_run=ts(60), job=job(run_after=tick))
 
 
 async def test_many_firing_one_tick_at_once_insert_one_job(backend: Backend) -> None:
@@ -181,3 +197,42 @@ async def test_the_due_schedules_are_the_enabled_ones_whose_tick_has_come(backen
     assert [s.name for s in await backend.due_schedules(later)] == [
         s.name for s in sorted(await backend.schedules(), key=lambda s: s.next_run) if s.enabled and s.next_run <= later]
     assert resumed.name in {s.name for s in await backend.due_schedules(later)}
+
+
+# -- the Scheduler on each store ------------------------------------------------------------------
+
+
+async def test_the_scheduler_fires_each_tick_on_time_whatever_a_round_takes(backend: Backend) -> None:
+    """It sleeps until the next tick, not a whole interval after each round's work (which fired
+    each tick up to an interval late, and later every round, until a per-second schedule skipped
+    one). Started half-way through a second, with the default interval of 1 s: every tick of a
+    per-second schedule for 3 s is fired, each well under the interval late."""
+    from jobkit import registry
+
+    from pipeline.backends import NewJob
+    from pipeline.engine.actors.scheduler import run_scheduler
+    from pipeline.engine.health import Health
+    from pipeline.schedules import make_schedule
+
+    from .kit import new_id
+
+    reg = registry()
+
+    def new_job(job: object, *, run_after: str, now: str) -> NewJob:
+        job_type, payload = reg.encode(job)
+        return NewJob(new_id(), job_type, payload, 3, run_after, 5, now, None)
+
+    while not 0.45 < time.time() % 1 < 0.6:  # half-way through a second: the next tick is half a second away
+        await trio.sleep(0.01)
+    declared = make_schedule(reg, "every-second", "* * * * * *", "echo", {"text": "tick"})
+    await backend.put_schedule(declared.record(origin="operator"))
+    first = to_epoch((await backend.schedules())[0].next_run)
+    async with trio.open_nursery() as tn:
+        await tn.start(lambda task_status: run_scheduler(backend, reg, new_job, health=Health(), task_status=task_status))
+        await trio.sleep(first + 2.3 - time.time())  # three ticks
+        tn.cancel_scope.cancel()
+    jobs, _ = await backend.list(job_type="echo", limit=100)
+    fired = sorted((to_epoch(j.run_after), to_epoch(j.created_at)) for j in jobs)
+    assert [tick for tick, _ in fired] == [first, first + 1, first + 2], fired  # none skipped, none twice
+    late = [at - tick for tick, at in fired]
+    assert all(0 <= lateness < 0.3 for lateness in late), late  # (a round after a full interval's sleep: 0.5 s and more)
