@@ -371,7 +371,10 @@ class SqliteSettings:
 
     # full: a commit survives power loss; normal: faster, WAL may lose the last commits
     synchronous: str = setting("full", "SQLITE_SYNCHRONOUS", choice("full", "normal"))
-    busy_timeout_ms: int = setting(5_000, "SQLITE_BUSY_TIMEOUT_MS", int_at_least(0))
+    # how long a connection waits for another writer's lock; not set (None): a third of
+    # WORKER_LEASE_SECONDS, at most 5000, filled in by Config (which checks a value set)
+    busy_timeout_ms: int = setting(None, "SQLITE_BUSY_TIMEOUT_MS", int_at_least(0))
+    derived: bool = attrs.field(default=False, repr=False, eq=False)  # busy_timeout_ms is Config's, from the lease
 
 
 def key_prefix(text: str) -> str:
@@ -452,7 +455,11 @@ class Config:
         # A renewal is tried every third of the lease; one that waits out the whole busy
         # timeout for another writer's lock must still commit before the lease runs out.
         limit = self.worker.lease_seconds * 1000 * 2 / 3
-        if self.database_url.startswith("sqlite:") and self.sqlite.busy_timeout_ms >= limit:
+        if self.sqlite.busy_timeout_ms is None or self.sqlite.derived:  # not set: follows the lease (a copy's too)
+            derived = attrs.evolve(self.sqlite, busy_timeout_ms=min(5_000, int(self.worker.lease_seconds * 1000 / 3)),
+                                   derived=True)
+            object.__setattr__(self, "sqlite", derived)  # (frozen: attrs' own way in __attrs_post_init__)
+        elif self.database_url.startswith("sqlite:") and self.sqlite.busy_timeout_ms >= limit:
             raise ConfigError(
                 f"SQLITE_BUSY_TIMEOUT_MS={self.sqlite.busy_timeout_ms} could eat the lease of WORKER_LEASE_SECONDS="
                 f"{self.worker.lease_seconds:g}: a lease renewal waiting that long for a lock would let the lease run "

@@ -17,8 +17,8 @@ import functools
 import random
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Collection, Iterable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +31,7 @@ from ..base import NUDGE_BUFFER, ClaimOffer, JobRecord, Lease, NewJob, Nudge, Sc
 from ..trays import Tray, Trays
 from . import migrations, queries, retention, schedules, store
 from .bulk import BulkInsert
-from .db import Database, describe, open_database
+from .db import Database, begin_immediate, describe, open_database
 from .ledger import Command, LedgerStats, run_ledger
 from .watch import Lookout, watch_commits
 
@@ -272,6 +272,7 @@ class SqliteLeaseRenewer:
         self._busy_timeout_ms = busy_timeout_ms
         self._synchronous = synchronous
         self._conn: sqlite3.Connection | None = None
+        self._renewed_at: float | None = None  # monotonic time the last renewal that committed began
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
@@ -280,15 +281,36 @@ class SqliteLeaseRenewer:
 
     def renew(self, owner: str, job_types: Sequence[str], held: Sequence[tuple[str, int]], *, lease_seconds: float) -> builtins.list[str]:
         conn = self._connection()
-        with store.write_transaction(conn):
+        began = time.monotonic()
+        # another writer's lock is waited for at most half of what is left of the leases (and
+        # at most busy_timeout_ms): a renewal that fails is tried again at once (leases.Heartbeat),
+        # and the next try must still fit before the leases run out
+        wait_ms = self._busy_timeout_ms
+        if self._renewed_at is not None:
+            wait_ms = max(0, min(wait_ms, int((self._renewed_at + lease_seconds - began) * 1000 / 2)))
+        with self._transaction(conn, wait_ms):
             now = time.time()
             store.beat(conn, owner, job_types, now=format_ts(now), lease_seconds=lease_seconds)
-            return store.renew(conn, held, expires=format_ts(now + lease_seconds))
+            lost = store.renew(conn, held, expires=format_ts(now + lease_seconds))
+        self._renewed_at = began
+        return lost
 
     def forget(self, owner: str) -> None:
         conn = self._connection()
-        with store.write_transaction(conn):
+        with self._transaction(conn, self._busy_timeout_ms):
             store.forget_worker(conn, owner)
+
+    @staticmethod
+    @contextmanager
+    def _transaction(conn: sqlite3.Connection, wait_ms: int) -> Iterator[None]:
+        begin_immediate(conn, wait_ms)
+        try:
+            yield
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:  # SQLite may have rolled back already (disk full, I/O error)
+                conn.execute("ROLLBACK")
+            raise
 
     def close(self) -> None:
         if self._conn is not None:

@@ -3,10 +3,13 @@ rescues jobs whose worker died.
 
 The **heartbeat** is an OS thread with a connection of its own. Every third of
 WORKER_LEASE_SECONDS it pushes the expiry of every lease this process holds (running
-jobs and the few claimed ahead). It is a thread, not a trio task, so that a handler
-that blocks the event loop by mistake (CPU-bound code, a blocking call) cannot starve
-it: another process would otherwise rescue and run again a job that is still running
-here. It writes one column, ``lease_expires_at``, of rows it holds a lease on, and only
+jobs and the few claimed ahead). A renewal that fails is tried again at once (after a
+pause of 50 ms, doubling up to 0.5 s) for as long as the leases last, not a period later:
+a retry after a renewal that waited a third of the lease or more for a lock came at or
+after expiry, and another process ran the jobs again. It is a thread, not a trio task,
+so that a handler that blocks the event loop by mistake (CPU-bound code, a blocking
+call) cannot starve it: another process would otherwise rescue and run again a job
+that is still running here. It writes one column, ``lease_expires_at``, of rows it holds a lease on, and only
 while their token matches: the Ledger stays the only writer of job status. In the same
 transaction it records this process and the job types it knows in ``workers``, so that
 no other process buries pending jobs of a type a live worker knows. If the event loop
@@ -33,6 +36,9 @@ from ...errors import PipelineError, StoreError
 from .pools import Pool
 
 log = logging.getLogger("pipeline.leases")
+
+RETRY_PAUSE = 0.05  # seconds before a failed renewal is tried again, doubling while they fail
+RETRY_PAUSE_MOST = 0.5
 
 
 class Heartbeat:
@@ -67,6 +73,10 @@ class Heartbeat:
 
     def _run(self) -> None:
         renewed = False
+        # monotonic time the last renewal that worked began: every lease held expires no
+        # sooner than a lease after it (a lease claimed since runs a whole lease from its claim)
+        renewed_at = time.monotonic()
+        pause, failures = 0.0, 0  # while renewals fail: the last pause, and how many failed in a row
         try:
             while True:
                 stalled = time.monotonic() - self.loop_seen
@@ -77,13 +87,27 @@ class Heartbeat:
                         break
                     continue
                 held = self._held()
+                began = time.monotonic()
                 try:
                     lost = self.renewer.renew(self.owner, self.job_types, held, lease_seconds=self.lease_seconds)
-                except Exception as exc:  # noqa: BLE001 - the store refused; try again next period
-                    log.warning("lease renewal failed (%s); retrying in %.1f s", exc, self.period)
-                    if self._stop.wait(self.period):
+                except Exception as exc:  # noqa: BLE001 - the store refused: try again while the leases last
+                    failures += 1
+                    left = renewed_at + self.lease_seconds - time.monotonic()
+                    if left > 0:
+                        pause = min(pause * 2 if pause else RETRY_PAUSE, RETRY_PAUSE_MOST, left / 2)
+                        (log.warning if failures == 1 else log.debug)(
+                            "lease renewal failed (%s); trying again in %.2f s, %.1f s before the leases run out",
+                            exc, pause, left)
+                    else:  # run out: other processes may rescue the jobs; a renewal says which
+                        pause = self.period
+                        log.warning("lease renewal failed (%s) and the leases ran out; retrying in %.1f s", exc, pause)
+                    if self._stop.wait(pause):
                         break
                     continue
+                if failures:
+                    log.warning("lease renewal works again after %d failures", failures)
+                    pause, failures = 0.0, 0
+                renewed_at = began
                 renewed = True
                 self.renewals += 1
                 if lost:
