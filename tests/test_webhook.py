@@ -357,6 +357,18 @@ async def test_guard_refuses_private_destinations(db_path: Path, receiver: Recei
     assert receiver.requests() == []
 
 
+@pytest.mark.parametrize("url", [
+    "ftp://hook:S3CR%45T-pw@example.com/",  # not http(s)
+    "http://hook:S3CR%45T-pw@0177.0.0.1/",  # an IPv4 spelling httpx refuses to parse, said as what it means
+    "http://hook:S3CR%45T-pw@[::1/",  # not a valid URL
+    "http://hook:S3CR%45T-pw@/path",  # no host
+])
+async def test_a_url_that_can_never_be_sent_is_dead_without_its_password(db_path: Path, url: str) -> None:
+    job = await deliver(webhook_config(db_path, webhook_allow_private_networks=False), url, until="dead")
+    assert job.attempts == 1 and "***" in job.error, job.error
+    assert "S3CR%45T" not in job.error and "S3CRET" not in job.error, job.error  # as written, nor decoded
+
+
 @attrs.define
 class RecordingBackend(httpcore.AsyncNetworkBackend):
     """The real trio backend, noting every host it is asked to connect to."""

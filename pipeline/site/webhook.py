@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import trio
 
-from ..config import Config, masked_url
+from ..config import Config, masked_url, without_password
 from ..errors import PermanentError, RetryLater
 from .egress import DestinationRefused, GuardedTransport, IPAddress, parse_ip_literal, refusal_reason
 from .jobs import WebhookNotify
@@ -141,12 +141,12 @@ def _checked_url(raw: str, *, allow_private: bool) -> httpx.URL:
         literal = None if allow_private else parse_ip_literal(host)
         reason = None if literal is None else refusal_reason(literal)
         if literal is not None and reason is not None:
-            raise PermanentError(f"POST {raw} refused: {_literal_refusal(host, literal, reason)}") from None
-        raise PermanentError(f"webhook URL {raw!r} is not a valid URL: {exc}") from None
+            raise PermanentError(f"POST {masked_url(raw)} refused: {_literal_refusal(host, literal, reason)}") from None
+        raise PermanentError(f"webhook URL {masked_url(raw)!r} is not a valid URL: {without_password(str(exc), raw)}") from None
     if url.scheme not in ("http", "https"):
-        raise PermanentError(f"webhook URL {raw!r} must be http:// or https://, not {url.scheme or 'schemeless'}")
+        raise PermanentError(f"webhook URL {masked_url(raw)!r} must be http:// or https://, not {url.scheme or 'schemeless'}")
     if not url.host:
-        raise PermanentError(f"webhook URL {raw!r} has no host")
+        raise PermanentError(f"webhook URL {masked_url(raw)!r} has no host")
     if not allow_private:
         literal = parse_ip_literal(url.host)
         reason = None if literal is None else refusal_reason(literal)
