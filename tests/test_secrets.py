@@ -335,7 +335,8 @@ def test_a_wrong_percent_encoded_password_for_redis_is_shown_in_neither_form(
             monkeypatch.setenv("DATABASE_URL", url)
             assert cli.main(["stats"], stdout=io.StringIO()) == 1
             err = capsys.readouterr().err
-            assert "invalid username-password pair" in err and f"redis://{userinfo.split(':')[0]}:***@127.0.0.1:{port}/0" in err, err
+            assert "invalid username-password pair" in err and "refused the credentials" in err and "retry later" not in err
+            assert f"redis://{userinfo.split(':')[0]}:***@127.0.0.1:{port}/0" in err, err
             assert_no_marker(f"the error for {url}", err)
         assert_no_marker("the logs", "\n".join(f"{r.getMessage()} {r.exc_text or ''}" for r in caplog.records))
     finally:

@@ -93,6 +93,10 @@ def describe(exc: BaseException, shown: str) -> StoreError:
     text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     if isinstance(exc, ResponseError) and text.startswith("DUPLICATE "):
         return StoreError(f"redis {shown}: {text[len('DUPLICATE '):]}")
+    if isinstance(exc, redis.exceptions.AuthenticationError) or (isinstance(exc, ResponseError) and
+                                                                   text.startswith(("WRONGPASS", "NOAUTH"))):
+        # (redis-py's AuthenticationError is a ConnectionError: not something a retry cures)
+        return StoreError(f"redis {shown} refused the credentials ({text}); check the user and password in the URL")
     if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError | OSError):
         if "CERTIFICATE" in text or "SSL" in text:  # not something a retry cures
             return StoreError(f"redis {shown}: the TLS handshake failed ({text}); check the URL's ssl_* parameters "
