@@ -18,6 +18,13 @@ import trio
 from .clock import now_ts
 from .errors import DatabaseUnavailable, SchemaTooNew, StoreError
 
+# The size the -wal file is truncated back to once a checkpoint has copied it all back (PRAGMA
+# journal_size_limit; SQLite never shrinks it otherwise). Far above what it holds in normal running
+# (a checkpoint every 1,000 pages, about 4 MB; a bulk load's transaction can take more), so that
+# it is not truncated and grown again over and over; small enough that a WAL a stuck reader blew
+# up to gigabytes gives the disk back once that reader is gone.
+WAL_SIZE_LIMIT = 64 * 2**20
+
 
 def resolved(path: Path | str) -> Path:
     """The database's path as SQLite itself sees it: absolute, every symlink followed (the
@@ -45,6 +52,7 @@ def connect(path: Path | str, *, busy_timeout_ms: int = 5000, synchronous: str =
         if mode.lower() != "wal":
             raise DatabaseUnavailable(f"database {path} cannot use WAL mode (journal_mode is {mode})")
         conn.execute(f"PRAGMA synchronous = {'FULL' if synchronous == 'full' else 'NORMAL'}")
+        conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")  # read at each connect: tests shrink it
         conn.execute("PRAGMA foreign_keys = ON")
     except sqlite3.DatabaseError as exc:
         conn.close()

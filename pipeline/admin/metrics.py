@@ -164,8 +164,8 @@ class Metrics:
         if self.processes is not None:
             family("pipeline_worker_processes", "gauge", "Worker processes the supervisor runs now (--processes).",
                    [({}, self.processes())])
-        for name, text, value in counters:
-            family(name, "counter", text, [({}, value)])
+        for name, text, value in counters:  # a backend's own: counters end in _total (Prometheus' rule), gauges do not
+            family(name, "counter" if name.endswith("_total") else "gauge", text, [({}, value)])
         return "\n".join(lines) + "\n"
 
 

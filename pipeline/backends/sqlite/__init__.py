@@ -31,6 +31,7 @@ from ..base import NUDGE_BUFFER, ClaimOffer, JobRecord, Lease, NewJob, Nudge, Sc
 from ..trays import Tray, Trays
 from . import migrations, queries, retention, schedules, store
 from .bulk import BulkInsert
+from .checkpoints import WalCheck, run_wal_check
 from .db import Database, begin_immediate, describe, open_database
 from .ledger import Command, LedgerStats, run_ledger
 from .watch import Lookout, watch_commits
@@ -48,12 +49,13 @@ class SqliteBackend:
 
     def __init__(
         self, db: Database, ledger_send: trio.MemorySendChannel[Command], stats: LedgerStats, *, url: str,
-        rng: random.Random | None = None,
+        rng: random.Random | None = None, wal: WalCheck | None = None,
     ) -> None:
         self.url = url
         self._db = db
         self._ledger_send = ledger_send
         self._stats = stats
+        self._wal = wal if wal is not None else WalCheck(db.path)  # (its trouble set by run_wal_check)
         self._rng = rng or random.Random()
         self._trays = Trays(self._send_tray)  # outcomes waiting for the Ledger (see trays.Tray)
 
@@ -222,10 +224,12 @@ class SqliteBackend:
             ("pipeline_ledger_batches_total", "Transactions the Ledger committed.", stats.batches),
             ("pipeline_ledger_commands_total", "Commands (inserts, claims, outcomes, ...) the Ledger committed.", stats.commands),
             ("pipeline_ledger_failed_batches_total", "Ledger transactions the database refused.", stats.failed_batches),
+            ("pipeline_sqlite_wal_bytes", "Size of the SQLite file's write-ahead log (-wal) now; above 64 MiB and "
+             "growing: a read transaction left open holds checkpoints back (/healthz says so).", self._wal.size()),
         ]
 
     def trouble(self) -> str | None:
-        return self._stats.trouble
+        return self._stats.trouble or self._wal.trouble
 
     def begin_stop(self, grace: float) -> None:
         """A graceful stop began: a database locked by someone else holds it up for at most
@@ -347,7 +351,13 @@ async def open_sqlite_backend(
             ledger_send, ledger_recv = trio.open_memory_channel[Command](LEDGER_INBOX)
         lookout = Lookout()
         await tn.start(functools.partial(run_ledger, db, ledger_recv, nudge_send, stats, offers_recv=offers_recv, lookout=lookout))
-        watching = trio.CancelScope()
+        wal, checking, watching = WalCheck(db.path), trio.CancelScope(), trio.CancelScope()
+
+        async def check_wal(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            with checking:
+                await run_wal_check(db, wal, task_status=task_status)
+
+        await tn.start(check_wal)
 
         async def watch(task_status: trio.TaskStatus[bool] = trio.TASK_STATUS_IGNORED) -> None:
             with watching:
@@ -357,7 +367,8 @@ async def open_sqlite_backend(
         if listening and await tn.start(watch) and wiring is not None:
             wiring.edge("SQLite", "Poller", "the WAL was written (inotify): another process committed")
         try:
-            yield SqliteBackend(db, ledger_send, stats, url=url or f"sqlite:///{path}")
+            yield SqliteBackend(db, ledger_send, stats, url=url or f"sqlite:///{path}", wal=wal)
         finally:
+            checking.cancel()
             watching.cancel()
             ledger_send.close()  # the Ledger drains its inbox, commits, and ends
