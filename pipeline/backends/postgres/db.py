@@ -7,9 +7,10 @@ libpq's non-blocking calls would be a second driver to maintain for little gain,
 call here is one round trip whose thread hop (~30 us) is small beside it. The one place that
 waits on the socket from trio itself is the LISTEN connection (listener.py).
 
-The pool holds connections for the Ledger (one at a time: its limiter is 1), the Poller's
-claims, the lease keeper and the operators' reads (admin API, CLI); the heartbeat thread and
-the listener each own one connection outside it. Every connection talks UTC, and times come
+The pool holds connections for the Ledger (one at a time, and always one left for it), the
+Poller's claims, the lease keeper and the operators' reads (admin API, CLI); the heartbeat
+thread and the listener each own one connection outside it. Every connection talks UTC in ISO
+DateStyle, whatever the server's or the role's defaults (configure), and times come
 back as the protocol's text (``2026-01-01T00:00:00.000Z``) straight from the wire format
 (:class:`TextTimes`), without a datetime in between.
 """
@@ -34,7 +35,7 @@ log = logging.getLogger("pipeline.postgres")
 
 T = TypeVar("T")
 
-POOL_SIZE = 6  # the Ledger, the Poller's claim, the lease keeper, up to three operator reads at once
+POOL_SIZE = 6  # the Ledger's one, and the rest for the Poller's claims, the lease keeper and operators' reads
 CONNECT_TIMEOUT = 10.0  # seconds to wait for a pooled connection before the call fails with StoreError
 
 
@@ -52,10 +53,17 @@ class TextTimes(Loader):
         return f"{text[:10]}T{text[11:19]}.{millis}Z"
 
 
+# What the code reads and writes times with, whatever the server, the database, the role or
+# the URL's options set as the session's defaults: TextTimes reads ISO text in UTC (DateStyle
+# SQL, German or Postgres write "01/12/2026 ..." or "Tue Dec 01 ..."), intervals as Postgres writes them.
+_SESSION = ("SELECT set_config('TimeZone', 'UTC', false), set_config('DateStyle', 'ISO, YMD', false), "
+            "set_config('IntervalStyle', 'postgres', false)")
+
+
 def configure(conn: psycopg.Connection[Any]) -> None:
-    """Every new connection: times in UTC, read back as text."""
+    """Every new connection: times in UTC and ISO, read back as text."""
     conn.adapters.register_loader("timestamptz", TextTimes)
-    conn.execute("SET TIME ZONE 'UTC'")
+    conn.execute(_SESSION)
 
 
 def connect(url: str, **params: Any) -> psycopg.Connection[Any]:
@@ -105,14 +113,17 @@ def _idle_and_sound(conn: psycopg.Connection[Any]) -> bool:
     """A pooled connection waits idle and listens to nothing: a socket with something to
     read means the server spoke first, which it does only to end the session (a restart,
     ``pg_terminate_backend``, ``idle_session_timeout``). A select of zero seconds, not a
-    round trip: the connection is dropped before a statement is lost on it."""
+    round trip: the connection is dropped before a statement is lost on it. ``poll``, not
+    ``select``, which refuses a descriptor numbered 1024 or more (a process with many files
+    open: a web application embedding the pipeline)."""
     if conn.closed or conn.broken:
         return False
     try:
-        readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
+        looking = select.poll()
+        looking.register(conn.pgconn.socket, select.POLLIN)
+        return not looking.poll(0)  # anything (data, end of stream, an error, a hang-up): not sound
     except (OSError, ValueError, psycopg.OperationalError):
         return False
-    return not readable
 
 
 class Database:
@@ -126,7 +137,10 @@ class Database:
             name="pipeline", timeout=CONNECT_TIMEOUT, reconnect_timeout=365 * 86400.0,  # keep trying: a server restart ends
         )
         self.write_limiter = trio.CapacityLimiter(1)  # the Ledger: one batch at a time
-        self.limiter = trio.CapacityLimiter(size)  # everyone else
+        # everyone else, one connection fewer than the pool holds: that one is always the
+        # Ledger's, so that slow operators' reads (six of them once took the whole pool) never
+        # make an enqueue or an outcome wait for a connection. (The heartbeat's is outside the pool.)
+        self.limiter = trio.CapacityLimiter(max(size - 1, 1))
 
     def open(self) -> None:
         try:
