@@ -1,9 +1,15 @@
-"""What this process knows: job types (class, handler, limits) and events (class, route).
+"""What this process knows: job types (class, handler, limits), events (class, route), and the
+middleware around every handler call.
 
-A new job type is one attrs class plus one handler, registered at runtime::
+A new job type is one payload class (attrs or dataclass) plus one handler::
 
     registry = pipeline.Registry()
-    registry.register("resize_avatar", ResizeAvatar, handle_resize_avatar, concurrency=4)
+
+    @registry.job(concurrency=4)
+    async def resize_avatar(job: ResizeAvatar, ctx: pipeline.JobContext) -> None: ...
+
+(or ``registry.register("resize_avatar", ResizeAvatar, resize_avatar, concurrency=4)``). A plain
+``def`` handler runs in a thread of its own (see engine/actors/pools.py).
 
 The registry owns the one cattrs converter, used only at the edges (database rows,
 HTTP, CLI). Structuring is strict: a string where an int is expected, a missing field
@@ -13,6 +19,7 @@ or an unknown key is refused with a message that names the field.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import datetime as dt
 import functools
 import inspect
@@ -22,7 +29,7 @@ import typing
 from collections import abc
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import attrs
 import cattrs
@@ -35,7 +42,12 @@ if TYPE_CHECKING:
     from .config import Config
     from .engine.actors.pools import JobContext
 
-Handler = Callable[[Any, "JobContext"], Awaitable[None]]
+# ``async def handler(job, ctx)``, or a plain ``def`` run in a thread of its own
+Handler = Callable[[Any, "JobContext"], "Awaitable[None] | None"]
+F = TypeVar("F", bound=Callable[..., Any])
+# middleware(ctx) -> an async context manager entered around each handler call
+Middleware = Callable[["JobContext"], AbstractAsyncContextManager[Any]]
+M = TypeVar("M", bound=Middleware)
 
 
 @attrs.frozen
@@ -66,6 +78,9 @@ class JobSpec:
     timeout: float | None = None  # None: WORKER_JOB_TIMEOUT_SECONDS
     max_attempts: int | None = None  # None: WORKER_DEFAULT_MAX_ATTEMPTS
     global_limit: int | None = None  # running jobs of the type across every process; None: no limit (WORKER_GLOBAL_LIMITS may set one)
+    sync: bool = False  # the handler is a plain callable: it runs in a thread (see pools.py)
+    # the registry's middleware, outermost first: filled by Registry.handled() for the pools
+    middleware: tuple[Middleware, ...] = ()
 
 
 @attrs.frozen
@@ -170,6 +185,7 @@ class Registry:
         self._event_names_by_cls: dict[type, str] = {}
         self._resources: dict[str, ResourceFactory] = {}
         self._schedules: dict[str, Schedule] = {}
+        self._middleware: list[Middleware] = []
         self.converter = _make_converter()
         self._to_json = _compact_json()
 
@@ -191,8 +207,7 @@ class Registry:
         sharing the job store (WORKER_GLOBAL_LIMITS, if it names the type, takes precedence)."""
         if not _NAME.match(name):
             raise ValueError(f"job type name {name!r} must match {_NAME.pattern}")
-        if not attrs.has(cls):
-            raise TypeError(f"job type {name!r}: {cls!r} is not an attrs class")
+        _check_payload_class(f"job type {name!r}", cls)
         if concurrency is not None and concurrency < 1:
             raise ValueError(f"job type {name!r}: concurrency must be >= 1")
         if timeout is not None and timeout <= 0:
@@ -201,15 +216,46 @@ class Registry:
             raise ValueError(f"job type {name!r}: max_attempts must be >= 1")
         if global_limit is not None and (isinstance(global_limit, bool) or not isinstance(global_limit, int) or global_limit < 1):
             raise ValueError(f"job type {name!r}: global_limit must be an integer >= 1, got {global_limit!r}")
-        if handler is not None:
-            _check_handler(name, handler)
+        sync = handler is not None and _check_handler(name, handler)
         existing = self._jobs.get(name)
         if existing is not None and existing.cls is not cls:
             raise ValueError(f"job type {name!r} is already registered with {existing.cls.__name__}")
-        spec = JobSpec(name, cls, handler, concurrency, timeout, max_attempts, global_limit)
+        spec = JobSpec(name, cls, handler, concurrency, timeout, max_attempts, global_limit, sync)
         self._jobs[name] = spec
         self._names_by_cls[cls] = name
         return spec
+
+    @overload
+    def job(self, name: F, /) -> F: ...
+
+    @overload
+    def job(
+        self, name: str | None = None, *, concurrency: int | None = None, timeout: float | None = None,
+        max_attempts: int | None = None, global_limit: int | None = None,
+    ) -> Callable[[F], F]: ...
+
+    def job(
+        self, name: Any = None, *, concurrency: int | None = None, timeout: float | None = None,
+        max_attempts: int | None = None, global_limit: int | None = None,
+    ) -> Any:
+        """Decorator: declare a job type by its handler. The payload class is the annotation of
+        the handler's first parameter (an attrs class or a dataclass); the type's name is
+        ``name``, or the function's name. The function is returned unchanged, so a unit test
+        can call it directly. ``@registry.job`` without parentheses works too. Options as
+        :meth:`register`'s."""
+
+        def decorate(fn: F) -> F:
+            type_name = name if name is not None else getattr(fn, "__name__", None)
+            if not isinstance(type_name, str):
+                raise TypeError(f"handler {fn!r} has no __name__: name its job type, @registry.job('my_job')")
+            self.register(type_name, _payload_class(fn), fn, concurrency=concurrency, timeout=timeout,
+                          max_attempts=max_attempts, global_limit=global_limit)
+            return fn
+
+        if callable(name):  # @registry.job, without parentheses
+            fn, name = name, None
+            return decorate(fn)
+        return decorate
 
     def handle(self, name: str, **options: Any) -> Callable[[Handler], Handler]:
         """Decorator form: attach a handler to an already declared job type."""
@@ -231,8 +277,30 @@ class Registry:
         return sorted(self._jobs)
 
     def handled(self) -> dict[str, JobSpec]:
-        """The job types this process runs: those with a handler."""
-        return {name: spec for name, spec in self._jobs.items() if spec.handler is not None}
+        """The job types this process runs: those with a handler, each with the middleware
+        registered so far (a pipeline takes them as they are when it opens)."""
+        middleware = tuple(self._middleware)
+        return {name: attrs.evolve(spec, middleware=middleware) for name, spec in self._jobs.items() if spec.handler is not None}
+
+    # -- middleware -------------------------------------------------------------------------
+
+    def middleware(self, fn: M) -> M:
+        """Add code around every handler call (also a decorator): ``fn(ctx)`` returns an async
+        context manager, entered with the job's :class:`JobContext` before its handler runs and
+        exited after, for sync and async handlers alike. The first registered is the outermost.
+        It sees the handler's exception as it leaves (and a middleware that suppresses it makes
+        the attempt succeed); an exception it raises fails the attempt as a handler's would."""
+        target = fn.func if isinstance(fn, functools.partial) else fn
+        if not callable(fn) or isinstance(fn, type):
+            raise TypeError(f"middleware {fn!r} must be a function taking the job's context and returning an async context manager")
+        if inspect.iscoroutinefunction(target) or inspect.isasyncgenfunction(target) or inspect.isgeneratorfunction(target):
+            kind = "an async def function" if inspect.iscoroutinefunction(target) else "a generator function"
+            raise TypeError(
+                f"middleware {_describe(target)} is {kind}: it must return an async context manager; "
+                "write it as an async generator that yields once, decorated with @contextlib.asynccontextmanager"
+            )
+        self._middleware.append(fn)
+        return fn
 
     def name_of(self, job: Any) -> str:
         try:
@@ -342,8 +410,7 @@ class Registry:
     # -- events ---------------------------------------------------------------------------
 
     def add_event(self, name: str, cls: type, route: Route) -> None:
-        if not attrs.has(cls):
-            raise TypeError(f"event {name!r}: {cls!r} is not an attrs class")
+        _check_payload_class(f"event {name!r}", cls)
         self._events[name] = EventSpec(name, cls, route)
         self._event_names_by_cls[cls] = name
 
@@ -378,36 +445,88 @@ class Registry:
         return self.event_spec(self.event_name_of(event)).route(event, config)
 
 
-def _check_handler(name: str, handler: Any) -> None:
-    """Refuse at registration what a worker could only find out by running it: a plain ``def``
-    runs its side effect in full before ``await`` fails on its result, and the failure is
-    retried, so the side effect would happen once per attempt. Accepted: an ``async def``
-    function or method, an object whose ``__call__`` is ``async def``, and ``functools.partial``
-    of either (a function marked with ``inspect.markcoroutinefunction`` on Python 3.12+ too)."""
+def _check_payload_class(what: str, cls: Any) -> None:
+    """Payloads are attrs classes or dataclasses: the converter structures both with the same
+    strictness (unknown keys refused, arrays only where a sequence is expected)."""
+    if isinstance(cls, type) and (attrs.has(cls) or dataclasses.is_dataclass(cls)):
+        return
+    shown = _describe(cls) if isinstance(cls, type) else repr(cls)
+    raise TypeError(
+        f"{what}: the payload class {shown} is neither an attrs class nor a dataclass; "
+        "declare it with @attrs.frozen or @dataclasses.dataclass"
+    )
+
+
+def _check_handler(name: str, handler: Any) -> bool:
+    """Whether the handler runs in a thread (a plain callable), or as a coroutine (False).
+    Refused at registration, since calling them could never run a job: a class, an async
+    generator, a generator, what is not callable. Async: an ``async def`` function or method,
+    an object whose ``__call__`` is ``async def``, ``functools.partial`` of either (or a
+    function marked with ``inspect.markcoroutinefunction``). Anything else callable is sync;
+    one that turns out to return an awaitable (a lambda around a coroutine function) fails its
+    job at once, saying so (see pools.py): that cannot be told without calling it."""
     target = handler
     while isinstance(target, functools.partial):
         target = target.func
-    if inspect.iscoroutinefunction(target):
-        return
+    call = target
     if callable(target) and not inspect.isroutine(target) and not isinstance(target, type):
-        # an instance: what runs is its class's __call__
-        if inspect.iscoroutinefunction(type(target).__call__):
-            return
+        call = type(target).__call__  # an instance: what runs is its class's __call__
+    if inspect.iscoroutinefunction(call):
+        return False
     if not callable(handler):
         what = f"is not callable (got {type(handler).__name__})"
-    elif inspect.isasyncgenfunction(target):
-        what = f"{_describe(target)} is an async generator function (it yields)"
     elif isinstance(target, type):
-        what = f"is a class ({target.__qualname__})"
-    elif inspect.isroutine(target):
-        what = f"{_describe(target)} is a plain (sync) function, not `async def`"
+        what = f"is a class ({target.__qualname__}): register a function, or an instance whose __call__ runs the job"
+    elif inspect.isasyncgenfunction(call):
+        what = f"{_describe(call)} is an async generator function (it yields): a handler returns, it does not yield"
+    elif inspect.isgeneratorfunction(call):
+        what = f"{_describe(call)} is a generator function (it yields, so calling it would run nothing)"
     else:
-        what = f"is a {type(target).__name__} object whose __call__ is not async def"
+        return True
     raise TypeError(
-        f"job type {name!r}: handler {what}; a handler must be an `async def` function taking (job, ctx) "
-        "(sync handlers are not supported yet: wrap a blocking one as "
-        "`async def handler(job, ctx): await trio.to_thread.run_sync(blocking, job, ctx)`)"
+        f"job type {name!r}: handler {what}; a handler is an `async def` function taking (job, ctx), "
+        "or a plain `def` one, which runs in a thread"
     )
+
+
+def _payload_class(fn: Any) -> Any:
+    """The annotation of a handler's first parameter, resolved as typing.get_type_hints does
+    (so a module with ``from __future__ import annotations`` works); only that one is resolved,
+    so ``ctx: JobContext`` imported under ``if TYPE_CHECKING:`` does not matter."""
+    described = _describe(fn.func if isinstance(fn, functools.partial) else fn)
+    example = f"`def {getattr(fn, '__name__', 'handler')}(job: MyPayload, ctx: pipeline.JobContext)`"
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    if not params or params[0].kind not in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+        raise TypeError(f"handler {described} takes no job parameter: a handler takes (job, ctx), as {example}")
+    first = params[0]
+    if first.annotation is inspect.Parameter.empty:
+        raise TypeError(
+            f"handler {described}: its first parameter {first.name!r} has no annotation, so the payload class is "
+            f"unknown; annotate it with the payload class (an attrs class or a dataclass), as {example}, "
+            "or use registry.register(name, cls, handler)"
+        )
+    target = inspect.unwrap(fn.func if isinstance(fn, functools.partial) else fn)
+    if not inspect.isroutine(target) and not isinstance(target, type):
+        target = type(target).__call__
+    holder = _Annotations({first.name: first.annotation})
+    try:
+        return typing.get_type_hints(holder, globalns=getattr(target, "__globals__", None))[first.name]
+    except Exception as exc:  # NameError above all: the name is not defined where the handler is
+        raise TypeError(
+            f"handler {described}: the annotation {first.annotation!r} of its first parameter {first.name!r} "
+            f"cannot be resolved ({type(exc).__name__}: {exc}); define the payload class at module level, "
+            "before the handler and not under `if TYPE_CHECKING:`, or use registry.register(name, cls, handler)"
+        ) from None
+
+
+class _Annotations:
+    """One parameter's annotation, for typing.get_type_hints to resolve by itself."""
+
+    def __init__(self, annotations: dict[str, Any]) -> None:
+        self.__annotations__ = annotations
 
 
 def _describe(fn: Any) -> str:

@@ -1,11 +1,12 @@
-"""Registry.register refuses, at registration, a handler a worker could only find out about by
-running it: a plain ``def`` ran its side effect in full, then ``await`` failed on its None
-("object NoneType can't be used in 'await' expression") and the job was retried, side effect
-and all. What runs as a coroutine is still accepted, and runs."""
+"""Registry.register sorts handlers at registration: what runs as a coroutine runs on the trio
+loop; a plain callable is a sync handler, run in a thread (tests/test_handlers_sync.py); what
+calling could never run a job (a class, a generator, an async generator, what is not callable)
+is refused with a TypeError naming the job type and what the handler is."""
 
 from __future__ import annotations
 
 import functools
+import gc
 from typing import Any
 
 import pytest
@@ -13,8 +14,6 @@ from jobkit import Echo, wait_status
 
 import pipeline
 from pipeline import Config
-
-SYNC = "sync handlers are not supported yet"
 
 
 def _refusal(reg: pipeline.Registry, handler: Any) -> str:
@@ -24,51 +23,78 @@ def _refusal(reg: pipeline.Registry, handler: Any) -> str:
     return str(caught.value)
 
 
-def test_a_plain_def_is_refused_and_never_run() -> None:
-    side_effects: list[str] = []
-
-    def send_invoice(job: Echo, ctx: pipeline.JobContext) -> None:
-        side_effects.append(job.text)  # a mail sent, a card charged
-
-    reg = pipeline.Registry()
-    message = _refusal(reg, send_invoice)
-    assert "job type 'echo'" in message and "send_invoice" in message and "plain (sync) function" in message
-    assert "async def" in message and SYNC in message and "trio.to_thread.run_sync" in message
-    with pytest.raises(TypeError, match=SYNC):  # the decorator form goes through the same check
-        reg.register("echo", Echo)
-        reg.handle("echo")(send_invoice)
-    assert "echo" not in reg.handled() and side_effects == []
-
-
-def test_what_only_returns_an_awaitable_is_refused_too() -> None:
-    """A sync callable cannot be told from one with side effects without calling it: refused."""
-
-    async def inner(job: Echo, ctx: pipeline.JobContext) -> None:
-        return None
-
-    class SyncCall:
-        def __call__(self, job: Echo, ctx: pipeline.JobContext) -> Any:
-            return inner(job, ctx)
-
+def test_what_could_never_run_a_job_is_refused_at_registration() -> None:
     async def yields(job: Echo, ctx: pipeline.JobContext) -> Any:
+        yield None
+
+    def generates(job: Echo, ctx: pipeline.JobContext) -> Any:
         yield None
 
     class AsyncCall:
         async def __call__(self, job: Echo, ctx: pipeline.JobContext) -> None:
             return None
 
+    class YieldingCall:
+        async def __call__(self, job: Echo, ctx: pipeline.JobContext) -> Any:
+            yield None
+
     reg = pipeline.Registry()
     refusals = {
-        "plain (sync) function": lambda job, ctx: inner(job, ctx),
-        "SyncCall object whose __call__ is not async def": SyncCall(),
-        "async generator function": yields,
+        "yields is an async generator function": yields,
+        "generates is a generator function": generates,
+        "YieldingCall.__call__ is an async generator function": YieldingCall(),
         "is a class (": AsyncCall,  # the class, not an instance of it
         "not callable (got str)": "echo",
-        "print is a plain (sync) function": functools.partial(print, "x"),
     }
     for expected, handler in refusals.items():
         message = _refusal(reg, handler)
-        assert expected in message and SYNC in message, message
+        assert expected in message and "job type 'echo'" in message, message
+    with pytest.raises(TypeError, match="async generator"):  # the decorator forms go through the same check
+        reg.register("echo", Echo)
+        reg.handle("echo")(yields)
+    assert "echo" not in reg.handled()
+
+
+def test_plain_callables_are_sync_handlers() -> None:
+    def send_invoice(job: Echo, ctx: pipeline.JobContext) -> None:
+        pass
+
+    class SyncCall:
+        def __call__(self, job: Echo, ctx: pipeline.JobContext) -> None:
+            pass
+
+    for handler in [send_invoice, SyncCall(), functools.partial(print, "x"), lambda job, ctx: None]:
+        reg = pipeline.Registry()
+        reg.register("echo", Echo, handler)
+        spec = reg.handled()["echo"]
+        assert spec.handler is handler and spec.sync
+
+
+async def test_a_plain_callable_returning_a_coroutine_goes_dead_at_once_saying_why(
+    config: Config, recwarn: pytest.WarningsRecorder
+) -> None:
+    """What a sync callable returns cannot be known before calling it: a lambda around an async
+    def is run in a thread, returns a coroutine that nothing would await, and the job is dead at
+    once (retrying would not help), with the coroutine closed."""
+    ran: list[str] = []
+
+    async def inner(job: Echo, ctx: pipeline.JobContext) -> None:
+        ran.append(job.text)
+
+    class SyncCall:
+        def __call__(self, job: Echo, ctx: pipeline.JobContext) -> Any:
+            return inner(job, ctx)
+
+    for handler in [lambda job, ctx: inner(job, ctx), SyncCall()]:
+        reg = pipeline.Registry()
+        reg.register("echo", Echo, handler)
+        async with pipeline.open_pipeline(config, reg) as p:
+            job = await wait_status(p, await p.enqueue(Echo("hi")), "completed", "dead")
+        assert (job.status, job.attempts, ran) == ("dead", 1, [])
+        assert job.error is not None and "returned coroutine" in job.error and "async def" in job.error, job.error
+    gc.collect()
+    assert not [w for w in recwarn if "never awaited" in str(w.message)]
+
 
 async def test_coroutine_callables_are_accepted_and_run(config: Config) -> None:
     ran: list[str] = []

@@ -13,11 +13,21 @@ queue writes through the Ledger:
 * cancelled by graceful shutdown → pending, the attempt not counted
 
 A payload that no longer decodes goes dead with an error that says why; the pool carries on.
+
+A sync handler (a plain ``def``) runs in a worker thread, through the type's own
+CapacityLimiter of ``concurrency`` threads, so it never blocks the trio loop. A thread cannot be
+cancelled: at a timeout (or a lost lease, or the end of the shutdown grace) it is abandoned
+(``abandon_on_cancel``), the job's outcome is decided as for a cancelled async handler, and
+whatever the thread does later is ignored (its ``ctx.emit`` refused); it keeps its thread slot
+until it returns, so a type's threads never outnumber its concurrency. The registry's
+middleware wraps every call, sync or async, on the trio side.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import inspect
 import logging
 import math
 import random
@@ -32,7 +42,7 @@ import trio
 from ... import states
 from ...backends.base import Backend, Lease, Nudge, Settlement, nudge
 from ...clock import to_epoch
-from ...errors import InvalidPayload, PermanentError, PipelineError, RetryLater, StoreError
+from ...errors import InvalidPayload, PermanentError, PipelineError, RetryLater, StoreError, UsageError
 from ...states import Transition
 
 if TYPE_CHECKING:
@@ -60,9 +70,27 @@ class JobContext:
     job_type: str
     attempt: int  # 1 for the first run
     max_attempts: int
-    emit: Callable[[Any], Awaitable[list[str]]]  # await ctx.emit(event): follow-up jobs, committed
+    _emit: Callable[[Any], Awaitable[list[str]]] = attrs.field(alias="emit")  # the pipeline's emit (trio)
     resources: Mapping[str, Any]  # what the registry's resources opened (an HTTP client, a mailer)
     config: Config
+    # a sync handler's call (set by the pool, through attrs.evolve): how its emit reaches the
+    # loop from other threads, and whether the attempt is over. None for an async handler.
+    _thread: _Thread | None = attrs.field(default=None, eq=False, repr=False)
+
+    def emit(self, event: Any) -> Any:
+        """Publish a domain event: the ids of the jobs it routed to, once committed. In an
+        async handler, ``await ctx.emit(event)``; from a thread (a sync handler, or a thread it
+        started), ``ctx.emit(event)`` blocks until committed and returns the ids. Refused
+        (UsageError) from a thread the pool abandoned at a timeout: its retry emits instead."""
+        if trio.lowlevel.in_trio_run():  # on the loop: the coroutine, to await
+            return self._emit(event)
+        thread = self._thread
+        if thread is not None and thread.abandoned:
+            raise UsageError(
+                f"job {self.id} ({self.job_type}): attempt {self.attempt} is over (its thread was abandoned at its "
+                "timeout, a lost lease or shutdown); its emit is refused"
+            )
+        return trio.from_thread.run(self._emit, event, trio_token=thread.token if thread is not None else None)
 
 
 @attrs.frozen
@@ -150,6 +178,13 @@ class Pool:
     # at most this many of the type's jobs run at once across every process sharing the store
     # (the claim counts them: see Backend.claim's limits); None: no limit
     global_limit: int | None = None
+    # a sync handler's threads: ``concurrency`` of them, an abandoned one holding its slot until
+    # it returns (trio releases it then); unused by an async handler
+    limiter: trio.CapacityLimiter = attrs.field(init=False)
+
+    @limiter.default
+    def _limiter(self) -> trio.CapacityLimiter:
+        return trio.CapacityLimiter(self.concurrency)
 
     def hold(self, lease: Lease) -> None:
         """The Poller's: a newly claimed lease. A different lease of the same job still held
@@ -221,12 +256,74 @@ def _first_leaf(group: BaseException) -> BaseException:
     return _leaves(group)[0]
 
 
-async def _invoke(handler: Callable[..., Awaitable[None]], job: Any, ctx: JobContext) -> Outcome:
+@attrs.define(eq=False)
+class _Thread:
+    """A sync handler's call in a worker thread, as the pool sees it. ``waiting`` and
+    ``abandoned`` are the trio task's (it asked for a thread slot; it gave up on the thread);
+    ``started`` and ``finished`` the thread's."""
+
+    handler: Callable[..., Any]
+    token: trio.lowlevel.TrioToken  # the loop, for the handler's emit from any thread
+    waiting: bool = False
+    started: bool = False
+    finished: bool = False
+    abandoned: bool = False
+
+    def run(self, job: Any, ctx: JobContext) -> None:
+        self.started = True
+        try:
+            result = self.handler(job, ctx)
+            if inspect.isawaitable(result):
+                # a plain callable that only builds a coroutine (a lambda around an async def):
+                # running it again would not help, so the job goes dead at once
+                close = getattr(result, "close", None)
+                if close is not None:
+                    close()  # never awaited: no "coroutine was never awaited" warning
+                name = getattr(self.handler, "__qualname__", None) or type(self.handler).__name__
+                raise PermanentError(
+                    f"the handler {name} is a plain callable, run in a thread, but returned {type(result).__name__} "
+                    "instead of doing the work: register the `async def` function itself"
+                )
+        finally:
+            self.finished = True
+
+
+async def _invoke(spec: JobSpec, pool: Pool, job: Any, ctx: JobContext, thread: _Thread | None) -> Outcome:
     try:
-        await handler(job, ctx)
+        if not spec.middleware:
+            await _call(spec, pool, job, ctx, thread)
+        else:
+            async with contextlib.AsyncExitStack() as stack:
+                for middleware in spec.middleware:  # the first registered outermost
+                    await stack.enter_async_context(_entered(middleware, ctx))
+                await _call(spec, pool, job, ctx, thread)
     except Exception as exc:  # handler exceptions are data; Cancelled is not an Exception
         return Outcome.failed(exc)
     return Outcome("ok")
+
+
+async def _call(spec: JobSpec, pool: Pool, job: Any, ctx: JobContext, thread: _Thread | None) -> None:
+    if thread is None:
+        await spec.handler(job, ctx)  # type: ignore[misc]
+        return
+    thread.waiting = True
+    await trio.to_thread.run_sync(
+        thread.run, job, ctx, limiter=pool.limiter, abandon_on_cancel=True, thread_name=f"pipeline job {ctx.id} ({ctx.job_type})"
+    )
+
+
+def _entered(middleware: Callable[[JobContext], Any], ctx: JobContext) -> contextlib.AbstractAsyncContextManager[Any]:
+    manager = middleware(ctx)
+    if not hasattr(manager, "__aenter__") or not hasattr(manager, "__aexit__"):
+        close = getattr(manager, "close", None)
+        if inspect.iscoroutine(manager) and close is not None:
+            close()
+        name = getattr(middleware, "__qualname__", None) or repr(middleware)
+        raise TypeError(
+            f"middleware {name} returned {type(manager).__name__}, not an async context manager "
+            "(write it as an async generator decorated with @contextlib.asynccontextmanager)"
+        )
+    return manager
 
 
 async def run_one(
@@ -258,6 +355,10 @@ async def run_one(
             outcome = Outcome("permanent", f"payload no longer decodes: {exc}")
         else:
             ctx = workers.context(lease)
+            thread = None
+            if spec.sync and spec.handler is not None:
+                thread = _Thread(spec.handler, trio.lowlevel.current_trio_token())
+                ctx = attrs.evolve(ctx, thread=thread)
             # one scope per job: its deadline is the job's timeout, which a graceful stop
             # may bring forward, and the lease keeper cancels it if the lease is lost
             scope = trio.CancelScope(deadline=trio.current_time() + pool.timeout)
@@ -265,7 +366,7 @@ async def run_one(
             try:
                 try:
                     with scope:
-                        outcome = await _invoke(spec.handler, job, ctx)  # type: ignore[arg-type]
+                        outcome = await _invoke(spec, pool, job, ctx, thread)
                 except Exception as exc:
                     # what is left of a group mixing handler errors and our Cancelled, once
                     # the scope took the Cancelled out: it can only be caught out here
@@ -279,7 +380,10 @@ async def run_one(
                 outcome = Outcome("released")  # shutdown: back to pending, attempt not counted
             elif scope.cancelled_caught:
                 message = f"timed out after {pool.timeout:g} s (attempt {lease.attempts})"
-                if ran > pool.timeout + BLOCKING_GRACE:
+                if thread is not None and thread.waiting and not thread.started:
+                    message += (f"; it was still waiting for one of the type's {pool.concurrency} threads, all held "
+                                "by handlers abandoned at their timeouts that have not returned yet")
+                elif ran > pool.timeout + BLOCKING_GRACE:
                     # The cancellation could only land when the handler next reached a checkpoint.
                     # From here the two causes look alike (a loop blocked by the handler; a thread
                     # the task waited on, which the loop cannot interrupt): the message names both.
@@ -296,6 +400,9 @@ async def run_one(
                     "the timeout's cancellation did not stop it: it waited on work that cannot be interrupted "
                     "(a thread), or caught the Cancelled exception" if scope.cancel_called else _BLOCKING,
                 )
+            if thread is not None and thread.started and not thread.finished:
+                thread.abandoned = True  # its emit is refused from now on
+                _abandon(lease, outcome, pool.timeout)
     following: Lease | None = None
     if recv is not None and not pool.stopping:
         try:
@@ -315,6 +422,22 @@ async def run_one(
         await _settle(workers, pool, lease, outcome, time.monotonic() - started)
         return following, True
     return following, await _settle(workers, pool, lease, outcome, time.monotonic() - started, start=following)
+
+
+def _abandon(lease: Lease, outcome: Outcome, timeout: float) -> None:
+    """A sync handler's thread is still running after its attempt ended: say so, once."""
+    why = {
+        "timeout": f"timed out after {timeout:g} s",
+        "released": "was stopped by the shutdown before it finished (back to pending)",
+        "lost": "lost its lease to another run",
+    }.get(outcome.kind, "ended")
+    log.warning(
+        "job %s (%s), attempt %d, %s while its sync handler still ran: the thread cannot be stopped and was "
+        "abandoned. It may still finish its work (side effects included); what it returns or raises is "
+        "ignored, its ctx.emit is refused, and a retry may run beside it. It keeps one of the type's "
+        "threads until it returns.",
+        lease.id, lease.job_type, lease.attempts, why,
+    )
 
 
 async def _count_start(workers: Workers, pool: Pool, lease: Lease) -> bool:

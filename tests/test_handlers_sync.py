@@ -1,0 +1,190 @@
+"""Sync handlers (issue 22, item 3): a plain ``def`` handler runs in a worker thread, at most the
+type's concurrency at once, and the trio loop goes on meanwhile. A thread cannot be cancelled: at
+its timeout the job fails all the same, the thread is abandoned (said in the log), what it does
+later is ignored and its emit refused. ``ctx.emit`` works from the thread."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import threading
+import time
+
+import attrs
+import pytest
+import trio
+from jobkit import Tick, wait_status
+
+import pipeline
+from pipeline import Config
+
+
+@dataclasses.dataclass
+class Nap:
+    seconds: float = 0.0
+    fail_times: int = 0
+
+
+@attrs.frozen
+class Pinged:
+    n: int
+
+
+def _ping_route(event: Pinged, config: Config) -> list[pipeline.Routed]:
+    return [pipeline.Routed(Tick(event.n))]
+
+
+async def _until(predicate: object, timeout: float = 10.0) -> None:
+    with trio.fail_after(timeout):
+        while not predicate():  # type: ignore[operator]
+            await trio.sleep(0.005)
+
+
+async def test_async_jobs_keep_completing_while_a_sync_handler_sleeps(config: Config) -> None:
+    slept: list[float] = []  # the sync handler's start and end
+    ticked: list[float] = []  # each async job's end
+
+    reg = pipeline.Registry()
+
+    @reg.job
+    def nap(job: Nap, ctx: pipeline.JobContext) -> None:
+        slept.append(time.monotonic())
+        time.sleep(job.seconds)  # blocking, as requests or boto3 would be
+        slept.append(time.monotonic())
+
+    @reg.job(name="tick")
+    async def tick(job: Tick, ctx: pipeline.JobContext) -> None:
+        await trio.lowlevel.checkpoint()
+        ticked.append(time.monotonic())
+
+    async with pipeline.open_pipeline(config, reg) as p:
+        nap_id = await p.enqueue(Nap(0.5))
+        await _until(lambda: slept)
+        while len(slept) < 2:  # one async job after another, each enqueued and run while the thread sleeps
+            tick_id = await p.enqueue(Tick())
+            await wait_status(p, tick_id, "completed")
+        job = await wait_status(p, nap_id, "completed")
+    during = [t for t in ticked if slept[0] < t < slept[1]]
+    assert (job.attempts, job.error) == (1, None)
+    assert len(during) >= 3, f"only {len(during)} async jobs completed during the 0.5 s the sync handler slept"
+
+
+async def test_a_sync_handler_past_its_timeout_fails_the_job_and_its_thread_is_abandoned(
+    config: Config, caplog: pytest.LogCaptureFixture
+) -> None:
+    release = threading.Event()  # the test lets the thread finish once the job is settled
+    returned = threading.Event()
+    emits: list[BaseException | list[str]] = []
+    ran: list[float] = []
+
+    reg = pipeline.Registry()
+    reg.register("tick", Tick)
+    reg.add_event("pinged", Pinged, _ping_route)
+
+    @reg.job(timeout=0.3, max_attempts=1)
+    def overrun(job: Nap, ctx: pipeline.JobContext) -> None:
+        ran.append(time.monotonic())
+        try:
+            release.wait(10)  # a call that does not return in time
+            try:
+                emits.append(ctx.emit(Pinged(1)))  # too late: the attempt is over
+            except pipeline.UsageError as exc:
+                emits.append(exc)
+        finally:
+            returned.set()
+
+    caplog.set_level(logging.WARNING, "pipeline.jobs")
+    async with pipeline.open_pipeline(config, reg) as p:
+        job_id = await p.enqueue(Nap())
+        job = await wait_status(p, job_id, "dead")
+        settled = time.monotonic()
+        assert not returned.is_set()  # the job failed while its thread still ran
+        release.set()
+        await _until(returned.is_set)
+        await trio.sleep(0.1)
+        after = await p.backend.get(job_id)
+        assert after is not None and (after.status, after.attempts) == ("dead", 1)  # its late return is ignored
+        assert (await p.backend.list())[1] == 1  # and its emit routed nothing
+    assert job.error is not None and job.error.startswith("timed out after 0.3 s (attempt 1)")
+    assert 0.25 < settled - ran[0] < 2.0, "the job should fail at about its timeout, not when the thread returns"
+    (refused,) = emits
+    assert isinstance(refused, pipeline.UsageError) and "attempt 1 is over" in str(refused)
+    (line,) = [r.getMessage() for r in caplog.records if "abandoned" in r.getMessage()]
+    assert job_id in line and "timed out after 0.3 s" in line and "cannot be stopped" in line
+
+
+async def test_ctx_emit_from_the_thread_routes_jobs_and_returns_their_ids(config: Config) -> None:
+    emitted: list[str] = []
+    done: list[int] = []
+
+    reg = pipeline.Registry()
+    reg.add_event("pinged", Pinged, _ping_route)
+
+    @reg.job(name="tick")
+    async def tick(job: Tick, ctx: pipeline.JobContext) -> None:
+        done.append(job.n)
+
+    @reg.job
+    def announce(job: Nap, ctx: pipeline.JobContext) -> None:
+        emitted.extend(ctx.emit(Pinged(1)))  # blocks until committed: the ids
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:  # and from a thread of its own
+            emitted.extend(pool.submit(ctx.emit, Pinged(2)).result())
+
+    async with pipeline.open_pipeline(config, reg) as p:
+        await wait_status(p, await p.enqueue(Nap()), "completed")
+        assert len(emitted) == 2
+        for job_id in emitted:
+            await wait_status(p, job_id, "completed")
+    assert sorted(done) == [1, 2]
+
+
+async def test_no_more_sync_jobs_run_at_once_than_the_concurrency(config: Config) -> None:
+    lock = threading.Lock()
+    running = [0, 0]  # now, most
+
+    reg = pipeline.Registry()
+
+    @reg.job(concurrency=2)
+    def busy(job: Nap, ctx: pipeline.JobContext) -> None:
+        with lock:
+            running[0] += 1
+            running[1] = max(running)
+        time.sleep(job.seconds)
+        with lock:
+            running[0] -= 1
+        if ctx.attempt <= job.fail_times:
+            raise RuntimeError("failing on purpose")
+
+    async with pipeline.open_pipeline(config.replace(worker=attrs.evolve(config.worker, concurrency=8)), reg) as p:
+        ids = await p.enqueue_many([Nap(0.05, fail_times=i % 2) for i in range(8)])
+        jobs = [await wait_status(p, job_id, "completed") for job_id in ids]
+    assert running[1] == 2
+    assert sorted(job.attempts for job in jobs) == [1] * 4 + [2] * 4  # an exception in the thread is retried
+
+
+async def test_abandoned_threads_keep_their_slots_until_they_return(config: Config) -> None:
+    """Two threads abandoned at their timeout hold both of the type's slots: the next jobs wait for
+    one, time out waiting and say why; no third thread is started."""
+    release = threading.Event()
+    started: list[str] = []
+
+    reg = pipeline.Registry()
+
+    @reg.job(concurrency=2, timeout=0.3, max_attempts=1)
+    def stuck(job: Nap, ctx: pipeline.JobContext) -> None:
+        started.append(ctx.id)
+        release.wait(10)
+
+    async with pipeline.open_pipeline(config, reg) as p:
+        first = await p.enqueue_many([Nap(), Nap()])
+        await _until(lambda: len(started) == 2)
+        for job_id in first:
+            await wait_status(p, job_id, "dead")
+        waiting = await p.enqueue_many([Nap(), Nap()])
+        later = [await wait_status(p, job_id, "dead") for job_id in waiting]
+        release.set()
+        await _until(lambda: not any(t.name.startswith("pipeline job") for t in threading.enumerate()))
+    assert sorted(started) == sorted(first)
+    for job in later:
+        assert job.error is not None and "waiting for one of the type's 2 threads" in job.error, job.error
