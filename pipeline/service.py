@@ -9,20 +9,23 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import trio
+import trio.testing
 
 from .config import Config
 from .engine import diagrams
 from .registry import Registry
-from .supervisor import METRICS_FD, SUPERVISOR_PID, report_metrics, supervised
+from .supervisor import METRICS_FD, SIGNAL_ECHO_SECONDS, SUPERVISOR_PID, report_metrics, supervised
 
 log = logging.getLogger("pipeline")
 
-
-SIGNAL_ECHO_SECONDS = 0.2
+# at a second signal: the most the exit waits for the Ledger's batch in flight and its log lines
+# (a supervisor ends its worker processes a second after passing the signal on)
+LAST_BATCH_WAIT = 0.5
 
 
 async def serve(config: Config, registry: Registry | None = None, *, ready: Callable[[Any], None] | None = None) -> None:
@@ -54,6 +57,7 @@ async def _serve(config: Config, registry: Registry | None, listener: Any, ready
         registry = default_registry(config)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         stop = trio.Event()
+        opened: list[Any] = []  # the pipeline, once open
 
         async def watch() -> None:
             first_at = None
@@ -63,8 +67,7 @@ async def _serve(config: Config, registry: Registry | None, listener: Any, ready
                     # supervisors) arrives twice at once: only a later one is a second signal
                     if trio.current_time() - first_at < SIGNAL_ECHO_SECONDS:
                         continue
-                    log.warning("second %s: exiting at once; leases will return running jobs", signal.Signals(signum).name)
-                    os._exit(128 + signum)
+                    await _exit_at_once(signum, opened[0] if opened else None)
                 first_at = trio.current_time()
                 log.info("%s: shutting down gracefully (again to exit at once)", signal.Signals(signum).name)
                 stop.set()
@@ -73,6 +76,7 @@ async def _serve(config: Config, registry: Registry | None, listener: Any, ready
             tn.start_soon(watch)
             # the admin server's nursery is inside the pipeline's block: it stops first
             async with open_pipeline(config, registry) as pipeline, trio.open_nursery() as admin_tn:
+                opened.append(pipeline)
                 if supervised():  # a worker process of `--processes N` (both end with the outer nursery)
                     tn.start_soon(_watch_supervisor, stop)
                     fd = os.environ.get(METRICS_FD)
@@ -94,6 +98,48 @@ async def _serve(config: Config, registry: Registry | None, listener: Any, ready
                 await stop.wait()
             log.info("pipeline stopped")
             tn.cancel_scope.cancel()
+
+
+async def _exit_at_once(signum: int, pipeline: Any) -> NoReturn:
+    """The second signal: exit now, without waiting for the running jobs (their leases return
+    them), but with the log of every outcome already committed written out: os._exit skips
+    the buffered outcome lines' flush at exit (logs.py)."""
+    from .logs import flush
+
+    log.warning("second %s: exiting at once; leases will return running jobs", signal.Signals(signum).name)
+    if pipeline is not None:
+        with trio.move_on_after(LAST_BATCH_WAIT):
+            await _hold_the_ledger(pipeline)
+    flush()
+    os._exit(128 + signum)
+
+
+async def _hold_the_ledger(pipeline: Any) -> None:
+    """Let the Ledger's batch in flight land and its outcomes' lines be written, and let no
+    other batch start: a commit that outlived the process would be an outcome without its line
+    (without this, 2 runs of 6 of tests/test_supervisor_signals.py's second-signal test lost one).
+    Every backend's Ledger writes through its ``database.write``, one batch at a time; this takes
+    that turn after the batch in flight and keeps it until the exit. (``database`` is not part of
+    the Backend protocol, which has no such turn to take: a backend without it exits without.)"""
+    db = getattr(pipeline.backend, "database", None)
+    if db is None:
+        return
+    taken, never = trio.Event(), threading.Event()
+
+    def hold(*_: Any) -> None:
+        trio.from_thread.run_sync(taken.set)
+        never.wait(10 * LAST_BATCH_WAIT)  # os._exit ends it first
+
+    async def take_turn() -> None:
+        try:
+            await db.write(hold)
+        except Exception:  # noqa: BLE001, S110 - the store is failing: nothing waits to be written
+            pass
+
+    trio.lowlevel.spawn_system_task(take_turn)
+    await taken.wait()
+    # the batch's callers hear their answers, and log their outcomes
+    await trio.testing.wait_all_tasks_blocked(0.005)
 
 
 async def _watch_supervisor(stop: trio.Event) -> None:

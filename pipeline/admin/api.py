@@ -320,7 +320,9 @@ class AdminApi:
 
     async def healthz(self, request: Request) -> Response:
         """GET /healthz — 200 while the database answers and the pipeline takes work: 503
-        naming the reasons while the store cannot commit or the Poller cannot claim."""
+        naming the reasons while the store cannot commit or the Poller cannot claim (under a
+        supervisor: while any worker process cannot, or none runs). ``workers``: how many
+        processes run jobs behind this API (this one: 1 or 0; a supervisor: its worker processes)."""
         await self.backend.ping()
         if self.pipeline.closed:
             raise ApiError(503, "the pipeline is shutting down")
@@ -330,7 +332,9 @@ class AdminApi:
             reasons.insert(0, trouble)
         if reasons:
             raise ApiError(503, "; ".join(reasons))
-        return JSONResponse({"status": "ok", "workers": self.pipeline.config.worker.enabled})
+        processes = self.pipeline.worker_processes
+        workers = processes() if processes is not None else int(self.pipeline.config.worker.enabled)
+        return JSONResponse({"status": "ok", "workers": workers})
 
     async def metrics_text(self, request: Request) -> Response:
         """GET /metrics — Prometheus text format."""

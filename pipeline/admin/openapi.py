@@ -219,7 +219,10 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
             },
         },
         "Health": {"type": "object", "required": ["status", "workers"],
-                   "properties": {"status": {"type": "string", "enum": ["ok"]}, "workers": {"type": "boolean"}}},
+                   "properties": {"status": {"type": "string", "enum": ["ok"]},
+                                  "workers": {"type": "integer", "minimum": 0,
+                                              "description": "Processes running jobs behind this API: 1 or 0 "
+                                                             "(WORKER_ENABLED); under a supervisor, its worker processes."}}},
     }
     public: list[dict[str, Any]] = []
     paths: dict[str, Any] = {
