@@ -28,6 +28,7 @@ def service_env(database_url: str, **settings: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ADMIN_", "WORKER_", "LOG_", "DATABASE_", "SQLITE_", "REDIS_"))}
     env.update(DATABASE_URL=database_url, ADMIN_PORT="0", WORKER_LEASE_SECONDS="1.5", WORKER_POLL_INTERVAL_MS="50",
                SQLITE_BUSY_TIMEOUT_MS="400", WORKER_CONCURRENCY="4", WORKER_SHUTDOWN_TIMEOUT="5",
+               WORKER_BACKOFF_BASE_MS="100",  # a rescued job runs again within the test (10 s by default)
                REDIS_ALLOW_NON_DURABLE="true", PYTHONPATH=str(ROOT))
     env.update(settings)
     return env
