@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import builtins
 import datetime as dt
+import logging
 import os
 import sqlite3
 import threading
@@ -43,6 +44,8 @@ from .errors import PipelineClosed, UsageError
 from .registry import Registry
 
 __all__ = ["AsyncClient", "Client"]
+
+log = logging.getLogger("pipeline.client")
 
 T = TypeVar("T")
 
@@ -71,12 +74,37 @@ class Client:
         self._nursery: trio.Nursery | None = None
         self._stop: trio.Event | None = None
         self._store_identity: tuple[str, str] | None = None  # Postgres: (database, schema), once asked
+        self._closed = False
+        self._start_loop()
+        if self._failure is not None:
+            raise self._failure
+
+    def _start_loop(self) -> None:
+        """Start the client's loop in a thread of its own, and wait until the store is open."""
+        self._pid = os.getpid()
+        self._opened = threading.Event()
+        self._failure = None
+        self._token = None
         self._thread = threading.Thread(target=self._run, name="pipeline-client", daemon=True)
         self._thread.start()
         self._opened.wait()
         if self._failure is not None:
             self._thread.join()
-            raise self._failure
+
+    def _loop(self) -> trio.lowlevel.TrioToken:
+        """The running loop's token. In a process forked since (gunicorn --preload, multiprocessing,
+        a prefork worker) the loop's thread did not come along: a new loop is started, on new connections."""
+        if self._pid != os.getpid():
+            with self._lock:
+                if self._pid != os.getpid() and not self._closed:
+                    self._start_loop()
+                    if self._failure is not None:
+                        raise self._failure
+        token = self._token
+        if token is None:
+            raise PipelineClosed("the client is closed" if self._failure is None or self._closed else
+                                 f"the client's loop failed: {self._failure!r}")
+        return token
 
     # -- the client's own loop ------------------------------------------------------------------
 
@@ -84,8 +112,9 @@ class Client:
         try:
             trio.run(self._main)
         except BaseException as exc:  # noqa: BLE001 - the opener learns why (a bad URL, a store that refuses)
-            if not self._opened.is_set():
-                self._failure = exc
+            if self._opened.is_set():  # it ran, then failed: later calls say so
+                log.error("pipeline client: its loop failed; later calls raise PipelineClosed", exc_info=exc)
+            self._failure = exc
         finally:
             self._token = None
             self._opened.set()
@@ -98,8 +127,8 @@ class Client:
             await self._stop.wait()  # then the nursery waits for the calls in flight, and the pipeline closes
 
     def _call(self, fn: Callable[[Pipeline], Awaitable[T]]) -> T:
-        token, pipeline = self._token, self._pipeline
-        if token is None or pipeline is None:
+        token, pipeline = self._loop(), self._pipeline
+        if pipeline is None:
             raise PipelineClosed("the client is closed")
         try:
             return trio.from_thread.run(fn, pipeline, trio_token=token)
@@ -108,12 +137,16 @@ class Client:
 
     def _start(self, fn: Callable[[Pipeline], Awaitable[Any]], done: Callable[[outcome.Outcome[Any]], None]) -> None:
         """Run ``fn(pipeline)`` as a task of the client's loop; ``done(its outcome)`` there, once it ends."""
-        token, pipeline = self._token, self._pipeline
-        if token is None or pipeline is None:
+        token, pipeline = self._loop(), self._pipeline
+        if pipeline is None:
             raise PipelineClosed("the client is closed")
 
         async def task() -> None:
-            done(await outcome.acapture(fn, pipeline))
+            result = await outcome.acapture(fn, pipeline)
+            try:
+                done(result)
+            except Exception:  # noqa: BLE001 - the caller's loop is gone: nobody to answer, and the client goes on
+                log.debug("pipeline client: a caller left before its answer", exc_info=True)
 
         def spawn() -> None:
             if self._nursery is None or self._stop is None or self._stop.is_set():
@@ -157,8 +190,9 @@ class Client:
     def _rows(self, jobs: Sequence[Any], *, priority: int | None, unique_keys: Sequence[str | None] | None,
               run_after: Any = None, max_attempts: int | None = None) -> builtins.list[NewJob]:
         """The jobs as checked rows, made here (Pipeline.new_job is thread-safe); writes nothing."""
+        self._loop()
         pipeline = self._pipeline
-        if self._token is None or pipeline is None:
+        if pipeline is None:
             raise PipelineClosed("the client is closed")
         keys = list(unique_keys) if unique_keys is not None else [None] * len(jobs)
         if len(keys) != len(jobs):
@@ -170,13 +204,14 @@ class Client:
     def _insert_in(self, connection: Any, rows: Sequence[NewJob]) -> builtins.list[str]:
         """``rows`` written with the caller's connection, in the caller's transaction."""
         if self._joining(connection) == "sqlite":
-            from .backends.sqlite.store import insert_jobs
+            from .backends.sqlite.outbox import insert_in_transaction
 
-            return insert_jobs(connection, rows)
+            return insert_in_transaction(connection, rows)
         if _is_async(connection):
             raise UsageError("connection= is a psycopg AsyncConnection: enqueue with pipeline.AsyncClient, or pass a Connection")
         from .backends.postgres import outbox
 
+        outbox.check_joinable(connection.info, connection.autocommit)  # before any statement of ours on it
         if self._store_identity is None:
             self._store_identity = self._call(lambda p: p.backend.database.run(outbox.identity))  # type: ignore[attr-defined]
         self._same_store(outbox.identity(connection))
@@ -190,7 +225,8 @@ class Client:
             if kind != "sqlite":
                 raise UsageError(f"connection= is a sqlite3 connection, but this client's store is {kind}")
             _same_sqlite_file(connection, self.config.database_path)
-            if not connection.in_transaction and connection.isolation_level is None:
+            autocommit = connection.isolation_level is None or getattr(connection, "autocommit", None) is True  # 3.12+
+            if not connection.in_transaction and autocommit:
                 raise UsageError("the sqlite3 connection is in autocommit mode with no transaction open, so the job would "
                                  "commit on its own; execute BEGIN first")
             return "sqlite"
@@ -221,6 +257,9 @@ class Client:
     def close(self) -> None:
         """Stop the client's loop (what was committed stays committed); calls after it raise PipelineClosed."""
         with self._lock:
+            self._closed = True
+            if self._pid != os.getpid():  # forked: the loop is the parent's, its thread not here
+                return
             token = self._token
             if token is not None:
                 try:
@@ -306,6 +345,7 @@ class AsyncClient:
         client._joining(connection)
         from .backends.postgres import outbox
 
+        outbox.check_joinable(connection.info, connection.autocommit)  # before any statement of ours on it
         if client._store_identity is None:
             client._store_identity = await self._call(lambda p: p.backend.database.run(outbox.identity))  # type: ignore[attr-defined]
         client._same_store(await outbox.identity_async(connection))
@@ -347,7 +387,10 @@ def _answer_here() -> tuple[Callable[[], Awaitable[Any]], Callable[[outcome.Outc
             return result.unwrap()
 
         def done_asyncio(result: outcome.Outcome[Any]) -> None:
-            loop.call_soon_threadsafe(set_result, result)
+            try:
+                loop.call_soon_threadsafe(set_result, result)
+            except RuntimeError:  # the caller's loop is closed: nobody waits
+                pass
 
         return wait_asyncio, done_asyncio
     if library == "trio":

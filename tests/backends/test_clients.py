@@ -235,10 +235,16 @@ async def test_a_postgres_transaction_rolled_back_leaves_no_job_and_a_committed_
                     with pytest.raises(pipeline.UsageError) as caught:
                         client.enqueue(Echo("x"), connection=conn)
                     errors.append(str(caught.value))
+                with psycopg.connect(config.database_url) as conn:  # a transaction that failed
+                    with pytest.raises(psycopg.errors.DivisionByZero):
+                        conn.execute("SELECT 1/0")
+                    with pytest.raises(pipeline.UsageError) as caught:
+                        client.enqueue(Echo("x"), connection=conn)
+                    errors.append(str(caught.value))
                 return errors
 
             errors = await trio.to_thread.run_sync(misuse)
-            assert "autocommit" in errors[0] and "schema" in errors[2]
+            assert "autocommit" in errors[0] and "schema" in errors[2] and "failed" in errors[3]
             await wait_status(service, errors[1], "completed", timeout=5)
         finally:
             await trio.to_thread.run_sync(client.close)
@@ -271,3 +277,48 @@ async def test_redis_refuses_to_enqueue_in_a_transaction_saying_why(tmp_path: Pa
             return str(caught.value)
 
         assert "Redis" in await trio.to_thread.run_sync(misuse)
+
+
+# -- a client outliving its callers' loops and processes ------------------------------------------------
+
+
+def test_a_caller_loop_that_closes_with_a_call_in_flight_leaves_the_client_working(config: Config) -> None:
+    reg = registry()
+
+    async def gives_up(client: pipeline.AsyncClient) -> None:
+        call = asyncio.ensure_future(client.enqueue(Tick(1)))
+        await asyncio.sleep(0)  # the call is on its way to the client's loop
+        call.cancel()  # and its caller's loop closes before the answer comes
+
+    async def later(client: pipeline.AsyncClient) -> str:
+        return await client.enqueue(Tick(2))
+
+    client = pipeline.AsyncClient(registry=reg, config=config)
+    asyncio.run(client.open())
+    for _ in range(5):
+        asyncio.run(gives_up(client))
+    time.sleep(0.2)  # the answers arrive at closed loops
+    assert asyncio.run(later(client))
+    asyncio.run(client.close())
+
+
+def test_a_client_made_before_fork_works_in_the_child(config: Config) -> None:
+    import os
+
+    reg = registry()
+    with pipeline.Client(registry=reg, config=config) as client:
+        parent_id = client.enqueue(Tick(1))
+        pid = os.fork()
+        if pid == 0:  # the child: gunicorn --preload, a prefork worker
+            code = 1
+            try:
+                signal_alarm = __import__("signal")
+                signal_alarm.alarm(20)
+                child_id = client.enqueue(Tick(2))
+                code = 0 if client.get(child_id) is not None and client.get(parent_id) is not None else 2
+                client.close()
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, status
+        assert client.enqueue(Tick(3))  # the parent's loop is untouched

@@ -12,9 +12,11 @@ The running pipeline's Poller finds such rows within WORKER_POLL_INTERVAL_MS.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 from typing import Any
 
 from ...registry import Registry
+from ..base import NewJob
 from ...requests import JobRequest, prepare_rows
 from .store import insert_jobs
 
@@ -43,3 +45,9 @@ def enqueue_in_transaction(
     (row,) = prepare_rows(registry, [JobRequest(job_type, payload, max_attempts, run_after, priority, unique_key)])
     (stored,) = insert_jobs(conn, [row])
     return stored
+
+
+def insert_in_transaction(conn: sqlite3.Connection, rows: Sequence[NewJob]) -> list[str]:
+    """Rows already checked (``Pipeline.new_job``) inserted with the caller's connection, in its
+    transaction (``pipeline.Client(...).enqueue(job, connection=conn)``); per row, the id stored for it."""
+    return insert_jobs(conn, rows)
