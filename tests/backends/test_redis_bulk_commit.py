@@ -151,3 +151,20 @@ async def test_a_commit_with_no_answer_at_all_says_it_may_have_been_committed_an
         assert client.get(answer_key) is not None  # the check the message names answers: it was committed
         assert _pending(port) == 300
         client.close()
+
+
+async def test_a_load_in_many_parts_commits_them_on_one_connection(tmp_path: Path) -> None:
+    """Each part's commit once opened a connection of its own (and closed it): 200 parts of 10
+    rows, 200 connections, and a load five times slower; a refused first commit was waited out
+    for the whole patience and said "may have been committed" though nothing was sent."""
+    with own_server(tmp_path) as (port, _):
+        async with open_backend(_config(tmp_path, port)) as backend:
+            client = redis.Redis(port=port)
+            try:
+                before = int(client.info("stats")["total_connections_received"])
+                assert await backend.bulk_insert((job(payload={"n": i}) for i in range(2000)), commit_every=10) == 2000
+                opened = int(client.info("stats")["total_connections_received"]) - before
+            finally:
+                client.close()
+        assert opened <= 3, f"{opened} connections for one load"
+        assert _pending(port) == 2000

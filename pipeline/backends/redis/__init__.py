@@ -23,7 +23,7 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -91,8 +91,17 @@ def _bulk_load(db: Database, jobs: Iterable[NewJob], commit_every: int | None,
     every row of the part, or none. A part is everything (``commit_every`` None) or
     ``commit_every`` rows; an error (a bad line raised by the iterable, a duplicate id) keeps
     the parts committed before it, drops the staged rows of its own part, and says so."""
-    committed = 0
     rows = iter(jobs)
+    committer = _Committer(db)
+    try:
+        return _load_parts(db, rows, commit_every, duplicates, committer)
+    finally:
+        committer.close()
+
+
+def _load_parts(db: Database, rows: Iterator[NewJob], commit_every: int | None,
+                duplicates: builtins.list[tuple[str, str]] | None, committer: _Committer) -> int:
+    committed = 0
     while True:
         key = f"{db.prefix}bulk:{uuid.uuid4().hex}"
         count = 0
@@ -113,7 +122,7 @@ def _bulk_load(db: Database, jobs: Iterable[NewJob], commit_every: int | None,
                 _stage(db, key, buffer)
             if count == 0:
                 return committed
-            inserted, held = _commit(db, key, count, first)  # held: rows skipped, their unique key was held
+            inserted, held = _commit(db, committer, key, count, first)  # held: rows skipped, their unique key was held
         except (UsageError, StoreError, *DRIVER_ERRORS) as exc:
             error = describe(exc, db.shown) if isinstance(exc, DRIVER_ERRORS) else exc
             unsure = isinstance(error, _MaybeCommitted)
@@ -140,7 +149,30 @@ class _MaybeCommitted(StoreError):
     """A commit whose answer never came: it may have run (_commit's; said as a StoreError)."""
 
 
-def _commit(db: Database, key: str, rows: int, first: str | None) -> tuple[int, builtins.list[tuple[str, str]]]:
+class _Committer:
+    """The connection a bulk load commits its parts on, whose socket waits as long as a part's
+    commit may take: one for the whole load (a new one only for a part that needs a longer wait)."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._client: Any = None
+        self._patience = 0.0
+
+    def client(self, patience: float) -> Any:
+        if self._client is None or self._patience < patience:
+            self.close()
+            self._client, self._patience = client_for(self._db.url, size=1, socket_timeout=patience), patience
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client.connection_pool.disconnect()
+            self._client = None
+
+
+def _commit(db: Database, committer: _Committer, key: str, rows: int,
+            first: str | None) -> tuple[int, builtins.list[tuple[str, str]]]:
     """Commit a staged part on a connection of its own that waits for it: one script over
     150,000 rows may outlast the socket timeout, and its end is no failure, since the
     script runs on. The wait is the socket timeout plus COMMIT_SECONDS_PER_ROW a row. An
@@ -151,35 +183,39 @@ def _commit(db: Database, key: str, rows: int, first: str | None) -> tuple[int, 
     how to check."""
     answer_key = f"{key}:answer"
     patience = db.socket_timeout + rows * COMMIT_SECONDS_PER_ROW
-    client = client_for(db.url, size=1, socket_timeout=patience)
+    client = committer.client(patience)
     deadline: float | None = None
-    try:
-        while True:
-            try:
-                answer = store.commit_staged(client, db.prefix, key, answer_key)
-            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
-                lost: BaseException = exc
-            except redis.exceptions.ResponseError as exc:
-                if not str(exc).startswith("BUSY"):  # a refusal: the script wrote nothing
-                    raise
-                lost = exc
-            else:
-                with contextlib.suppress(*DRIVER_ERRORS):
-                    client.delete(answer_key)  # heard: nobody needs it any more
-                return answer
-            now = time.monotonic()
-            deadline = now + patience if deadline is None else deadline
-            if now >= deadline:
-                job = f"; or `python -m pipeline jobs show {first}` finds a job of the part" if first else ""
-                text = (str(lost).strip().splitlines() or [type(lost).__name__])[0]
-                raise _MaybeCommitted(
-                    f"redis {db.shown}: no answer to the commit of {rows} staged jobs ({text}): they may have been committed "
-                    f"(all or none of them); check before retrying: `redis-cli -u {db.shown} GET '{answer_key}'` "
-                    f"shows what the commit inserted if it ran (kept for a day), nil if it did not{job}") from None
-            time.sleep(COMMIT_RETRY_PAUSE)
-    finally:
-        client.close()
-        client.connection_pool.disconnect()
+    while True:
+        try:
+            answer = store.commit_staged(client, db.prefix, key, answer_key)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
+            if deadline is None and _never_sent(exc):  # the first try never reached the server: nothing ran
+                raise
+            lost: BaseException = exc
+        except redis.exceptions.ResponseError as exc:
+            if not str(exc).startswith("BUSY"):  # a refusal: the script wrote nothing
+                raise
+            lost = exc
+        else:
+            with contextlib.suppress(*DRIVER_ERRORS):
+                client.delete(answer_key)  # heard: nobody needs it any more
+            return answer
+        now = time.monotonic()
+        deadline = now + patience if deadline is None else deadline
+        if now >= deadline:
+            job = f"; or `python -m pipeline jobs show {first}` finds a job of the part" if first else ""
+            text = (str(lost).strip().splitlines() or [type(lost).__name__])[0]
+            raise _MaybeCommitted(
+                f"redis {db.shown}: no answer to the commit of {rows} staged jobs ({text}): they may have been committed "
+                f"(all or none of them); check before retrying: `redis-cli -u {db.shown} GET '{answer_key}'` "
+                f"shows what the commit inserted if it ran (kept for a day), nil if it did not{job}") from None
+        time.sleep(COMMIT_RETRY_PAUSE)
+
+
+def _never_sent(exc: BaseException) -> bool:
+    """A driver error that came before the command was sent: the connection was refused, or the
+    server refused the credentials (redis-py's messages for a connect say "connecting to")."""
+    return isinstance(exc, redis.exceptions.AuthenticationError) or " connecting to " in str(exc)
 
 
 def _stage(db: Database, key: str, rows: Sequence[NewJob]) -> None:
