@@ -81,3 +81,15 @@ def test_the_site_reaches_jobs_only_through_the_engines_public_names() -> None:
         if name.startswith("pipeline.site") and any(m.startswith("pipeline.backends") for m in imported)
     }
     assert offenders == {}
+
+
+def test_the_stores_import_nothing_from_the_engine() -> None:
+    """Issue 22, item 9: what the engine and the stores share (the one-shot Reply) lives beneath
+    both (pipeline.replies); what a store asks of the engine is a Protocol of backends.base
+    (HealthReport, Topology). TYPE_CHECKING imports count too."""
+    offenders = {
+        name: sorted(m for m in imported if m.startswith("pipeline.engine"))
+        for name, imported in MODULES.items()
+        if name.startswith("pipeline.backends") and any(m.startswith("pipeline.engine") for m in imported)
+    }
+    assert offenders == {}

@@ -71,7 +71,7 @@ async def test_each_waiter_of_a_failed_batch_raises_its_own_error() -> None:
     raise added its traceback to it (1,000 callers: tracebacks 1,000 raises deep)."""
     import traceback
 
-    from pipeline.engine.messages import Reply
+    from pipeline.replies import Reply
 
     reply = Reply()
     cause = OSError(28, "No space left on device")

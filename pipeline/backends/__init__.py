@@ -19,6 +19,7 @@ from .base import (
     Backend,
     Claimed,
     ClaimOffer,
+    HealthReport,
     JobRecord,
     Lease,
     LeaseRenewer,
@@ -26,6 +27,7 @@ from .base import (
     Nudge,
     ScheduleRecord,
     Settlement,
+    Topology,
     WorkerRecord,
     nudge,
 )
@@ -34,8 +36,6 @@ if TYPE_CHECKING:
     import trio
 
     from ..config import Config
-    from ..engine.diagrams import Wiring
-    from ..engine.health import Health
 
 __all__ = [
     "Backend", "ClaimOffer", "Claimed", "JobRecord", "Lease", "LeaseRenewer", "NewJob", "Nudge", "ScheduleRecord", "Settlement",
@@ -50,8 +50,8 @@ async def open_backend(
     *,
     nudge_send: trio.MemorySendChannel[Nudge] | None = None,
     offers_recv: trio.MemoryReceiveChannel[ClaimOffer] | None = None,
-    wiring: Wiring | None = None,
-    health: Health | None = None,
+    wiring: Topology | None = None,
+    health: HealthReport | None = None,
 ) -> AsyncIterator[Backend]:
     """The backend DATABASE_URL names, open (its schema created or migrated) until the block ends.
 

@@ -294,6 +294,24 @@ def nudge(send: trio.MemorySendChannel[Nudge]) -> None:
         pass  # already nudged, or the Poller has stopped
 
 
+class HealthReport(Protocol):
+    """Where a backend's own actors (the server backends' wake-up listener) say what they cannot
+    do right now, for ``/healthz`` (the engine's ``Health``: the stores import nothing from the engine)."""
+
+    def report(self, part: str, reason: str) -> None: ...
+
+    def clear(self, part: str) -> None: ...
+
+
+class Topology(Protocol):
+    """Where a backend records the channels it creates and the edges it adds, for the actors'
+    diagram (the engine's ``diagrams.Wiring``)."""
+
+    def channel(self, src: str, dst: str, label: str, size: int, *, size_label: str | None = None) -> tuple[Any, Any]: ...
+
+    def edge(self, src: str, dst: str, label: str) -> None: ...
+
+
 class LeaseRenewer(Protocol):
     """Blocking calls for the lease heartbeat's OS thread (one connection of its own)."""
 

@@ -20,11 +20,22 @@ import attrs
 import trio
 
 from ..clock import now_ts
-from ..engine.health import Health
-from ..engine.messages import Reply
 from ..errors import PipelineClosed, StoreError
+from ..replies import Reply
 from ..states import Transition
-from .base import Claimed, ClaimOffer, JobRecord, Lease, NewJob, Nudge, ScheduleRecord, Settlement, WorkerRecord, nudge
+from .base import (
+    Claimed,
+    ClaimOffer,
+    HealthReport,
+    JobRecord,
+    Lease,
+    NewJob,
+    Nudge,
+    ScheduleRecord,
+    Settlement,
+    WorkerRecord,
+    nudge,
+)
 from .trays import Tray, Trays
 
 log = logging.getLogger("pipeline.ledger")
@@ -316,7 +327,7 @@ async def listen_for_work(
     where: str, verb: str, *, connect: Callable[[], L], socket_of: Callable[[L], Any],
     receive: Callable[[L], Awaitable[tuple[bool, bool]]], ping: Callable[[L], Awaitable[None]],
     close: Callable[[L], None], errors: tuple[type[BaseException], ...], nudge_send: trio.MemorySendChannel[Nudge],
-    logger: logging.Logger, health: Health | None = None, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    logger: logging.Logger, health: HealthReport | None = None, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """The server backends' wake-up listener, until cancelled: ``connect`` (in a thread), nudge the
     Poller for whatever became due while nobody listened, then listen (nudging at each wake-up)

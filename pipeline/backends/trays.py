@@ -13,8 +13,8 @@ from collections.abc import Awaitable, Callable, Sequence
 import attrs
 import trio
 
-from ..engine.messages import Reply
 from ..errors import PipelineClosed, StoreError
+from ..replies import Reply
 from ..states import Transition
 from .base import Settlement
 

@@ -37,6 +37,7 @@ from ..errors import ConfigError, PipelineClosed, UsageError
 from ..ids import UUID7Factory
 from ..logs import outcome_lines, outcome_message
 from ..registry import Registry
+from ..replies import Reply
 from ..requests import check_unique_key
 from .actors.bus import Envelope, run_event_bus
 from .actors.enqueuer import run_enqueuer
@@ -47,7 +48,6 @@ from .actors.retention import run_retention
 from .actors.scheduler import run_scheduler
 from .diagrams import Wiring
 from .health import Health
-from .messages import Reply
 
 log = logging.getLogger("pipeline")
 

@@ -23,23 +23,19 @@ import functools
 import logging
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import psycopg
 import trio
 
 from ...clock import now_ts
-from ...engine.health import Health
 from ...errors import StoreError, UsageError
-from ..base import NUDGE_BUFFER, ClaimOffer, NewJob, Nudge
+from ..base import NUDGE_BUFFER, ClaimOffer, HealthReport, NewJob, Nudge, Topology
 from ..batches import Command, LedgerStats, ServerBackend
 from . import queries, retention, schedules, schema, store
 from .db import Database, connect, describe
 from .ledger import run_ledger
 from .listener import run_listener
-
-if TYPE_CHECKING:
-    from ...engine.diagrams import Wiring
 
 LEDGER_INBOX = 4096  # commands waiting for the Ledger before writers block
 
@@ -179,8 +175,8 @@ async def open_postgres_backend(
     *,
     nudge_send: trio.MemorySendChannel[Nudge] | None = None,
     offers_recv: trio.MemoryReceiveChannel[ClaimOffer] | None = None,
-    wiring: Wiring | None = None,
-    health: Health | None = None,
+    wiring: Topology | None = None,
+    health: HealthReport | None = None,
 ) -> AsyncIterator[PostgresBackend]:
     """Open the pool, create or migrate the tables, run the Ledger and (when someone listens
     for nudges) the listener until the block ends; then the Ledger writes whatever is still in

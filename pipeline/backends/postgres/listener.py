@@ -28,10 +28,9 @@ import trio
 from psycopg import pq
 
 from ...config import masked_url
-from ...engine.health import Health
 from ...errors import StoreError
 from .. import batches
-from ..base import Nudge
+from ..base import HealthReport, Nudge
 from .db import connect
 from .store import CHANNEL
 
@@ -76,7 +75,7 @@ async def _ping(listening: tuple[psycopg.Connection[Any], str]) -> None:
         await trio.lowlevel.wait_writable(pgconn.socket)
 
 
-async def run_listener(url: str, nudge_send: trio.MemorySendChannel[Nudge], *, health: Health | None = None,
+async def run_listener(url: str, nudge_send: trio.MemorySendChannel[Nudge], *, health: HealthReport | None = None,
                        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """Nudge the Poller at every notification for this schema, until cancelled; ``health``
     says while it does not listen."""

@@ -25,23 +25,19 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import redis
 import trio
 
 from ...config import masked_url
-from ...engine.health import Health
 from ...errors import StoreError, UsageError
-from ..base import NUDGE_BUFFER, ClaimOffer, NewJob, Nudge
+from ..base import NUDGE_BUFFER, ClaimOffer, HealthReport, NewJob, Nudge, Topology
 from ..batches import Command, LedgerStats, ServerBackend
 from . import retention, schedules, store
 from .db import DRIVER_ERRORS, Database, client_for, describe, split_url
 from .ledger import run_ledger
 from .listener import run_listener
-
-if TYPE_CHECKING:
-    from ...engine.diagrams import Wiring
 
 LEDGER_INBOX = 4096  # commands waiting for the Ledger before writers block
 STAGE_CHUNK = 1000  # rows pushed to a bulk load's staging list per round trip
@@ -264,8 +260,8 @@ async def open_redis_backend(
     allow_non_durable: bool = False,
     nudge_send: trio.MemorySendChannel[Nudge] | None = None,
     offers_recv: trio.MemoryReceiveChannel[ClaimOffer] | None = None,
-    wiring: Wiring | None = None,
-    health: Health | None = None,
+    wiring: Topology | None = None,
+    health: HealthReport | None = None,
 ) -> AsyncIterator[RedisBackend]:
     """Connect, check the server's durability settings and the key layout's version, run the
     Ledger and (when someone listens for nudges) the listener until the block ends; then the

@@ -29,9 +29,8 @@ import trio
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ...engine.health import Health
 from .. import batches
-from ..base import Nudge
+from ..base import HealthReport, Nudge
 from .db import CONNECT_TIMEOUT
 
 log = logging.getLogger("pipeline.redis")
@@ -92,7 +91,7 @@ async def _ping(subscribed: Subscribed) -> None:
 
 
 async def run_listener(url: str, channel: str, shown: str, nudge_send: trio.MemorySendChannel[Nudge], *,
-                       health: Health | None = None, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+                       health: HealthReport | None = None, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """Nudge the Poller at every message on ``channel``, until cancelled; ``health`` says while
     it does not listen."""
     await batches.listen_for_work(

@@ -20,14 +20,25 @@ import time
 from collections.abc import AsyncIterator, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 from ...clock import format_ts, now_ts, to_epoch
-from ...engine.messages import Reply
 from ...errors import PipelineClosed, StoreError, UsageError
-from ..base import NUDGE_BUFFER, ClaimOffer, JobRecord, Lease, NewJob, Nudge, ScheduleRecord, Settlement, WorkerRecord
+from ...replies import Reply
+from ..base import (
+    NUDGE_BUFFER,
+    ClaimOffer,
+    JobRecord,
+    Lease,
+    NewJob,
+    Nudge,
+    ScheduleRecord,
+    Settlement,
+    Topology,
+    WorkerRecord,
+)
 from ..trays import Tray, Trays
 from . import migrations, queries, retention, schedules, store
 from .bulk import BulkInsert
@@ -35,9 +46,6 @@ from .checkpoints import WalCheck, run_wal_check
 from .db import Database, begin_immediate, describe, open_database
 from .ledger import Command, LedgerStats, run_ledger
 from .watch import Lookout, watch_commits
-
-if TYPE_CHECKING:
-    from ...engine.diagrams import Wiring
 
 LEDGER_INBOX = 4096  # commands waiting for the Ledger before writers block
 
@@ -331,7 +339,7 @@ async def open_sqlite_backend(
     synchronous: str = "full",
     nudge_send: trio.MemorySendChannel[Nudge] | None = None,
     offers_recv: trio.MemoryReceiveChannel[ClaimOffer] | None = None,
-    wiring: Wiring | None = None,
+    wiring: Topology | None = None,
 ) -> AsyncIterator[SqliteBackend]:
     """Open (and migrate) the file, run the Ledger until the block ends; then the Ledger
     writes whatever is still in its inbox and stops.

@@ -27,8 +27,8 @@ import attrs
 import trio
 
 from ...clock import format_ts, now_ts
-from ...engine.messages import Reply
 from ...errors import StoreError
+from ...replies import Reply
 from .. import batches
 from ..base import Claimed, ClaimOffer, NewJob, Nudge, nudge
 from ..batches import BATCH_LIMIT, answer, fail_in_hand, gather, take_offer

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...registry import Registry
-from ..base import NewJob
 from ...requests import JobRequest, prepare_rows
+from ..base import NewJob
 from .store import insert_jobs
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 import trio
 
-from ..messages import Reply
+from ...replies import Reply
 
 
 @attrs.frozen

@@ -1,4 +1,6 @@
-"""Answers between tasks: a one-shot slot the Ledger, the EventBus and the Enqueuer fill."""
+"""Answers between tasks: a one-shot slot the Ledgers, the EventBus and the Enqueuer fill.
+
+Beneath both the engine and the stores, which share it (the stores import nothing from the engine)."""
 
 from __future__ import annotations
 
