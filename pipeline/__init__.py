@@ -20,7 +20,7 @@ if _typing.TYPE_CHECKING:
     from .backends.sqlite.outbox import enqueue_in_transaction
     from .client import AsyncClient, Client
     from .config import AdminSettings, Config, LogSettings, RedisSettings, RetentionSettings, SqliteSettings, WorkerSettings
-    from .engine.actors.pools import JobContext
+    from .context import JobContext
     from .engine.wiring import Enqueued, Pipeline, open_pipeline
     from .errors import (
         ConfigError,
@@ -51,7 +51,7 @@ _MODULE_OF = {
     "DatabaseUnavailable": "errors",
     "Enqueued": "engine.wiring",
     "InvalidPayload": "errors",
-    "JobContext": "engine.actors.pools",
+    "JobContext": "context",
     "JobError": "errors",
     "JobRecord": "backends",
     "LogSettings": "config",

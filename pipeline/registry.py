@@ -40,7 +40,7 @@ from .schedules import Schedule, make_schedule
 
 if TYPE_CHECKING:
     from .config import Config
-    from .engine.actors.pools import JobContext
+    from .context import JobContext
 
 # ``async def handler(job, ctx)``, or a plain ``def`` run in a thread of its own
 Handler = Callable[[Any, "JobContext"], "Awaitable[None] | None"]

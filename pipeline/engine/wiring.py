@@ -33,6 +33,7 @@ from ..backends import Backend, ClaimOffer, Lease, NewJob, Nudge, open_backend
 from ..backends.base import NUDGE_BUFFER, PRIORITY_MAX, PRIORITY_MIN
 from ..clock import now_ts, to_ts
 from ..config import Config
+from ..context import JobContext
 from ..errors import ConfigError, PipelineClosed, UsageError
 from ..ids import UUID7Factory
 from ..logs import outcome_lines, outcome_message
@@ -43,7 +44,7 @@ from .actors.bus import Envelope, run_event_bus
 from .actors.enqueuer import run_enqueuer
 from .actors.leases import run_lease_keeper
 from .actors.poller import run_poller
-from .actors.pools import JobContext, Outcome, Pool, Workers, describe_outcome, run_worker
+from .actors.pools import Outcome, Pool, Workers, describe_outcome, run_worker
 from .actors.retention import run_retention
 from .actors.scheduler import run_scheduler
 from .diagrams import Wiring

@@ -35,7 +35,7 @@ from .jobs import InvalidateCache
 from .settings import CacheSettings
 
 if TYPE_CHECKING:
-    from ..engine.actors.pools import JobContext
+    from ..context import JobContext
     from ..registry import Registry
 
 log = logging.getLogger("pipeline.cache")

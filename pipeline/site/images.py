@@ -78,7 +78,7 @@ from .jobs import Compress, ConvertWebP, GenerateThumbnail, ImageOperation, Proc
 from .settings import ImageSettings, SiteSettings
 
 if TYPE_CHECKING:
-    from ..engine.actors.pools import JobContext
+    from ..context import JobContext
     from ..registry import Registry
 
 RESOURCE = "images"

@@ -48,7 +48,7 @@ from .jobs import SendEmail, SendWelcomeEmail
 from .settings import MailSettings, SiteSettings, is_loopback_host
 
 if TYPE_CHECKING:
-    from ..engine.actors.pools import JobContext
+    from ..context import JobContext
     from ..registry import Registry
 
 log = logging.getLogger("pipeline.mail")

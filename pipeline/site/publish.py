@@ -28,7 +28,7 @@ from .events import PostPublished
 from .jobs import ScheduledPublish
 
 if TYPE_CHECKING:
-    from ..engine.actors.pools import JobContext
+    from ..context import JobContext
 
 log = logging.getLogger("pipeline.publish")
 

@@ -24,7 +24,7 @@ from .content_db import RESOURCE as CONTENT
 from .jobs import RebuildSearchIndex
 
 if TYPE_CHECKING:
-    from ..engine.actors.pools import JobContext
+    from ..context import JobContext
 
 log = logging.getLogger("pipeline.search")
 

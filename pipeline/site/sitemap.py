@@ -39,7 +39,7 @@ from .jobs import GenerateSitemap
 from .settings import SiteSettings
 
 if TYPE_CHECKING:
-    from ..engine.actors.pools import JobContext
+    from ..context import JobContext
 
 log = logging.getLogger("pipeline.sitemap")
 

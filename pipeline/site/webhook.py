@@ -56,7 +56,7 @@ from .jobs import WebhookNotify
 from .settings import WebhookSettings
 
 if TYPE_CHECKING:
-    from ..engine.actors.pools import JobContext
+    from ..context import JobContext
     from ..registry import Registry
 
 RESOURCE = "http"

@@ -1,0 +1,56 @@
+"""What a handler gets besides its job: :class:`JobContext`.
+
+Its own module, beneath the registry (which names it in a handler's type) and the handler pools
+(which make one per attempt), so that neither imports the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
+import trio
+
+from .errors import UsageError
+
+if TYPE_CHECKING:
+    from .config import Config
+
+
+class HandlerThread(Protocol):
+    """A sync handler's call in a worker thread, as its context needs it (the pool's own record)."""
+
+    token: trio.lowlevel.TrioToken  # the loop, for the handler's emit from any thread
+    abandoned: bool  # the attempt is over: the pool gave up on the thread
+
+
+@attrs.frozen
+class JobContext:
+    """What a handler gets besides its job: which run this is, and what it may use."""
+
+    id: str  # the job's id: make side effects idempotent with it (execution is at-least-once)
+    job_type: str
+    attempt: int  # 1 for the first run
+    max_attempts: int
+    _emit: Callable[[Any], Awaitable[list[str]]] = attrs.field(alias="emit")  # the pipeline's emit (trio)
+    resources: Mapping[str, Any]  # what the registry's resources opened (an HTTP client, a mailer)
+    config: Config
+    # a sync handler's call (set by the pool, through attrs.evolve): how its emit reaches the
+    # loop from other threads, and whether the attempt is over. None for an async handler.
+    _thread: HandlerThread | None = attrs.field(default=None, eq=False, repr=False)
+
+    def emit(self, event: Any) -> Any:
+        """Publish a domain event: the ids of the jobs it routed to, once committed. In an
+        async handler, ``await ctx.emit(event)``; from a thread (a sync handler, or a thread it
+        started), ``ctx.emit(event)`` blocks until committed and returns the ids. Refused
+        (UsageError) from a thread the pool abandoned at a timeout: its retry emits instead."""
+        if trio.lowlevel.in_trio_run():  # on the loop: the coroutine, to await
+            return self._emit(event)
+        thread = self._thread
+        if thread is not None and thread.abandoned:
+            raise UsageError(
+                f"job {self.id} ({self.job_type}): attempt {self.attempt} is over (its thread was abandoned at its "
+                "timeout, a lost lease or shutdown); its emit is refused"
+            )
+        return trio.from_thread.run(self._emit, event, trio_token=thread.token if thread is not None else None)
