@@ -342,6 +342,7 @@ async def listen_for_work(
     delay = 0.05
     started = False
     down_since: str | None = None  # when it stopped listening, while it does not
+    listening_since = 0.0
     with nudge_send:
         while True:
             try:
@@ -364,7 +365,7 @@ async def listen_for_work(
                 if health is not None:
                     health.clear("listener")
                 down_since = None
-                delay = 0.05
+                listening_since = trio.current_time()
                 nudge(nudge_send)  # whatever became due while nobody here listened
                 why = await _listen(conn, socket_of, receive, ping, nudge_send)
                 logger.warning("%s: %s; reconnecting", where, why)
@@ -377,6 +378,13 @@ async def listen_for_work(
             down_since = now_ts()
             if health is not None:
                 health.report("listener", _not_listening(where, down_since, why))
+            # a connection that lived a while is connected again at once; one that dropped soon after
+            # it began listening (a middlebox that kills it) backs off, or this would spin
+            if trio.current_time() - listening_since >= LISTENER_PING_INTERVAL:
+                delay = 0.05
+            else:
+                await trio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
 
 def _not_listening(where: str, since: str | None, why: str) -> str:

@@ -21,6 +21,7 @@ from pipeline import Config, Registry
 from pipeline.backends import batches, open_backend
 
 from .stores import BACKENDS
+from .test_redis import needs_server_binary, own_server
 
 SERVERS = [name for name in ("postgres", "redis") if name in BACKENDS]
 
@@ -178,3 +179,30 @@ async def test_the_listening_connection_sends_tcp_keepalives(name: str, tmp_path
                 assert _keepalive_of(sock.fileno()) == expected
             finally:
                 redis_listener._close(client, pubsub)
+
+
+@needs_server_binary
+async def test_a_listener_killed_as_soon_as_it_listens_backs_off(tmp_path: Path) -> None:
+    """A middlebox (or an operator's CLIENT KILL) that ends the listening connection right after
+    it subscribes: the listener connected again at once, every time, a tight loop of connects and
+    claims; now a connection that did not live a ping interval is followed by a growing pause."""
+    import redis
+
+    from conftest import fast_config
+    from pipeline.config import RedisSettings
+
+    with own_server(tmp_path) as (port, _):
+        config = fast_config(tmp_path / "unused.db").replace(database_url=f"redis://127.0.0.1:{port}/0",
+                                                             redis=RedisSettings(allow_non_durable=True))
+        admin = redis.Redis(port=port)
+        try:
+            async with pipeline.open_pipeline(config, Registry()):
+                before = int(admin.info("stats")["total_connections_received"])
+                with trio.move_on_after(1.5):
+                    while True:
+                        await trio.to_thread.run_sync(lambda: admin.client_kill_filter(_type="pubsub"))
+                        await trio.sleep(0.005)
+                opened = int(admin.info("stats")["total_connections_received"]) - before
+        finally:
+            admin.close()
+    assert opened <= 12, f"{opened} connections in 1.5 s"
