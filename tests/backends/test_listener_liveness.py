@@ -187,8 +187,8 @@ async def test_a_listener_killed_as_soon_as_it_listens_backs_off(tmp_path: Path)
     it subscribes: the listener connected again at once, every time, a tight loop of connects and
     claims; now a connection that did not live a ping interval is followed by a growing pause."""
     import redis
-
     from conftest import fast_config
+
     from pipeline.config import RedisSettings
 
     with own_server(tmp_path) as (port, _):
