@@ -134,7 +134,8 @@ def _bulk_load(url: str, jobs: Iterable[NewJob], commit_every: int | None,
 class PostgresLeaseRenewer:
     """The heartbeat thread's connection: renews leases and keeps this worker in ``workers``,
     in one transaction. It writes one column of the jobs table, ``lease_expires_at``, only of
-    rows whose token matches. A dropped connection is replaced at the next beat."""
+    rows whose token matches, and never waits for a row another transaction holds locked
+    (store.renew). A dropped connection is replaced at the next beat."""
 
     def __init__(self, url: str) -> None:
         self._url = url
@@ -154,6 +155,10 @@ class PostgresLeaseRenewer:
     def renew(self, owner: str, job_types: Sequence[str], held: Sequence[tuple[str, int]], *, lease_seconds: float) -> builtins.list[str]:
         def write(conn: psycopg.Connection[Any]) -> builtins.list[str]:
             with conn.transaction():
+                # rows locked by others are skipped (store.renew); any other lock (the worker's own
+                # row, a table another process migrates) is waited for a sixth of the lease at
+                # most: the renewal fails and is tried again while the leases still hold
+                store.bound_lock_waits(conn, seconds=lease_seconds / 6)
                 store.beat(conn, owner, job_types, lease_seconds=lease_seconds)
                 return store.renew(conn, held, lease_seconds=lease_seconds)
 

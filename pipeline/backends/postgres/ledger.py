@@ -16,6 +16,11 @@ waits (base.ClaimOffer), the claim rides in the batch's transaction, as a second
 after the first: a job enqueued by this process starts as soon as its insert commits, with no
 claim of its own after it (and no nudge, no thread hop, no second commit).
 
+Inserts with a unique key are written after the rest of the batch has committed, in a
+transaction of their own, and the claim (when an offer was taken) after them: such an insert
+waits while another transaction holds its key uncommitted, and the outcomes' rows stay
+unlocked meanwhile.
+
 A batch whose statement the database refuses for one caller's sake (a duplicate id) is
 written again split: the outcomes together, then each caller's rows alone, so only that
 caller hears the error. A batch that fails as a whole (the server unreachable) fails every
@@ -46,8 +51,49 @@ def _is_outage(exc: BaseException, conn: psycopg.Connection[Any]) -> bool:
 
 def _apply_batch(conn: psycopg.Connection[Any], batch: list[Command], notify: bool,
                  offer: ClaimOffer | None = None) -> tuple[list[tuple[bool, Any]], list[Lease] | None]:
-    """Runs in a worker thread: the batch as one statement, and with ``offer`` the claim after
-    it in the same transaction; the answers, and the leases claimed (None: no claim ran)."""
+    """Runs in a worker thread: the batch, and with ``offer`` the claim after it in the same
+    transaction; the answers, and the leases claimed (None: no claim ran).
+
+    Inserts with a unique key come last, in a transaction of their own, after the rest of the
+    batch has committed, and the claim after them: such an insert waits while another
+    transaction holds the same key uncommitted (a keyed bulk load), and it must not keep the
+    outcomes' rows locked meanwhile (the heartbeat skips locked rows, store.renew: their leases
+    would not be renewed)."""
+    keyed = [command.rows is not None and any(row.unique_key is not None for row in command.rows) for command in batch]
+    if not any(keyed):
+        return _write_and_claim(conn, batch, notify, offer)
+    results: list[tuple[bool, Any]] = [(True, None)] * len(batch)
+    first = [i for i, k in enumerate(keyed) if not k]
+    if first:
+        commands = [batch[i] for i in first]
+        for i, result in zip(first, _write(conn, commands, notify and makes_work_due(commands))):
+            results[i] = result
+    last = [i for i, k in enumerate(keyed) if k]
+    commands = [batch[i] for i in last]
+    try:
+        answers = _write(conn, commands, notify and makes_work_due(commands))
+    except (psycopg.Error, StoreError) as exc:
+        if not first:
+            raise
+        answers = [(False, exc)] * len(commands)  # the rest of the batch is committed: only these callers fail
+    for i, result in zip(last, answers):
+        results[i] = result
+    leases: list[Lease] | None = None
+    if offer is not None:
+        # a statement of its own after the inserts: their transaction may have waited, and a
+        # claim in it would date its leases from the transaction's start (now()), expired already
+        try:
+            leases = store.claim(conn, offer.wants, owner=offer.owner, lease_seconds=offer.lease_seconds,
+                                 start=offer.start, limits=offer.limits)
+        except psycopg.Error as exc:
+            log.warning("the claim after a batch failed (%s); the Poller claims on its own", exc)
+    return results, leases
+
+
+def _write_and_claim(conn: psycopg.Connection[Any], batch: list[Command], notify: bool,
+                     offer: ClaimOffer | None) -> tuple[list[tuple[bool, Any]], list[Lease] | None]:
+    """A batch without keyed inserts as one statement, and with ``offer`` the claim after it in
+    the same transaction."""
     if offer is not None:
         try:
             with conn.transaction():

@@ -366,22 +366,41 @@ def _claim_rows(conn: psycopg.Connection[Any], wanted: Sequence[tuple[str, int]]
 
 # -- leases ---------------------------------------------------------------------------------------
 
+# A renewal never waits for a row lock: it renews the rows it can lock at once (SKIP LOCKED)
+# and reads the others as last committed. A row another transaction holds locked (an outcome
+# being written, a rescue of an expired lease) and still ours as last committed is not lost,
+# only not renewed this time: if its lease was in fact taken, the next renewal says so. Waiting
+# instead held up every lease of the process behind one lock: a Ledger batch whose keyed insert
+# waited for another transaction's uncommitted key kept its outcomes' rows locked, every lease
+# ran out, and other processes ran jobs still running here.
 _RENEW = f"""
-UPDATE jobs j SET lease_expires_at = {seconds_after('%(lease)s::float8')}
-  FROM (SELECT *, 'running'::text AS running FROM unnest(%(ids)s::text[], %(tokens)s::bigint[]) AS h(id, token) OFFSET 0) h
- WHERE j.id = ANY(ARRAY(SELECT unnest(%(ids)s::text[]))) AND j.id = h.id AND j.status = h.running AND j.lease_token = h.token
-RETURNING j.id, h.token
+WITH h AS MATERIALIZED (
+    SELECT *, 'running'::text AS running FROM unnest(%(ids)s::text[], %(tokens)s::bigint[]) AS h(id, token)),
+ours AS MATERIALIZED (
+    SELECT j.id, h.token FROM jobs j, h
+     WHERE j.id = ANY(ARRAY(SELECT id FROM h)) AND j.id = h.id AND j.status = h.running AND j.lease_token = h.token),
+free AS MATERIALIZED (
+    SELECT j.id FROM jobs j, h
+     WHERE j.id = ANY(ARRAY(SELECT id FROM ours)) AND j.id = h.id AND j.status = h.running AND j.lease_token = h.token
+       FOR UPDATE OF j SKIP LOCKED),
+renewed AS (
+    UPDATE jobs j SET lease_expires_at = {seconds_after('%(lease)s::float8')}
+      FROM h
+     WHERE j.id = ANY(ARRAY(SELECT id FROM free)) AND j.id = h.id AND j.status = h.running AND j.lease_token = h.token
+    RETURNING j.id)
+SELECT id, token FROM ours
 """
 
 
 def renew(conn: psycopg.Connection[Any], held: Sequence[tuple[str, int]], *, lease_seconds: float) -> list[str]:
-    """Push the expiry of held leases to now + ``lease_seconds``; the ids whose lease is lost."""
+    """Push the expiry of held leases to now + ``lease_seconds``; the ids whose lease is lost.
+    A lease whose row another transaction holds locked is left as it is (see _RENEW)."""
     if not held:
         return []
     ordered = by_id(held)
-    kept = {(i, t) for i, t in conn.execute(_RENEW, {"ids": [i for i, _ in ordered], "tokens": [t for _, t in ordered],
+    ours = {(i, t) for i, t in conn.execute(_RENEW, {"ids": [i for i, _ in ordered], "tokens": [t for _, t in ordered],
                                                      "lease": float(lease_seconds)})}
-    return [job_id for job_id, token in held if (job_id, token) not in kept]
+    return [job_id for job_id, token in held if (job_id, token) not in ours]
 
 
 _EXPIRED = """
@@ -479,6 +498,12 @@ def bury_unknown_types(conn: psycopg.Connection[Any], known: set[str], *, grace_
                      "(it may be registered without one, or not at all); add a handler, then retry the job")
             n += conn.execute(_BURY_TYPE, {"error": error, "job_type": job_type, "grace": float(grace_seconds)}).rowcount
         return n
+
+
+def bound_lock_waits(conn: psycopg.Connection[Any], *, seconds: float) -> None:
+    """In the transaction under way: a lock not granted within ``seconds`` fails the statement
+    (LockNotAvailable) instead of waiting on."""
+    conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{max(int(seconds * 1000), 1)}ms",))
 
 
 _BEAT = """
