@@ -1,0 +1,70 @@
+"""The wheel a user builds (`python -m build`) carries everything the service needs: installed
+on its own, away from this source tree, `python -m pipeline` starts from it and serves the
+dashboard with its static files (issue 22, item 8). Slow: the build fetches setuptools."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_the_built_wheel_installs_on_its_own_and_serves_the_dashboard(tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    shutil.copytree(ROOT / "pipeline", source / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    built = subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path / "dist"), str(source)],
+                           capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    (wheel,) = (tmp_path / "dist").glob("trio_pipeline-*.whl")
+    site = tmp_path / "site"
+    installed = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site), str(wheel)],
+                               capture_output=True, text=True, timeout=300)
+    assert installed.returncode == 0, installed.stderr[-2000:]
+
+    work = tmp_path / "work"  # a folder of its own: neither this tree nor its editable install is imported first
+    work.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(site), "ADMIN_PORT": str(port := _free_port()), "WORKER_PROCESSES": "1",
+           "DATABASE_URL": f"sqlite:///{work / 'wheel.db'}"}
+    where = subprocess.run([sys.executable, "-c", "import pipeline; print(pipeline.__file__)"], cwd=work, env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert where.stdout.strip().startswith(str(site)), where.stdout + where.stderr
+    service = subprocess.Popen([sys.executable, "-m", "pipeline"], cwd=work, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/admin", timeout=2) as page:
+                    html = page.read().decode()
+                break
+            except OSError:
+                assert service.poll() is None and time.monotonic() < deadline, "the service from the wheel did not serve"
+                time.sleep(0.2)
+        assert "dashboard.js" in html
+        for name in ("dashboard.js", "dashboard.css"):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/admin/static/{name}", timeout=5) as static:
+                assert static.status == 200 and len(static.read()) > 1000
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as health:
+            assert health.status == 200
+    finally:
+        service.terminate()
+        output, _ = service.communicate(timeout=60)
+    assert service.returncode == 0, output[-3000:]
