@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -141,8 +142,23 @@ def test_postgres_sslmode_runs_a_job_over_tls_and_refuses_an_unknown_ca(tls_post
     # verify-full without the CA: the server's certificate is refused, and the error says so
     other = trustme.CA()
     other.cert_pem.write_to_path(str(tmp_path / "other-ca.pem"))
-    refused = Cli(environment(f"{base}?sslmode=verify-full&sslrootcert={tmp_path / 'other-ca.pem'}"), tmp_path).run("stats", code=1)
+    refused, took = timed(Cli(environment(f"{base}?sslmode=verify-full&sslrootcert={tmp_path / 'other-ca.pem'}"), tmp_path), "stats")
     assert "certificate verify failed" in refused and "check sslmode and sslrootcert" in refused
+    # said at once, as a refusal: not after the pool's 10 s of retries, as for a server not up yet
+    assert took < REFUSED_AT_ONCE, f"the refused certificate was said after {took:.1f} s"
     # without TLS the server's pg_hba.conf rejects the connection: the one above was TLS
-    refused = Cli(environment(f"{base}?sslmode=disable"), tmp_path).run("stats", code=1)
+    refused, took = timed(Cli(environment(f"{base}?sslmode=disable"), tmp_path), "stats")
     assert "no encryption" in refused
+    assert took < REFUSED_AT_ONCE, f"pg_hba.conf's refusal was said after {took:.1f} s"
+
+
+# A refusal takes the CLI's start and one connection (1-2 s); one taken for retryable waits for
+# the pool's 10 s first (12 s in all)
+REFUSED_AT_ONCE = 6.0
+
+
+def timed(cli: Cli, *argv: str) -> tuple[str, float]:
+    """The command's error output (it must fail), and how long it took."""
+    t0 = time.monotonic()
+    said = cli.run(*argv, code=1)
+    return said, time.monotonic() - t0
