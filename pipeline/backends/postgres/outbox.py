@@ -3,27 +3,23 @@ psycopg 3 connection, sync or async: the rows and their NOTIFY are written in th
 transaction, so a rollback leaves no job and the commit delivers the wake-up with the rows.
 Nothing here commits.
 
-The statements are one plan (:func:`statements`, a generator of (SQL, parameters) that is sent
-each statement's rows), run by :func:`insert_in_transaction` on a ``Connection`` and by
-:func:`insert_in_transaction_async` on an ``AsyncConnection``.
+The statements are one plan (:func:`statements`, see store.Plan), run on a ``Connection`` by
+store.run_plan and awaited on an ``AsyncConnection`` here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from ...errors import StoreError, UsageError
+from ...errors import UsageError
 from ..base import NewJob
 from . import store
 
 IDENTITY = "SELECT current_database(), current_schema()"
-
-Plan = Generator[tuple[str, dict[str, Any]], list[tuple[Any, ...]], list[str]]
-
 
 def identity(conn: psycopg.Connection[Any]) -> tuple[str, str]:
     """Which store a connection is on: its database and the schema its tables are found in."""
@@ -51,46 +47,21 @@ def check_joinable(info: Any, autocommit: bool) -> None:
                          "own; enqueue inside `with conn.transaction():` (or use a connection that is not autocommit)")
 
 
-def statements(rows: Sequence[NewJob]) -> Plan:
-    """The plan of an insert in the caller's transaction; returns, per row, the id stored for it:
-    its own, or that of the pending or running job holding its type and unique key (as
-    store.insert_unique decides, with the same rounds for holders that finish meanwhile)."""
+def statements(rows: Sequence[NewJob]) -> store.Plan[list[str]]:
+    """The plan of an insert in the caller's transaction; returns, per row, the id stored for it
+    (store.unique_rounds decides it for the rows with a unique key)."""
     plain = [row for row in rows if row.unique_key is None]
     if plain:
         yield store._INSERT, store.insert_params(plain)
-    stored: dict[tuple[str, str | None], str] = {}
-    first: dict[tuple[str, str | None], NewJob] = {}
-    for row in rows:
-        if row.unique_key is not None:
-            first.setdefault((row.job_type, row.unique_key), row)
-    todo = sorted(first.values(), key=lambda row: (row.job_type, row.unique_key or ""))
-    for _ in range(store.UNIQUE_ROUNDS):
-        if not todo:
-            break
-        inserted = {job_id for (job_id,) in (yield store._INSERT_UNIQUE, store.insert_params(todo))}
-        rest = [row for row in todo if row.id not in inserted]
-        stored.update({(row.job_type, row.unique_key): row.id for row in todo if row.id in inserted})
-        if rest:
-            found = yield store._HOLDERS, {"types": [r.job_type for r in rest], "keys": [r.unique_key for r in rest]}
-            stored.update({(job_type, key): job_id for job_type, key, job_id in found})
-        todo = [row for row in rest if (row.job_type, row.unique_key) not in stored]
-    if todo:
-        raise StoreError(f"the unique keys of {len(todo)} jobs changed hands {store.UNIQUE_ROUNDS} times while inserting; "
-                         "try again")
+    keyed = [row for row in rows if row.unique_key is not None]
+    stored = (yield from store.unique_rounds(keyed)) if keyed else {}
     yield store.NOTIFY, {}  # delivered at the caller's commit, with the rows; dropped by a rollback
-    return [row.id if row.unique_key is None else stored[row.job_type, row.unique_key] for row in rows]
+    return [stored.get(row.id, row.id) for row in rows]
 
 
 def insert_in_transaction(conn: psycopg.Connection[Any], rows: Sequence[NewJob]) -> list[str]:
     check_joinable(conn.info, conn.autocommit)
-    plan = statements(rows)
-    try:
-        sql, params = next(plan)
-        while True:
-            cursor = conn.execute(sql, params)
-            sql, params = plan.send(cursor.fetchall() if cursor.description else [])
-    except StopIteration as done:
-        return done.value
+    return store.run_plan(conn, statements(rows))
 
 
 async def insert_in_transaction_async(conn: psycopg.AsyncConnection[Any], rows: Sequence[NewJob]) -> list[str]:

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Collection, Generator, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import psycopg
 
@@ -76,10 +76,28 @@ SELECT j.job_type, j.unique_key, j.id FROM jobs j
     ON j.job_type = k.job_type AND j.unique_key = k.unique_key
  WHERE j.unique_key IS NOT NULL AND j.status IN ('pending', 'running')
 """
+T = TypeVar("T")
 UNIQUE_ROUNDS = 20  # inserts tried again for keys whose holder finished in between (each round: one that did)
 
 
-def insert_unique(conn: psycopg.Connection[Any], rows: Sequence[NewJob]) -> dict[str, str]:
+# A plan of statements: yields (SQL, parameters), is sent each statement's rows, returns its
+# answer. The same plan runs on the Ledger's connection (run_plan) and, awaited, on a caller's
+# AsyncConnection (outbox.py), so that the rules of unique keys are written once.
+Plan = Generator[tuple[str, dict[str, Any]], list[tuple[Any, ...]], T]
+
+
+def run_plan(conn: psycopg.Connection[Any], plan: Plan[T]) -> T:
+    """Run a plan's statements on ``conn``, in order, each sent its rows; the plan's answer."""
+    try:
+        sql, params = next(plan)
+        while True:
+            cursor = conn.execute(sql, params)
+            sql, params = plan.send(cursor.fetchall() if cursor.description else [])
+    except StopIteration as done:
+        return done.value
+
+
+def unique_rounds(rows: Sequence[NewJob]) -> Plan[dict[str, str]]:
     """Insert rows that have a unique key; per row id, the id stored for it: its own, or that
     of the pending or running job holding its type and key (of two rows of one type and key,
     the first). Insert, then look up the holders of the keys not inserted: READ COMMITTED, so
@@ -91,7 +109,7 @@ def insert_unique(conn: psycopg.Connection[Any], rows: Sequence[NewJob]) -> dict
     todo = sorted(first.values(), key=lambda row: (row.job_type, row.unique_key or ""))
     stored: dict[tuple[str, str | None], str] = {}
     for _ in range(UNIQUE_ROUNDS):
-        inserted = {job_id for (job_id,) in conn.execute(_INSERT_UNIQUE, insert_params(todo))}
+        inserted = {job_id for (job_id,) in (yield _INSERT_UNIQUE, insert_params(todo))}
         rest = []
         for row in todo:
             if row.id in inserted:
@@ -100,7 +118,7 @@ def insert_unique(conn: psycopg.Connection[Any], rows: Sequence[NewJob]) -> dict
                 rest.append(row)
         if not rest:
             break
-        found = conn.execute(_HOLDERS, {"types": [r.job_type for r in rest], "keys": [r.unique_key for r in rest]})
+        found = yield _HOLDERS, {"types": [r.job_type for r in rest], "keys": [r.unique_key for r in rest]}
         for job_type, key, job_id in found:
             stored[job_type, key] = job_id
         todo = [row for row in rest if (row.job_type, row.unique_key) not in stored]
@@ -110,6 +128,11 @@ def insert_unique(conn: psycopg.Connection[Any], rows: Sequence[NewJob]) -> dict
         raise StoreError(f"the unique keys of {len(todo)} jobs changed hands {UNIQUE_ROUNDS} times while inserting; "
                          "try again")
     return {row.id: stored[row.job_type, row.unique_key] for row in rows}
+
+
+def insert_unique(conn: psycopg.Connection[Any], rows: Sequence[NewJob]) -> dict[str, str]:
+    """:func:`unique_rounds` on ``conn``."""
+    return run_plan(conn, unique_rounds(rows))
 
 
 def insert_jobs(conn: psycopg.Connection[Any], rows: Sequence[NewJob], *, notify: bool) -> list[str]:
