@@ -155,6 +155,7 @@ class ServerDatabase(Protocol):
     """What :class:`ServerBackend` needs of a server backend's connection holder."""
 
     shown: str  # the URL with its password masked
+    limiter: trio.CapacityLimiter  # the connections everyone but the Ledger shares
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T: ...
 
@@ -186,6 +187,13 @@ class ServerBackend(Generic[D]):
         self._stats = stats
         self._rng = rng or random.Random()
         self._trays = Trays(self._send_tray)
+        # operators' calls (the admin API, the dashboard, the CLI) never take every connection the
+        # worker side shares: claims, rescues and the Scheduler always have one of their own
+        self._operators = trio.CapacityLimiter(max(int(db.limiter.total_tokens) - 1, 1))
+
+    async def _operate(self, fn: Callable[..., T], *args: Any) -> T:
+        async with self._operators:
+            return await self._db.run(fn, *args)
 
     # for this backend's own tests and benchmarks: the engine never looks past the protocol
     @property
@@ -233,53 +241,53 @@ class ServerBackend(Generic[D]):
     # -- operators ----------------------------------------------------------------------------
 
     async def get(self, job_id: str) -> JobRecord | None:
-        return await self._db.run(self.operators.get_job, job_id)
+        return await self._operate(self.operators.get_job, job_id)
 
     async def list(
         self, *, status: str | None = None, job_type: str | None = None, limit: int = 50, offset: int = 0,
         priority: int | None = None, order: str = "newest",
     ) -> tuple[builtins.list[JobRecord], int]:
-        return await self._db.run(functools.partial(self.operators.list_jobs, status=status, job_type=job_type,
+        return await self._operate(functools.partial(self.operators.list_jobs, status=status, job_type=job_type,
                                                     limit=limit, offset=offset, priority=priority, order=order))
 
     async def stats(self) -> dict[str, Any]:
-        return await self._db.run(self.operators.operator_stats)
+        return await self._operate(self.operators.operator_stats)
 
     async def revive(self, job_id: str) -> JobRecord:
-        return await self._db.run(self.operators.revive, job_id)
+        return await self._operate(self.operators.revive, job_id)
 
     async def delete(self, job_id: str) -> None:
-        await self._db.run(self.operators.delete_job, job_id)
+        await self._operate(self.operators.delete_job, job_id)
 
     async def cleanup(self, *, statuses: Sequence[str] = ("completed", "dead"), older_than_seconds: float | None = None) -> int:
-        return await self._db.run(functools.partial(self.operators.cleanup, statuses=tuple(statuses),
+        return await self._operate(functools.partial(self.operators.cleanup, statuses=tuple(statuses),
                                                     older_than_seconds=older_than_seconds))
 
     async def ping(self) -> None:
-        await self._db.run(self.operators.ping)
+        await self._db.run(self.operators.ping)  # /healthz: never behind the operators' reads
 
     async def workers(self) -> builtins.list[WorkerRecord]:
-        return await self._db.run(self.operators.workers)
+        return await self._operate(self.operators.workers)
 
     # -- cron schedules -------------------------------------------------------------------------
 
     async def schedules(self) -> builtins.list[ScheduleRecord]:
-        return await self._db.run(self.scheduling.all_schedules)
+        return await self._operate(self.scheduling.all_schedules)
 
     async def due_schedules(self, now: str) -> builtins.list[ScheduleRecord]:
         return await self._db.run(self.scheduling.due_schedules, now)
 
     async def put_schedule(self, record: ScheduleRecord) -> ScheduleRecord:
-        return await self._db.run(self.scheduling.add_schedule, record)
+        return await self._operate(self.scheduling.add_schedule, record)
 
     async def remove_schedule(self, name: str) -> None:
-        await self._db.run(self.scheduling.remove_schedule, name)
+        await self._operate(self.scheduling.remove_schedule, name)
 
     async def set_schedule_enabled(self, name: str, enabled: bool) -> ScheduleRecord:
-        return await self._db.run(self.scheduling.set_enabled, name, enabled)
+        return await self._operate(self.scheduling.set_enabled, name, enabled)
 
     async def sync_code_schedules(self, records: Sequence[ScheduleRecord], *, owned: Collection[str] | None = None) -> None:
-        await self._db.run(functools.partial(self.scheduling.sync_code, owned=owned), list(records))
+        await self._operate(functools.partial(self.scheduling.sync_code, owned=owned), list(records))
 
     async def fire_schedule(self, name: str, *, tick: str, next_run: str, job: NewJob) -> bool:
         # one transaction (one script) of its own, not the Ledger's: its insert wakes the Pollers
