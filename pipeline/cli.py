@@ -11,13 +11,18 @@ import io
 import json
 import logging
 import os
+import re
 import sqlite3
 import stat
 import sys
+import textwrap
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
+import attrs
+
+from .app import APP_VARIABLE, SITE_APP, App, load_app
 from .backends.base import LIST_ORDERS, PRIORITY_MAX, PRIORITY_MIN
 from .clock import format_ts, now_ts, to_epoch
 from .config import Config
@@ -85,15 +90,143 @@ exit status: 0 success; 2 bad usage or configuration; 1 runtime failure (the dat
 refused, a file is unreadable, no such job).
 """
 
+APP_HELP = ("the application: a module and the name in it of a pipeline.Registry, or of a function returning one "
+            "(given the Config if it takes an argument), e.g. myapp:registry; the working directory is importable. "
+            f"Default: {APP_VARIABLE}, else {SITE_APP} (the bundled blog)")
 
-def build_parser() -> argparse.ArgumentParser:
+
+@attrs.define
+class Application:
+    """The application the commands work for: the one --app or PIPELINE_APP names (the bundled
+    site by default), or the registry a program gave ``main(registry=...)``."""
+
+    name: str  # MODULE:ATTR; or what the program is, for a registry given in code
+    app: App | None = None
+    given: Registry | None = None
+    _registry: Registry | None = attrs.field(default=None, init=False)  # the app's, once made (a factory is called once)
+
+    @property
+    def is_site(self) -> bool:
+        return self.app is not None and self.app.is_site
+
+    def registry(self, config: Config | Callable[[], Config]) -> Registry:
+        """The registry with its handlers: what the service runs (the site's: every handler, its
+        settings checked)."""
+        if self.given is not None:
+            return self.given
+        if self._registry is None:
+            assert self.app is not None
+            self._registry = self.app.registry(config)
+        return self._registry
+
+    def types(self, config: Config | Callable[[], Config]) -> Registry:
+        """What the commands check jobs and events against: they run no handler. For the bundled
+        site, its types alone: importing its handlers (httpx, Pillow, redis) would only slow every
+        command down. Any other application's registry is what it is."""
+        if self.is_site:
+            from .site import types_registry
+
+            return types_registry()
+        return self.registry(config)
+
+
+def choose_application(app: str | None, env_file: str | None, registry: Registry | None) -> Application:
+    """--app, else PIPELINE_APP (the environment, then the env file), else the bundled site; or
+    the registry the program gave, which nothing on the command line replaces."""
+    if registry is not None:
+        if app is not None:
+            raise UsageError("--app is not taken here: this program gives its registry to pipeline.cli.main(registry=...) "
+                             "itself (python -m pipeline --app runs another)")
+        return Application(f"the registry {Path(sys.argv[0]).name or 'this program'} gives pipeline.cli.main()", given=registry)
+    asked = f"--app {app!r}"
+    if app is None:
+        app = os.environ.get(APP_VARIABLE, "").strip() or None
+        asked = f"{APP_VARIABLE}={app!r}"
+    if app is None and env_file is not None and Path(env_file).is_file():
+        from dotenv import dotenv_values
+
+        app = (dotenv_values(env_file).get(APP_VARIABLE) or "").strip() or None
+        asked = f"{APP_VARIABLE}={app!r} (in {env_file})"
+    if app is None:
+        app, asked = SITE_APP, f"the default app {SITE_APP!r}"
+    loaded = load_app(app, asked=asked)
+    return Application(loaded.name, app=loaded)
+
+
+def _global_options(argv: Sequence[str]) -> argparse.Namespace:
+    """The options before the command that decide what the parser shows: --app and --env-file
+    (parsed again, with everything else, by the full parser)."""
+    pre = _Parser(prog="python -m pipeline", add_help=False)
+    pre.add_argument("--app")
+    pre.add_argument("--env-file", default=".env")
+    pre.add_argument("--processes")
+    pre.add_argument("--json", action="store_true")
+    pre.add_argument("rest", nargs=argparse.REMAINDER)  # the command and its own arguments, untouched
+    return pre.parse_known_args(argv)[0]
+
+
+@attrs.frozen
+class AppSummary:
+    """What --help says of the application."""
+
+    name: str
+    option: str  # what the examples put before the command: " --app myapp:registry", or nothing
+    site: bool
+    job_types: list[str]
+    events: list[str]
+    schedules: list[str]
+
+    @classmethod
+    def of(cls, application: Application, registry: Registry) -> AppSummary:
+        option = f" --app {application.name}" if application.app is not None and not application.is_site else ""
+        return cls(application.name, option, application.is_site, registry.job_types(), registry.event_names(),
+                   [s.name for s in registry.schedules()])
+
+    def description(self) -> str:
+        named = f"{self.name} (the bundled blog; --app or {APP_VARIABLE} names another)" if self.site else self.name
+        lines = [f"app: {named}", f"job types: {', '.join(self.job_types) or 'none'}"]
+        if self.events:
+            lines.append(f"events: {', '.join(self.events)}")
+        if self.schedules:
+            lines.append(f"schedules in its code: {', '.join(self.schedules)}")
+        return "\n".join(textwrap.fill(line, 100, subsequent_indent="  ") for line in lines)
+
+    def examples(self, text: str) -> str:
+        """The bundled site's examples, for another app written with its own first job type."""
+        if self.site or not self.job_types:
+            return text
+        app, first = self.option, self.job_types[0]
+        out = []
+        for line in text.splitlines():
+            if "python -m pipeline" in line and any(t in line for t in ("send_email", "generate_sitemap")):
+                line = line.replace("python -m pipeline", f"python -m pipeline{app}")
+                line = re.sub(r"'\{.*\}'", "'{...}'", line)
+                line = line.replace("send_email", first).replace("generate_sitemap", first).replace("nightly-sitemap", "nightly")
+            elif "python -m pipeline" in line:
+                line = line.replace("python -m pipeline", f"python -m pipeline{app}")
+            elif "invalidate_cache" in line:
+                line = f'  {{"job_type": "{first}", "payload": {{...}}, "priority": 3}}'
+            out.append(line)
+        return "\n".join(out) + "\n"
+
+
+def build_parser(app: AppSummary | None = None) -> argparse.ArgumentParser:
+    """The command line for ``app`` (default: the bundled site): its --help names the app and its
+    job types, and the site's own commands (search, demo) are there only when it is the app."""
+    if app is None:
+        from .site import types_registry
+
+        site = types_registry()
+        app = AppSummary(SITE_APP, "", True, site.job_types(), site.event_names(), [])
     parser = _Parser(
         prog="python -m pipeline",
-        description="Durable background jobs for trio applications, on SQLite, Postgres or Redis (DATABASE_URL). "
-        "With no command, runs the service (same as `run`).",
+        description=textwrap.fill("Durable background jobs, on SQLite, Postgres or Redis (DATABASE_URL), for the application "
+                                  "--app names. With no command, runs the service (same as `run`).", 100)
+        + "\n\n" + app.description(),
         epilog=MAIN_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--app", metavar="MODULE:ATTR", help=APP_HELP)
     parser.add_argument("--env-file", default=".env", help="read settings from this file too (default: .env)")
     parser.add_argument("--json", action="store_true", default=False, help="print JSON instead of text for people")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
@@ -114,9 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
         "enqueue", parents=[as_json], formatter_class=argparse.RawDescriptionHelpFormatter,
         help="insert a job (prints its id), or many from a JSON-lines file",
         description="Insert one job from flags, or every job of a JSON-lines file in one transaction.",
-        epilog=ENQUEUE_EXAMPLES,
+        epilog=app.examples(ENQUEUE_EXAMPLES),
     )
-    p.add_argument("job_type", nargs="?", help="e.g. send_email (omit with --from-file)")
+    p.add_argument("job_type", nargs="?", help=f"one of the app's: {', '.join(app.job_types) or 'none'} (omit with --from-file)")
     p.add_argument("--payload", help="the job's fields as a JSON object (default {})")
     p.add_argument("--from-file", metavar="FILE",
                    help='one job per line: {"job_type": ..., "payload": {...}} with optional priority, max_attempts, '
@@ -134,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("emit", parents=[as_json], help="emit an event: insert the jobs it routes to; prints their ids",
                        description="Emit a domain event: the jobs its route gives are inserted in one transaction.")
-    p.add_argument("event", help="e.g. UserRegistered")
+    p.add_argument("event", help=f"one of the app's: {', '.join(app.events) or 'none'}")
     p.add_argument("--data", default="{}", help="the event's fields as a JSON object")
 
     p = sub.add_parser(
@@ -169,14 +302,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="cron schedules: add, list, remove, pause, resume (bare `schedule` lists)",
         description="Cron schedules in the job store (DATABASE_URL): each tick of a running service enqueues the "
         "schedule's job once, however many processes run. Without an action, lists them.",
-        epilog=SCHEDULE_EXAMPLES,
+        epilog=app.examples(SCHEDULE_EXAMPLES),
     )
     actions = p.add_subparsers(dest="schedule_command", parser_class=_Parser, metavar="ACTION")
     a = actions.add_parser("add", parents=[as_json], help="add a schedule (a name not in use)",
                            description="Add a cron schedule: JOB_TYPE with --payload at each tick of CRON in --timezone.")
     a.add_argument("name", help="unique: letters, digits, _.:-")
     a.add_argument("cron", help='5 fields (minute hour day month weekday: "0 3 * * *"), or 6 with seconds first')
-    a.add_argument("job_type", help="e.g. generate_sitemap")
+    a.add_argument("job_type", help=f"one of the app's: {', '.join(app.job_types) or 'none'}")
     a.add_argument("--payload", help="the job's fields as a JSON object (default {})")
     a.add_argument("--timezone", default="UTC", metavar="TZ", help="IANA time zone the expression is read in (default UTC)")
     actions.add_parser("list", parents=[as_json], help="every schedule with its next run (the default)",
@@ -190,6 +323,21 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Counts by status and type, jobs finished per minute over the last hour, "
                        "and how long the oldest due pending job has waited.")
 
+    if app.site:
+        _site_commands(sub)
+
+    p = sub.add_parser("diagrams", help="redraw diagrams/*.mmd and docs/architecture.md's copies from the code")
+    p.add_argument("--out", default="diagrams")
+    p.add_argument("--readme", default="docs/architecture.md", help="the Markdown page that holds copies of the drawings")
+
+    # every flag after `bench` is benchmarks/bench.py's own (`python -m pipeline bench --help`)
+    sub.add_parser("bench", add_help=False, help="measure throughput and latency against Huey's SQLite backend "
+                   "(benchmarks/bench.py of a source checkout; --quick: under a minute)")
+    return parser
+
+
+def _site_commands(sub: Any) -> None:
+    """The bundled site's own commands: there when it is the app."""
     # the site's content stays in SQLite (FTS5) whatever DATABASE_URL names: SITE_DATABASE_URL, docs/configuration.md
     p = sub.add_parser("search", help="full-text search of the published posts (the index rebuild_search_index keeps, "
                        "in the site's SQLite database: SITE_DATABASE_URL)")
@@ -200,15 +348,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", default="pipeline-demo", help="where the demo's database, media and sitemap go (default ./pipeline-demo)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="give up waiting for the jobs after this long")
     p.add_argument("--verbose", action="store_true", help="also print the pipeline's log (stderr)")
-
-    p = sub.add_parser("diagrams", help="redraw diagrams/*.mmd and docs/architecture.md's copies from the code")
-    p.add_argument("--out", default="diagrams")
-    p.add_argument("--readme", default="docs/architecture.md", help="the Markdown page that holds copies of the drawings")
-
-    # every flag after `bench` is benchmarks/bench.py's own (`python -m pipeline bench --help`)
-    sub.add_parser("bench", add_help=False, help="measure throughput and latency against Huey's SQLite backend "
-                   "(benchmarks/bench.py of a source checkout; --quick: under a minute)")
-    return parser
 
 
 def _check_text(arg: str, position: int) -> None:
@@ -222,20 +361,37 @@ def _check_text(arg: str, position: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None, *, registry: Registry | None = None, stdout: TextIO | None = None) -> int:
+    """``python -m pipeline``. ``registry``: an application's own entry point gives its registry
+    here (instead of --app); its worker processes under --processes run the same script."""
     out = stdout or sys.stdout
-    parser = build_parser()
     try:
-        for position, arg in enumerate(sys.argv[1:] if argv is None else argv, start=1):
+        argv = list(sys.argv[1:] if argv is None else argv)
+        for position, arg in enumerate(argv, start=1):
             _check_text(arg, position)
+        options = _global_options(argv)
+        app = choose_application(options.app, options.env_file, registry)
+        made: list[Config] = []
+
+        def config() -> Config:  # read once, when first needed (--help needs it only for an app's factory)
+            if not made:
+                made.append(Config.from_env(env_file=options.env_file))
+            return made[0]
+
+        command = options.rest[0] if options.rest else None
+        if command != "bench" and any(arg == "--app" or arg.startswith("--app=") for arg in options.rest):
+            raise UsageError("--app goes before the command: python -m pipeline --app MODULE:ATTR COMMAND ...")
+        if command in ("demo", "search") and not app.is_site:
+            raise UsageError(f"{command} is a command of the bundled site, which is not the app here ({app.name}): "
+                             f"python -m pipeline --app {SITE_APP} {command}")
+        parser = build_parser(AppSummary.of(app, app.types(config)))
         args, extra = parser.parse_known_args(argv)
         if extra and args.command != "bench":
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.bench_args = extra
         if getattr(args, "processes", None) is not None and (args.command or "run") != "run":
             parser.error("--processes goes with run (the service)")
-        config = Config.from_env(env_file=args.env_file)
         command = args.command or "run"
-        return COMMANDS[command](args, config, registry, out)
+        return COMMANDS[command](args, config(), app, out)
     except CliError as exc:
         print(exc, file=sys.stderr)
         return exc.code
@@ -270,7 +426,7 @@ def _leaves(exc: BaseException) -> Any:
 # -- the service ------------------------------------------------------------------------------
 
 
-def cmd_run(args: argparse.Namespace, config: Config, registry: Registry | None, out: TextIO) -> int:
+def cmd_run(args: argparse.Namespace, config: Config, app: Application, out: TextIO) -> int:
     from .logs import configure
 
     configure(config)
@@ -282,8 +438,11 @@ def cmd_run(args: argparse.Namespace, config: Config, registry: Registry | None,
     count = config.worker.process_count() if args.processes is None else args.processes
     if count < 1:
         raise UsageError(f"--processes must be 1 or more, got {count}")
+    registry = app.registry(config)  # the bundled site's: every handler attached, its settings checked
     if count > 1 and config.worker.enabled and not supervised():
-        trio.run(supervise, config, registry, count)
+        # the supervisor runs no handler: its admin API validates jobs and events (the site's
+        # types alone; the worker processes import the handlers' libraries)
+        trio.run(supervise, config, app.types(config) if app.is_site else registry, count)
     else:  # one process: everything in it, as a worker process of a supervisor is
         trio.run(serve, config, registry)
     return 0
@@ -312,15 +471,6 @@ def _with_backend(config: Config, work: Callable[[Backend], Awaitable[T]]) -> T:
         raise
 
 
-def _registry(config: Config, registry: Registry | None) -> Registry:
-    """What the commands on the job store validate against. They run no handler, so the
-    bundled site's job types and events suffice; importing the handlers (httpx, Pillow, redis)
-    would only slow every command down."""
-    from .site import types_registry
-
-    return registry if registry is not None else types_registry()
-
-
 def _json_object(text: str, what: str) -> dict[str, Any]:
     from .admin import inputs
 
@@ -332,16 +482,16 @@ def _emit_json(out: TextIO, value: Any) -> None:
     out.write("\n")
 
 
-def cmd_enqueue(args: argparse.Namespace, config: Config, registry: Registry | None, out: TextIO) -> int:
+def cmd_enqueue(args: argparse.Namespace, config: Config, app: Application, out: TextIO) -> int:
     if args.from_file is not None:
-        return _enqueue_file(args, config, registry, out)
+        return _enqueue_file(args, config, app, out)
     from .admin import inputs
 
     if args.job_type is None:
         raise UsageError("enqueue needs a JOB_TYPE (or --from-file FILE)")
     if args.commit_every is not None:
         raise UsageError("--commit-every goes with --from-file")
-    reg = _registry(config, registry)
+    reg = app.types(config)
     payload = _json_object("{}" if args.payload is None else args.payload, "--payload")
     if args.delay is not None and not (0 <= args.delay < 10**9):
         raise UsageError(f"--delay must be a number of seconds >= 0, got {args.delay}")
@@ -369,7 +519,7 @@ def cmd_enqueue(args: argparse.Namespace, config: Config, registry: Registry | N
     return 0
 
 
-def _enqueue_file(args: argparse.Namespace, config: Config, registry: Registry | None, out: TextIO) -> int:
+def _enqueue_file(args: argparse.Namespace, config: Config, app: Application, out: TextIO) -> int:
     """All or nothing, in one transaction: each chunk of checked lines is inserted while the
     next is checked; a bad line rolls everything back."""
     import tempfile
@@ -384,7 +534,7 @@ def _enqueue_file(args: argparse.Namespace, config: Config, registry: Registry |
     every = args.commit_every
     if every is not None and every < 1:
         raise UsageError(f"--commit-every must be a number of jobs >= 1, got {every}")
-    reg = _registry(config, registry)
+    reg = app.types(config)
     name = "standard input" if args.from_file == "-" else args.from_file
     # a line holds one job: its payload (at most the registry's limit, up to 6 bytes a character
     # when written as \\u escapes of four hex digits) and a few fields; longer is not a job
@@ -468,8 +618,8 @@ def _keeping_ids(rows: Any, ids: list[str]) -> Any:
         yield row
 
 
-def cmd_emit(args: argparse.Namespace, config: Config, registry: Registry | None, out: TextIO) -> int:
-    reg = _registry(config, registry)
+def cmd_emit(args: argparse.Namespace, config: Config, app: Application, out: TextIO) -> int:
+    reg = app.types(config)
     event = reg.decode_event(args.event, _json_object(args.data, "--data"))
     requests = []
     for routed in reg.route(event, config):
@@ -502,7 +652,7 @@ def _list_flags(p: argparse.ArgumentParser, *, suppress: bool) -> None:
                         "(priority, then due time, then insertion)")
 
 
-def cmd_jobs(args: argparse.Namespace, config: Config, registry: Registry | None, out: TextIO) -> int:
+def cmd_jobs(args: argparse.Namespace, config: Config, app: Application, out: TextIO) -> int:
     action = args.jobs_command or "list"
     return JOB_ACTIONS[action](args, config, out)
 
@@ -593,19 +743,19 @@ JOB_ACTIONS: dict[str, Callable[[argparse.Namespace, Config, TextIO], int]] = {
 }
 
 
-def cmd_schedule(args: argparse.Namespace, config: Config, registry: Registry | None, out: TextIO) -> int:
+def cmd_schedule(args: argparse.Namespace, config: Config, app: Application, out: TextIO) -> int:
     action = args.schedule_command or "list"
     if action == "add":
-        return _schedule_add(args, config, registry, out)
+        return _schedule_add(args, config, app, out)
     if action == "list":
         return _schedule_list(args, config, out)
     return _schedule_change(args, config, out, action)
 
 
-def _schedule_add(args: argparse.Namespace, config: Config, registry: Registry | None, out: TextIO) -> int:
+def _schedule_add(args: argparse.Namespace, config: Config, app: Application, out: TextIO) -> int:
     from .schedules import make_schedule
 
-    reg = _registry(config, registry)
+    reg = app.types(config)
     payload = _json_object("{}" if args.payload is None else args.payload, "--payload")
     record = make_schedule(reg, args.name, args.cron, args.job_type, payload, args.timezone).record(origin="operator")
     added = _with_backend(config, lambda backend: backend.put_schedule(record))  # checked before opening
@@ -652,7 +802,7 @@ def _schedule_change(args: argparse.Namespace, config: Config, out: TextIO, acti
     return 0
 
 
-def cmd_stats(args: argparse.Namespace, config: Config, registry: Registry | None, out: TextIO) -> int:
+def cmd_stats(args: argparse.Namespace, config: Config, app: Application, out: TextIO) -> int:
     from .admin import console
 
     stats = _with_backend(config, lambda backend: backend.stats())
@@ -663,19 +813,19 @@ def cmd_stats(args: argparse.Namespace, config: Config, registry: Registry | Non
     return 0
 
 
-def cmd_diagrams(args: argparse.Namespace, config: Config, registry: Registry | None, out: TextIO) -> int:
+def cmd_diagrams(args: argparse.Namespace, config: Config, app: Application, out: TextIO) -> int:
     import trio
 
     from .engine import diagrams
     from .service import record_wiring
 
-    wiring = trio.run(record_wiring, registry)
+    wiring = trio.run(record_wiring, None if app.is_site else app.registry(config))
     for path in diagrams.write(Path(args.out), wiring, Path(args.readme)):
         print(path, file=out)
     return 0
 
 
-def cmd_search(args: argparse.Namespace, config: Config, registry: Registry | None, out: TextIO) -> int:
+def cmd_search(args: argparse.Namespace, config: Config, app: Application, out: TextIO) -> int:
     from .site import schema
     from .site.search import print_search
     from .sqlite_files import connect
@@ -693,13 +843,13 @@ def cmd_search(args: argparse.Namespace, config: Config, registry: Registry | No
         conn.close()
 
 
-def cmd_demo(args: argparse.Namespace, config: Config, registry: Registry | None, out: TextIO) -> int:
+def cmd_demo(args: argparse.Namespace, config: Config, app: Application, out: TextIO) -> int:
     from .site.demo import run_demo
 
-    return run_demo(config, Path(args.dir), registry=registry, timeout=args.timeout, verbose=args.verbose, out=out)
+    return run_demo(config, Path(args.dir), timeout=args.timeout, verbose=args.verbose, out=out)
 
 
-def cmd_bench(args: argparse.Namespace, config: Config, registry: Registry | None, out: TextIO) -> int:
+def cmd_bench(args: argparse.Namespace, config: Config, app: Application, out: TextIO) -> int:
     """Run benchmarks/bench.py with the arguments given after `bench`."""
     import subprocess
 
@@ -710,7 +860,7 @@ def cmd_bench(args: argparse.Namespace, config: Config, registry: Registry | Non
     return subprocess.run([sys.executable, str(script), *args.bench_args], check=False).returncode
 
 
-COMMANDS: dict[str, Callable[[argparse.Namespace, Config, Registry | None, TextIO], int]] = {
+COMMANDS: dict[str, Callable[[argparse.Namespace, Config, Application, TextIO], int]] = {
     "run": cmd_run,
     "enqueue": cmd_enqueue,
     "emit": cmd_emit,

@@ -28,8 +28,9 @@ log = logging.getLogger("pipeline")
 LAST_BATCH_WAIT = 0.5
 
 
-async def serve(config: Config, registry: Registry | None = None, *, ready: Callable[[Any], None] | None = None) -> None:
-    """Run until SIGINT/SIGTERM, then shut down gracefully; a second signal exits at once.
+async def serve(config: Config, registry: Registry, *, ready: Callable[[Any], None] | None = None) -> None:
+    """Run ``registry``'s application (``--app``; the CLI chooses it) until SIGINT/SIGTERM, then
+    shut down gracefully; a second signal exits at once.
 
     With ADMIN_ENABLED the admin API is served next to the workers (WORKER_ENABLED=false:
     the API alone). Its socket is bound before anything starts, so a busy port or a
@@ -48,13 +49,9 @@ async def serve(config: Config, registry: Registry | None = None, *, ready: Call
             listener.close()
 
 
-async def _serve(config: Config, registry: Registry | None, listener: Any, ready: Callable[[Any], None] | None) -> None:
+async def _serve(config: Config, registry: Registry, listener: Any, ready: Callable[[Any], None] | None) -> None:
     from .engine.wiring import open_pipeline
 
-    if registry is None:  # the bundled site, as `python -m pipeline` runs it
-        from .site import default_registry
-
-        registry = default_registry(config)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         stop = trio.Event()
         opened: list[Any] = []  # the pipeline, once open

@@ -278,10 +278,12 @@ def _send(process: trio.Process, signum: int) -> None:
         pass
 
 
-async def supervise(config: Config, registry: Registry | None, count: int, *, command: Sequence[str] | None = None,
+async def supervise(config: Config, registry: Registry, count: int, *, command: Sequence[str] | None = None,
                     ready: Callable[[Supervisor], None] | None = None) -> None:
     """Run ``count`` worker processes and the admin API until SIGINT/SIGTERM (see the module
-    docstring). The store is opened here first, so a bad DATABASE_URL or a corrupt file fails
+    docstring). ``registry`` is what the admin API validates jobs and events against (the
+    application's, as the CLI loaded it: a worker process loads it again from the same command
+    line, or from PIPELINE_APP in the same environment). The store is opened here first, so a bad DATABASE_URL or a corrupt file fails
     before any worker process starts; a worker process that exits before it was ever ready
     (its own start failed) stops the service with an error rather than being restarted."""
     supervisor = Supervisor(config, count, command or sys.orig_argv)
@@ -324,15 +326,10 @@ async def supervise(config: Config, registry: Registry | None, count: int, *, co
 
 
 @asynccontextmanager
-async def _supervisor_pipeline(config: Config, registry: Registry | None) -> AsyncIterator[Any]:
+async def _supervisor_pipeline(config: Config, registry: Registry) -> AsyncIterator[Any]:
     """The supervisor's own pipeline: no workers; the admin API's reads and writes."""
     from .engine.wiring import open_pipeline
 
-    if registry is None:
-        from .site import default_registry, types_registry
-
-        default_registry(config)  # the worker processes' own: its settings are checked here, before any starts
-        registry = types_registry()  # the admin API validates jobs and events; it runs no handler
     async with open_pipeline(config.replace(worker=attrs.evolve(config.worker, enabled=False)), registry) as pipeline:
         yield pipeline
 

@@ -1,5 +1,6 @@
 """The bundled site: a small blog's job types, events and handlers, built on the engine the
-way any application would be (seed 7). ``python -m pipeline`` runs it by default.
+way any application would be (seed 7). ``python -m pipeline`` runs it by default: it is the app
+``pipeline.site:registry`` (``--app``), and its commands ``demo`` and ``search`` are there then.
 
     registry = pipeline.site.default_registry(config)   # the ten job types, five events, handlers
     async with pipeline.open_pipeline(config, registry) as p:
@@ -41,7 +42,7 @@ __all__ = [
     "Compress", "ConvertWebP", "GenerateSitemap", "GenerateThumbnail", "InvalidateCache", "MediaUploaded",
     "PostCreated", "PostPublished", "PostScheduled", "ProcessImage", "RebuildSearchIndex", "Resize",
     "ScheduledPublish", "SendEmail", "SendWelcomeEmail", "UserRegistered", "WebhookNotify",
-    "default_registry", "types_registry",
+    "default_registry", "registry", "types_registry",
 ]
 
 
@@ -72,3 +73,9 @@ def default_registry(config: Config) -> Registry:
     webhook.install(registry, config)
     content.install(registry, config)
     return registry
+
+
+def registry(config: Config) -> Registry:
+    """The site as an app, ``python -m pipeline --app pipeline.site:registry`` (the default):
+    what :func:`default_registry` gives."""
+    return default_registry(config)
