@@ -5,7 +5,7 @@ runs under ``python -m pipeline --app shop:registry --processes 2``; a plain syn
 jobs complete within well under a second of the enqueue (asserted < 3 s with a poll interval of a
 minute, so only the stores' wake-ups can explain it); a sqlite3 and a psycopg transaction rolled
 back leave no job, committed ones run; the middleware saw every job; the admin API knows the
-app's types and schedule."""
+app's types and schedule. And the shop's own pytest file runs its handlers with ``pipeline.testing``."""
 
 from __future__ import annotations
 
@@ -235,3 +235,38 @@ def run_the_shop(name: str, database_url: str, tmp_path: Path) -> None:
         assert service.stop() == 0
     finally:
         service.kill()
+
+
+SHOP_TESTS = textwrap.dedent('''
+    """The shop's own tests: its handlers run by the real engine, without a service."""
+    import json
+    import os
+
+    import pipeline.testing
+    from shop import Receipt, Thumbnail, registry
+
+
+    def test_a_receipt_is_sent():
+        record = pipeline.testing.run(registry, Receipt("t-1"))
+        assert (record.status, record.job_type, record.attempts) == ("completed", "send_receipt", 1)
+
+
+    def test_a_thumbnail_is_made_in_a_thread_and_the_middleware_sees_it():
+        record = pipeline.testing.run(registry, Thumbnail("t-2"))
+        assert record.status == "completed"
+        with open(os.environ["SHOP_LOG"]) as f:
+            noted = [json.loads(line) for line in f]
+        assert {(n["kind"], n["id"]) for n in noted} >= {("middleware", record.id), ("done", record.id)}
+''')
+
+
+def test_the_shops_own_pytest_file_runs_its_handlers_with_pipeline_testing(tmp_path: Path) -> None:
+    folder = tmp_path / "shop-app"
+    folder.mkdir()
+    (folder / "shop.py").write_text(SHOP)
+    (folder / "test_shop.py").write_text(SHOP_TESTS)
+    env = app_env(folder, "sqlite:///unused.db", SHOP_LOG=str(tmp_path / "shop.log"))
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_shop.py"], cwd=folder,
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 passed" in done.stdout

@@ -32,6 +32,9 @@ APP = textwrap.dedent('''
         pass
 
 
+    registry.schedule("app-nightly", "0 3 * * *", ResizeAvatar("nightly"))
+
+
     @attrs.frozen
     class Ping:
         n: int = 0
@@ -164,7 +167,7 @@ def test_help_names_the_app_and_its_types_and_the_sites_commands_only_for_the_si
 
     mine = cli(folder, env, "--app", "myapp:registry", "--help")
     assert mine.returncode == 0, mine.stderr
-    assert "app: myapp:registry\njob types: resize_avatar\n" in mine.stdout
+    assert "app: myapp:registry\njob types: resize_avatar\nschedules in its code: app-nightly\n" in mine.stdout
     assert {"search", "demo"}.isdisjoint(commands(mine.stdout)) and {"run", "enqueue", "jobs"} <= commands(mine.stdout)
     enqueue = cli(folder, env, "--app", "myapp:registry", "enqueue", "--help").stdout
     assert "one of the app's: resize_avatar" in enqueue
@@ -203,6 +206,9 @@ def test_worker_processes_get_the_app_from_pipeline_app_and_a_site_service_besid
         assert {j["id"]: j["status"] for j in jobs} == dict.fromkeys(ids, "completed")
         assert site.stop() == 0
         assert not any("no code here knows" in line for line in site.lines)
+        # nor does it retire the app's code schedule: it runs none of that type's jobs
+        listed = json.loads(cli(folder, quick, "schedule", "list", "--json").stdout)
+        assert [(s["name"], s["origin"], s["state"]) for s in listed] == [("app-nightly", "code", "active")]
         assert app.stop() == 0
     finally:
         app.kill()
