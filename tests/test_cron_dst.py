@@ -8,7 +8,8 @@ zones that move by an hour (America/New_York, Europe/Paris) and by half an hour
 - a wall time that does not exist (clocks go forward) fires once, at the first moment after the gap;
 - a schedule added, resumed or declared during the repeated hour fires each tick once.
 
-The hypothesis test checks next_tick against a brute force that walks the UTC timeline.
+The hypothesis tests check next_tick against a brute force that walks the UTC timeline, around
+those changes and London's and Sydney's.
 (The Scheduler and the stores end to end: tests/backends/test_cron_dst_stores.py.)"""
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ CHANGES = [
     (PARIS, "2024-10-27T01:00:00.000Z", "03:00 CEST -> 02:00 CET"),
     (LORD_HOWE, "2024-04-06T15:00:00.000Z", "02:00 +11 -> 01:30 +10:30"),
     (LORD_HOWE, "2024-10-05T15:30:00.000Z", "02:00 +10:30 -> 02:30 +11"),
+    # and two more the issue saw storm: London, and Sydney (the southern hemisphere's seasons)
+    ("Europe/London", "2024-03-31T01:00:00.000Z", "01:00 GMT -> 02:00 BST"),
+    ("Europe/London", "2024-10-27T01:00:00.000Z", "02:00 BST -> 01:00 GMT"),
+    ("Australia/Sydney", "2024-04-06T16:00:00.000Z", "03:00 AEDT -> 02:00 AEST"),
+    ("Australia/Sydney", "2024-10-05T16:00:00.000Z", "02:00 AEST -> 03:00 AEDT"),
 ]
 
 
