@@ -753,11 +753,12 @@ def cmd_schedule(args: argparse.Namespace, config: Config, app: Application, out
 
 
 def _schedule_add(args: argparse.Namespace, config: Config, app: Application, out: TextIO) -> int:
+    from .backends.base import ScheduleRecord
     from .schedules import make_schedule
 
     reg = app.types(config)
     payload = _json_object("{}" if args.payload is None else args.payload, "--payload")
-    record = make_schedule(reg, args.name, args.cron, args.job_type, payload, args.timezone).record(origin="operator")
+    record = ScheduleRecord.of(make_schedule(reg, args.name, args.cron, args.job_type, payload, args.timezone), origin="operator")
     added = _with_backend(config, lambda backend: backend.put_schedule(record))  # checked before opening
     if args.json:
         _emit_json(out, added.to_json())

@@ -19,17 +19,14 @@ import datetime as dt
 import math
 import re
 import zoneinfo
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 import attrs
 from cronsim import CronSim, CronSimError
 
 from .clock import UTC, format_ts, now_ts, parse_ts
 from .errors import UsageError
-
-if TYPE_CHECKING:
-    from .backends.base import ScheduleRecord
-    from .registry import Registry
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,99}")
 
@@ -183,17 +180,15 @@ class Schedule:
     payload: str
     timezone: str = "UTC"
 
-    def record(self, *, origin: str, now: str | None = None) -> ScheduleRecord:
-        from .backends.base import ScheduleRecord
-
-        now = now or now_ts()
-        return ScheduleRecord(
-            name=self.name, job_type=self.job_type, payload=self.payload, cron=self.cron, timezone=self.timezone,
-            enabled=True, origin=origin, next_run=next_tick(self.cron, self.timezone, now), created_at=now, updated_at=now,
-        )
 
 
-def make_schedule(registry: Registry, name: Any, cron: Any, job_type: Any, payload: Any, timezone: Any = "UTC") -> Schedule:
+class Validates(Protocol):
+    """What :func:`make_schedule` needs of a registry: a payload checked against its job type."""
+
+    def validate(self, name: str, payload: str | Mapping[str, Any]) -> str: ...
+
+
+def make_schedule(registry: Validates, name: Any, cron: Any, job_type: Any, payload: Any, timezone: Any = "UTC") -> Schedule:
     """Check every part of a schedule (UsageError, UnknownJobType or InvalidPayload naming the
     problem) and return it; nothing is written."""
     check_name(name)

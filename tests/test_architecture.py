@@ -93,3 +93,31 @@ def test_the_stores_import_nothing_from_the_engine() -> None:
         if name.startswith("pipeline.backends") and any(m.startswith("pipeline.engine") for m in imported)
     }
     assert offenders == {}
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    """Issue 22, item 9: no circle in the tree (the package's own __init__, which re-exports the
+    public names, aside; TYPE_CHECKING imports count). JobContext has a module of its own
+    (pipeline.context), beneath the registry and the handler pools."""
+    modules = set(MODULES)
+
+    def owner(name: str) -> str:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph = {name: {owner(m) for m in imported} - {"", "pipeline", name} for name, imported in MODULES.items()}
+    graph = {name: {m for m in found if m.startswith("pipeline.") and not name.startswith(m + ".")}
+             for name, found in graph.items()}
+    circles = []
+    for start in sorted(graph):  # a depth-first walk from each module, back to itself
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in sorted(graph.get(node, ())):
+                if nxt == start:
+                    circles.append(" -> ".join([*path, start]))
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, [*path, nxt]))
+    assert circles == []

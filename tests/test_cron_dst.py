@@ -23,7 +23,7 @@ from cronsim import CronSim
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.backends.base import with_enabled
+from pipeline.backends.base import ScheduleRecord, with_enabled
 from pipeline.clock import format_ts, to_epoch
 from pipeline.schedules import Schedule, fixed_time, next_tick
 
@@ -139,7 +139,7 @@ def test_a_schedule_added_or_resumed_in_the_repeated_hour_fires_that_time_once(
 ) -> None:
     for minutes in range(-25, 50, 5):  # from before the first occurrence to after the second
         now = format_ts(to_epoch(first) + minutes * 60)
-        added = Schedule("s", expr, "t", "{}", zone).record(origin="operator", now=now)
+        added = ScheduleRecord.of(Schedule("s", expr, "t", "{}", zone), origin="operator", now=now)
         resumed = with_enabled(attrs.evolve(added, enabled=False), True, now=now)
         for record in (added, resumed):
             assert record.next_run > now

@@ -20,6 +20,8 @@ import trio
 from admin_harness import seed, serve_in_thread
 from conftest import REQUIRE_SERVICES, fast_config
 
+from pipeline.backends.base import ScheduleRecord
+
 CHROMIUM = os.environ.get("PIPELINE_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
@@ -92,7 +94,7 @@ def _put_schedules(db: Path) -> str:
 
     async def store() -> str:
         async with open_backend(fast_config(db)) as backend:
-            added = [await backend.put_schedule(s.record(origin="operator")) for s in schedules]
+            added = [await backend.put_schedule(ScheduleRecord.of(s, origin="operator")) for s in schedules]
             await backend.set_schedule_enabled("hourly-sitemap", False)
             return added[1].next_run
 
@@ -373,8 +375,8 @@ def test_dashboard_lists_the_cron_schedules_with_their_next_run(browser: Any, tm
 
     async def store() -> str:
         async with open_backend(fast_config(db)) as backend:
-            added = await backend.put_schedule(nightly.record(origin="operator"))
-            await backend.put_schedule(hourly.record(origin="operator"))
+            added = await backend.put_schedule(ScheduleRecord.of(nightly, origin="operator"))
+            await backend.put_schedule(ScheduleRecord.of(hourly, origin="operator"))
             await backend.set_schedule_enabled("hourly-sitemap", False)
             return added.next_run
 

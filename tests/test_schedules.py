@@ -18,6 +18,7 @@ from jobkit import Echo, Tick, registry, tick
 import pipeline
 from pipeline import Config, InvalidPayload, UnknownJobType, UsageError
 from pipeline.backends import open_backend
+from pipeline.backends.base import ScheduleRecord
 from pipeline.cli import main
 from pipeline.clock import format_ts, now_ts, to_epoch
 from pipeline.schedules import make_schedule
@@ -50,7 +51,7 @@ async def test_a_tick_missed_while_nothing_ran_fires_once_on_return(config: Conf
     three_ago = format_ts((time.time() // hour - 3) * hour)  # three hourly ticks ago
     async with open_backend(config) as backend:
         declared = make_schedule(registry(), "hourly", "0 * * * *", "echo", {"text": "hourly"})
-        await backend.put_schedule(attrs.evolve(declared.record(origin="operator"), next_run=three_ago))
+        await backend.put_schedule(attrs.evolve(ScheduleRecord.of(declared, origin="operator"), next_run=three_ago))
     async with pipeline.open_pipeline(config, registry()) as p:
         with trio.fail_after(5):
             while not (await echo_jobs(p)):
@@ -70,7 +71,7 @@ async def test_a_type_without_a_handler_here_still_fires_and_an_unknown_one_is_l
     async with open_backend(config) as backend:
         for name, job_type in (("sitemap", "generate_sitemap"), ("echo", "echo")):
             declared = make_schedule(registry(), name, "* * * * * *", job_type, {"text": "e"} if job_type == "echo" else {})
-            await backend.put_schedule(declared.record(origin="operator"))
+            await backend.put_schedule(ScheduleRecord.of(declared, origin="operator"))
     # the bundled site's types, none with a handler, and no "echo": another application's type
     async with pipeline.open_pipeline(config, types_registry()) as p:
         with trio.fail_after(5):
@@ -86,7 +87,7 @@ async def test_a_schedule_that_cannot_fire_is_logged_once_and_does_not_hold_up_t
     config: Config, caplog: pytest.LogCaptureFixture,
 ) -> None:
     async with open_backend(config) as backend:
-        good = make_schedule(registry(), "b-good", "* * * * * *", "echo", {"text": "ok"}).record(origin="operator")
+        good = ScheduleRecord.of(make_schedule(registry(), "b-good", "* * * * * *", "echo", {"text": "ok"}), origin="operator")
         await backend.put_schedule(good)
         # written by an older version of the code, or by hand: its payload no longer fits Echo
         await backend.put_schedule(attrs.evolve(good, name="a-stale", payload='{"words": "old"}'))

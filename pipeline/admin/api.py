@@ -35,7 +35,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ..backends import JobRecord
-from ..backends.base import LIST_ORDERS, PRIORITY_MAX, PRIORITY_MIN
+from ..backends.base import LIST_ORDERS, PRIORITY_MAX, PRIORITY_MIN, ScheduleRecord
 from ..errors import PipelineClosed, PipelineError, StoreError, UsageError
 from ..requests import prepare_rows
 from ..schedules import make_schedule
@@ -274,7 +274,7 @@ class AdminApi:
         asked = inputs.schedule_request(await self._body(request, required=True), "the request body")
         # a UsageError (UnknownJobType and InvalidPayload too) is a 422 naming what does not fit
         schedule = make_schedule(self.pipeline.registry, asked.name, asked.cron, asked.job_type, asked.payload, asked.timezone)
-        record = schedule.record(origin="operator")
+        record = ScheduleRecord.of(schedule, origin="operator")
         try:
             added = await self.backend.put_schedule(record)
         except UsageError as exc:  # the name is in use

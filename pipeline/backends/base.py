@@ -31,9 +31,10 @@ from typing import Any, NamedTuple, Protocol
 import attrs
 import trio
 
+from ..clock import now_ts
 from ..config import masked_url
 from ..errors import UsageError
-from ..schedules import next_tick
+from ..schedules import Schedule, next_tick
 from ..states import Transition
 
 # The priorities every backend keeps exactly and in order: SQLite and Postgres store 64 bits,
@@ -193,6 +194,15 @@ class ScheduleRecord:
     declared: bool = True
     created_at: str = ""
     updated_at: str = ""
+
+    @classmethod
+    def of(cls, schedule: Schedule, *, origin: str, now: str | None = None) -> ScheduleRecord:
+        """A declared schedule (code's or an operator's) as the store keeps it, its next run the
+        first tick after ``now``."""
+        now = now or now_ts()
+        return cls(name=schedule.name, job_type=schedule.job_type, payload=schedule.payload, cron=schedule.cron,
+                   timezone=schedule.timezone, enabled=True, origin=origin,
+                   next_run=next_tick(schedule.cron, schedule.timezone, now), created_at=now, updated_at=now)
 
     def to_json(self) -> dict[str, Any]:
         try:

@@ -30,7 +30,7 @@ import attrs
 import trio
 
 from ..backends import Backend, ClaimOffer, Lease, NewJob, Nudge, open_backend
-from ..backends.base import NUDGE_BUFFER, PRIORITY_MAX, PRIORITY_MIN
+from ..backends.base import NUDGE_BUFFER, PRIORITY_MAX, PRIORITY_MIN, ScheduleRecord
 from ..clock import now_ts, to_ts
 from ..config import Config
 from ..context import JobContext
@@ -348,7 +348,7 @@ async def open_pipeline(config: Config | None = None, registry: Registry | None 
         # the schedules declared in code, written at start; a code schedule no longer declared is
         # disabled only by a process that runs its type's jobs: a process that only enqueues (a web
         # app, the supervisor) or another service's workers never retire this one's schedules
-        await backend.sync_code_schedules([schedule.record(origin="code") for schedule in registry.schedules()],
+        await backend.sync_code_schedules([ScheduleRecord.of(schedule, origin="code") for schedule in registry.schedules()],
                                           owned=set(registry.handled()) if working else set())
         await stack.enter_async_context(_open_resources(pipeline))
         pools = _make_pools(config, registry, wiring) if working else {}

@@ -13,6 +13,7 @@ import trio
 from jobkit import registry
 
 from pipeline.backends import Backend, NewJob
+from pipeline.backends.base import ScheduleRecord
 from pipeline.clock import format_ts, to_epoch
 from pipeline.engine.actors.scheduler import run_scheduler
 from pipeline.engine.health import Health
@@ -71,7 +72,7 @@ async def ticks_of(backend: Backend) -> dict[str, list[str]]:
 
 async def add(backend: Backend, name: str, cron: str, *, at: str) -> None:
     declared = make_schedule(registry(), name, cron, "echo", {"text": name}, NY)
-    await backend.put_schedule(declared.record(origin="operator", now=at))
+    await backend.put_schedule(ScheduleRecord.of(declared, origin="operator", now=at))
 
 
 async def test_a_tick_due_in_the_repeated_hour_and_fired_late_fires_once(backend: Backend) -> None:

@@ -17,6 +17,7 @@ import trio
 
 from pipeline import Config
 from pipeline.backends import Backend
+from pipeline.backends.base import ScheduleRecord
 from pipeline.clock import now_ts, to_epoch
 from pipeline.schedules import make_schedule
 
@@ -66,7 +67,7 @@ async def test_three_processes_enqueue_each_tick_once(backend: Backend, store_co
     assert seconds == list(range(seconds[0], seconds[0] + len(seconds))), f"a tick skipped: {ticks} (from {started})"
     (stored,) = await backend.schedules()
     assert attrs.evolve(stored, next_run="", last_run="", last_job_id="", updated_at="") == attrs.evolve(
-        every_second.record(origin="operator", now=stored.created_at), next_run="", last_run="", last_job_id="",
+        ScheduleRecord.of(every_second, origin="operator", now=stored.created_at), next_run="", last_run="", last_job_id="",
         updated_at="")
     assert stored.last_run == ticks[-1]
     # each job ran as soon as it was fired, not at the next poll

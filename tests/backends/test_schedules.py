@@ -225,7 +225,7 @@ async def test_the_scheduler_fires_each_tick_on_time_whatever_a_round_takes(back
     while not 0.45 < time.time() % 1 < 0.6:  # half-way through a second: the next tick is half a second away
         await trio.sleep(0.01)
     declared = make_schedule(reg, "every-second", "* * * * * *", "echo", {"text": "tick"})
-    await backend.put_schedule(declared.record(origin="operator"))
+    await backend.put_schedule(ScheduleRecord.of(declared, origin="operator"))
     first = to_epoch((await backend.schedules())[0].next_run)
     async with trio.open_nursery() as tn:
         await tn.start(lambda task_status: run_scheduler(backend, reg, new_job, health=Health(), task_status=task_status))
