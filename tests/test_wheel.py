@@ -43,9 +43,11 @@ def test_the_built_wheel_installs_on_its_own_and_serves_the_dashboard(tmp_path: 
     work.mkdir()
     env = {**os.environ, "PYTHONPATH": str(site), "ADMIN_PORT": str(port := _free_port()), "WORKER_PROCESSES": "1",
            "DATABASE_URL": f"sqlite:///{work / 'wheel.db'}"}
-    where = subprocess.run([sys.executable, "-c", "import pipeline; print(pipeline.__file__)"], cwd=work, env=env,
+    where = subprocess.run([sys.executable, "-c", "import pipeline; print(pipeline.__file__)\n"
+                            "from pipeline.backends.redis.scripts import ALL; print(sorted(ALL))"], cwd=work, env=env,
                            capture_output=True, text=True, timeout=60)
     assert where.stdout.strip().startswith(str(site)), where.stdout + where.stderr
+    assert "'claim'" in where.stdout and "'schedule_fire'" in where.stdout, where.stdout + where.stderr  # the Lua files
     service = subprocess.Popen([sys.executable, "-m", "pipeline"], cwd=work, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
     try:

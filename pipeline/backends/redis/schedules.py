@@ -1,5 +1,5 @@
 """Cron schedules on Redis (see pipeline/schedules.py): a hash per schedule (``sched:<name>``),
-the set of their names (``scheds``) and the enabled ones by next run (``scheds:due``). A tick fires in one script (scripts.SCHEDULE_FIRE);
+the set of their names (``scheds``) and the enabled ones by next run (``scheds:due``). A tick fires in one script (lua/schedule_fire.lua);
 the operators' changes and the start-up merge of the code's schedules are optimistic
 transactions (WATCH the schedules read, MULTI/EXEC the writes, again if one changed meanwhile),
 so a tick fired in between is never written back as due."""

@@ -1,0 +1,2 @@
+redis.call('HDEL', P .. 'workers', ARGV[2])
+return 0

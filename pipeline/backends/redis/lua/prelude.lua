@@ -1,0 +1,154 @@
+-- Functions every script shares: prepended to each (a Redis script cannot import).
+local P = ARGV[1]
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor((tonumber(t[2]) + 500) / 1000)
+end
+local function jkey(id) return P .. 'job:' .. id end
+local function ready_key(t, p) return P .. 'ready:' .. t .. ':' .. p end
+local function index_status(id, t, from, to)
+  if from then
+    redis.call('ZREM', P .. 'status:' .. from, id)
+    redis.call('ZREM', P .. 'st:' .. from .. ':' .. t, id)
+  end
+  if to then
+    redis.call('ZADD', P .. 'status:' .. to, 0, id)
+    redis.call('ZADD', P .. 'st:' .. to .. ':' .. t, 0, id)
+  end
+end
+-- The claim's index of a type's priorities (prios:<t> holds them all): pdue:<t> those whose
+-- first job is due (score: the priority), pwait:<t> the others (score: their first job's run).
+-- A claim moves the ones that came due from pwait to pdue and reads pdue from its lowest
+-- priority only as far as it takes jobs: never a priority with nothing due.
+local function index_add(t, p, run, now)
+  -- a job due at ``run`` joined ready:<t>:<p>
+  local due = P .. 'pdue:' .. t
+  if redis.call('ZSCORE', due, p) then return end
+  local wait = P .. 'pwait:' .. t
+  if tonumber(run) <= now then
+    redis.call('ZADD', due, p, p)
+    redis.call('ZREM', wait, p)
+  else
+    local first = redis.call('ZSCORE', wait, p)
+    if not first or tonumber(run) < tonumber(first) then redis.call('ZADD', wait, run, p) end
+  end
+end
+local function index_head(t, p, now)
+  -- ready:<t>:<p> lost jobs: file the priority by its first job now; an empty ZSET is no key, so
+  -- drop the priority then, and the type once it has none
+  local head = redis.call('ZRANGE', ready_key(t, p), 0, 0, 'WITHSCORES')
+  local due, wait = P .. 'pdue:' .. t, P .. 'pwait:' .. t
+  if not head[2] then
+    redis.call('ZREM', due, p)
+    redis.call('ZREM', wait, p)
+    redis.call('ZREM', P .. 'prios:' .. t, p)
+    if redis.call('EXISTS', P .. 'prios:' .. t) == 0 then redis.call('SREM', P .. 'ptypes', t) end
+  elseif tonumber(head[2]) <= now then
+    redis.call('ZADD', due, p, p)
+    redis.call('ZREM', wait, p)
+  else
+    redis.call('ZREM', due, p)
+    redis.call('ZADD', wait, head[2], p)
+  end
+end
+local function make_ready(id, t, p, run, now)
+  redis.call('ZADD', ready_key(t, p), run, id)
+  redis.call('ZADD', P .. 'prios:' .. t, p, p)
+  redis.call('SADD', P .. 'ptypes', t)
+  index_add(t, p, run, now)
+end
+local function unready(id, t, p)
+  redis.call('ZREM', ready_key(t, p), id)
+  index_head(t, p, now_ms())
+end
+local function finish(id, status, now)
+  redis.call('ZADD', P .. 'done:' .. status, now, id)
+end
+-- the pending or running job holding a type's unique key, or nil
+local function key_holder(t, k)
+  local holder = redis.call('HGET', P .. 'uniq:' .. t, k)
+  if not holder then return nil end
+  local status = redis.call('HGET', jkey(holder), 'status')
+  if status == 'pending' or status == 'running' then return holder end
+  return nil  -- (a stale entry: its job left pending and running without freeing it)
+end
+-- a job that leaves pending and running for good frees its unique key (k: its ukey field, or nil)
+local function free_key(id, t, k)
+  if k and redis.call('HGET', P .. 'uniq:' .. t, k) == id then redis.call('HDEL', P .. 'uniq:' .. t, k) end
+end
+-- rows: a flat list, ``width`` per job from ``first``: 7 (id, type, payload, max, run, prio,
+-- created), or 8 with the unique key ('' for none). Returns how many were inserted and, for
+-- each row not inserted because a pending or running job holds its type and key (or an earlier
+-- row of the call), its id and the holder's; or nil and the id that already exists.
+local function insert_rows(rows, first, n, width)
+  local seen = {}
+  local held = {}  -- row index -> holder id
+  local taken = {}  -- type NUL key -> id, for the keys this call takes
+  local dups = {}
+  for i = 0, n - 1 do
+    local b = first + i * width
+    local id = rows[b]
+    if seen[id] or redis.call('EXISTS', jkey(id)) == 1 then
+      return nil, id
+    end
+    seen[id] = true
+    local k = width == 8 and rows[b + 7] or ''
+    if k ~= '' then
+      local tk = rows[b + 1] .. '\0' .. k
+      local holder = taken[tk] or key_holder(rows[b + 1], k)
+      if holder then
+        held[i] = holder
+        dups[#dups + 1] = id
+        dups[#dups + 1] = holder
+      else
+        taken[tk] = id
+      end
+    end
+  end
+  local now = now_ms()
+  local due = false
+  local known = {}  -- (type, priority) whose sets this call wrote already -> the earliest run given
+  local inserted = 0
+  for i = 0, n - 1 do
+    local b = first + i * width
+    local id, t, p, run = rows[b], rows[b + 1], rows[b + 5], rows[b + 4]
+    local k = width == 8 and rows[b + 7] or ''
+    if not held[i] then
+      inserted = inserted + 1
+      redis.call('HSET', jkey(id), 'type', t, 'payload', rows[b + 2], 'status', 'pending', 'attempts', 0,
+                 'max', rows[b + 3], 'run', run, 'prio', p, 'created', rows[b + 6], 'updated', rows[b + 6], 'token', 0)
+      if k ~= '' then
+        redis.call('HSET', jkey(id), 'ukey', k)
+        redis.call('HSET', P .. 'uniq:' .. t, k, id)
+      end
+      local tp = t .. '\0' .. p
+      if known[tp] then
+        redis.call('ZADD', ready_key(t, p), run, id)
+        if tonumber(run) < known[tp] then
+          known[tp] = tonumber(run)
+          index_add(t, p, run, now)
+        end
+      else
+        make_ready(id, t, p, run, now)
+        redis.call('SADD', P .. 'types', t)
+        known[tp] = tonumber(run)
+      end
+      redis.call('ZADD', P .. 'all', 0, id)
+      redis.call('ZADD', P .. 'type:' .. t, 0, id)
+      index_status(id, t, nil, 'pending')
+      if tonumber(run) <= now then due = true end
+    end
+  end
+  if due then redis.call('PUBLISH', P .. 'wake', '1') end
+  return inserted, nil, dups
+end
+local function remove_job(id, f_status, t, p, k)
+  if f_status == 'pending' then unready(id, t, p) end
+  if f_status == 'pending' or f_status == 'running' then free_key(id, t, k) end
+  redis.call('ZREM', P .. 'done:' .. f_status, id)
+  index_status(id, t, f_status, nil)
+  redis.call('ZREM', P .. 'all', id)
+  redis.call('ZREM', P .. 'type:' .. t, id)
+  redis.call('DEL', jkey(id))
+  if redis.call('EXISTS', P .. 'type:' .. t) == 0 then redis.call('SREM', P .. 'types', t) end
+end

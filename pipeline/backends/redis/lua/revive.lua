@@ -1,0 +1,20 @@
+-- ARGV: prefix, id. dead -> pending, attempts reset, due now. Returns 'ok', 'missing', the
+-- status, or 'held <id>': its unique key is held by that pending or running job (refused).
+local id = ARGV[2]
+local key = jkey(id)
+local f = redis.call('HMGET', key, 'status', 'type', 'prio', 'ukey')
+if not f[1] then return 'missing' end
+if f[1] ~= 'dead' then return f[1] end
+if f[4] then
+  local holder = key_holder(f[2], f[4])
+  if holder then return 'held ' .. holder end
+  redis.call('HSET', P .. 'uniq:' .. f[2], f[4], id)
+end
+local now = now_ms()
+redis.call('HSET', key, 'status', 'pending', 'attempts', 0, 'run', now, 'updated', now)
+redis.call('HDEL', key, 'started')
+redis.call('ZREM', P .. 'done:dead', id)
+index_status(id, f[2], 'dead', 'pending')
+make_ready(id, f[2], f[3], now, now)
+redis.call('PUBLISH', P .. 'wake', '1')
+return 'ok'

@@ -1,0 +1,56 @@
+-- ARGV: prefix, n, then 3 per outcome: id, "token kind delay_ms has_error(1/0)", error.
+-- In the order given (the same job twice: the second sees what the first wrote). Returns a
+-- string with a "1" per outcome written, a "0" per stale one (not running, or under another
+-- token: nothing changed). (Packed: fewer values to encode and parse per outcome.)
+local n = tonumber(ARGV[2])
+local now = now_ms()
+local out = {}
+local wake = false
+for i = 0, n - 1 do
+  local b = 3 + i * 3
+  local id = ARGV[b]
+  local token, kind, delay, has_error = string.match(ARGV[b + 1], '^(%S+) (%S+) (%S+) (%S+)$')
+  local key = jkey(id)
+  local f = redis.call('HMGET', key, 'status', 'token', 'type', 'prio', 'started', 'attempts', 'ukey')
+  if f[1] ~= 'running' or f[2] ~= token then
+    out[i + 1] = '0'
+  else
+    out[i + 1] = '1'
+    local t, p = f[3], f[4]
+    if kind == 'start' then
+      if not f[5] then redis.call('HSET', key, 'started', now, 'attempts', tonumber(f[6]) + 1) end
+    else
+      redis.call('ZREM', P .. 'leases', id)
+      redis.call('HDEL', key, 'owner', 'expires')
+      if kind == 'succeed' then
+        redis.call('HSET', key, 'status', 'completed', 'updated', now)
+        index_status(id, t, 'running', 'completed')
+        finish(id, 'completed', now)
+        free_key(id, t, f[7])
+      elseif kind == 'bury' then
+        redis.call('HSET', key, 'status', 'dead', 'updated', now)
+        if has_error == '1' then redis.call('HSET', key, 'error', ARGV[b + 2]) end
+        index_status(id, t, 'running', 'dead')
+        finish(id, 'dead', now)
+        free_key(id, t, f[7])
+      elseif kind == 'retry' then
+        local run = now + tonumber(delay)
+        redis.call('HSET', key, 'status', 'pending', 'updated', now, 'run', run)
+        if has_error == '1' then redis.call('HSET', key, 'error', ARGV[b + 2]) end
+        redis.call('HDEL', key, 'started')
+        index_status(id, t, 'running', 'pending')
+        make_ready(id, t, p, run, now)
+      else -- release: due at once, the attempt given back if it was counted
+        local attempts = tonumber(f[6])
+        if f[5] then attempts = math.max(attempts - 1, 0) end
+        redis.call('HSET', key, 'status', 'pending', 'updated', now, 'run', now, 'attempts', attempts)
+        redis.call('HDEL', key, 'started')
+        index_status(id, t, 'running', 'pending')
+        make_ready(id, t, p, now, now)
+        wake = true
+      end
+    end
+  end
+end
+if wake then redis.call('PUBLISH', P .. 'wake', '1') end
+return table.concat(out)
