@@ -53,6 +53,9 @@ from .health import Health
 log = logging.getLogger("pipeline")
 
 BUS_BUFFER = 256  # events waiting for the Enqueuer before emit blocks
+# a stored trace context: a W3C traceparent (55 characters), a space and a tracestate (at most
+# 32 members, 512 characters as propagators keep it): room for both, and a bound on what a row holds
+MAX_TRACE_CHARS = 1024
 
 
 @attrs.frozen
@@ -89,8 +92,14 @@ class Pipeline:
     # -- producing work -------------------------------------------------------------------
 
     def new_job(self, job: Any, *, run_after: Any = None, max_attempts: int | None = None, priority: int = 5,
-                now: str | None = None, unique_key: str | None = None) -> NewJob:
-        """Encode and validate a job object (UnknownJobType / InvalidPayload / UsageError if it does not fit)."""
+                now: str | None = None, unique_key: str | None = None, trace: str | None = None) -> NewJob:
+        """Encode and validate a job object (UnknownJobType / InvalidPayload / UsageError if it does not fit).
+        ``trace``: the trace context to store with it (see pipeline/otel.py); None: the caller's,
+        as the registry's ``trace_context`` hook tells (none without one); "": none."""
+        if trace is None:
+            trace = self.trace_context()
+        elif not isinstance(trace, str) or len(trace) > MAX_TRACE_CHARS:
+            raise UsageError(f"trace must be W3C traceparent text of at most {MAX_TRACE_CHARS} characters, got {trace!r:.80}")
         job_type, payload = self.registry.encode(job)
         self.registry.decode(job_type, payload)  # round trip: what we store must load again
         spec = self.registry.spec(job_type)
@@ -108,15 +117,25 @@ class Pipeline:
                 raise UsageError(f"run_after {run_after!r} is not a time (datetime, ISO 8601 text or epoch seconds): {exc}") from None
         if unique_key is not None:
             unique_key = check_unique_key(unique_key)
-        return NewJob(self._new_id(), job_type, payload, max_attempts, run_after or now, priority, now, unique_key)
+        return NewJob(self._new_id(), job_type, payload, max_attempts, run_after or now, priority, now, unique_key,
+                      trace or None)
+
+    def trace_context(self) -> str | None:
+        """The calling code's trace context, by the registry's hook (None without one). Producers
+        that hand a call to another thread or loop (pipeline.Client) capture it first, in the
+        caller's thread, and pass it on as ``trace=``."""
+        hook = self.registry.trace_context
+        return None if hook is None else hook()
 
     async def enqueue(self, job: Any, *, run_after: Any = None, max_attempts: int | None = None, priority: int = 5,
-                      unique_key: str | None = None) -> str:
+                      unique_key: str | None = None, trace: str | None = None) -> str:
         """Persist one job; returns its id once it is committed. With ``unique_key``: while a
         job of the same type and key is pending or running, nothing is inserted and that
-        job's id is returned (:meth:`enqueue_unique` says which happened)."""
+        job's id is returned (:meth:`enqueue_unique` says which happened). ``trace``: as
+        :meth:`new_job`'s."""
         self._check_open()
-        row = self.new_job(job, run_after=run_after, max_attempts=max_attempts, priority=priority, unique_key=unique_key)
+        row = self.new_job(job, run_after=run_after, max_attempts=max_attempts, priority=priority, unique_key=unique_key,
+                           trace=trace)
         (stored,) = await self.backend.insert([row])
         return stored
 
@@ -130,39 +149,46 @@ class Pipeline:
         return Enqueued(stored, stored != row.id)
 
     async def enqueue_many(self, jobs: Sequence[Any], *, priority: int = 5,
-                           unique_keys: Sequence[str | None] | None = None) -> list[str]:
+                           unique_keys: Sequence[str | None] | None = None, trace: str | None = None) -> list[str]:
         """Persist many jobs in one transaction; returns their ids once committed. ``unique_keys``,
-        one per job (None: no key), as :meth:`enqueue`'s: a duplicate's id is the holder's."""
+        one per job (None: no key), as :meth:`enqueue`'s: a duplicate's id is the holder's.
+        ``trace``: as :meth:`new_job`'s, for every job."""
         self._check_open()
         if unique_keys is not None and len(unique_keys) != len(jobs):
             raise UsageError(f"unique_keys must give one key (or None) per job: {len(unique_keys)} for {len(jobs)} jobs")
         now = now_ts()
         keys = unique_keys if unique_keys is not None else [None] * len(jobs)
-        rows = [self.new_job(job, priority=priority, now=now, unique_key=key) for job, key in zip(jobs, keys)]
+        if trace is None:
+            trace = self.trace_context() or ""  # captured once for the lot
+        rows = [self.new_job(job, priority=priority, now=now, unique_key=key, trace=trace) for job, key in zip(jobs, keys)]
         return await self.backend.insert(rows)
 
-    async def emit(self, event: Any) -> list[str]:
-        """Publish a domain event; returns the ids of the jobs it routed to, once committed."""
+    async def emit(self, event: Any, *, trace: str | None = None) -> list[str]:
+        """Publish a domain event; returns the ids of the jobs it routed to, once committed.
+        ``trace``: as :meth:`new_job`'s, for each of them."""
         self._check_open()
-        return await self._emit(event)
+        return await self._emit(event, trace=trace)
 
-    async def _emit(self, event: Any) -> list[str]:
+    async def _emit(self, event: Any, *, trace: str | None = None) -> list[str]:
         """``emit`` for handlers (``JobContext.emit``): still open during the shutdown grace,
         so a job that finishes in it can emit its follow-up events."""
         name = self.registry.event_name_of(event)
         if self._bus_send is None:
             raise PipelineClosed("the event bus is not running")
+        if trace is None:  # the emitter's, here: the Enqueuer routes it in a task of its own
+            trace = self.trace_context()
         reply = Reply()
         try:
-            await self._bus_send.send(Envelope(name, event, reply))
+            await self._bus_send.send(Envelope(name, event, reply, trace or None))
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             raise PipelineClosed("the pipeline is shutting down and takes no new events") from None
         return await reply.wait()
 
-    def route(self, event: Any) -> list[NewJob]:
-        """The routing table applied to one event: its jobs, encoded and ready to insert."""
+    def route(self, event: Any, trace: str | None = None) -> list[NewJob]:
+        """The routing table applied to one event: its jobs, encoded and ready to insert, with
+        the emitter's trace context (None: none)."""
         now = now_ts()
-        return [self.new_job(r.job, run_after=r.run_after, now=now, unique_key=r.unique_key)
+        return [self.new_job(r.job, run_after=r.run_after, now=now, unique_key=r.unique_key, trace=trace or "")
                 for r in self.registry.route(event, self.config)]
 
     def _check_open(self) -> None:
@@ -192,7 +218,8 @@ class Pipeline:
             fn(fields)
 
     def context_for(self, lease: Lease) -> JobContext:
-        return JobContext(lease.id, lease.job_type, lease.attempts, lease.max_attempts, self._emit, self.resources, self.config)
+        return JobContext(lease.id, lease.job_type, lease.attempts, lease.max_attempts, self._emit, self.resources, self.config,
+                          trace=lease.trace)
 
 
 def _flush_outcome_lines() -> None:
@@ -267,12 +294,12 @@ async def _run_keeper_and_bus(pipeline: Pipeline, pools: Mapping[str, Pool]) -> 
             ))
             # every worker process fires due cron schedules; the store lets one win each tick
             wiring.edge("Scheduler", "Backend", "fire due cron schedules: insert the job, move next_run on")
-            await keeper_tn.start(functools.partial(run_scheduler, backend, pipeline.registry, pipeline.new_job,
+            tick_job = functools.partial(pipeline.new_job, trace="")  # a tick's job: no producer's trace context
+            await keeper_tn.start(functools.partial(run_scheduler, backend, pipeline.registry, tick_job,
                                                     health=pipeline.health))
             wiring.edge("Retention", "Backend", "remove finished jobs and dead workers' entries past their retention")
             await keeper_tn.start(functools.partial(run_retention, backend, kept_for=config.retention.kept_for(),
-                                                    interval=config.retention.interval_seconds, pruned=pipeline.pruned,
-                                                    health=pipeline.health))
+                                                    interval=config.retention.interval_seconds, pruned=pipeline.pruned))
         bus_send, bus_recv = wiring.channel("business code", "EventBus", "emit", BUS_BUFFER)
         events_send, events_recv = wiring.channel("EventBus", "Enqueuer", "events", BUS_BUFFER)
         await tn.start(run_event_bus, bus_recv, [events_send])

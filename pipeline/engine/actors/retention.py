@@ -18,7 +18,6 @@ import trio
 
 from ...backends.base import Backend
 from ...errors import PipelineClosed, PipelineError
-from ..health import Health
 
 log = logging.getLogger("pipeline.retention")
 
@@ -26,6 +25,7 @@ BATCH = 1000  # rows deleted per transaction (per script call on Redis)
 PAUSE = 0.01  # seconds between two batches of one round: other writers get the store meanwhile
 ROUND_LIMIT = 100  # batches in one round at most; the rest waits for the next round
 WORKER_RECORD_GRACE = 3600.0  # a worker entry goes once its lease ran out this long ago
+RETRY = 5.0  # seconds before a round that failed is tried again (at most the interval)
 
 
 async def run_retention(
@@ -34,23 +34,27 @@ async def run_retention(
     kept_for: Mapping[str, float],
     interval: float,
     pruned: MutableMapping[str, int],
-    health: Health,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """``kept_for``: by final status, the age in seconds past which its records go (a status
     not in it is kept for ever). ``pruned``: rows removed, by status and "workers" (/metrics)."""
     task_status.started()
+    failing = False
     while True:
         try:
             if await backend.retention_turn(interval_seconds=interval):
                 await prune_once(backend, kept_for=kept_for, pruned=pruned)
-            health.clear("retention")
+            if failing:
+                log.info("retention works again")
+            failing = False
+            await trio.sleep(interval)
         except PipelineClosed:
             return
-        except PipelineError as exc:  # the store refused or is unreachable: try again next round
-            health.report("retention", f"cannot remove finished jobs past their retention: {exc}")
-            log.warning("retention: %s", exc)
-        await trio.sleep(interval)
+        except PipelineError as exc:  # the store refused or is unreachable (/healthz says so): soon again
+            if not failing:
+                log.warning("retention: %s; trying again every %g s", exc, min(interval, RETRY))
+            failing = True
+            await trio.sleep(min(interval, RETRY))
 
 
 async def prune_once(backend: Backend, *, kept_for: Mapping[str, float], pruned: MutableMapping[str, int]) -> dict[str, int]:
