@@ -16,6 +16,7 @@ from jobkit import wait_status
 
 import pipeline
 from pipeline import Config
+from pipeline.testing import open_test_pipeline
 
 job_tag: contextvars.ContextVar[str] = contextvars.ContextVar("job_tag", default="-")
 
@@ -73,12 +74,13 @@ def _registry(calls: list[str]) -> pipeline.Registry:
 
 
 @pytest.mark.parametrize("job", [SyncWork("hi"), AsyncWork("hi")], ids=["sync", "async"])
-async def test_middleware_runs_around_the_handler_first_registered_outermost(config: Config, job: Any) -> None:
+async def test_middleware_runs_around_the_handler_first_registered_outermost(job: Any) -> None:
     calls: list[str] = []
     reg = _registry(calls)
     name = reg.name_of(job)
-    async with pipeline.open_pipeline(config, reg) as p:
-        record = await wait_status(p, await p.enqueue(job), "completed", "dead")
+    async with open_test_pipeline(reg) as p:  # pipeline.testing: the real engine, retries not waited out
+        await p.enqueue(job)
+        (record,) = await p.drain()
     assert record.status == "completed"
     assert calls == [
         f"outer enters {name} attempt 1/3", f"inner enters {name}", f"handler {name} hi",
@@ -86,11 +88,12 @@ async def test_middleware_runs_around_the_handler_first_registered_outermost(con
     ]
 
 
-async def test_a_middleware_sees_the_handlers_exception_and_the_job_fails_as_usual(config: Config) -> None:
+async def test_a_middleware_sees_the_handlers_exception_and_the_job_fails_as_usual() -> None:
     calls: list[str] = []
     reg = _registry(calls)
-    async with pipeline.open_pipeline(config, reg) as p:
-        job = await wait_status(p, await p.enqueue(SyncWork("x", fail_times=1)), "completed", "dead")
+    async with open_test_pipeline(reg) as p:
+        await p.enqueue(SyncWork("x", fail_times=1))
+        (job,) = await p.drain()
     assert (job.status, job.attempts) == ("completed", 2)
     assert calls == [
         "outer enters sync_work attempt 1/3", "inner enters sync_work", "handler sync_work x",
@@ -125,7 +128,7 @@ async def test_an_exception_raised_by_a_middleware_fails_the_attempt(config: Con
         (1, "error", "ConnectionError: metrics server unreachable"), (2, "ok", None)]
 
 
-async def test_a_middleware_that_returns_no_async_context_manager_fails_the_attempt_naming_it(config: Config) -> None:
+async def test_a_middleware_that_returns_no_async_context_manager_fails_the_attempt_naming_it() -> None:
     ran: list[str] = []
     reg = pipeline.Registry()
 
@@ -141,8 +144,9 @@ async def test_a_middleware_that_returns_no_async_context_manager_fails_the_atte
     def work(job: SyncWork, ctx: pipeline.JobContext) -> None:
         ran.append(ctx.id)
 
-    async with pipeline.open_pipeline(config, reg) as p:
-        job = await wait_status(p, await p.enqueue(SyncWork("x"), max_attempts=1), "completed", "dead")
+    async with open_test_pipeline(reg) as p:
+        await p.enqueue(SyncWork("x"), max_attempts=1)
+        (job,) = await p.drain()
     assert ran == [] and job.status == "dead"
     assert job.error is not None and job.error.startswith(
         "TypeError: middleware test_a_middleware_that_returns_no_async_context_manager_fails_the_attempt_naming_it."
