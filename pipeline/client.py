@@ -176,8 +176,9 @@ class Client:
         if connection is not None:
             rows = self._rows([job], priority=priority, unique_keys=[unique_key], run_after=when, max_attempts=max_attempts)
             return self._insert_in(connection, rows)[0]
+        trace = _trace_here(self.registry)
         return self._call(lambda p: p.enqueue(job, run_after=when, max_attempts=max_attempts,
-                                              priority=_priority(priority), unique_key=unique_key))
+                                              priority=_priority(priority), unique_key=unique_key, trace=trace))
 
     def enqueue_many(self, jobs: Sequence[Any], *, priority: int | None = None,
                      unique_keys: Sequence[str | None] | None = None, connection: Any = None) -> builtins.list[str]:
@@ -185,7 +186,8 @@ class Client:
         jobs = list(jobs)
         if connection is not None:
             return self._insert_in(connection, self._rows(jobs, priority=priority, unique_keys=unique_keys))
-        return self._call(lambda p: p.enqueue_many(jobs, priority=_priority(priority), unique_keys=unique_keys))
+        trace = _trace_here(self.registry)
+        return self._call(lambda p: p.enqueue_many(jobs, priority=_priority(priority), unique_keys=unique_keys, trace=trace))
 
     def _rows(self, jobs: Sequence[Any], *, priority: int | None, unique_keys: Sequence[str | None] | None,
               run_after: Any = None, max_attempts: int | None = None) -> builtins.list[NewJob]:
@@ -246,7 +248,8 @@ class Client:
 
     def emit(self, event: Any) -> builtins.list[str]:
         """Route a domain event by the registry's routes; the ids of its jobs, once committed."""
-        return self._call(lambda p: p.emit(event))
+        trace = _trace_here(self.registry)
+        return self._call(lambda p: p.emit(event, trace=trace))
 
     def get(self, job_id: str) -> JobRecord | None:
         """The job's record (``status``, ``attempts``, ``error``, ...), or None if there is none."""
@@ -327,8 +330,9 @@ class AsyncClient:
             rows = self._open()._rows([job], priority=priority, unique_keys=[unique_key], run_after=when,
                                       max_attempts=max_attempts)
             return (await self._insert_in(connection, rows))[0]
+        trace = _trace_here(self._open().registry)
         return await self._call(lambda p: p.enqueue(job, run_after=when, max_attempts=max_attempts,
-                                                    priority=_priority(priority), unique_key=unique_key))
+                                                    priority=_priority(priority), unique_key=unique_key, trace=trace))
 
     async def enqueue_many(self, jobs: Sequence[Any], *, priority: int | None = None,
                            unique_keys: Sequence[str | None] | None = None, connection: Any = None) -> builtins.list[str]:
@@ -336,7 +340,9 @@ class AsyncClient:
         jobs = list(jobs)
         if connection is not None:
             return await self._insert_in(connection, self._open()._rows(jobs, priority=priority, unique_keys=unique_keys))
-        return await self._call(lambda p: p.enqueue_many(jobs, priority=_priority(priority), unique_keys=unique_keys))
+        trace = _trace_here(self._open().registry)
+        return await self._call(lambda p: p.enqueue_many(jobs, priority=_priority(priority), unique_keys=unique_keys,
+                                                         trace=trace))
 
     async def _insert_in(self, connection: Any, rows: Sequence[NewJob]) -> builtins.list[str]:
         client = self._open()
@@ -358,7 +364,8 @@ class AsyncClient:
 
     async def emit(self, event: Any) -> builtins.list[str]:
         """As :meth:`Client.emit`."""
-        return await self._call(lambda p: p.emit(event))
+        trace = _trace_here(self._open().registry)
+        return await self._call(lambda p: p.emit(event, trace=trace))
 
     async def get(self, job_id: str) -> JobRecord | None:
         """As :meth:`Client.get`."""
@@ -434,6 +441,14 @@ def _when(run_after: Any, delay: float | dt.timedelta | None) -> Any:
     if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds >= 0:
         raise UsageError(f"delay must be a number of seconds >= 0 or a timedelta, got {delay!r}")
     return time.time() + seconds
+
+
+def _trace_here(registry: Registry) -> str:
+    """The caller's trace context (registry.trace_context, pipeline/otel.py), captured in the
+    caller's thread before the call is handed to the client's loop, where it is not current;
+    "" for none (so the loop captures nothing of its own)."""
+    hook = registry.trace_context
+    return (hook() or "") if hook is not None else ""
 
 
 def _priority(priority: int | None) -> int:

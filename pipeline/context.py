@@ -39,6 +39,9 @@ class JobContext:
     # a sync handler's call (set by the pool, through attrs.evolve): how its emit reaches the
     # loop from other threads, and whether the attempt is over. None for an async handler.
     _thread: HandlerThread | None = attrs.field(default=None, eq=False, repr=False)
+    # the trace context of the code that enqueued the job (NewJob.trace: W3C traceparent, then a
+    # space and the tracestate if any), the same for every attempt; None if it had none
+    trace: str | None = None
 
     def emit(self, event: Any) -> Any:
         """Publish a domain event: the ids of the jobs it routed to, once committed. In an

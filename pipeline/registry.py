@@ -186,6 +186,10 @@ class Registry:
         self._resources: dict[str, ResourceFactory] = {}
         self._schedules: dict[str, Schedule] = {}
         self._middleware: list[Middleware] = []
+        # What a producer's trace context is now, captured by every enqueue and emit and stored
+        # with its jobs (W3C traceparent text, or None for none); set by pipeline.otel.instrument.
+        # The core never imports a tracing library: this is the one hook.
+        self.trace_context: Callable[[], str | None] | None = None
         self.converter = _make_converter()
         self._to_json = _compact_json()
 

@@ -67,6 +67,10 @@ class NewJob(NamedTuple):
     # nothing and answers that job's id (see Backend.insert); None: no such promise. Never
     # empty (requests.check_unique_key: Redis stores "no key" as the empty string)
     unique_key: str | None = None
+    # the trace context of the code that enqueued it (W3C ``traceparent``, then a space and the
+    # ``tracestate`` if there is one: see pipeline/otel.py), handed back in its Lease; None: none.
+    # Stores insert rows without one (and without a unique key) with their statement of old.
+    trace: str | None = None
 
 
 @attrs.frozen
@@ -84,6 +88,7 @@ class Lease:
     # False for a job claimed ahead of a free worker: its attempt is counted (a START
     # outcome) only when it starts, so a job that never started is never charged one
     started: bool = True
+    trace: str | None = None  # NewJob.trace, as inserted
 
 
 @attrs.frozen

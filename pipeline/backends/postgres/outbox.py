@@ -52,7 +52,7 @@ def statements(rows: Sequence[NewJob]) -> store.Plan[list[str]]:
     (store.unique_rounds decides it for the rows with a unique key)."""
     plain = [row for row in rows if row.unique_key is None]
     if plain:
-        yield store._INSERT, store.insert_params(plain)
+        yield store.insert_statement(plain), store.insert_params(plain)
     keyed = [row for row in rows if row.unique_key is not None]
     stored = (yield from store.unique_rounds(keyed)) if keyed else {}
     yield store.NOTIFY, {}  # delivered at the caller's commit, with the rows; dropped by a rollback

@@ -119,6 +119,15 @@ MIGRATIONS: Final[list[Migration]] = [
         );
         """,
     ),
+    (
+        5,
+        "trace context",
+        """
+        -- The trace context of the code that enqueued a job (W3C traceparent, and tracestate
+        -- after a space), handed to its attempts (pipeline/otel.py). NULL for most jobs.
+        ALTER TABLE jobs ADD COLUMN IF NOT EXISTS trace text;
+        """,
+    ),
 ]
 LATEST: Final = max(v for v, _, _ in MIGRATIONS)
 TABLE: Final = "pipeline_migrations"

@@ -48,13 +48,32 @@ _ROWS = (
 )
 _INSERT_INTO = "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, created_at, updated_at, priority) "
 _INSERT = _INSERT_INTO + _ROWS
+# Rows of which some have a trace context: _INSERT's rows and their traces. Its own statement
+# (and batch variants), so that _INSERT, the hot path's, binds what it did before traces.
+_INSERT_TRACED = (
+    "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, created_at, updated_at, priority, "
+    "trace) SELECT id, job_type, payload, 'pending', 0, max_attempts, run_after::timestamptz, created_at::timestamptz, "
+    "created_at::timestamptz, priority, trace FROM unnest(%(ids)s::text[], %(types)s::text[], %(payloads)s::text[], "
+    "%(max_attempts)s::bigint[], %(run_after)s::text[], %(priorities)s::bigint[], %(created)s::text[], %(traces)s::text[]) "
+    "AS r(id, job_type, payload, max_attempts, run_after, priority, created_at, trace)"
+)
 
 
 def insert_params(rows: Sequence[NewJob]) -> dict[str, Any]:
     """NewJob rows as the arrays of :data:`_INSERT` (one parameter per column, not per row)."""
-    ids, types, payloads, max_attempts, run_after, priorities, created, keys = (list(column) for column in zip(*rows))
+    ids, types, payloads, max_attempts, run_after, priorities, created, keys, traces = (list(column) for column in zip(*rows))
     return {"ids": ids, "types": types, "payloads": payloads, "max_attempts": max_attempts, "run_after": run_after,
-            "priorities": priorities, "created": created, "keys": keys}
+            "priorities": priorities, "created": created, "keys": keys, "traces": traces}
+
+
+def traced(rows: Sequence[NewJob]) -> bool:
+    """Whether some row has a trace context: then it is inserted by the statements that write it."""
+    return any(row.trace is not None for row in rows)
+
+
+def insert_statement(rows: Sequence[NewJob]) -> str:
+    """The insert for rows without a unique key: :data:`_INSERT`, or with traces :data:`_INSERT_TRACED`."""
+    return _INSERT_TRACED if traced(rows) else _INSERT
 
 
 # Rows with a unique key: _INSERT's rows and their keys, none inserted while a pending or running
@@ -63,10 +82,10 @@ def insert_params(rows: Sequence[NewJob]) -> dict[str, Any]:
 # is the same as before unique keys.
 _INSERT_UNIQUE = (
     "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, created_at, updated_at, priority, "
-    "unique_key) SELECT id, job_type, payload, 'pending', 0, max_attempts, run_after::timestamptz, created_at::timestamptz, "
-    "created_at::timestamptz, priority, unique_key FROM unnest(%(ids)s::text[], %(types)s::text[], %(payloads)s::text[], "
-    "%(max_attempts)s::bigint[], %(run_after)s::text[], %(priorities)s::bigint[], %(created)s::text[], %(keys)s::text[]) "
-    "AS r(id, job_type, payload, max_attempts, run_after, priority, created_at, unique_key) "
+    "unique_key, trace) SELECT id, job_type, payload, 'pending', 0, max_attempts, run_after::timestamptz, created_at::timestamptz, "
+    "created_at::timestamptz, priority, unique_key, trace FROM unnest(%(ids)s::text[], %(types)s::text[], %(payloads)s::text[], "
+    "%(max_attempts)s::bigint[], %(run_after)s::text[], %(priorities)s::bigint[], %(created)s::text[], %(keys)s::text[], "
+    "%(traces)s::text[]) AS r(id, job_type, payload, max_attempts, run_after, priority, created_at, unique_key, trace) "
     "ON CONFLICT (job_type, unique_key) WHERE unique_key IS NOT NULL AND status IN ('pending', 'running') DO NOTHING "
     "RETURNING id"
 )
@@ -135,6 +154,17 @@ def insert_unique(conn: psycopg.Connection[Any], rows: Sequence[NewJob]) -> dict
     return run_plan(conn, unique_rounds(rows))
 
 
+def insert_special(conn: psycopg.Connection[Any], rows: Sequence[NewJob]) -> dict[str, str]:
+    """Rows that COPY does not write (a bulk load's): those with a trace context and no unique
+    key by :data:`_INSERT_TRACED`, those with a key by :func:`insert_unique`; per keyed row's id,
+    the id stored for it."""
+    plain = [row for row in rows if row.unique_key is None]
+    if plain:
+        conn.execute(_INSERT_TRACED, insert_params(plain))
+    keyed = [row for row in rows if row.unique_key is not None]
+    return insert_unique(conn, keyed) if keyed else {}
+
+
 def insert_jobs(conn: psycopg.Connection[Any], rows: Sequence[NewJob], *, notify: bool) -> list[str]:
     """Every row or none (a duplicate id fails it whole); per row, the id stored for it (see
     :func:`insert_unique`). Rows without a unique key: one statement."""
@@ -145,10 +175,10 @@ def insert_jobs(conn: psycopg.Connection[Any], rows: Sequence[NewJob], *, notify
         stored: dict[str, str] = {}
         if len(plain) < len(rows):
             if plain:
-                conn.execute(_INSERT, insert_params(plain))
+                conn.execute(insert_statement(plain), insert_params(plain))
             stored = insert_unique(conn, [row for row in rows if row.unique_key is not None])
         else:
-            conn.execute(_INSERT, insert_params(rows))
+            conn.execute(insert_statement(rows), insert_params(rows))
         if notify:
             conn.execute(NOTIFY)
     return [stored.get(row.id, row.id) for row in rows]
@@ -210,6 +240,10 @@ _FINAL = (
 BATCH_SETTLE = f"WITH settled AS ({_SETTLE}) {_FINAL}"
 BATCH_INSERT = f"WITH ins AS ({_INSERT} RETURNING 1), settled AS (SELECT NULL::text AS id, NULL::bigint AS token WHERE false) {_FINAL}"
 BATCH_BOTH = f"WITH settled AS ({_SETTLE}), ins AS ({_INSERT} RETURNING 1) {_FINAL}"
+# the same with rows of which some have a trace context
+BATCH_INSERT_TRACED = (f"WITH ins AS ({_INSERT_TRACED} RETURNING 1), settled AS (SELECT NULL::text AS id, NULL::bigint "
+                       f"AS token WHERE false) {_FINAL}")
+BATCH_BOTH_TRACED = f"WITH settled AS ({_SETTLE}), ins AS ({_INSERT_TRACED} RETURNING 1) {_FINAL}"
 
 
 def by_id(items: Sequence[Any]) -> list[Any]:
@@ -278,13 +312,13 @@ def write_batch(
 def _execute_batch(conn: psycopg.Connection[Any], items: Sequence[Settlement], rows: Sequence[NewJob], *, notify: bool) -> set[tuple[str, int]]:
     params: dict[str, Any] = {"notify": notify}
     if items and rows:
-        sql = BATCH_BOTH
+        sql = BATCH_BOTH_TRACED if traced(rows) else BATCH_BOTH
         params.update(outcome_params(items), **insert_params(rows))
     elif items:
         sql = BATCH_SETTLE
         params.update(outcome_params(items))
     elif rows:
-        sql = BATCH_INSERT
+        sql = BATCH_INSERT_TRACED if traced(rows) else BATCH_INSERT
         params.update(insert_params(rows))
     else:
         return set()
@@ -330,7 +364,7 @@ UPDATE jobs j
 -- claim; guessing 4000 rows from the lateral join, it hashed the whole table.)
  WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING j.id, j.job_type, j.payload, j.attempts + (j.started_at IS NULL)::int, j.max_attempts, j.lease_token,
-          j.created_at, j.run_after, j.priority, j.started_at IS NOT NULL
+          j.created_at, j.run_after, j.priority, j.started_at IS NOT NULL, j.trace
 """
 
 
@@ -374,7 +408,7 @@ def claim(
     # RETURNING's order is unspecified: by type as asked, started ones first, each in claim order
     order = {t: i for i, (t, _) in enumerate(wanted)}
     rows.sort(key=lambda r: (order[r[1]], not r[9], r[8], r[7], r[0]))
-    return [Lease(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[9]) for row in rows]
+    return [Lease(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[9], row[10]) for row in rows]
 
 
 def _claim_rows(conn: psycopg.Connection[Any], wanted: Sequence[tuple[str, int]], owner: str, lease_seconds: float,

@@ -11,7 +11,8 @@ A script that fails part-way is not rolled back by Redis, so each one validates 
 one store hashes to one slot). Keys (layout in docs/backends.md, "Key layout"):
 
     job:<id>              HASH  type payload status attempts max run prio created updated
-                                token [error] [owner expires] [started] [ukey]   (times: epoch ms)
+                                token [error] [owner expires] [started] [ukey] [trace]
+                                (times: epoch ms; trace: the enqueuer's trace context)
     ready:<type>:<prio>   ZSET  pending jobs of one type and priority, score run (ms), member id:
                                 due ones are a range by score; ties go by id (member order)
     prios:<type>          ZSET  the priorities that have a ready set, score = priority

@@ -59,10 +59,11 @@ def _s(value: bytes | None) -> str | None:
 
 def insert_call(prefix: str, rows: Sequence[NewJob]) -> tuple[Any, list[Any]]:
     """The script and arguments that insert ``rows``: INSERT, as before unique keys, when no row
-    has a key (the common case: 7 values a row); else INSERT_UNIQUE (8, the key last)."""
+    has a key or a trace context (the common case: 7 values a row); else INSERT_UNIQUE (9, the
+    key and the trace last)."""
     args: list[Any] = [prefix, len(rows)]
     for row in rows:
-        if row.unique_key is not None:
+        if row.unique_key is not None or row.trace is not None:
             break
         args += (row.id, row.job_type, row.payload, row.max_attempts, ms_of(row.run_after), row.priority,
                  ms_of(row.created_at))
@@ -71,7 +72,7 @@ def insert_call(prefix: str, rows: Sequence[NewJob]) -> tuple[Any, list[Any]]:
     del args[2:]
     for row in rows:
         args += (row.id, row.job_type, row.payload, row.max_attempts, ms_of(row.run_after), row.priority,
-                 ms_of(row.created_at), row.unique_key or "")
+                 ms_of(row.created_at), row.unique_key or "", row.trace or "")
     return _INSERT_UNIQUE, args
 
 
@@ -98,7 +99,7 @@ def stage(client: Any, key: str, rows: Sequence[NewJob]) -> None:
     values: list[Any] = []
     for row in rows:
         values += (row.id, row.job_type, row.payload, row.max_attempts, ms_of(row.run_after), row.priority,
-                   ms_of(row.created_at), row.unique_key or "")
+                   ms_of(row.created_at), row.unique_key or "", row.trace or "")
     pipe = client.pipeline(transaction=False)
     pipe.rpush(key, *values)
     pipe.expire(key, 86400)
@@ -143,9 +144,10 @@ def claim(client: Any, prefix: str, *, wants: Mapping[str, int], owner: str, lea
         got = out[at]
         at += 1
         for _ in range(got):
-            attempts, max_attempts, token, created, run, started = out[at + 2].split()
+            attempts, max_attempts, token, created, run, started, *trace = out[at + 2].split(b" ", 6)
             leases.append(Lease(out[at].decode(), job_type, out[at + 1].decode(), int(attempts), int(max_attempts),
-                                int(token), text_of(created), text_of(run), started == b"1"))
+                                int(token), text_of(created), text_of(run), started == b"1",
+                                trace[0].decode() if trace else None))
             at += 3
     return leases
 

@@ -77,8 +77,9 @@ class BulkInsert:
         if not self._begun:
             self._conn.execute("BEGIN IMMEDIATE")
             self._begun = True
-        if any(r.unique_key is not None for r in rows):
+        if any(r.unique_key is not None or r.trace is not None for r in rows):
             # a row may find its key held: this chunk goes through insert_jobs, which says so
+            # (and which writes a trace context, which _INSERT_JSON leaves out)
             self._pending.append(self._pool.submit(self._guarded, self._insert_keyed, rows))
         elif any("\x00" in r.payload or "\x00" in r.job_type for r in rows):
             # SQLite's JSON functions end text at a NUL character: this chunk goes row by row

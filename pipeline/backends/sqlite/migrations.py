@@ -157,6 +157,15 @@ MIGRATIONS: Final[list[Migration]] = [
         );
         """,
     ),
+    (
+        12,
+        "trace context",
+        """
+        -- The trace context of the code that enqueued a job (W3C traceparent, and tracestate
+        -- after a space), handed to its attempts (pipeline/otel.py). NULL for most jobs.
+        ALTER TABLE jobs ADD COLUMN trace TEXT;
+        """,
+    ),
 ]
 RETIRED: Final = (2, 4)  # the site's, once: known here, no longer applied
 LATEST: Final = max(v for v, _, _ in MIGRATIONS)

@@ -40,6 +40,7 @@ class ClaimedRow:
     created_at: str
     run_after: str
     priority: int
+    trace: str | None = None
 
 
 # -- inserts --------------------------------------------------------------------------------
@@ -54,8 +55,14 @@ _INSERT = (
 # still fails, as in _INSERT
 _INSERT_UNIQUE = (
     "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, "
-    "created_at, updated_at, priority, unique_key) VALUES (?1, ?2, ?3, 'pending', 0, ?4, ?5, ?7, ?7, ?6, ?8) "
+    "created_at, updated_at, priority, unique_key, trace) VALUES (?1, ?2, ?3, 'pending', 0, ?4, ?5, ?7, ?7, ?6, ?8, ?9) "
     "ON CONFLICT (job_type, unique_key) WHERE unique_key IS NOT NULL AND status IN ('pending', 'running') DO NOTHING"
+)
+# a row with a trace context and no unique key: _INSERT's columns and the trace (its own statement,
+# so that _INSERT, the hot path's, binds what it did before traces)
+_INSERT_TRACED = (
+    "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, "
+    "created_at, updated_at, priority, trace) VALUES (?1, ?2, ?3, 'pending', 0, ?4, ?5, ?7, ?7, ?6, ?8)"
 )
 _HOLDER = "SELECT id FROM jobs WHERE job_type = ? AND unique_key = ? AND status IN ('pending', 'running')"
 
@@ -64,20 +71,25 @@ def insert_jobs(conn: sqlite3.Connection, rows: Sequence[NewJob]) -> list[str]:
     """Insert the rows; per row, the id stored for it: its own, or that of the pending or
     running job holding its type and unique key (then nothing is inserted for it). The
     caller holds the write transaction, so nothing changes between the insert and the look-up."""
-    keyed = [row for row in rows if row.unique_key is not None]
-    # Rows without a key: one executemany of _INSERT, as before unique keys, given plain
-    # 7-tuples (row[:7]): binding an eighth parameter, NULL, cost 7 % of an insert, and
+    special = [row for row in rows if row.unique_key is not None or row.trace is not None]
+    # Rows without a key or a trace: one executemany of _INSERT, as before unique keys, given
+    # plain 7-tuples (row[:7]): binding an eighth parameter, NULL, cost 7 % of an insert, and
     # sqlite3 binds an exact tuple faster than a NamedTuple (measured: 20,000 rows in 115
     # ms, against 119 ms for NewJob as it was and 128 ms with the key bound)
-    if not keyed:  # the common case
+    if not special:  # the common case
         conn.executemany(_INSERT, [row[:7] for row in rows])
         return [row.id for row in rows]
-    if len(keyed) < len(rows):
-        conn.executemany(_INSERT, [row[:7] for row in rows if row.unique_key is None])
+    if len(special) < len(rows):
+        conn.executemany(_INSERT, [row[:7] for row in rows if row.unique_key is None and row.trace is None])
+    traced = [(*row[:7], row.trace) for row in special if row.unique_key is None]
+    if traced:
+        conn.executemany(_INSERT_TRACED, traced)
     held: dict[str, str] = {}
-    for row in keyed:  # in order: of two rows with one type and key, the first is inserted
+    for row in special:  # in order: of two rows with one type and key, the first is inserted
+        if row.unique_key is None:
+            continue
         params = (row.id, row.job_type, row.payload, row.max_attempts, row.run_after, row.priority, row.created_at,
-                  row.unique_key)
+                  row.unique_key, row.trace)
         if conn.execute(_INSERT_UNIQUE, params).rowcount == 0:
             (holder,) = conn.execute(_HOLDER, (row.job_type, row.unique_key)).fetchone()
             held[row.id] = holder
@@ -105,7 +117,7 @@ UPDATE jobs
                   WHERE status = 'pending' AND job_type = :job_type AND run_after <= :now
                   ORDER BY priority, run_after, id
                   LIMIT :limit)
-RETURNING id, job_type, payload, attempts + 1 - :counted, max_attempts, lease_token, created_at, run_after, priority
+RETURNING id, job_type, payload, attempts + 1 - :counted, max_attempts, lease_token, created_at, run_after, priority, trace
 """
 
 
@@ -166,11 +178,12 @@ def claim_leases(
         got = 0
         if now_n:
             rows = claim_rows(conn, job_type, now_n, now=now, owner=owner, expires=expires)
-            claimed.extend(Lease(*row[:8]) for row in rows)
+            claimed.extend(Lease(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], True, row[9]) for row in rows)
             got = len(rows)
         if limit > now_n and got == now_n:  # (fewer than asked: nothing more is due)
             rows = claim_rows(conn, job_type, limit - now_n, now=now, owner=owner, expires=expires, counted=False)
-            claimed.extend(Lease(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], False) for row in rows)
+            claimed.extend(Lease(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], False, row[9])
+                           for row in rows)
     return claimed
 
 

@@ -22,6 +22,7 @@ class Envelope:
     name: str
     event: Any
     reply: Reply
+    trace: str | None = None  # the emitter's trace context, for the jobs the event routes to
 
 
 async def run_event_bus(

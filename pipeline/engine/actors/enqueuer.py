@@ -24,12 +24,13 @@ DRAIN_LIMIT = 256
 
 async def run_enqueuer(
     backend: Backend,
-    route: Callable[[object], list[NewJob]],
+    route: Callable[[object, str | None], list[NewJob]],
     events_recv: trio.MemoryReceiveChannel[Envelope],
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """``route(event)``: the jobs an event leads to, validated and ready to insert."""
+    """``route(event, trace)``: the jobs an event leads to, validated and ready to insert, with
+    the emitter's trace context."""
     with events_recv:
         task_status.started()
         async for first in events_recv:
@@ -42,7 +43,7 @@ async def run_enqueuer(
             routed: list[tuple[Envelope, list[NewJob]]] = []
             for envelope in batch:
                 try:
-                    routed.append((envelope, route(envelope.event)))
+                    routed.append((envelope, route(envelope.event, envelope.trace)))
                 except Exception as exc:  # a route that raised: that emitter hears why
                     envelope.reply.fail(exc if isinstance(exc, PipelineError) else PipelineError(f"routing {envelope.name} failed: {exc!r}"))
             rows = [job for _, jobs in routed for job in jobs]

@@ -6,7 +6,7 @@
 -- priorities with due jobs (pdue, once those of pwait that came due moved there): a claim costs
 -- what it takes, not how many priorities wait. Returns, per type asked, how many it
 -- got, then three values per lease: id, payload, and "attempts max token created run started"
--- (attempts: this one's; started 1/0): a third of the values of an array per lease, whose
+-- (attempts: this one's; started 1/0), then " trace" if the job has a trace context: a third of the values of an array per lease, whose
 -- parsing was a fifth of the client's time per claimed job.
 local owner, lease, m = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_ms()
@@ -42,7 +42,7 @@ for j = 0, m - 1 do
       if #ids > 0 then
         for _, id in ipairs(ids) do
           local key = jkey(id)
-          local f = redis.call('HMGET', key, 'payload', 'max', 'created', 'run', 'attempts', 'token', 'started')
+          local f = redis.call('HMGET', key, 'payload', 'max', 'created', 'run', 'attempts', 'token', 'started', 'trace')
           local token = tonumber(f[6]) + 1
           local attempts = tonumber(f[5]) + 1  -- the attempt this lease is, counted now or at its START
           if got < k then
@@ -61,6 +61,7 @@ for j = 0, m - 1 do
           out[#out + 1] = id
           out[#out + 1] = f[1]
           out[#out + 1] = attempts .. ' ' .. f[2] .. ' ' .. token .. ' ' .. f[3] .. ' ' .. f[4] .. ' ' .. (got < k and 1 or 0)
+                         .. (f[8] and (' ' .. f[8]) or '')
           got = got + 1
         end
         -- the ids taken are the set's first ones: everything scored below them was taken too

@@ -77,7 +77,7 @@ local function free_key(id, t, k)
   if k and redis.call('HGET', P .. 'uniq:' .. t, k) == id then redis.call('HDEL', P .. 'uniq:' .. t, k) end
 end
 -- rows: a flat list, ``width`` per job from ``first``: 7 (id, type, payload, max, run, prio,
--- created), or 8 with the unique key ('' for none). Returns how many were inserted and, for
+-- created), or 9 with the unique key and the trace context ('' for none). Returns how many were inserted and, for
 -- each row not inserted because a pending or running job holds its type and key (or an earlier
 -- row of the call), its id and the holder's; or nil and the id that already exists.
 local function insert_rows(rows, first, n, width)
@@ -92,7 +92,7 @@ local function insert_rows(rows, first, n, width)
       return nil, id
     end
     seen[id] = true
-    local k = width == 8 and rows[b + 7] or ''
+    local k = width == 9 and rows[b + 7] or ''
     if k ~= '' then
       local tk = rows[b + 1] .. '\0' .. k
       local holder = taken[tk] or key_holder(rows[b + 1], k)
@@ -112,7 +112,7 @@ local function insert_rows(rows, first, n, width)
   for i = 0, n - 1 do
     local b = first + i * width
     local id, t, p, run = rows[b], rows[b + 1], rows[b + 5], rows[b + 4]
-    local k = width == 8 and rows[b + 7] or ''
+    local k = width == 9 and rows[b + 7] or ''
     if not held[i] then
       inserted = inserted + 1
       redis.call('HSET', jkey(id), 'type', t, 'payload', rows[b + 2], 'status', 'pending', 'attempts', 0,
@@ -121,6 +121,7 @@ local function insert_rows(rows, first, n, width)
         redis.call('HSET', jkey(id), 'ukey', k)
         redis.call('HSET', P .. 'uniq:' .. t, k, id)
       end
+      if width == 9 and rows[b + 8] ~= '' then redis.call('HSET', jkey(id), 'trace', rows[b + 8]) end
       local tp = t .. '\0' .. p
       if known[tp] then
         redis.call('ZADD', ready_key(t, p), run, id)
