@@ -28,28 +28,34 @@ async def _finish(backend: Backend, n: int, how: object = succeed) -> list[str]:
     return ids
 
 
-async def test_old_finished_jobs_go_oldest_first_at_most_limit_a_call(backend: Backend) -> None:
+async def test_old_finished_jobs_and_workers_go_oldest_first_at_most_limit_a_call(backend: Backend) -> None:
     old_done = await _finish(backend, 5)
     old_dead = await _finish(backend, 3, bury)
-    await trio.sleep(1.5)
+    await renew(backend, "host:1:gone", ["t"], [], lease_seconds=0.05)  # a process that died long ago
+    await trio.sleep(1.0)
     young_done = await _finish(backend, 2)
     pending = await add(backend, 2)
     running = await add(backend, 1, job_type="r")
     await claim_one(backend, "r")
+    await renew(backend, "host:2:just-gone", ["t"], [], lease_seconds=0.05)  # its lease ran out, but not long ago
+    await renew(backend, "host:3:live", ["t"], [], lease_seconds=LONG)
+    await outlive(0.05)
 
-    # completed more than 1 s ago: the five old ones, two at a time (the young ones are a second younger)
-    assert [await backend.prune("completed", older_than_seconds=1.0, limit=2) for _ in range(4)] == [2, 2, 1, 0]
+    # completed more than 0.6 s ago: the five old ones, two at a time (the young ones are younger by far)
+    assert [await backend.prune("completed", older_than_seconds=0.6, limit=2) for _ in range(4)] == [2, 2, 1, 0]
     for job_id in old_done:
         assert await backend.get(job_id) is None
     for job_id in young_done + old_dead + pending + running:
         assert await backend.get(job_id) is not None, "retention removed a job that was not past its age"
-    assert await backend.prune("dead", older_than_seconds=1.0, limit=100) == 3
-    assert await backend.prune("dead", older_than_seconds=1.0, limit=100) == 0
+    assert await backend.prune("dead", older_than_seconds=0.6, limit=100) == 3
+    assert await backend.prune("dead", older_than_seconds=0.6, limit=100) == 0
     assert {(await backend.get(i)).status for i in pending + running} == {"pending", "running"}  # type: ignore[union-attr]
     with pytest.raises(UsageError, match="only finished jobs"):
         await backend.prune("pending", older_than_seconds=0, limit=10)
     stats = await backend.stats()
     assert stats["by_status"].get("completed", 0) == 2 and stats["by_status"].get("dead", 0) == 0
+    assert await backend.prune_workers(older_than_seconds=0.6) == 1
+    assert [w.owner for w in await backend.workers()] == ["host:3:live", "host:2:just-gone"]
 
 
 async def test_one_process_takes_each_round(backend: Backend, store_config: Config) -> None:
@@ -57,26 +63,16 @@ async def test_one_process_takes_each_round(backend: Backend, store_config: Conf
         answers: list[bool] = []
 
         async def ask(b: Backend) -> None:
-            answers.append(await b.retention_turn(interval_seconds=2.0))
+            answers.append(await b.retention_turn(interval_seconds=1.0))
 
         async with trio.open_nursery() as nursery:  # ten at once from two processes' backends
             for n in range(10):
                 nursery.start_soon(ask, backend if n % 2 else other)
         assert sorted(answers) == [False] * 9 + [True]
-        assert not await backend.retention_turn(interval_seconds=2.0)
-        await trio.sleep(2.2)  # the round's interval is over: the next one goes to whoever asks first
-        assert await other.retention_turn(interval_seconds=2.0)
-        assert not await backend.retention_turn(interval_seconds=2.0)
-
-
-async def test_entries_of_workers_whose_lease_ran_out_long_ago_go(backend: Backend) -> None:
-    await renew(backend, "host:1:dead", ["t"], [], lease_seconds=0.05)
-    await renew(backend, "host:2:live", ["t"], [], lease_seconds=LONG)
-    await outlive(0.05)
-    assert await backend.prune_workers(older_than_seconds=2.0) == 0  # its lease ran out, but not long ago
-    await trio.sleep(2.1)
-    assert await backend.prune_workers(older_than_seconds=2.0) == 1
-    assert [w.owner for w in await backend.workers()] == ["host:2:live"]
+        assert not await backend.retention_turn(interval_seconds=1.0)
+        await trio.sleep(1.1)  # the round's interval is over: the next one goes to whoever asks first
+        assert await other.retention_turn(interval_seconds=1.0)
+        assert not await backend.retention_turn(interval_seconds=1.0)
 
 
 async def test_a_round_removes_every_old_job_in_batches_and_counts_them(backend: Backend,
