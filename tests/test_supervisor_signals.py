@@ -20,7 +20,7 @@ from supervisor_harness import SERVICE, Service, alive, processes_of, service_en
 
 pytestmark = pytest.mark.slow
 
-RUNS, AT_ONCE = 20, 5  # starts interrupted per store; how many run side by side
+RUNS, AT_ONCE = 20, 10  # starts interrupted per store; how many run side by side
 GRACE, MARGIN = 2.0, 2.0  # WORKER_SHUTDOWN_TIMEOUT, and the supervisor's margin past it
 
 
