@@ -22,7 +22,7 @@ class HandlerThread(Protocol):
     """A sync handler's call in a worker thread, as its context needs it (the pool's own record)."""
 
     token: trio.lowlevel.TrioToken  # the loop, for the handler's emit from any thread
-    abandoned: bool  # the attempt is over: the pool gave up on the thread
+    abandoned: bool  # the attempt is over (its outcome decided, the thread given up on if it still runs)
 
 
 @attrs.frozen
@@ -47,13 +47,14 @@ class JobContext:
         """Publish a domain event: the ids of the jobs it routed to, once committed. In an
         async handler, ``await ctx.emit(event)``; from a thread (a sync handler, or a thread it
         started), ``ctx.emit(event)`` blocks until committed and returns the ids. Refused
-        (UsageError) from a thread the pool abandoned at a timeout: its retry emits instead."""
+        (UsageError) once the attempt is over, from any thread (one the pool abandoned at a timeout,
+        or one the handler started and left running): its retry emits instead."""
         if trio.lowlevel.in_trio_run():  # on the loop: the coroutine, to await
             return self._emit(event)
         thread = self._thread
         if thread is not None and thread.abandoned:
             raise UsageError(
-                f"job {self.id} ({self.job_type}): attempt {self.attempt} is over (its thread was abandoned at its "
-                "timeout, a lost lease or shutdown); its emit is refused"
+                f"job {self.id} ({self.job_type}): attempt {self.attempt} is over (it ended, or its thread was abandoned "
+                "at its timeout, a lost lease or shutdown); its emit is refused"
             )
         return trio.from_thread.run(self._emit, event, trio_token=thread.token if thread is not None else None)

@@ -224,6 +224,11 @@ class Registry:
         existing = self._jobs.get(name)
         if existing is not None and existing.cls is not cls:
             raise ValueError(f"job type {name!r} is already registered with {existing.cls.__name__}")
+        other = self._names_by_cls.get(cls)
+        if other is not None and other != name:
+            # enqueue(obj) finds the type by the object's class: the earlier type could no longer be enqueued
+            raise ValueError(f"job type {name!r}: its payload class {cls.__name__} is already job type {other!r}'s; "
+                             "give each job type a class of its own")
         spec = JobSpec(name, cls, handler, concurrency, timeout, max_attempts, global_limit, sync)
         self._jobs[name] = spec
         self._names_by_cls[cls] = name
@@ -475,8 +480,8 @@ def _check_handler(name: str, handler: Any) -> bool:
     call = target
     if callable(target) and not inspect.isroutine(target) and not isinstance(target, type):
         call = type(target).__call__  # an instance: what runs is its class's __call__
-    if inspect.iscoroutinefunction(call):
-        return False
+    if inspect.iscoroutinefunction(call) or inspect.iscoroutinefunction(inspect.unwrap(call)):
+        return False  # (unwrapped: a functools.wraps decorator's plain wrapper returns the coroutine)
     if not callable(handler):
         what = f"is not callable (got {type(handler).__name__})"
     elif isinstance(target, type):

@@ -72,10 +72,15 @@ def test_the_decorator_declares_the_type_and_returns_the_function_unchanged() ->
     assert reg.name_of(Thumbnail("m1")) == "thumbs"
 
     @reg.job()
-    async def with_parentheses(job: ResizeAvatar, ctx: JobContext) -> None:
+    async def with_parentheses(job: Crop, ctx: JobContext) -> None:
         pass
 
     assert reg.spec("with_parentheses").handler is with_parentheses
+    # a payload class is one job type's: enqueue(obj) finds the type by the object's class
+    with pytest.raises(ValueError, match="ResizeAvatar is already job type 'resize_avatar'"):
+        @reg.job
+        async def resize_again(job: ResizeAvatar, ctx: JobContext) -> None:
+            pass
     # register() keeps working beside it, and a unit test calls the handler as it is
     register_form = pipeline.Registry()
     register_form.register("resize_avatar", ResizeAvatar, resize_avatar)

@@ -122,3 +122,30 @@ async def test_coroutine_callables_are_accepted_and_run(config: Config) -> None:
     async with pipeline.open_pipeline(config, reg) as p:
         job = await wait_status(p, await p.enqueue(Echo("hi")), "completed", "dead")
     assert (job.status, job.attempts, ran) == ("completed", 1, ["object:hi"])
+
+
+def test_an_async_handler_behind_a_functools_wraps_decorator_runs_as_async() -> None:
+    """A plain `def` wrapper made with functools.wraps around an `async def` (a common decorator
+    shape) was taken for a sync handler: run in a thread, it returned the coroutine and the job went
+    dead. What it wraps decides: it runs on the loop, as before sync handlers existed."""
+    from pipeline.testing import run
+
+    ran: list[str] = []
+
+    def logged(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def wrapper(job: Echo, ctx: pipeline.JobContext) -> Any:
+            ran.append(ctx.id)
+            return fn(job, ctx)
+
+        return wrapper
+
+    @logged
+    async def echo(job: Echo, ctx: pipeline.JobContext) -> None:
+        pass
+
+    reg = pipeline.Registry()
+    reg.register("echo", Echo, echo)
+    assert reg.spec("echo").sync is False
+    record = run(reg, Echo("wrapped"))
+    assert (record.status, ran) == ("completed", [record.id]), record

@@ -31,6 +31,7 @@ import inspect
 import logging
 import math
 import random
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -237,9 +238,15 @@ class _Thread:
     started: bool = False
     finished: bool = False
     abandoned: bool = False
+    # started and abandoned are decided under it: a thread that gets its slot as the attempt ends
+    # either starts before it is abandoned (and is said to be), or does not run the handler at all
+    lock: threading.Lock = attrs.field(factory=threading.Lock)
 
     def run(self, job: Any, ctx: JobContext) -> None:
-        self.started = True
+        with self.lock:
+            if self.abandoned:
+                return  # the attempt ended before this thread got going: nothing of it runs
+            self.started = True
         try:
             result = self.handler(job, ctx)
             if inspect.isawaitable(result):
@@ -266,7 +273,7 @@ async def _invoke(spec: JobSpec, pool: Pool, job: Any, ctx: JobContext, thread: 
                 for middleware in spec.middleware:  # the first registered outermost
                     await stack.enter_async_context(_entered(middleware, ctx))
                 await _call(spec, pool, job, ctx, thread)
-    except Exception as exc:  # handler exceptions are data; Cancelled is not an Exception
+    except (Exception, SystemExit) as exc:  # handler exceptions are data (sys.exit() in one too); Cancelled is not
         return Outcome.failed(exc)
     return Outcome("ok")
 
@@ -347,12 +354,16 @@ async def run_one(
                 outcome = Outcome("lost")
             elif scope.cancelled_caught and pool.stopping:
                 outcome = Outcome("released")  # shutdown: back to pending, attempt not counted
+            elif scope.cancelled_caught and thread is not None and _never_started(thread):
+                # every thread of the type is held by handlers abandoned at their timeouts: this job
+                # never ran, so it goes back without its attempt (it waits its timeout again each time)
+                outcome = Outcome("released")
+                log.warning("job %s (%s): none of the type's %d threads came free within its timeout of %g s (all held by "
+                            "handlers abandoned at their timeouts that have not returned yet); handed back, its attempt "
+                            "not counted", lease.id, lease.job_type, pool.concurrency, pool.timeout)
             elif scope.cancelled_caught:
                 message = f"timed out after {pool.timeout:g} s (attempt {lease.attempts})"
-                if thread is not None and thread.waiting and not thread.started:
-                    message += (f"; it was still waiting for one of the type's {pool.concurrency} threads, all held "
-                                "by handlers abandoned at their timeouts that have not returned yet")
-                elif ran > pool.timeout + BLOCKING_GRACE:
+                if ran > pool.timeout + BLOCKING_GRACE:
                     # The cancellation could only land when the handler next reached a checkpoint.
                     # From here the two causes look alike (a loop blocked by the handler; a thread
                     # the task waited on, which the loop cannot interrupt): the message names both.
@@ -369,8 +380,7 @@ async def run_one(
                     "the timeout's cancellation did not stop it: it waited on work that cannot be interrupted "
                     "(a thread), or caught the Cancelled exception" if scope.cancel_called else _BLOCKING,
                 )
-            if thread is not None and thread.started and not thread.finished:
-                thread.abandoned = True  # its emit is refused from now on
+            if thread is not None and _end_attempt(thread):
                 _abandon(lease, outcome, pool.timeout)
     following: Lease | None = None
     if recv is not None and not pool.stopping:
@@ -391,6 +401,21 @@ async def run_one(
         await _settle(workers, pool, lease, outcome, time.monotonic() - started)
         return following, True
     return following, await _settle(workers, pool, lease, outcome, time.monotonic() - started, start=following)
+
+
+def _never_started(thread: _Thread) -> bool:
+    """The attempt is over and its thread never ran the handler (and now never will)."""
+    with thread.lock:
+        thread.abandoned = True
+        return not thread.started
+
+
+def _end_attempt(thread: _Thread) -> bool:
+    """The attempt is over: its emit is refused from now on, from any thread; True if its
+    handler still runs (abandoned)."""
+    with thread.lock:
+        thread.abandoned = True
+        return thread.started and not thread.finished
 
 
 def _abandon(lease: Lease, outcome: Outcome, timeout: float) -> None:
