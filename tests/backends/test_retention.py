@@ -55,7 +55,7 @@ async def test_old_finished_jobs_and_workers_go_oldest_first_at_most_limit_a_cal
     stats = await backend.stats()
     assert stats["by_status"].get("completed", 0) == 2 and stats["by_status"].get("dead", 0) == 0
     assert await backend.prune_workers(older_than_seconds=0.6) == 1
-    assert [w.owner for w in await backend.workers()] == ["host:3:live", "host:2:just-gone"]
+    assert {w.owner for w in await backend.workers()} == {"host:3:live", "host:2:just-gone"}  # (beats may share a ms)
 
 
 async def test_one_process_takes_each_round(backend: Backend, store_config: Config) -> None:
