@@ -24,6 +24,9 @@ class HandlerThread(Protocol):
     token: trio.lowlevel.TrioToken  # the loop, for the handler's emit from any thread
     abandoned: bool  # the attempt is over (its outcome decided, the thread given up on if it still runs)
 
+    def over(self) -> bool:
+        """On the loop: whether the attempt is over, or past its deadline (its end is on the way)."""
+
 
 @attrs.frozen
 class JobContext:
@@ -52,9 +55,19 @@ class JobContext:
         if trio.lowlevel.in_trio_run():  # on the loop: the coroutine, to await
             return self._emit(event)
         thread = self._thread
-        if thread is not None and thread.abandoned:
-            raise UsageError(
-                f"job {self.id} ({self.job_type}): attempt {self.attempt} is over (it ended, or its thread was abandoned "
-                "at its timeout, a lost lease or shutdown); its emit is refused"
-            )
-        return trio.from_thread.run(self._emit, event, trio_token=thread.token if thread is not None else None)
+        if thread is None:
+            return trio.from_thread.run(self._emit, event)
+        if thread.abandoned:
+            raise self._over()
+        return trio.from_thread.run(self._emit_in_attempt, event, thread, trio_token=thread.token)
+
+    async def _emit_in_attempt(self, event: Any, thread: HandlerThread) -> list[str]:
+        # looked at again on the loop, where the attempt ends: an emit the thread sent as its
+        # deadline passed is refused, not committed beside the job's timeout
+        if thread.over():
+            raise self._over()
+        return await self._emit(event)
+
+    def _over(self) -> UsageError:
+        return UsageError(f"job {self.id} ({self.job_type}): attempt {self.attempt} is over (it ended, or its thread was "
+                          "abandoned at its timeout, a lost lease or shutdown); its emit is refused")

@@ -241,6 +241,12 @@ class _Thread:
     # started and abandoned are decided under it: a thread that gets its slot as the attempt ends
     # either starts before it is abandoned (and is said to be), or does not run the handler at all
     lock: threading.Lock = attrs.field(factory=threading.Lock)
+    scope: trio.CancelScope | None = None  # the attempt's: its deadline is the timeout's
+
+    def over(self) -> bool:
+        """On the loop: the attempt ended, or its deadline passed or it was cancelled (its end is on the way)."""
+        scope = self.scope
+        return self.abandoned or (scope is not None and (scope.cancel_called or trio.current_time() >= scope.deadline))
 
     def run(self, job: Any, ctx: JobContext) -> None:
         with self.lock:
@@ -338,6 +344,8 @@ async def run_one(
             # one scope per job: its deadline is the job's timeout, which a graceful stop
             # may bring forward, and the lease keeper cancels it if the lease is lost
             scope = trio.CancelScope(deadline=trio.current_time() + pool.timeout)
+            if thread is not None:
+                thread.scope = scope
             pool.running[key] = scope
             try:
                 try:
