@@ -36,7 +36,7 @@ import outcome
 import sniffio
 import trio
 
-from .backends.base import JobRecord, NewJob
+from .backends.base import PRIORITY_DEFAULT, JobRecord, NewJob
 from .clock import now_ts
 from .config import Config
 from .engine.wiring import Pipeline, open_pipeline
@@ -49,7 +49,6 @@ log = logging.getLogger("pipeline.client")
 
 T = TypeVar("T")
 
-DEFAULT_PRIORITY = 5
 
 
 class Client:
@@ -452,7 +451,7 @@ def _trace_here(registry: Registry) -> str:
 
 
 def _priority(priority: int | None) -> int:
-    return DEFAULT_PRIORITY if priority is None else priority
+    return PRIORITY_DEFAULT if priority is None else priority
 
 
 def _is_async(connection: Any) -> bool:

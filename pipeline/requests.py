@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-from .backends.base import PRIORITY_MAX, PRIORITY_MIN, NewJob
+from .backends.base import PRIORITY_DEFAULT, PRIORITY_MAX, PRIORITY_MIN, NewJob
 from .clock import now_ts, to_ts
 from .errors import UsageError
 from .ids import UUID7Factory
@@ -21,7 +21,7 @@ class JobRequest(NamedTuple):
     payload: Mapping[str, Any] | str
     max_attempts: int | None = None
     run_after: Any = None
-    priority: int = 5
+    priority: int = PRIORITY_DEFAULT
     unique_key: str | None = None
 
 

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import enum
 import random
+from collections.abc import Iterable
 from typing import Final
 
 import attrs
+
+from .errors import UsageError
 
 
 class Status(enum.StrEnum):
@@ -50,6 +53,15 @@ TRANSITIONS: Final[dict[Transition, tuple[Status, Status]]] = {
 }
 
 TERMINAL: Final = frozenset({Status.COMPLETED, Status.DEAD})
+
+
+def check_finished(statuses: Iterable[str], doing: str) -> None:
+    """UsageError unless there is a status and every one is final: what cleanup and retention
+    may remove (``doing``: "cleanup deletes", "retention removes")."""
+    statuses = list(statuses)
+    bad = [s for s in statuses if s not in TERMINAL]
+    if bad or not statuses:
+        raise UsageError(f"{doing} only finished jobs (completed or dead), not {bad or 'nothing'}")
 
 
 def source(transition: Transition) -> Status:

@@ -41,6 +41,7 @@ from ..states import Transition
 # but Redis orders by a ZSET score, a double (exact to 2**53); 32 bits is also what the admin
 # API and the CLI have always taken, and what a browser's JavaScript shows as it is.
 PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
+PRIORITY_DEFAULT = 5  # a job enqueued without one; lower runs first
 
 # Backend.list's orders: newest first (by id), or the order a claim takes pending jobs in
 LIST_ORDERS = ("newest", "claim")

@@ -30,7 +30,7 @@ import attrs
 import trio
 
 from ..backends import Backend, ClaimOffer, Lease, NewJob, Nudge, open_backend
-from ..backends.base import NUDGE_BUFFER, PRIORITY_MAX, PRIORITY_MIN, ScheduleRecord
+from ..backends.base import NUDGE_BUFFER, PRIORITY_DEFAULT, PRIORITY_MAX, PRIORITY_MIN, ScheduleRecord
 from ..clock import now_ts, to_ts
 from ..config import Config
 from ..context import JobContext
@@ -91,7 +91,7 @@ class Pipeline:
 
     # -- producing work -------------------------------------------------------------------
 
-    def new_job(self, job: Any, *, run_after: Any = None, max_attempts: int | None = None, priority: int = 5,
+    def new_job(self, job: Any, *, run_after: Any = None, max_attempts: int | None = None, priority: int = PRIORITY_DEFAULT,
                 now: str | None = None, unique_key: str | None = None, trace: str | None = None) -> NewJob:
         """Encode and validate a job object (UnknownJobType / InvalidPayload / UsageError if it does not fit).
         ``trace``: the trace context to store with it (see pipeline/otel.py); None: the caller's,
@@ -127,7 +127,7 @@ class Pipeline:
         hook = self.registry.trace_context
         return None if hook is None else hook()
 
-    async def enqueue(self, job: Any, *, run_after: Any = None, max_attempts: int | None = None, priority: int = 5,
+    async def enqueue(self, job: Any, *, run_after: Any = None, max_attempts: int | None = None, priority: int = PRIORITY_DEFAULT,
                       unique_key: str | None = None, trace: str | None = None) -> str:
         """Persist one job; returns its id once it is committed. With ``unique_key``: while a
         job of the same type and key is pending or running, nothing is inserted and that
@@ -140,7 +140,7 @@ class Pipeline:
         return stored
 
     async def enqueue_unique(self, job: Any, *, unique_key: str | None, run_after: Any = None,
-                             max_attempts: int | None = None, priority: int = 5) -> Enqueued:
+                             max_attempts: int | None = None, priority: int = PRIORITY_DEFAULT) -> Enqueued:
         """:meth:`enqueue`, answering whether the job was a duplicate of a pending or running
         job of its type and key (then nothing was inserted and the id is that job's)."""
         self._check_open()
@@ -148,7 +148,7 @@ class Pipeline:
         (stored,) = await self.backend.insert([row])
         return Enqueued(stored, stored != row.id)
 
-    async def enqueue_many(self, jobs: Sequence[Any], *, priority: int = 5,
+    async def enqueue_many(self, jobs: Sequence[Any], *, priority: int = PRIORITY_DEFAULT,
                            unique_keys: Sequence[str | None] | None = None, trace: str | None = None) -> list[str]:
         """Persist many jobs in one transaction; returns their ids once committed. ``unique_keys``,
         one per job (None: no key), as :meth:`enqueue`'s: a duplicate's id is the holder's.

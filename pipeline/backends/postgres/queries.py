@@ -117,9 +117,7 @@ def delete_job(conn: psycopg.Connection[Any], job_id: str) -> None:
 def cleanup(conn: psycopg.Connection[Any], *, statuses: Sequence[str] = ("completed", "dead"), older_than_seconds: float | None = None) -> int:
     """Delete finished records (completed/dead), optionally only those last updated more than
     ``older_than_seconds`` ago (by the server's clock)."""
-    bad = [s for s in statuses if s not in states.TERMINAL]
-    if bad or not statuses:
-        raise UsageError(f"cleanup deletes only completed or dead jobs, not {bad or 'nothing'}")
+    states.check_finished(statuses, "cleanup deletes")
     return conn.execute(
         "DELETE FROM jobs WHERE status = ANY(%(statuses)s::text[]) "
         "AND (%(age)s::float8 IS NULL OR updated_at < now() - %(age)s::float8 * interval '1 second')",

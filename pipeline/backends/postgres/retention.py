@@ -8,8 +8,7 @@ from typing import Any
 
 import psycopg
 
-from ...errors import UsageError
-from ...states import TERMINAL
+from ...states import check_finished
 
 TURN = "retention"
 
@@ -27,8 +26,7 @@ def take_turn(conn: psycopg.Connection[Any], interval_seconds: float) -> bool:
 def prune(conn: psycopg.Connection[Any], status: str, older_than_seconds: float, limit: int) -> int:
     """Up to ``limit`` jobs of the final ``status`` last updated more than ``older_than_seconds``
     ago, oldest first (the partial index jobs_finished)."""
-    if status not in TERMINAL:
-        raise UsageError(f"retention removes only finished jobs, not {status!r}")
+    check_finished([status], "retention removes")
     return conn.execute(
         "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE status = %(status)s "
         "AND updated_at < now() - %(age)s::float8 * interval '1 second' ORDER BY updated_at LIMIT %(limit)s "

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...errors import UsageError
-from ...states import TERMINAL
+from ...states import check_finished
 from .db import run_script
 from .scripts import ALL
 
@@ -22,8 +21,7 @@ def take_turn(client: Any, prefix: str, interval_seconds: float) -> bool:
 def prune(client: Any, prefix: str, status: str, older_than_seconds: float, limit: int) -> int:
     """Up to ``limit`` jobs of the final ``status`` finished more than ``older_than_seconds`` ago,
     oldest first (``done:<status>`` is scored by when they finished), in one script call."""
-    if status not in TERMINAL:
-        raise UsageError(f"retention removes only finished jobs, not {status!r}")
+    check_finished([status], "retention removes")
     return int(run_script(client, ALL["cleanup"], [prefix, round(older_than_seconds * 1000), limit, status]))
 
 

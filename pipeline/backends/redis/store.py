@@ -335,9 +335,7 @@ def delete_job(client: Any, prefix: str, job_id: str) -> None:
 def cleanup(client: Any, prefix: str, *, statuses: Sequence[str] = ("completed", "dead"),
             older_than_seconds: float | None = None) -> int:
     """Delete finished jobs, ``CLEANUP_CHUNK`` per script call (each call atomic, the whole not)."""
-    bad = [s for s in statuses if s not in states.TERMINAL]
-    if bad or not statuses:
-        raise UsageError(f"cleanup deletes only completed or dead jobs, not {bad or 'nothing'}")
+    states.check_finished(statuses, "cleanup deletes")
     older = "" if older_than_seconds is None else round(older_than_seconds * 1000)
     total = 0
     while True:

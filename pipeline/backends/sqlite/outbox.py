@@ -17,7 +17,7 @@ from typing import Any
 
 from ...registry import Registry
 from ...requests import JobRequest, prepare_rows
-from ..base import NewJob
+from ..base import PRIORITY_DEFAULT, NewJob
 from .store import insert_jobs
 
 
@@ -28,7 +28,7 @@ def enqueue_in_transaction(
     registry: Registry | None = None,
     run_after: Any = None,
     max_attempts: int | None = None,
-    priority: int = 5,
+    priority: int = PRIORITY_DEFAULT,
     unique_key: str | None = None,
 ) -> str:
     """Insert ``job`` with the caller's connection, in the caller's open transaction.

@@ -55,9 +55,7 @@ def delete_job(conn: sqlite3.Connection, job_id: str) -> None:
 
 def cleanup(conn: sqlite3.Connection, *, statuses: Sequence[str] = ("completed", "dead"), older_than: str | None = None) -> int:
     """Delete finished records (completed/dead), optionally only those last updated before ``older_than``."""
-    bad = [s for s in statuses if s not in states.TERMINAL]
-    if bad or not statuses:
-        raise UsageError(f"cleanup deletes only completed or dead jobs, not {bad or 'nothing'}")
+    states.check_finished(statuses, "cleanup deletes")
     marks = ",".join("?" for _ in statuses)
     if older_than is None:
         return conn.execute(f"DELETE FROM jobs WHERE status IN ({marks})", tuple(statuses)).rowcount

@@ -6,8 +6,7 @@ from __future__ import annotations
 import sqlite3
 
 from ...clock import format_ts, to_epoch
-from ...errors import UsageError
-from ...states import TERMINAL
+from ...states import check_finished
 
 TURN = "retention"
 
@@ -25,8 +24,7 @@ def take_turn(conn: sqlite3.Connection, *, now: str, interval_seconds: float) ->
 def prune(conn: sqlite3.Connection, status: str, *, now: str, older_than_seconds: float, limit: int) -> int:
     """Up to ``limit`` jobs of the final ``status`` last updated before now − ``older_than_seconds``,
     oldest first (the partial index idx_jobs_finished: a look that finds none reads nothing)."""
-    if status not in TERMINAL:
-        raise UsageError(f"retention removes only finished jobs, not {status!r}")
+    check_finished([status], "retention removes")
     before = format_ts(to_epoch(now) - older_than_seconds)
     return conn.execute(PRUNE, (status, before, limit)).rowcount
 

@@ -89,10 +89,7 @@ class Workers:
         elif outcome.kind == "released":
             item = Settlement(lease.id, lease.token, Transition.RELEASE)
         else:
-            decision = states.settle_failure(
-                attempts=lease.attempts, max_attempts=lease.max_attempts, permanent=outcome.kind == "permanent",
-                base_seconds=self.backoff_base_seconds, retry_delay=outcome.delay, rng=self.rng,
-            )
+            decision = self._failure(lease, outcome)
             item = Settlement(lease.id, lease.token, decision.transition, outcome.error or outcome.kind, decision.delay)
         if start is None:
             (held,) = await self.backend.settle([item])
@@ -105,11 +102,15 @@ class Workers:
         outcome line says it, and a write tried again keeps it (``settle`` takes ``outcome.delay``)."""
         if outcome.kind in ("ok", "released", "lost"):
             return outcome
-        decision = states.settle_failure(
+        decision = self._failure(lease, outcome)
+        return attrs.evolve(outcome, delay=decision.delay) if decision.transition is Transition.RETRY else outcome
+
+    def _failure(self, lease: Lease, outcome: Outcome) -> states.FailureDecision:
+        """What a failed attempt makes of its job: retried (after ``outcome.delay`` once decided) or dead."""
+        return states.settle_failure(
             attempts=lease.attempts, max_attempts=lease.max_attempts, permanent=outcome.kind == "permanent",
             base_seconds=self.backoff_base_seconds, retry_delay=outcome.delay, rng=self.rng,
         )
-        return attrs.evolve(outcome, delay=decision.delay) if decision.transition is Transition.RETRY else outcome
 
     async def start(self, lease: Lease) -> bool:
         """Count the attempt of a job claimed ahead, before it runs; False if its lease is gone."""
