@@ -22,6 +22,7 @@ class Status(enum.StrEnum):
     RUNNING = "running"
     COMPLETED = "completed"
     DEAD = "dead"
+    CANCELLED = "cancelled"  # final: by an operator or a client, or expired before it started
 
 
 class Transition(enum.StrEnum):
@@ -37,6 +38,13 @@ class Transition(enum.StrEnum):
     UNCLAIM = "lease expired before the job started (attempt not counted)"
     RELEASE = "graceful shutdown, unfinished (attempt not counted)"
     REVIVE = "admin retry (attempts reset)"
+    REVIVE_CANCELLED = "admin retry of a cancelled job (attempts reset)"
+    CANCEL = "cancel requested while running: the handler stopped"
+    CANCEL_PENDING = "cancelled before it started (operator, client)"
+    EXPIRE = "not started by its expires_at"
+    RESCUE_CANCEL = "lease expired while a cancel was requested"
+    SNOOZE = "Snooze(delay): pending after the delay (attempt not counted)"
+    SNOOZE_BURY = "snoozed more than WORKER_MAX_SNOOZES times"
 
 
 TRANSITIONS: Final[dict[Transition, tuple[Status, Status]]] = {
@@ -50,9 +58,18 @@ TRANSITIONS: Final[dict[Transition, tuple[Status, Status]]] = {
     Transition.UNCLAIM: (Status.RUNNING, Status.PENDING),
     Transition.RELEASE: (Status.RUNNING, Status.PENDING),
     Transition.REVIVE: (Status.DEAD, Status.PENDING),
+    Transition.REVIVE_CANCELLED: (Status.CANCELLED, Status.PENDING),
+    Transition.CANCEL: (Status.RUNNING, Status.CANCELLED),
+    Transition.CANCEL_PENDING: (Status.PENDING, Status.CANCELLED),
+    Transition.EXPIRE: (Status.PENDING, Status.CANCELLED),
+    Transition.RESCUE_CANCEL: (Status.RUNNING, Status.CANCELLED),
+    Transition.SNOOZE: (Status.RUNNING, Status.PENDING),
+    Transition.SNOOZE_BURY: (Status.RUNNING, Status.DEAD),
 }
 
-TERMINAL: Final = frozenset({Status.COMPLETED, Status.DEAD})
+TERMINAL: Final = frozenset({Status.COMPLETED, Status.DEAD, Status.CANCELLED})
+# what an operator's retry puts back to pending (attempts reset)
+REVIVABLE: Final = frozenset({Status.DEAD, Status.CANCELLED})
 
 
 def check_finished(statuses: Iterable[str], doing: str) -> None:
@@ -61,7 +78,7 @@ def check_finished(statuses: Iterable[str], doing: str) -> None:
     statuses = list(statuses)
     bad = [s for s in statuses if s not in TERMINAL]
     if bad or not statuses:
-        raise UsageError(f"{doing} only finished jobs (completed or dead), not {bad or 'nothing'}")
+        raise UsageError(f"{doing} only finished jobs (completed, dead or cancelled), not {bad or 'nothing'}")
 
 
 def source(transition: Transition) -> Status:

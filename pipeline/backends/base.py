@@ -72,6 +72,9 @@ class NewJob(NamedTuple):
     # ``tracestate`` if there is one: see pipeline/otel.py), handed back in its Lease; None: none.
     # Stores insert rows without one (and without a unique key) with their statement of old.
     trace: str | None = None
+    # when a job not started by then is never started: the claim (and the rescue, for jobs nobody
+    # claims) ends it ``cancelled`` with :func:`expired_error` instead; None: no such limit
+    expires_at: str | None = None
 
 
 @attrs.frozen
@@ -94,16 +97,24 @@ class Lease:
 
 @attrs.frozen
 class Settlement:
-    """One outcome to write. ``transition`` is one of SUCCEED, RETRY, BURY, RELEASE, START;
-    RETRY is due ``delay`` seconds after the write; RELEASE is due at once and gives back the
-    attempt if it was counted (a graceful stop, a job that never started); START counts the
-    attempt of a job claimed ahead, which keeps running under its lease."""
+    """One outcome to write. ``transition`` is one of SUCCEED, RETRY, BURY, RELEASE, START,
+    CANCEL, SNOOZE; RETRY is due ``delay`` seconds after the write; RELEASE is due at once and
+    gives back the attempt if it was counted (a graceful stop, a job that never started); START
+    counts the attempt of a job claimed ahead, which keeps running under its lease.
+
+    SUCCEED stores ``result`` (JSON text, or None) as the job's result. CANCEL: running →
+    cancelled with ``error`` (its cancel was requested; final, never retried). SNOOZE: running →
+    pending, due ``delay`` seconds after the write, the attempt given back as RELEASE gives it
+    back, the job's ``snoozes`` + 1; but when that count would exceed ``snooze_limit``, → dead
+    with ``error`` instead (the engine writes the text: :func:`snoozed_too_often`)."""
 
     id: str
     token: int
     transition: Transition
     error: str | None = None
     delay: float = 0.0
+    result: str | None = None
+    snooze_limit: int = 0
 
 
 @attrs.frozen
@@ -124,6 +135,12 @@ class JobRecord:
     lease_owner: str | None = None
     lease_expires_at: str | None = None
     unique_key: str | None = None
+    result: str | None = None  # a completed job's handler's return value, JSON text (None: none)
+    progress: float | None = None  # 0..1, the last the handler reported (ctx.progress)
+    progress_message: str | None = None
+    snoozes: int = 0  # times it raised Snooze
+    expires_at: str | None = None  # NewJob.expires_at
+    cancel_requested: bool = False  # running, and asked to stop (Backend.cancel)
 
     def to_json(self) -> dict[str, Any]:
         """The fields of ``--json`` and the admin API; payload as an object, in which a URL's
@@ -133,6 +150,11 @@ class JobRecord:
             payload: Any = json.loads(self.payload)
         except ValueError:
             payload = self.payload  # a malformed row still shows what it holds
+        try:
+            result: Any = None if self.result is None else json.loads(self.result)
+        except ValueError:
+            result = self.result
+        progress = None if self.progress is None else {"fraction": self.progress, "message": self.progress_message}
         return {
             "id": self.id,
             "job_type": self.job_type,
@@ -146,7 +168,37 @@ class JobRecord:
             "updated_at": self.updated_at,
             "priority": self.priority,
             "unique_key": self.unique_key,
+            "result": result,
+            "progress": progress,
+            "snoozes": self.snoozes,
+            "expires_at": self.expires_at,
+            "cancel_requested": self.cancel_requested,
         }
+
+
+def expired_error(expires_at: str) -> str:
+    """The error of a job that was not started by its ``expires_at`` (every store writes this text)."""
+    return f"expired at {expires_at} before it started: never run"
+
+
+def cancelled_error(reason: str) -> str:
+    """The error of a job cancelled while pending (by an operator, a client): ``reason`` says who."""
+    return f"cancelled before it started: {reason}"
+
+
+def cancelled_running_error(reason: str) -> str:
+    """The error of a running job whose cancel was requested and whose worker died before it
+    stopped it (the rescue ends it, every store with this text)."""
+    return f"cancelled while running ({reason}); its worker stopped renewing its lease before it ended"
+
+
+def snoozed_too_often(limit: int) -> str:
+    return (f"snoozed more than WORKER_MAX_SNOOZES={limit} times: a job that snoozes for ever is ended here; "
+            "raise the limit or fix the handler's condition, then retry it")
+
+
+# What Backend.cancel answers per id, besides a final status left as it was
+CANCELLING = "cancelling"  # it runs: the request is stored, its worker stops it
 
 
 def unique_key_held(job: JobRecord, holder: str) -> str:
@@ -383,7 +435,12 @@ class Backend(Protocol):
         minus the jobs of that type running now (whoever holds them, claimed-ahead ones
         included), counted and claimed atomically against every other limited claim of that
         type, from any process: the type's running jobs never exceed L through claims. A type
-        not in ``limits`` is claimed exactly as without it."""
+        not in ``limits`` is claimed exactly as without it.
+
+        A paused type (:meth:`set_type_paused`) is not claimed at all. Before it claims, in the
+        same transaction or script, every pending job of the requested types whose ``expires_at``
+        is at or before now is ended ``cancelled`` with :func:`expired_error`: no expired job is
+        ever claimed (an index on the expiring pending jobs keeps this free when none expire)."""
 
     async def settle(self, outcomes: Sequence[Settlement]) -> list[bool]:
         """Write outcomes, each fenced by (id, running, token); one bool per outcome: True
@@ -394,7 +451,10 @@ class Backend(Protocol):
         """Running jobs whose lease expired, whoever held it, except the leases ``spare``
         (id, token) that the caller still holds: back to pending after a backoff (the attempt
         counts as failed), or dead when out of attempts; a job that never started back to
-        pending, nothing counted. Safe to run from several processes at once. Returns how many moved."""
+        pending, nothing counted; an expired lease whose cancel was requested → cancelled
+        (:func:`cancelled_running_error`). Also ends ``cancelled`` every pending job of any type
+        whose ``expires_at`` passed (:func:`expired_error`): the jobs nobody claims. Safe to run
+        from several processes at once. Returns how many moved."""
 
     async def bury_unknown_types(self, known: Iterable[str], *, grace_seconds: float) -> int:
         """Pending jobs of types neither ``known`` nor known to a live worker, due for
@@ -420,8 +480,36 @@ class Backend(Protocol):
         age of the oldest due pending job."""
 
     async def revive(self, job_id: str) -> JobRecord:
-        """dead → pending, attempts reset, due now. LookupError if unknown, UsageError if not
-        dead, or if its unique key is held by another pending or running job (named)."""
+        """dead or cancelled → pending, attempts, snoozes, progress and the cancel request reset,
+        due now. LookupError if unknown, UsageError if neither dead nor cancelled, or if its
+        unique key is held by another pending or running job (named)."""
+
+    # -- control (issue 23) -----------------------------------------------------------------------
+
+    async def cancel(self, job_ids: Sequence[str], *, reason: str) -> builtins.list[str | None]:
+        """In one transaction, per id in order, what the job is after the call: "cancelled" for a
+        pending one (cancelled at once: final, ``error`` = :func:`cancelled_error` (reason),
+        finished now, its unique key freed); ``CANCELLING`` for a running one (the request is
+        stored, ``cancel_requested`` true: its worker ends it, see :meth:`cancel_requests`); the
+        status of a job already final, unchanged; None for an unknown id. Asking twice is harmless."""
+
+    async def cancel_requests(self, owner: str) -> builtins.list[tuple[str, int]]:
+        """(id, lease token) of the running jobs ``owner`` holds whose cancel was requested: an
+        indexed read, made twice a second by every process while it holds running jobs. The worker
+        stops each and writes a CANCEL outcome (fenced like any other: if the job's own outcome was
+        written first, the CANCEL changes nothing). :meth:`rescue_expired` ends an expired lease
+        whose cancel was requested ``cancelled`` (:func:`cancelled_running_error`), never retried."""
+
+    async def set_progress(self, job_id: str, token: int, fraction: float, message: str | None) -> bool:
+        """Store a running job's progress (0 ≤ fraction ≤ 1, checked by the engine) and message,
+        fenced like an outcome: False (nothing written) unless it runs under ``token``."""
+
+    async def set_type_paused(self, job_type: str, paused: bool) -> None:
+        """Pause or resume a job type, for every process sharing the store and across restarts:
+        no claim takes a job of a paused type (the claim reads the paused types in its own
+        transaction or script); enqueues are still accepted, running jobs finish."""
+
+    async def paused_types(self) -> builtins.set[str]: ...
 
     async def delete(self, job_id: str) -> None:
         """LookupError if unknown, UsageError while it runs."""
