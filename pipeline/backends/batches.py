@@ -169,7 +169,8 @@ class ServerBackend(Generic[D]):
     blocking function of the backend's own run in a thread by ``db.run``. A subclass names
     its module of worker-side functions (``calls``: claim, rescue_expired, bury_unknown_types)
     and of operator functions (``operators``: get_job, list_jobs, operator_stats, revive,
-    delete_job, cleanup, ping, workers) and of cron schedules' (``scheduling``: all_schedules,
+    delete_job, cleanup, ping, workers, cancel, set_type_paused, paused_types; ``calls`` also has
+    cancel_requests and set_progress) and of cron schedules' (``scheduling``: all_schedules,
     due_schedules, add_schedule, remove_schedule, set_enabled, sync_code, fire) and of retention's
     (``upkeep``: take_turn, prune, prune_workers), and adds bulk_insert,
     lease_renewer and counters."""
@@ -258,6 +259,24 @@ class ServerBackend(Generic[D]):
 
     async def delete(self, job_id: str) -> None:
         await self._operate(self.operators.delete_job, job_id)
+
+    # -- control (issue 23): ``operators`` has cancel, set_type_paused, paused_types; ``calls`` has
+    # cancel_requests and set_progress (the worker side's: never behind the operators' reads)
+
+    async def cancel(self, job_ids: Sequence[str], *, reason: str) -> builtins.list[str | None]:
+        return await self._operate(functools.partial(self.operators.cancel, reason=reason), list(job_ids))
+
+    async def cancel_requests(self, owner: str) -> builtins.list[tuple[str, int]]:
+        return await self._db.run(self.calls.cancel_requests, owner)
+
+    async def set_progress(self, job_id: str, token: int, fraction: float, message: str | None) -> bool:
+        return await self._db.run(self.calls.set_progress, job_id, token, fraction, message)
+
+    async def set_type_paused(self, job_type: str, paused: bool) -> None:
+        await self._operate(self.operators.set_type_paused, job_type, paused)
+
+    async def paused_types(self) -> builtins.set[str]:
+        return await self._operate(self.operators.paused_types)
 
     async def cleanup(self, *, statuses: Sequence[str] = ("completed", "dead"), older_than_seconds: float | None = None) -> int:
         return await self._operate(functools.partial(self.operators.cleanup, statuses=tuple(statuses),
