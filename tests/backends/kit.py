@@ -12,6 +12,7 @@ from pathlib import Path
 import trio
 
 from pipeline.backends import Backend, JobRecord, Lease, NewJob, Settlement
+from pipeline.backends.base import snoozed_too_often
 from pipeline.clock import format_ts, to_epoch
 from pipeline.ids import UUID7Factory
 from pipeline.states import Transition
@@ -36,9 +37,10 @@ def epoch(text: str) -> float:
 def job(
     job_type: str = "t", *, delay: float = PAST, priority: int = 5, max_attempts: int = 3,
     payload: dict[str, object] | None = None, job_id: str | None = None, run_after: str | None = None,
-    unique_key: str | None = None,
+    unique_key: str | None = None, expires_at: str | None = None,
 ) -> NewJob:
-    """A row as the engine inserts it: due ``delay`` seconds from now (due a minute ago by default)."""
+    """A row as the engine inserts it: due ``delay`` seconds from now (due a minute ago by default);
+    never started after ``expires_at`` if given (stored text: ``ts(offset)``)."""
     created = ts()
     return NewJob(
         id=job_id or new_id(),
@@ -49,6 +51,7 @@ def job(
         priority=priority,
         created_at=created,
         unique_key=unique_key,
+        expires_at=expires_at,
     )
 
 
@@ -77,8 +80,9 @@ async def settle_one(backend: Backend, settlement: Settlement) -> bool:
     return held
 
 
-def succeed(lease: Lease) -> Settlement:
-    return Settlement(lease.id, lease.token, Transition.SUCCEED)
+def succeed(lease: Lease, result: str | None = None) -> Settlement:
+    """``result``: the handler's return value as JSON text, as the engine writes it."""
+    return Settlement(lease.id, lease.token, Transition.SUCCEED, result=result)
 
 
 def retry(lease: Lease, delay: float, error: str = "boom") -> Settlement:
@@ -91,6 +95,17 @@ def bury(lease: Lease, error: str = "fatal") -> Settlement:
 
 def release(lease: Lease) -> Settlement:
     return Settlement(lease.id, lease.token, Transition.RELEASE)
+
+
+def stop(lease: Lease, error: str = "cancelled while running: stopped by its worker") -> Settlement:
+    """The CANCEL outcome a worker writes once it stopped a job whose cancel was requested."""
+    return Settlement(lease.id, lease.token, Transition.CANCEL, error=error)
+
+
+def snooze(lease: Lease, delay: float, *, limit: int = 10, error: str | None = None) -> Settlement:
+    """A SNOOZE outcome, with the error the engine gives it (written if it exceeds ``limit``)."""
+    return Settlement(lease.id, lease.token, Transition.SNOOZE, delay=delay, snooze_limit=limit,
+                      error=error if error is not None else snoozed_too_often(limit))
 
 
 async def renew(
