@@ -342,6 +342,11 @@ class WorkerSettings:
     # job types' limits across every process sharing the store ("webhook_notify=2,send_email=5"):
     # a type's running jobs never exceed its limit; over Registry.register(global_limit=)
     global_limits_text: str = setting("", "WORKER_GLOBAL_LIMITS", global_limits)
+    # a job that raises Snooze more often than this ends dead (one that snoozes for ever)
+    max_snoozes: int = setting(100, "WORKER_MAX_SNOOZES", int_at_least(1))
+    # a handler's return value is stored as the job's result, as JSON of at most this many bytes
+    # (a larger one fails the attempt, saying so)
+    result_max_bytes: int = setting(65_536, "WORKER_RESULT_MAX_BYTES", int_at_least(1))
 
     @property
     def backoff_base_seconds(self) -> float:
@@ -411,12 +416,13 @@ class RetentionSettings:
 
     completed_seconds: float = setting(604_800.0, "JOB_RETENTION_COMPLETED_SECONDS", seconds)  # 7 days
     dead_seconds: float = setting(2_592_000.0, "JOB_RETENTION_DEAD_SECONDS", seconds)  # 30 days
+    cancelled_seconds: float = setting(604_800.0, "JOB_RETENTION_CANCELLED_SECONDS", seconds)  # 7 days
     # how often one process (of all sharing the store) looks for records past their retention
     interval_seconds: float = setting(60.0, "JOB_RETENTION_INTERVAL_SECONDS", positive_seconds)
 
     def kept_for(self) -> dict[str, float]:
         """By final status, the age past which a record goes (statuses kept for ever left out)."""
-        ages = {"completed": self.completed_seconds, "dead": self.dead_seconds}
+        ages = {"completed": self.completed_seconds, "dead": self.dead_seconds, "cancelled": self.cancelled_seconds}
         return {status: age for status, age in ages.items() if age > 0}
 
 

@@ -14,6 +14,8 @@ import trio
 
 from .errors import UsageError
 
+MAX_PROGRESS_MESSAGE = 500  # characters of a progress message kept
+
 if TYPE_CHECKING:
     from .config import Config
 
@@ -23,6 +25,7 @@ class HandlerThread(Protocol):
 
     token: trio.lowlevel.TrioToken  # the loop, for the handler's emit from any thread
     abandoned: bool  # the attempt is over (its outcome decided, the thread given up on if it still runs)
+    cancel_requested: bool  # the job's cancel was requested while it ran
 
     def over(self) -> bool:
         """On the loop: whether the attempt is over, or past its deadline (its end is on the way)."""
@@ -45,6 +48,51 @@ class JobContext:
     # the trace context of the code that enqueued the job (NewJob.trace: W3C traceparent, then a
     # space and the tracestate if any), the same for every attempt; None if it had none
     trace: str | None = None
+    # where ctx.progress goes: (job id, lease token, fraction, message), on the loop (the pipeline's
+    # ProgressBoard.report); None: not reported (a context made outside a pipeline)
+    _report: Callable[[str, int, float, str | None], None] | None = attrs.field(default=None, alias="report", eq=False,
+                                                                                repr=False)
+    _token: int = attrs.field(default=0, alias="token", eq=False, repr=False)  # the lease's fencing token
+    # the pool's record of what was asked of this attempt (a cancel request, for an async handler)
+    _asked: Callable[[], bool] | None = attrs.field(default=None, alias="asked", eq=False, repr=False)
+
+    @property
+    def cancel_requested(self) -> bool:
+        """Whether this job's cancel was requested while it runs (``jobs cancel``, ``Client.cancel``).
+        An async handler is cancelled at once (trio's Cancelled, at its next checkpoint); a sync handler
+        cannot be, so it should look at this between steps and return (or raise) soon: whatever it does
+        then, the job ends cancelled, unless it completed. If it goes on, its timeout abandons it."""
+        thread = self._thread
+        if thread is not None:
+            return thread.cancel_requested
+        return self._asked() if self._asked is not None else False
+
+    def progress(self, fraction: float, message: str | None = None) -> Any:
+        """Say how far the job got: ``fraction`` from 0 to 1, and a short message. Stored with the
+        job at most once a second (the latest value wins), shown by ``jobs show``, the admin API and
+        the dashboard. ``await ctx.progress(0.5)`` in an async handler; a plain call from a sync one."""
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 <= fraction <= 1.0:
+            raise UsageError(f"progress must be a number from 0 to 1, got {fraction!r:.40}")
+        if message is not None:
+            if not isinstance(message, str):
+                raise UsageError(f"a progress message must be text, got {type(message).__name__}")
+            message = message[:MAX_PROGRESS_MESSAGE].encode("utf-8", "backslashreplace").decode("utf-8")
+        fraction = float(fraction)
+        if trio.lowlevel.in_trio_run():
+            return self._report_async(fraction, message)
+        thread = self._thread
+        if thread is None or thread.abandoned or self._report is None:
+            return None
+        try:
+            trio.from_thread.run_sync(self._report, self.id, self._token, fraction, message, trio_token=thread.token)
+        except trio.RunFinishedError:
+            pass
+        return None
+
+    async def _report_async(self, fraction: float, message: str | None) -> None:
+        if self._report is not None:
+            self._report(self.id, self._token, fraction, message)
+        await trio.lowlevel.checkpoint()
 
     def emit(self, event: Any) -> Any:
         """Publish a domain event: the ids of the jobs it routed to, once committed. In an

@@ -11,9 +11,12 @@
     │   ├── SchemaTooNew           the file was migrated by a newer pipeline
     │   └── DatabaseUnavailable    the file cannot be opened or is not a database
     ├── PipelineClosed             enqueue/emit after the pipeline began shutting down
+    └── JobFailed                  result() of a job that ended dead (or cancelled)
+        └── JobCancelled           ... that ended cancelled
     └── JobError                   raised by handlers to steer what happens to a job
         ├── PermanentError         dead at once, no retry
-        └── RetryLater             retry after a given delay instead of the backoff
+        ├── RetryLater             retry after a given delay instead of the backoff
+        └── Snooze                 pending again after a delay, the attempt not counted
 
 A handler's other exceptions are not special: any ``Exception`` a handler raises is
 recorded on the job as its error and retried with backoff. ``trio.Cancelled`` and
@@ -63,6 +66,22 @@ class PipelineClosed(PipelineError):
     """The pipeline is shutting down and takes no new work."""
 
 
+class JobFailed(PipelineError):
+    """``result()`` of a job that ended without completing: ``status`` says how (dead, or cancelled for
+    :class:`JobCancelled`), ``error`` is the job's last error."""
+
+    def __init__(self, job_id: str, status: str, error: str | None) -> None:
+        first = (error or "no error recorded").splitlines()[0]
+        super().__init__(f"job {job_id} ended {status}: {first}")
+        self.job_id = job_id
+        self.status = status
+        self.error = error
+
+
+class JobCancelled(JobFailed):
+    """``result()`` of a job that was cancelled (by an operator, a client, or its expiry)."""
+
+
 class JobError(Exception):
     """Raised by a handler to say how the job should be settled."""
 
@@ -82,3 +101,20 @@ class RetryLater(JobError):
         if not delay >= 0:  # also refuses NaN
             raise ValueError(f"RetryLater delay must be a number of seconds >= 0, got {delay!r}")
         self.delay = min(delay, self.MAX_DELAY)
+
+
+class Snooze(JobError):
+    """Put this job back to pending for ``delay`` seconds without counting the attempt (unlike
+    :class:`RetryLater`): "not yet" rather than "failed". The job's snooze count goes up by one; past
+    WORKER_MAX_SNOOZES it ends dead, so a job that snoozes for ever is noticed."""
+
+    MAX_DELAY = RetryLater.MAX_DELAY
+
+    def __init__(self, delay: float = 0.0, message: str = "") -> None:
+        if hasattr(delay, "total_seconds"):  # a datetime.timedelta
+            delay = delay.total_seconds()
+        delay = float(delay)
+        if not delay >= 0:  # also refuses NaN
+            raise ValueError(f"Snooze delay must be a number of seconds >= 0, got {delay!r}")
+        self.delay = min(delay, self.MAX_DELAY)
+        super().__init__(message or f"snoozed for {self.delay:g} s")

@@ -18,7 +18,9 @@ and so writes the last batch.
 from __future__ import annotations
 
 import functools
+import json
 import logging
+import math
 import os
 import secrets
 import socket
@@ -29,22 +31,24 @@ from typing import Any
 import attrs
 import trio
 
-from ..backends import Backend, ClaimOffer, Lease, NewJob, Nudge, open_backend
+from ..backends import Backend, ClaimOffer, JobRecord, Lease, NewJob, Nudge, open_backend
 from ..backends.base import NUDGE_BUFFER, PRIORITY_DEFAULT, PRIORITY_MAX, PRIORITY_MIN, ScheduleRecord
 from ..clock import now_ts, to_ts
 from ..config import Config
 from ..context import JobContext
-from ..errors import ConfigError, PipelineClosed, UsageError
+from ..errors import ConfigError, JobCancelled, JobFailed, PipelineClosed, UsageError
 from ..ids import UUID7Factory
 from ..logs import outcome_lines, outcome_message
 from ..registry import Registry
 from ..replies import Reply
 from ..requests import check_unique_key
+from ..states import TERMINAL, Status
 from .actors.bus import Envelope, run_event_bus
+from .actors.control import ProgressBoard, run_canceller, run_progress_writer
 from .actors.enqueuer import run_enqueuer
 from .actors.leases import run_lease_keeper
 from .actors.poller import run_poller
-from .actors.pools import Outcome, Pool, Workers, describe_outcome, run_worker
+from .actors.pools import Outcome, Pool, ResultRefused, Workers, describe_outcome, run_worker
 from .actors.retention import run_retention
 from .actors.scheduler import run_scheduler
 from .diagrams import Wiring
@@ -88,11 +92,15 @@ class Pipeline:
         self._new_id = UUID7Factory()
         self._bus_send: trio.MemorySendChannel[Envelope] | None = None  # set once the bus runs
         self._observers: list[Callable[[dict[str, Any]], None]] = []
+        self.progress_board = ProgressBoard()  # ctx.progress reports, until the progress writer stores them
+        self.pools: Mapping[str, Pool] = {}  # the handler pools, once made (a producer-only pipeline has none)
+        self._finished: dict[str, trio.Event] = {}  # result(): jobs waited for, set as an outcome of theirs is seen here
 
     # -- producing work -------------------------------------------------------------------
 
     def new_job(self, job: Any, *, run_after: Any = None, max_attempts: int | None = None, priority: int = PRIORITY_DEFAULT,
-                now: str | None = None, unique_key: str | None = None, trace: str | None = None) -> NewJob:
+                now: str | None = None, unique_key: str | None = None, trace: str | None = None,
+                expires_at: Any = None) -> NewJob:
         """Encode and validate a job object (UnknownJobType / InvalidPayload / UsageError if it does not fit).
         ``trace``: the trace context to store with it (see pipeline/otel.py); None: the caller's,
         as the registry's ``trace_context`` hook tells (none without one); "": none."""
@@ -117,8 +125,10 @@ class Pipeline:
                 raise UsageError(f"run_after {run_after!r} is not a time (datetime, ISO 8601 text or epoch seconds): {exc}") from None
         if unique_key is not None:
             unique_key = check_unique_key(unique_key)
+        if expires_at is not None:
+            expires_at = check_expires_at(expires_at, run_after=run_after or now, now=now)
         return NewJob(self._new_id(), job_type, payload, max_attempts, run_after or now, priority, now, unique_key,
-                      trace or None)
+                      trace or None, expires_at)
 
     def trace_context(self) -> str | None:
         """The calling code's trace context, by the registry's hook (None without one). Producers
@@ -128,14 +138,15 @@ class Pipeline:
         return None if hook is None else hook()
 
     async def enqueue(self, job: Any, *, run_after: Any = None, max_attempts: int | None = None, priority: int = PRIORITY_DEFAULT,
-                      unique_key: str | None = None, trace: str | None = None) -> str:
+                      unique_key: str | None = None, trace: str | None = None, expires_at: Any = None) -> str:
         """Persist one job; returns its id once it is committed. With ``unique_key``: while a
         job of the same type and key is pending or running, nothing is inserted and that
         job's id is returned (:meth:`enqueue_unique` says which happened). ``trace``: as
-        :meth:`new_job`'s."""
+        :meth:`new_job`'s. ``expires_at`` (a datetime, ISO 8601 text or epoch seconds): a job not
+        started by then never starts; it ends cancelled, its error saying it expired."""
         self._check_open()
         row = self.new_job(job, run_after=run_after, max_attempts=max_attempts, priority=priority, unique_key=unique_key,
-                           trace=trace)
+                           trace=trace, expires_at=expires_at)
         (stored,) = await self.backend.insert([row])
         return stored
 
@@ -149,7 +160,8 @@ class Pipeline:
         return Enqueued(stored, stored != row.id)
 
     async def enqueue_many(self, jobs: Sequence[Any], *, priority: int = PRIORITY_DEFAULT,
-                           unique_keys: Sequence[str | None] | None = None, trace: str | None = None) -> list[str]:
+                           unique_keys: Sequence[str | None] | None = None, trace: str | None = None,
+                           expires_at: Any = None) -> list[str]:
         """Persist many jobs in one transaction; returns their ids once committed. ``unique_keys``,
         one per job (None: no key), as :meth:`enqueue`'s: a duplicate's id is the holder's.
         ``trace``: as :meth:`new_job`'s, for every job."""
@@ -160,7 +172,8 @@ class Pipeline:
         keys = unique_keys if unique_keys is not None else [None] * len(jobs)
         if trace is None:
             trace = self.trace_context() or ""  # captured once for the lot
-        rows = [self.new_job(job, priority=priority, now=now, unique_key=key, trace=trace) for job, key in zip(jobs, keys)]
+        rows = [self.new_job(job, priority=priority, now=now, unique_key=key, trace=trace, expires_at=expires_at)
+                for job, key in zip(jobs, keys)]
         return await self.backend.insert(rows)
 
     async def emit(self, event: Any, *, trace: str | None = None) -> list[str]:
@@ -203,6 +216,8 @@ class Pipeline:
 
     def observe(self, lease: Lease, outcome: Outcome, result: str | None, duration: float) -> None:
         """The one log line per job outcome, and the observers."""
+        if self._finished:
+            self._wake_waiters(lease)
         level = logging.INFO if outcome.kind == "ok" else logging.WARNING
         logged = log.isEnabledFor(level)
         if not logged and not self._observers:
@@ -217,9 +232,110 @@ class Pipeline:
         for fn in self._observers:
             fn(fields)
 
+    def _wake_waiters(self, lease: Lease) -> None:
+        finished = self._finished.pop(lease.id, None)
+        if finished is not None:
+            finished.set()
+
     def context_for(self, lease: Lease) -> JobContext:
+        pool = self.pools.get(lease.job_type)
+        asked = None if pool is None else functools.partial(pool.cancelling.__contains__, (lease.id, lease.token))
         return JobContext(lease.id, lease.job_type, lease.attempts, lease.max_attempts, self._emit, self.resources, self.config,
-                          trace=lease.trace)
+                          trace=lease.trace, report=self.progress_board.report, token=lease.token, asked=asked)
+
+    def encode_result(self, value: Any) -> str | None:
+        """A handler's return value as the JSON text stored as its job's result (JSON-able values, attrs
+        instances and dataclasses, through the registry's converter); ResultRefused saying why not."""
+        try:
+            text = json.dumps(self.registry.converter.unstructure(value), allow_nan=False, separators=(",", ":"),
+                              ensure_ascii=False)
+        except RecursionError:
+            raise ResultRefused("the handler's return value is nested too deeply (or refers to itself) to store as its "
+                                "result") from None
+        except (TypeError, ValueError) as exc:
+            raise ResultRefused(f"the handler's return value cannot be stored as its result (JSON-able values, attrs "
+                                f"instances and dataclasses can): {exc}") from None
+        size = len(text.encode("utf-8", "surrogatepass"))
+        limit = self.config.worker.result_max_bytes
+        if size > limit:
+            raise ResultRefused(f"the handler's return value is {size} bytes as JSON, over WORKER_RESULT_MAX_BYTES={limit}: "
+                                "store large results elsewhere (a file, a bucket) and return where")
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+    # -- control: cancel, results, pauses ----------------------------------------------------------
+
+    async def cancel(self, job_id: str, *, reason: str = "cancelled by the application") -> str:
+        """Cancel a job: a pending one at once ("cancelled"); a running one is stopped in whichever
+        process runs it, within a second or so ("cancelling": see :meth:`result` to wait for its end);
+        a finished one is left as it is (its status is returned). LookupError for an unknown id."""
+        (answer,) = await self.backend.cancel([job_id], reason=reason)
+        if answer is None:
+            raise LookupError(f"no job with id {job_id!r}")
+        return answer
+
+    async def result(self, job_id: str, *, timeout: float | None = None) -> Any:
+        """Wait for a job's final state and return its result (the handler's return value as JSON:
+        dicts, lists, numbers, text; None if it returned None). JobFailed (dead) or JobCancelled
+        (cancelled) with the job's error if it did not complete; LookupError for an unknown id;
+        TimeoutError after ``timeout`` seconds. A job run by this process wakes the wait as its outcome
+        is written; one run elsewhere is looked at every 0.1 s at first, then every 0.5 s at most."""
+        status = "not yet read"
+        with trio.move_on_after(math.inf if timeout is None else timeout):
+            pause = 0.1
+            while True:
+                # registered before the read: an outcome written here meanwhile wakes the wait below
+                finished = self._finished.setdefault(job_id, trio.Event())
+                try:
+                    job = await self.backend.get(job_id)
+                    if job is None:
+                        raise LookupError(f"no job with id {job_id!r}")
+                    if job.status in TERMINAL:
+                        return _result_of(job)
+                    status = job.status
+                    with trio.move_on_after(pause):
+                        await finished.wait()
+                finally:
+                    if self._finished.get(job_id) is finished and not finished.statistics().tasks_waiting:
+                        del self._finished[job_id]
+                pause = min(pause * 1.5, 0.5)
+        raise TimeoutError(f"job {job_id} did not finish within {timeout:g} s (it is {status})")
+
+    def _known_type(self, job_type: str) -> str:
+        known = self.registry.job_types()
+        if job_type not in known:
+            raise UsageError(f"unknown job type {job_type!r}; known: {', '.join(known) or 'none'}")
+        return job_type
+
+    async def pause_type(self, job_type: str) -> None:
+        """No new job of this type starts, in any process sharing the store, until :meth:`resume_type`
+        (kept in the store, across restarts); enqueues are still accepted; running jobs finish."""
+        await self.backend.set_type_paused(self._known_type(job_type), True)
+
+    async def resume_type(self, job_type: str) -> None:
+        await self.backend.set_type_paused(self._known_type(job_type), False)
+
+
+def check_expires_at(value: Any, *, run_after: str, now: str) -> str:
+    """A job's expiry as stored: a time (datetime, ISO 8601 text or epoch seconds) after now and after
+    the job is due; UsageError otherwise (such a job could never run)."""
+    try:
+        expires_at = to_ts(value)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise UsageError(f"expires_at {value!r:.80} is not a time (datetime, ISO 8601 text or epoch seconds): {exc}") from None
+    if expires_at <= now:
+        raise UsageError(f"expires_at {expires_at} is not in the future (now is {now}): the job could never run")
+    if expires_at <= run_after:
+        raise UsageError(f"expires_at {expires_at} is not after the job is due ({run_after}): it could never run")
+    return expires_at
+
+
+def _result_of(job: JobRecord) -> Any:
+    """A final job's result, or the error that says why it has none."""
+    if job.status == Status.COMPLETED:
+        return None if job.result is None else json.loads(job.result)
+    if job.status == Status.CANCELLED:
+        raise JobCancelled(job.id, job.status, job.error)
+    raise JobFailed(job.id, job.status, job.error)
 
 
 def _flush_outcome_lines() -> None:
@@ -300,6 +416,11 @@ async def _run_keeper_and_bus(pipeline: Pipeline, pools: Mapping[str, Pool]) -> 
             wiring.edge("Retention", "Backend", "remove finished jobs and dead workers' entries past their retention")
             await keeper_tn.start(functools.partial(run_retention, backend, kept_for=config.retention.kept_for(),
                                                     interval=config.retention.interval_seconds, pruned=pipeline.pruned))
+            wiring.edge("Canceller", "Backend", "read the cancel requests of this process's running jobs")
+            wiring.edge("Canceller", "Handler pools", "stop a job whose cancel was requested")
+            await keeper_tn.start(functools.partial(run_canceller, backend, pools, owner=pipeline.owner))
+            wiring.edge("Progress writer", "Backend", "store ctx.progress, once a second per job at most")
+            await keeper_tn.start(run_progress_writer, backend, pipeline.progress_board)
         bus_send, bus_recv = wiring.channel("business code", "EventBus", "emit", BUS_BUFFER)
         events_send, events_recv = wiring.channel("EventBus", "Enqueuer", "events", BUS_BUFFER)
         await tn.start(run_event_bus, bus_recv, [events_send])
@@ -327,7 +448,8 @@ async def _run_workers(
     config, wiring, backend = pipeline.config, pipeline.wiring, pipeline.backend
     decode = functools.partial(pipeline.registry.decode, stored=True)
     workers = Workers(backend, decode, config.worker.backoff_base_seconds, nudge_send,
-                      pipeline.observe, pipeline.context_for)
+                      pipeline.observe, pipeline.context_for, encode_result=pipeline.encode_result,
+                      max_snoozes=config.worker.max_snoozes)
     async with trio.open_nursery() as tn, nudge_send:  # the workers' nudges end with the workers
         for pool in pools.values():
             for _ in range(pool.concurrency):
@@ -378,7 +500,7 @@ async def open_pipeline(config: Config | None = None, registry: Registry | None 
         await backend.sync_code_schedules([ScheduleRecord.of(schedule, origin="code") for schedule in registry.schedules()],
                                           owned=set(registry.handled()) if working else set())
         await stack.enter_async_context(_open_resources(pipeline))
-        pools = _make_pools(config, registry, wiring) if working else {}
+        pools = pipeline.pools = _make_pools(config, registry, wiring) if working else {}
         await stack.enter_async_context(_run_keeper_and_bus(pipeline, pools))
         if working:
             await stack.enter_async_context(_run_workers(pipeline, pools, nudge_send.clone(), nudge_recv.clone(),

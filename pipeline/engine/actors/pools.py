@@ -11,6 +11,11 @@ queue writes through the Ledger:
   (a handler that could not be cancelled and finished late keeps its own outcome, with a
   warning: its side effects are done and must not be repeated)
 * cancelled by graceful shutdown → pending, the attempt not counted
+* raises Snooze      → pending again after its delay, the attempt not counted (dead past WORKER_MAX_SNOOZES)
+* its cancel was requested (Backend.cancel) → an async handler is cancelled (its scope), a sync one sees
+  ``ctx.cancel_requested`` (and is abandoned at its timeout); unless it completed anyway, → cancelled
+
+A handler's return value is the completed job's result (JSON, at most WORKER_RESULT_MAX_BYTES).
 
 A payload that no longer decodes goes dead with an error that says why; the pool carries on.
 
@@ -41,10 +46,10 @@ import attrs
 import trio
 
 from ... import states
-from ...backends.base import Backend, Lease, Nudge, Settlement, nudge
+from ...backends.base import Backend, Lease, Nudge, Settlement, nudge, snoozed_too_often
 from ...clock import to_epoch
 from ...context import JobContext
-from ...errors import InvalidPayload, PermanentError, PipelineError, RetryLater, StoreError
+from ...errors import InvalidPayload, PermanentError, PipelineError, RetryLater, Snooze, StoreError
 from ...states import Transition
 
 if TYPE_CHECKING:
@@ -75,6 +80,9 @@ class Workers:
     observe: Callable[[Lease, Outcome, str | None, float], None]
     context: Callable[[Lease], JobContext]
     rng: random.Random = attrs.field(factory=random.Random)
+    # a handler's return value as the JSON text to store (None for None); raises ResultRefused
+    encode_result: Callable[[Any], str | None] = lambda value: None
+    max_snoozes: int = 100  # WORKER_MAX_SNOOZES
 
     async def settle(self, lease: Lease, outcome: Outcome, start: Lease | None = None) -> tuple[str | None, bool]:
         """Write the outcome; what the job became, or None if the lease was stale. ``start``:
@@ -85,9 +93,14 @@ class Workers:
                 return None, False
             return None, await self.start(start)
         if outcome.kind == "ok":
-            item = Settlement(lease.id, lease.token, Transition.SUCCEED)
+            item = Settlement(lease.id, lease.token, Transition.SUCCEED, result=outcome.result)
         elif outcome.kind == "released":
             item = Settlement(lease.id, lease.token, Transition.RELEASE)
+        elif outcome.kind == "cancelled":
+            item = Settlement(lease.id, lease.token, Transition.CANCEL, outcome.error)
+        elif outcome.kind == "snoozed":
+            item = Settlement(lease.id, lease.token, Transition.SNOOZE, snoozed_too_often(self.max_snoozes),
+                              outcome.delay or 0.0, snooze_limit=self.max_snoozes)
         else:
             decision = self._failure(lease, outcome)
             item = Settlement(lease.id, lease.token, decision.transition, outcome.error or outcome.kind, decision.delay)
@@ -100,7 +113,7 @@ class Workers:
     def decide(self, lease: Lease, outcome: Outcome) -> Outcome:
         """A failed attempt's retry delay, chosen once before its outcome is written: the
         outcome line says it, and a write tried again keeps it (``settle`` takes ``outcome.delay``)."""
-        if outcome.kind in ("ok", "released", "lost"):
+        if outcome.kind in ("ok", "released", "lost", "cancelled", "snoozed"):
             return outcome
         decision = self._failure(lease, outcome)
         return attrs.evolve(outcome, delay=decision.delay) if decision.transition is Transition.RETRY else outcome
@@ -118,7 +131,8 @@ class Workers:
         return held
 
 
-_RESULT = {Transition.SUCCEED: "completed", Transition.RELEASE: "released", Transition.RETRY: "retry", Transition.BURY: "dead"}
+_RESULT = {Transition.SUCCEED: "completed", Transition.RELEASE: "released", Transition.RETRY: "retry", Transition.BURY: "dead",
+           Transition.CANCEL: "cancelled", Transition.SNOOZE: "snoozed"}
 
 
 @attrs.define(eq=False)
@@ -140,6 +154,10 @@ class Pool:
     stopping: bool = False  # set by the wiring at shutdown: release, don't start
     stop_deadline: float = float("inf")  # trio time by which the grace is over
     lost: set[tuple[str, int]] = attrs.field(factory=set)  # heartbeat: leases another process now holds
+    # the canceller: leases whose cancel was requested (Backend.cancel_requests), until they settle
+    cancelling: set[tuple[str, int]] = attrs.field(factory=set)
+    # a sync handler's thread by lease, while it runs (the canceller tells it of a cancel request)
+    threads: dict[tuple[str, int], _Thread] = attrs.field(factory=dict)
     settling: set[tuple[str, int]] = attrs.field(factory=set)  # worker: outcome on its way to the Ledger
     # workers: how many of them take the next job from the channel as soon as it is there (waiting
     # for one, or for the commit of their last outcome with no job in hand). The Poller counts
@@ -176,6 +194,24 @@ class Pool:
             scope.cancel()
         return True
 
+    def request_cancel(self, job_id: str, token: int) -> bool:
+        """The canceller's: this job's cancel was requested. An async handler's run is cancelled at
+        once; a sync handler's thread sees ``ctx.cancel_requested`` (a thread cannot be stopped: its
+        timeout abandons it); a job not started yet never starts. False if not held here (or already known)."""
+        key = (job_id, token)
+        lease = self.held.get(job_id)
+        if lease is None or lease.token != token or key in self.cancelling or key in self.settling:
+            return False
+        self.cancelling.add(key)
+        thread = self.threads.get(key)
+        if thread is not None:
+            thread.cancel_requested = True
+        else:
+            scope = self.running.get(key)
+            if scope is not None:
+                scope.cancel()
+        return True
+
     @property
     def free(self) -> int:
         return self.capacity - self.outstanding - self.offered
@@ -190,9 +226,10 @@ class Pool:
 
 @attrs.frozen
 class Outcome:
-    kind: str  # "ok", "error", "permanent", "retry_later", "timeout", "released", "lost"
+    kind: str  # "ok", "error", "permanent", "retry_later", "timeout", "released", "lost", "cancelled", "snoozed"
     error: str | None = None
     delay: float | None = None
+    result: str | None = None  # "ok": the handler's return value as JSON text (None: it returned None)
 
     @classmethod
     def failed(cls, exc: BaseException) -> Outcome:
@@ -203,6 +240,11 @@ class Outcome:
             retry, rest = exc.split(RetryLater)
             if retry is not None and rest is None:
                 return cls.failed(max(_leaves(retry), key=lambda e: e.delay))  # type: ignore[attr-defined]
+            snooze, rest = exc.split(Snooze)
+            if snooze is not None and rest is None:
+                return cls.failed(max(_leaves(snooze), key=lambda e: e.delay))  # type: ignore[attr-defined]
+        if isinstance(exc, Snooze):
+            return cls("snoozed", None, exc.delay)
         if isinstance(exc, PermanentError):
             return cls("permanent", _text(f"permanent error: {exc}"))
         if isinstance(exc, RetryLater):
@@ -243,6 +285,8 @@ class _Thread:
     # either starts before it is abandoned (and is said to be), or does not run the handler at all
     lock: threading.Lock = attrs.field(factory=threading.Lock)
     scope: trio.CancelScope | None = None  # the attempt's: its deadline is the timeout's
+    cancel_requested: bool = False  # set on the loop by the canceller; the handler reads ctx.cancel_requested
+    value: Any = None  # what the handler returned
 
     def over(self) -> bool:
         """On the loop: the attempt ended, or its deadline passed or it was cancelled (its end is on the way)."""
@@ -255,7 +299,7 @@ class _Thread:
                 return  # the attempt ended before this thread got going: nothing of it runs
             self.started = True
         try:
-            result = self.handler(job, ctx)
+            result = self.value = self.handler(job, ctx)
             if inspect.isawaitable(result):
                 # a plain callable that only builds a coroutine (a lambda around an async def):
                 # running it again would not help, so the job goes dead at once
@@ -271,28 +315,35 @@ class _Thread:
             self.finished = True
 
 
-async def _invoke(spec: JobSpec, pool: Pool, job: Any, ctx: JobContext, thread: _Thread | None) -> Outcome:
+class ResultRefused(Exception):
+    """A handler's return value that cannot be stored as its job's result (the attempt fails, saying why)."""
+
+
+async def _invoke(workers: Workers, spec: JobSpec, pool: Pool, job: Any, ctx: JobContext, thread: _Thread | None) -> Outcome:
     try:
         if not spec.middleware:
-            await _call(spec, pool, job, ctx, thread)
+            value = await _call(spec, pool, job, ctx, thread)
         else:
             async with contextlib.AsyncExitStack() as stack:
                 for middleware in spec.middleware:  # the first registered outermost
                     await stack.enter_async_context(_entered(middleware, ctx))
-                await _call(spec, pool, job, ctx, thread)
+                value = await _call(spec, pool, job, ctx, thread)
+        result = None if value is None else workers.encode_result(value)
+    except ResultRefused as exc:
+        return Outcome("error", _text(str(exc)))
     except (Exception, SystemExit) as exc:  # handler exceptions are data (sys.exit() in one too); Cancelled is not
         return Outcome.failed(exc)
-    return Outcome("ok")
+    return Outcome("ok", result=result)
 
 
-async def _call(spec: JobSpec, pool: Pool, job: Any, ctx: JobContext, thread: _Thread | None) -> None:
+async def _call(spec: JobSpec, pool: Pool, job: Any, ctx: JobContext, thread: _Thread | None) -> Any:
     if thread is None:
-        await spec.handler(job, ctx)  # type: ignore[misc]
-        return
+        return await spec.handler(job, ctx)  # type: ignore[misc]
     thread.waiting = True
     await trio.to_thread.run_sync(
         thread.run, job, ctx, limiter=pool.limiter, abandon_on_cancel=True, thread_name=f"pipeline job {ctx.id} ({ctx.job_type})"
     )
+    return thread.value
 
 
 def _entered(middleware: Callable[[JobContext], Any], ctx: JobContext) -> contextlib.AbstractAsyncContextManager[Any]:
@@ -327,6 +378,8 @@ async def run_one(
         counted = lease.started
     if key in pool.lost:
         outcome = Outcome("lost")  # another process took it over before it started here
+    elif key in pool.cancelling:
+        outcome = Outcome("cancelled", _cancelled(lease, started=False))
     elif pool.stopping:
         outcome = Outcome("released")
     elif not counted and not await _count_start(workers, pool, lease):
@@ -342,6 +395,7 @@ async def run_one(
             if spec.sync and spec.handler is not None:
                 thread = _Thread(spec.handler, trio.lowlevel.current_trio_token())
                 ctx = attrs.evolve(ctx, thread=thread)
+                pool.threads[key] = thread
             # one scope per job: its deadline is the job's timeout, which a graceful stop
             # may bring forward, and the lease keeper cancels it if the lease is lost
             scope = trio.CancelScope(deadline=trio.current_time() + pool.timeout)
@@ -351,16 +405,23 @@ async def run_one(
             try:
                 try:
                     with scope:
-                        outcome = await _invoke(spec, pool, job, ctx, thread)
+                        outcome = await _invoke(workers, spec, pool, job, ctx, thread)
                 except Exception as exc:
                     # what is left of a group mixing handler errors and our Cancelled, once
                     # the scope took the Cancelled out: it can only be caught out here
                     outcome = Outcome.failed(exc)
             finally:
                 del pool.running[key]
+                if thread is not None:
+                    del pool.threads[key]
             ran = time.monotonic() - started
             if key in pool.lost:
                 outcome = Outcome("lost")
+            elif key in pool.cancelling and outcome.kind != "ok":
+                # its cancel was requested: whatever ended the run (the cancellation, the timeout
+                # of a sync handler, an error it raised on seeing ctx.cancel_requested), it ends
+                # cancelled, never retried; one that completed anyway keeps its result
+                outcome = Outcome("cancelled", _cancelled(lease, started=True))
             elif scope.cancelled_caught and pool.stopping:
                 outcome = Outcome("released")  # shutdown: back to pending, attempt not counted
             elif scope.cancelled_caught and thread is not None and _never_started(thread):
@@ -410,6 +471,12 @@ async def run_one(
         await _settle(workers, pool, lease, outcome, time.monotonic() - started)
         return following, True
     return following, await _settle(workers, pool, lease, outcome, time.monotonic() - started, start=following)
+
+
+def _cancelled(lease: Lease, *, started: bool) -> str:
+    if started:
+        return f"cancelled while running (cancel requested during attempt {lease.attempts})"
+    return "cancelled before it started here (cancel requested while it waited for a worker)"
 
 
 def _never_started(thread: _Thread) -> bool:
@@ -491,6 +558,7 @@ async def _settle(workers: Workers, pool: Pool, lease: Lease, outcome: Outcome, 
     if pool.held.get(lease.id) is lease:  # not a newer claim of the same job
         del pool.held[lease.id]
     pool.lost.discard(key)
+    pool.cancelling.discard(key)
     pool.settling.discard(key)
     # full of claimed jobs (room held by the offer does not count: it claims with the next insert)
     was_full = pool.capacity - pool.outstanding <= 0

@@ -1,0 +1,106 @@
+"""Control of running jobs from outside: the **canceller**, which stops the jobs whose cancel was
+requested, and the **progress writer**, which stores what handlers report through ``ctx.progress``.
+
+The canceller asks the store, twice a second and only while this process holds leases, which of
+its running jobs were asked to stop (``Backend.cancel_requests``: an indexed read of this owner's
+requests), and tells their pool (``Pool.request_cancel``): an async handler's run is cancelled, a
+sync handler's thread sees ``ctx.cancel_requested``. The job's CANCEL outcome is then written
+like any other, fenced by its lease token, so a cancel that races the job's own outcome ends in
+exactly one of them. A process that dies before it stops the job leaves it to the rescue, which
+ends an expired lease whose cancel was requested as cancelled.
+
+The progress writer keeps the latest report of each running job and writes those that changed,
+at most once a second per job (one ``Backend.set_progress`` each, fenced like an outcome: a report
+of a job that has since ended changes nothing). The first report of a quiet second goes at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import trio
+
+from ...backends.base import Backend
+from ...errors import PipelineClosed, PipelineError, StoreError
+from .pools import Pool
+
+log = logging.getLogger("pipeline.control")
+
+CANCEL_POLL = 0.5  # seconds between two looks for cancel requests, while this process holds leases
+IDLE_LOOK = 0.5  # seconds between two looks at whether it holds any
+PROGRESS_PERIOD = 1.0  # a job's progress is written at most this often
+
+
+async def run_canceller(
+    backend: Backend, pools: Mapping[str, Pool], *, owner: str, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Stop the jobs of this process whose cancel was requested (see the module docstring)."""
+    task_status.started()
+    failing = False
+    while True:
+        if not hasattr(backend, "cancel_requests"):  # TEMPORARY while the stores land (issue 23): removed before the stop
+            await trio.sleep_forever()
+        if not any(pool.held for pool in pools.values()):
+            await trio.sleep(IDLE_LOOK)
+            continue
+        try:
+            requests = await backend.cancel_requests(owner)
+        except PipelineClosed:
+            return
+        except (StoreError, PipelineError) as exc:
+            if not failing:
+                log.warning("could not read cancel requests (%s); trying again", exc)
+            failing = True
+            await trio.sleep(CANCEL_POLL)
+            continue
+        failing = False
+        for job_id, token in requests:
+            for pool in pools.values():
+                if pool.request_cancel(job_id, token):
+                    log.info("job %s (%s): cancel requested; stopping it", job_id, pool.spec.name)
+                    break
+        await trio.sleep(CANCEL_POLL)
+
+
+class ProgressBoard:
+    """The latest progress each running job reported, until it is written (on the trio thread)."""
+
+    def __init__(self) -> None:
+        self.latest: dict[tuple[str, int], tuple[float, str | None]] = {}
+        self.written: dict[tuple[str, int], float] = {}  # trio time each job's progress was last written
+        self.changed = trio.Event()
+
+    def report(self, job_id: str, token: int, fraction: float, message: str | None) -> None:
+        self.latest[(job_id, token)] = (fraction, message)
+        self.changed.set()
+
+
+async def run_progress_writer(
+    backend: Backend, board: ProgressBoard, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Write the reported progress, each job's at most once a second (see the module docstring)."""
+    task_status.started()
+    while True:
+        await board.changed.wait()
+        board.changed = trio.Event()
+        now = trio.current_time()
+        due = {key: value for key, value in board.latest.items() if now - board.written.get(key, -PROGRESS_PERIOD) >= PROGRESS_PERIOD}
+        for key in due:
+            del board.latest[key]
+            board.written[key] = now
+        for (job_id, token), (fraction, message) in due.items():
+            try:
+                if not await backend.set_progress(job_id, token, fraction, message):
+                    board.written.pop((job_id, token), None)  # it ended meanwhile: forget it
+            except PipelineClosed:
+                return
+            except PipelineError as exc:  # progress is a view: one missed write is not worth more than a line
+                log.debug("job %s: progress not stored (%s)", job_id, exc)
+        if len(board.written) > 10_000:  # ended jobs whose last write answered True: drop the oldest marks
+            for key in sorted(board.written, key=board.written.__getitem__)[:5_000]:
+                del board.written[key]
+        if board.latest:  # reports that came too soon: written once their second is up
+            wait = min(PROGRESS_PERIOD - (trio.current_time() - board.written.get(key, -PROGRESS_PERIOD)) for key in board.latest)
+            await trio.sleep(max(wait, 0.0))
+            board.changed.set()
