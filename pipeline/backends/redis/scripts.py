@@ -12,7 +12,9 @@ one store hashes to one slot). Keys (layout in docs/backends.md, "Key layout"):
 
     job:<id>              HASH  type payload status attempts max run prio created updated
                                 token [error] [owner expires] [started] [ukey] [trace]
-                                (times: epoch ms; trace: the enqueuer's trace context)
+                                [expat] [result] [progress pmsg] [snoozes] [creq]
+                                (times: epoch ms; trace: the enqueuer's trace context; expat: its
+                                expires_at; creq: 1 while a running job's cancel is requested)
     ready:<type>:<prio>   ZSET  pending jobs of one type and priority, score run (ms), member id:
                                 due ones are a range by score; ties go by id (member order)
     prios:<type>          ZSET  the priorities that have a ready set, score = priority
@@ -25,18 +27,25 @@ one store hashes to one slot). Keys (layout in docs/backends.md, "Key layout"):
                           ZSET  every job / of a type / of a status / both, score 0: lexicographic
                                 by id, which is time-ordered (UUID v7): newest first is a reverse range
                                 (ZCARD of st:running:<t>: what a type's global limit counts)
-    done:<s>              ZSET  completed / dead jobs, score = when they finished (ms)
+    done:<s>              ZSET  completed / dead / cancelled jobs, score = when they finished (ms)
+    expiring:<type>       ZSET  the pending jobs of a type that have an expires_at, score = it (ms):
+                                the claim ends the due ones cancelled before it claims the type
+    etypes                SET   the types that have an expiring set (what the rescue's sweep visits)
+    paused                HASH  paused type -> when it was paused (ms): claims skip its jobs
+    creq:<owner>          SET   the running jobs of a lease owner whose cancel was requested
     types                 SET   every type that has a job
     uniq:<type>           HASH  unique key -> id of the pending or running job of that type holding
                                 it (job field ukey); deleted when that job finishes, dies or is
                                 deleted. A hash per type: a type name may hold ':', a key anything
     workers               HASH  owner -> "beat_ms|lease_ms|<json list of types>"
-    schema                STRING the key layout's version (2: with pdue/pwait; 1 is upgraded at open)
+    schema                STRING the key layout's version (3: with issue 23's control; 2: with
+                                pdue/pwait; 1 and 2 are upgraded at open)
     sched:<name>          HASH  a cron schedule: type payload cron tz enabled origin declared next
                                 [last job] created updated (times: the protocol's ISO text)
     scheds                SET   the names of every schedule
     scheds:due            ZSET  the enabled schedules, score = next run (ms): the due ones are a range
-    wake                  pub/sub channel: a job became due (insert, release, revive)
+    wake                  pub/sub channel: a job became due (insert, release, revive, a snooze
+                                of no delay, a type resumed)
 """
 
 from __future__ import annotations
@@ -47,7 +56,7 @@ from importlib import resources
 import attrs
 
 RECORD_FIELDS = ("type", "payload", "status", "attempts", "max", "run", "error", "created", "updated", "prio", "owner",
-                 "expires", "ukey")
+                 "expires", "ukey", "result", "progress", "pmsg", "snoozes", "expat", "creq")  # (list.lua reads them too)
 
 
 @attrs.frozen

@@ -20,7 +20,17 @@ from ... import states
 from ...clock import to_epoch
 from ...errors import UsageError
 from ...states import Status
-from ..base import JobRecord, Lease, NewJob, Settlement, WorkerRecord, check_list_order, unique_key_held
+from ..base import (
+    JobRecord,
+    Lease,
+    NewJob,
+    Settlement,
+    WorkerRecord,
+    cancelled_error,
+    cancelled_running_error,
+    check_list_order,
+    unique_key_held,
+)
 from .db import describe, run_pipelined, run_script
 from .scripts import ALL, RECORD_FIELDS
 
@@ -59,11 +69,11 @@ def _s(value: bytes | None) -> str | None:
 
 def insert_call(prefix: str, rows: Sequence[NewJob]) -> tuple[Any, list[Any]]:
     """The script and arguments that insert ``rows``: INSERT, as before unique keys, when no row
-    has a key or a trace context (the common case: 7 values a row); else INSERT_UNIQUE (9, the
-    key and the trace last)."""
+    has a key, a trace context or an expires_at (the common case: 7 values a row); else
+    INSERT_UNIQUE (10, the key, the trace and expires_at in ms last)."""
     args: list[Any] = [prefix, len(rows)]
     for row in rows:
-        if row.unique_key is not None or row.trace is not None:
+        if row.unique_key is not None or row.trace is not None or row.expires_at is not None:
             break
         args += (row.id, row.job_type, row.payload, row.max_attempts, ms_of(row.run_after), row.priority,
                  ms_of(row.created_at))
@@ -71,9 +81,15 @@ def insert_call(prefix: str, rows: Sequence[NewJob]) -> tuple[Any, list[Any]]:
         return _INSERT, args
     del args[2:]
     for row in rows:
-        args += (row.id, row.job_type, row.payload, row.max_attempts, ms_of(row.run_after), row.priority,
-                 ms_of(row.created_at), row.unique_key or "", row.trace or "")
+        args += _special(row)
     return _INSERT_UNIQUE, args
+
+
+def _special(row: NewJob) -> tuple[Any, ...]:
+    """A row's 10 values for INSERT_UNIQUE and staged loads."""
+    return (row.id, row.job_type, row.payload, row.max_attempts, ms_of(row.run_after), row.priority,
+            ms_of(row.created_at), row.unique_key or "", row.trace or "",
+            "" if row.expires_at is None else ms_of(row.expires_at))
 
 
 def stored_ids(rows: Sequence[NewJob], answer: Any) -> list[str]:
@@ -98,8 +114,7 @@ def stage(client: Any, key: str, rows: Sequence[NewJob]) -> None:
     after a day if the loader dies before committing it."""
     values: list[Any] = []
     for row in rows:
-        values += (row.id, row.job_type, row.payload, row.max_attempts, ms_of(row.run_after), row.priority,
-                   ms_of(row.created_at), row.unique_key or "", row.trace or "")
+        values += _special(row)
     pipe = client.pipeline(transaction=False)
     pipe.rpush(key, *values)
     pipe.expire(key, 86400)
@@ -158,16 +173,25 @@ _KINDS = {
     states.Transition.BURY: "bury",
     states.Transition.RELEASE: "release",
     states.Transition.START: "start",
+    states.Transition.CANCEL: "cancel",
+    states.Transition.SNOOZE: "snooze",
 }
 
 
 def settle_args(prefix: str, items: Sequence[Settlement]) -> list[Any]:
+    """SETTLE's arguments (see lua/settle.lua): a SUCCEED with a result is kind ``result``, the
+    result in the error's place; a SNOOZE is ``snooze/<limit>``."""
     args: list[Any] = [prefix, len(items)]
     for s in items:
         kind = _KINDS.get(s.transition)
         if kind is None:
             raise ValueError(f"{s.transition!r} is not an outcome")
-        args += (s.id, f"{s.token} {kind} {round(s.delay * 1000)} {0 if s.error is None else 1}", s.error or "")
+        third = s.error or ""
+        if s.result is not None and kind == "succeed":
+            kind, third = "result", s.result
+        elif kind == "snooze":
+            kind = f"snooze/{int(s.snooze_limit)}"
+        args += (s.id, f"{s.token} {kind} {round(s.delay * 1000)} {0 if s.error is None else 1}", third)
     return args
 
 
@@ -219,11 +243,13 @@ RESCUE_CHUNK = 10_000
 
 def rescue_expired(client: Any, prefix: str, *, base_seconds: float, rng: random.Random | None = None,
                    spare: Collection[tuple[str, int]] = ()) -> int:
-    """Read the expired leases, decide each one's fate here (backoff with jitter, or dead),
-    then write them in one script fenced by what was read: rescuers running at once move
-    each job once, and a lease renewed in between is left alone."""
-    expired = run_script(client, ALL["expired"], [prefix, RESCUE_CHUNK])
-    args: list[Any] = [prefix, 0]
+    """End the pending jobs whose expires_at passed (EXPIRED does, as it reads), read the expired
+    leases, decide each one's fate here (backoff with jitter, or dead), then write them in one
+    script fenced by what was read: rescuers running at once move each job once, and a lease
+    renewed in between is left alone. A lease whose cancel was requested ends cancelled (RESCUE
+    sees the request as it writes). Returns the jobs expired and moved."""
+    ended, *expired = run_script(client, ALL["expired"], [prefix, RESCUE_CHUNK])
+    args: list[Any] = [prefix, 0, _CANCELLED_RUN]
     n = 0
     for raw_id, token, attempts, max_attempts, owner, started in expired:
         job_id = raw_id.decode()
@@ -238,9 +264,12 @@ def rescue_expired(client: Any, prefix: str, *, base_seconds: float, rng: random
         args += (job_id, token, attempts, started, dead, delay, error)
         n += 1
     if not n:
-        return 0
+        return int(ended)
     args[1] = n
-    return int(run_script(client, ALL["rescue"], args))
+    return int(ended) + int(run_script(client, ALL["rescue"], args))
+
+
+_CANCELLED_RUN = cancelled_running_error("its cancel was requested")
 
 
 def bury_unknown_types(client: Any, prefix: str, *, known: Iterable[str], grace_seconds: float) -> int:
@@ -259,7 +288,9 @@ def _record(job_id: str, f: Sequence[bytes | None]) -> JobRecord:
         id=job_id, job_type=_s(f[0]) or "", payload=_s(f[1]) or "", status=_s(f[2]) or "", attempts=int(f[3] or 0),
         max_attempts=int(f[4] or 0), run_after=text_of(f[5] or 0), error=_s(f[6]), created_at=text_of(f[7] or 0),
         updated_at=text_of(f[8] or 0), priority=int(f[9] or 0), lease_owner=_s(f[10]),
-        lease_expires_at=None if f[11] is None else text_of(f[11]), unique_key=_s(f[12]),
+        lease_expires_at=None if f[11] is None else text_of(f[11]), unique_key=_s(f[12]), result=_s(f[13]),
+        progress=None if f[14] is None else float(f[14]), progress_message=_s(f[15]), snoozes=int(f[16] or 0),
+        expires_at=None if f[17] is None else text_of(f[17]), cancel_requested=f[18] is not None,
     )
 
 
@@ -289,7 +320,7 @@ def list_jobs(client: Any, prefix: str, *, status: str | None = None, job_type: 
     return records, total
 
 
-_STATUSES = ("pending", "running", "completed", "dead")
+_STATUSES = ("pending", "running", "completed", "dead", "cancelled")  # as stats.lua counts them
 
 
 def operator_stats(client: Any, prefix: str) -> dict[str, Any]:
@@ -299,15 +330,16 @@ def operator_stats(client: Any, prefix: str) -> dict[str, Any]:
     by_status = dict(zip(_STATUSES, map(int, by_status_raw)))
     by_type = {row[0].decode(): dict(zip(_STATUSES, map(int, row[1:]))) for row in by_type_raw}
     first = (now // 60000) * 60000 - 59 * 60000
-    finished = [{"minute": f"{text_of(first + i * 60000)[:16]}:00Z", "completed": int(minutes[i]), "dead": int(minutes[60 + i])}
-                for i in range(60)]
+    finished = [{"minute": f"{text_of(first + i * 60000)[:16]}:00Z", "completed": int(minutes[i]), "dead": int(minutes[60 + i]),
+                 "cancelled": int(minutes[120 + i])} for i in range(60)]
     age = None if oldest < 0 else round(max(now - oldest, 0) / 1000, 3)
     return {"by_status": by_status, "by_type": by_type, "total": sum(by_status.values()), "finished_per_minute": finished,
             "oldest_due_pending_age_seconds": age, "now": text_of(now)}
 
 
 def revive(client: Any, prefix: str, job_id: str) -> JobRecord:
-    """Admin retry: dead → pending, attempts reset, due now. UsageError if not dead."""
+    """Admin retry: dead or cancelled → pending, attempts, snoozes, progress, result and a cancel
+    request reset, due now. UsageError if neither dead nor cancelled, or its unique key is held."""
     answer = run_script(client, ALL["revive"], [prefix, job_id]).decode()
     if answer == "missing":
         raise LookupError(f"no job with id {job_id!r}")
@@ -317,11 +349,47 @@ def revive(client: Any, prefix: str, job_id: str) -> JobRecord:
             raise LookupError(f"no job with id {job_id!r}")
         raise UsageError(unique_key_held(job, answer.removeprefix("held ")))
     if answer != "ok":
-        raise UsageError(f"job {job_id} is {answer}, only dead jobs can be retried")
+        raise UsageError(f"job {job_id} is {answer}, only dead or cancelled jobs can be retried")
     job = get_job(client, prefix, job_id)
     if job is None:  # deleted in between
         raise LookupError(f"no job with id {job_id!r}")
     return job
+
+
+# -- control (issue 23) --------------------------------------------------------------------------------
+
+
+def cancel(client: Any, prefix: str, job_ids: Sequence[str], *, reason: str) -> list[str | None]:
+    """One script: per id, "cancelled" (it was pending), CANCELLING (it runs: requested), the
+    status of a final job (unchanged), or None (unknown)."""
+    if not job_ids:
+        return []
+    answers = run_script(client, ALL["cancel"], [prefix, cancelled_error(reason), *job_ids])
+    return [a.decode() or None for a in answers]
+
+
+def cancel_requests(client: Any, prefix: str, owner: str) -> list[tuple[str, int]]:
+    out = run_script(client, ALL["cancel_requests"], [prefix, owner])
+    return [(out[i].decode(), int(out[i + 1])) for i in range(0, len(out), 2)]
+
+
+def set_progress(client: Any, prefix: str, job_id: str, token: int, fraction: float, message: str | None) -> bool:
+    args = [prefix, job_id, token, repr(float(fraction)), 0 if message is None else 1, message or ""]
+    return bool(run_script(client, ALL["set_progress"], args))
+
+
+def set_type_paused(client: Any, prefix: str, job_type: str, paused: bool) -> None:
+    """Idempotent: pausing a paused type keeps when it was first paused. A resumed type wakes the
+    Pollers (its due jobs wait for no poll)."""
+    if paused:
+        seconds, micros = client.time()
+        client.hsetnx(prefix + "paused", job_type, int(seconds) * 1000 + int(micros) // 1000)
+    elif client.hdel(prefix + "paused", job_type):
+        client.publish(prefix + "wake", "1")
+
+
+def paused_types(client: Any, prefix: str) -> set[str]:
+    return {t.decode() for t in client.hkeys(prefix + "paused")}
 
 
 def delete_job(client: Any, prefix: str, job_id: str) -> None:

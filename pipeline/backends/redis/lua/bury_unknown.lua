@@ -25,7 +25,9 @@ for _, t in ipairs(redis.call('SMEMBERS', P .. 'ptypes')) do
       for _, id in ipairs(redis.call('ZRANGEBYSCORE', ready_key(t, p), '-inf', cutoff)) do
         redis.call('HSET', jkey(id), 'status', 'dead', 'error', err, 'updated', now)
         redis.call('HDEL', jkey(id), 'started')
-        free_key(id, t, redis.call('HGET', jkey(id), 'ukey'))
+        local f = redis.call('HMGET', jkey(id), 'ukey', 'expat')
+        free_key(id, t, f[1])
+        if f[2] then expiring_rem(id, t) end
         redis.call('ZREM', ready_key(t, p), id)
         index_status(id, t, 'pending', 'dead')
         finish(id, 'dead', now)

@@ -8,15 +8,22 @@
 -- got, then three values per lease: id, payload, and "attempts max token created run started"
 -- (attempts: this one's; started 1/0), then " trace" if the job has a trace context: a third of the values of an array per lease, whose
 -- parsing was a fifth of the client's time per claimed job.
+-- A paused type (a field of ``paused``) is not claimed (0 jobs); before a type is claimed, its
+-- pending jobs whose expires_at passed end cancelled (expire_due). Both cost one EXISTS per claim
+-- while no type is paused and no pending job has an expires_at.
 local owner, lease, m = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_ms()
 local expires = now + lease
 local out = {}
+local any_paused = redis.call('EXISTS', P .. 'paused') == 1
+local any_expiring = redis.call('EXISTS', P .. 'etypes') == 1
 for j = 0, m - 1 do
   local t, want, k, cap = ARGV[5 + j * 4], tonumber(ARGV[6 + j * 4]), tonumber(ARGV[7 + j * 4]), ARGV[8 + j * 4]
   local got = 0
   local count_at = #out + 1
   out[count_at] = 0
+  if any_paused and redis.call('HEXISTS', P .. 'paused', t) == 1 then want = 0 end
+  if any_expiring and want > 0 then expire_due(t, now) end
   local pending_key, running_key = P .. 'st:pending:' .. t, P .. 'st:running:' .. t
   if cap ~= '' then want = math.min(want, tonumber(cap) - redis.call('ZCARD', running_key)) end
   local due_key, wait_key, prios_key = P .. 'pdue:' .. t, P .. 'pwait:' .. t, P .. 'prios:' .. t
@@ -42,7 +49,8 @@ for j = 0, m - 1 do
       if #ids > 0 then
         for _, id in ipairs(ids) do
           local key = jkey(id)
-          local f = redis.call('HMGET', key, 'payload', 'max', 'created', 'run', 'attempts', 'token', 'started', 'trace')
+          local f = redis.call('HMGET', key, 'payload', 'max', 'created', 'run', 'attempts', 'token', 'started', 'trace',
+                               'expat')
           local token = tonumber(f[6]) + 1
           local attempts = tonumber(f[5]) + 1  -- the attempt this lease is, counted now or at its START
           if got < k then
@@ -54,6 +62,7 @@ for j = 0, m - 1 do
             if f[7] then redis.call('HDEL', key, 'started') end
           end
           redis.call('ZADD', P .. 'leases', expires, id)
+          if f[9] then expiring_rem(id, t) end
           redis.call('ZREM', P .. 'status:pending', id)
           redis.call('ZREM', pending_key, id)
           redis.call('ZADD', P .. 'status:running', 0, id)

@@ -1,4 +1,4 @@
--- ARGV: prefix, older_than_ms ('' for any age), limit, then statuses (completed / dead).
+-- ARGV: prefix, older_than_ms ('' for any age), limit, then statuses (completed / dead / cancelled).
 -- Deletes up to ``limit`` finished jobs (the caller calls again while it gets ``limit``):
 -- one long script would stop every other client meanwhile.
 local older, limit = ARGV[2], tonumber(ARGV[3])

@@ -32,6 +32,7 @@ end
 for _, id in ipairs(page) do
   out[#out + 1] = id
   out[#out + 1] = redis.call('HMGET', jkey(id), 'type', 'payload', 'status', 'attempts', 'max', 'run', 'error',
-                             'created', 'updated', 'prio', 'owner', 'expires', 'ukey')
+                             'created', 'updated', 'prio', 'owner', 'expires', 'ukey', 'result', 'progress', 'pmsg',
+                             'snoozes', 'expat', 'creq')
 end
 return out

@@ -76,10 +76,78 @@ end
 local function free_key(id, t, k)
   if k and redis.call('HGET', P .. 'uniq:' .. t, k) == id then redis.call('HDEL', P .. 'uniq:' .. t, k) end
 end
+-- Control (issue 23). expiring:<t> holds the pending jobs of type t that have an expires_at
+-- (field expat), by that time (ms); etypes the types that have such a set. A job is in it exactly
+-- while it is pending: a claim takes it out, a way back to pending puts it in again.
+local function expiring_add(id, t, at)
+  redis.call('ZADD', P .. 'expiring:' .. t, at, id)
+  redis.call('SADD', P .. 'etypes', t)
+end
+local function expiring_rem(id, t)
+  local k = P .. 'expiring:' .. t
+  redis.call('ZREM', k, id)
+  if redis.call('EXISTS', k) == 0 then redis.call('SREM', P .. 'etypes', t) end
+end
+-- epoch ms as the protocol's text (store.text_of's): a script cannot call os.date
+local function iso(ms)
+  local s = math.floor(ms / 1000)
+  local days = math.floor(s / 86400)
+  local secs = s - days * 86400
+  -- days since 1970-01-01 to a civil date (Howard Hinnant's civil_from_days)
+  local z = days + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524) - math.floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local d = doy - math.floor((153 * mp + 2) / 5) + 1
+  local m = mp < 10 and mp + 3 or mp - 9
+  local y = yoe + era * 400 + (m <= 2 and 1 or 0)
+  return string.format('%04d-%02d-%02dT%02d:%02d:%02d.%03dZ', y, m, d, math.floor(secs / 3600),
+                       math.floor(secs % 3600 / 60), secs % 60, ms - s * 1000)
+end
+-- a pending job (its ready set and expiring:<t> already left) ends cancelled with ``err``
+local function cancel_pending(id, key, t, k, err, now)
+  redis.call('HSET', key, 'status', 'cancelled', 'updated', now, 'error', err)
+  index_status(id, t, 'pending', 'cancelled')
+  finish(id, 'cancelled', now)
+  free_key(id, t, k)
+end
+-- The pending jobs of type t whose expires_at is at or before now end cancelled (base.expired_error's
+-- text): the claim's, before it claims t, and the rescue's. Returns how many.
+local function expire_due(t, now)
+  local k = P .. 'expiring:' .. t
+  local ids = redis.call('ZRANGEBYSCORE', k, '-inf', now)
+  if #ids == 0 then return 0 end
+  local touched = {}
+  local n = 0
+  for _, id in ipairs(ids) do
+    local key = jkey(id)
+    local f = redis.call('HMGET', key, 'status', 'prio', 'expat', 'ukey')
+    if f[1] == 'pending' then  -- (else a stray entry: dropped below)
+      redis.call('ZREM', ready_key(t, f[2]), id)
+      touched[f[2]] = true
+      cancel_pending(id, key, t, f[4], 'expired at ' .. iso(tonumber(f[3])) .. ' before it started: never run', now)
+      n = n + 1
+    end
+  end
+  redis.call('ZREMRANGEBYSCORE', k, '-inf', now)
+  if redis.call('EXISTS', k) == 0 then redis.call('SREM', P .. 'etypes', t) end
+  for p in pairs(touched) do index_head(t, p, now) end
+  return n
+end
+-- A running job whose cancel was requested (field creq) is in creq:<owner>, its lease owner's
+-- index (Backend.cancel_requests); one that leaves running drops it, before its owner field goes.
+local function drop_request(id, key)
+  local owner = redis.call('HGET', key, 'owner')
+  if owner then redis.call('SREM', P .. 'creq:' .. owner, id) end
+  redis.call('HDEL', key, 'creq')
+end
 -- rows: a flat list, ``width`` per job from ``first``: 7 (id, type, payload, max, run, prio,
--- created), or 9 with the unique key and the trace context ('' for none). Returns how many were inserted and, for
--- each row not inserted because a pending or running job holds its type and key (or an earlier
--- row of the call), its id and the holder's; or nil and the id that already exists.
+-- created), or 10 with the unique key, the trace context and expires_at in ms ('' for none).
+-- Returns how many were inserted and, for each row not inserted because a pending or running
+-- job holds its type and key (or an earlier row of the call), its id and the holder's; or nil
+-- and the id that already exists.
 local function insert_rows(rows, first, n, width)
   local seen = {}
   local held = {}  -- row index -> holder id
@@ -92,7 +160,7 @@ local function insert_rows(rows, first, n, width)
       return nil, id
     end
     seen[id] = true
-    local k = width == 9 and rows[b + 7] or ''
+    local k = width == 10 and rows[b + 7] or ''
     if k ~= '' then
       local tk = rows[b + 1] .. '\0' .. k
       local holder = taken[tk] or key_holder(rows[b + 1], k)
@@ -112,7 +180,7 @@ local function insert_rows(rows, first, n, width)
   for i = 0, n - 1 do
     local b = first + i * width
     local id, t, p, run = rows[b], rows[b + 1], rows[b + 5], rows[b + 4]
-    local k = width == 9 and rows[b + 7] or ''
+    local k = width == 10 and rows[b + 7] or ''
     if not held[i] then
       inserted = inserted + 1
       redis.call('HSET', jkey(id), 'type', t, 'payload', rows[b + 2], 'status', 'pending', 'attempts', 0,
@@ -121,7 +189,13 @@ local function insert_rows(rows, first, n, width)
         redis.call('HSET', jkey(id), 'ukey', k)
         redis.call('HSET', P .. 'uniq:' .. t, k, id)
       end
-      if width == 9 and rows[b + 8] ~= '' then redis.call('HSET', jkey(id), 'trace', rows[b + 8]) end
+      if width == 10 then
+        if rows[b + 8] ~= '' then redis.call('HSET', jkey(id), 'trace', rows[b + 8]) end
+        if rows[b + 9] ~= '' then
+          redis.call('HSET', jkey(id), 'expat', rows[b + 9])
+          expiring_add(id, t, rows[b + 9])
+        end
+      end
       local tp = t .. '\0' .. p
       if known[tp] then
         redis.call('ZADD', ready_key(t, p), run, id)
@@ -143,8 +217,11 @@ local function insert_rows(rows, first, n, width)
   if due then redis.call('PUBLISH', P .. 'wake', '1') end
   return inserted, nil, dups
 end
-local function remove_job(id, f_status, t, p, k)
-  if f_status == 'pending' then unready(id, t, p) end
+local function remove_job(id, f_status, t, p, k, e)
+  if f_status == 'pending' then
+    unready(id, t, p)
+    if e then expiring_rem(id, t) end
+  end
   if f_status == 'pending' or f_status == 'running' then free_key(id, t, k) end
   redis.call('ZREM', P .. 'done:' .. f_status, id)
   index_status(id, t, f_status, nil)

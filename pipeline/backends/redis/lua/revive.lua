@@ -1,10 +1,11 @@
--- ARGV: prefix, id. dead -> pending, attempts reset, due now. Returns 'ok', 'missing', the
--- status, or 'held <id>': its unique key is held by that pending or running job (refused).
+-- ARGV: prefix, id. dead or cancelled -> pending: attempts, snoozes, the progress, the result
+-- and a cancel request reset, due now (the error kept). Returns 'ok', 'missing', the status, or
+-- 'held <id>': its unique key is held by that pending or running job (refused).
 local id = ARGV[2]
 local key = jkey(id)
-local f = redis.call('HMGET', key, 'status', 'type', 'prio', 'ukey')
+local f = redis.call('HMGET', key, 'status', 'type', 'prio', 'ukey', 'expat')
 if not f[1] then return 'missing' end
-if f[1] ~= 'dead' then return f[1] end
+if f[1] ~= 'dead' and f[1] ~= 'cancelled' then return f[1] end
 if f[4] then
   local holder = key_holder(f[2], f[4])
   if holder then return 'held ' .. holder end
@@ -12,9 +13,10 @@ if f[4] then
 end
 local now = now_ms()
 redis.call('HSET', key, 'status', 'pending', 'attempts', 0, 'run', now, 'updated', now)
-redis.call('HDEL', key, 'started')
-redis.call('ZREM', P .. 'done:dead', id)
-index_status(id, f[2], 'dead', 'pending')
+redis.call('HDEL', key, 'started', 'snoozes', 'progress', 'pmsg', 'result', 'creq')
+redis.call('ZREM', P .. 'done:' .. f[1], id)
+index_status(id, f[2], f[1], 'pending')
 make_ready(id, f[2], f[3], now, now)
+if f[5] then expiring_add(id, f[2], f[5]) end
 redis.call('PUBLISH', P .. 'wake', '1')
 return 'ok'

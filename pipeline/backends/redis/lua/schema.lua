@@ -1,14 +1,19 @@
 -- ARGV: prefix, version. The layout's version, set by the first process to start (SET NX is
--- atomic: processes starting at once agree); returns the version stored. A store of layout 1
--- (before the claim's index) is upgraded to 2 here, in the same step: its index is built from
--- prios:<type> and the ready sets.
-if redis.call('GET', P .. 'schema') == '1' and ARGV[2] == '2' then
-  local now = now_ms()
-  for _, t in ipairs(redis.call('SMEMBERS', P .. 'ptypes')) do
-    redis.call('DEL', P .. 'pdue:' .. t, P .. 'pwait:' .. t)
-    for _, p in ipairs(redis.call('ZRANGE', P .. 'prios:' .. t, 0, -1)) do index_head(t, p, now) end
+-- atomic: processes starting at once agree); returns the version stored. An older layout is
+-- upgraded here, in the same step: 1 (before the claim's index) has its index built from
+-- prios:<type> and the ready sets; 2 (before issue 23's control: cancelled jobs, expires_at,
+-- paused types, cancel requests) needs nothing, its keys start empty. The version moves on so
+-- that a process of older code, which would claim a paused type's jobs and expired ones, refuses it.
+local stored = redis.call('GET', P .. 'schema')
+if (stored == '1' or stored == '2') and tonumber(ARGV[2]) > tonumber(stored) then
+  if stored == '1' then
+    local now = now_ms()
+    for _, t in ipairs(redis.call('SMEMBERS', P .. 'ptypes')) do
+      redis.call('DEL', P .. 'pdue:' .. t, P .. 'pwait:' .. t)
+      for _, p in ipairs(redis.call('ZRANGE', P .. 'prios:' .. t, 0, -1)) do index_head(t, p, now) end
+    end
   end
-  redis.call('SET', P .. 'schema', '2')
+  redis.call('SET', P .. 'schema', ARGV[2])
 end
 redis.call('SET', P .. 'schema', ARGV[2], 'NX')
 return redis.call('GET', P .. 'schema')

@@ -1,7 +1,11 @@
--- ARGV: prefix, n, then 3 per outcome: id, "token kind delay_ms has_error(1/0)", error.
+-- ARGV: prefix, n, then 3 per outcome: id, "token kind delay_ms has_error(1/0)", error (for kind
+-- result: the result). Kinds: start, succeed, result (succeed storing a result), bury, retry,
+-- release, cancel, snooze/<limit>.
 -- In the order given (the same job twice: the second sees what the first wrote). Returns a
 -- string with a "1" per outcome written, a "0" per stale one (not running, or under another
 -- token: nothing changed). (Packed: fewer values to encode and parse per outcome.)
+-- A job whose cancel was requested (field creq) never goes back to pending: a retry, release or
+-- snooze of it ends it cancelled instead (one final state, never retried after a cancel).
 local n = tonumber(ARGV[2])
 local now = now_ms()
 local out = {}
@@ -11,7 +15,7 @@ for i = 0, n - 1 do
   local id = ARGV[b]
   local token, kind, delay, has_error = string.match(ARGV[b + 1], '^(%S+) (%S+) (%S+) (%S+)$')
   local key = jkey(id)
-  local f = redis.call('HMGET', key, 'status', 'token', 'type', 'prio', 'started', 'attempts', 'ukey')
+  local f = redis.call('HMGET', key, 'status', 'token', 'type', 'prio', 'started', 'attempts', 'ukey', 'creq', 'expat')
   if f[1] ~= 'running' or f[2] ~= token then
     out[i + 1] = '0'
   else
@@ -21,6 +25,14 @@ for i = 0, n - 1 do
       if not f[5] then redis.call('HSET', key, 'started', now, 'attempts', tonumber(f[6]) + 1) end
     else
       redis.call('ZREM', P .. 'leases', id)
+      local err = ARGV[b + 2]
+      if f[8] then
+        drop_request(id, key)
+        if kind == 'retry' or kind == 'release' or string.sub(kind, 1, 7) == 'snooze/' then
+          err = 'cancelled while running (cancel requested); its attempt ended: ' .. (has_error == '1' and err or 'released')
+          kind, has_error = 'cancel', '1'
+        end
+      end
       redis.call('HDEL', key, 'owner', 'expires')
       if kind == 'succeed' then
         redis.call('HSET', key, 'status', 'completed', 'updated', now)
@@ -29,25 +41,57 @@ for i = 0, n - 1 do
         free_key(id, t, f[7])
       elseif kind == 'bury' then
         redis.call('HSET', key, 'status', 'dead', 'updated', now)
-        if has_error == '1' then redis.call('HSET', key, 'error', ARGV[b + 2]) end
+        if has_error == '1' then redis.call('HSET', key, 'error', err) end
         index_status(id, t, 'running', 'dead')
         finish(id, 'dead', now)
         free_key(id, t, f[7])
       elseif kind == 'retry' then
         local run = now + tonumber(delay)
         redis.call('HSET', key, 'status', 'pending', 'updated', now, 'run', run)
-        if has_error == '1' then redis.call('HSET', key, 'error', ARGV[b + 2]) end
-        redis.call('HDEL', key, 'started')
+        if has_error == '1' then redis.call('HSET', key, 'error', err) end
+        redis.call('HDEL', key, 'started', 'progress', 'pmsg')
         index_status(id, t, 'running', 'pending')
         make_ready(id, t, p, run, now)
-      else -- release: due at once, the attempt given back if it was counted
+        if f[9] then expiring_add(id, t, f[9]) end
+      elseif kind == 'release' then -- due at once, the attempt given back if it was counted
         local attempts = tonumber(f[6])
         if f[5] then attempts = math.max(attempts - 1, 0) end
         redis.call('HSET', key, 'status', 'pending', 'updated', now, 'run', now, 'attempts', attempts)
-        redis.call('HDEL', key, 'started')
+        redis.call('HDEL', key, 'started', 'progress', 'pmsg')
         index_status(id, t, 'running', 'pending')
         make_ready(id, t, p, now, now)
+        if f[9] then expiring_add(id, t, f[9]) end
         wake = true
+      elseif kind == 'result' then
+        redis.call('HSET', key, 'status', 'completed', 'updated', now, 'result', err)
+        index_status(id, t, 'running', 'completed')
+        finish(id, 'completed', now)
+        free_key(id, t, f[7])
+      elseif kind == 'cancel' then
+        redis.call('HSET', key, 'status', 'cancelled', 'updated', now)
+        if has_error == '1' then redis.call('HSET', key, 'error', err) end
+        index_status(id, t, 'running', 'cancelled')
+        finish(id, 'cancelled', now)
+        free_key(id, t, f[7])
+      else -- snooze/<limit>: pending after the delay, the attempt given back as release gives it back
+        local snoozes = tonumber(redis.call('HGET', key, 'snoozes') or '0') + 1
+        if snoozes > tonumber(string.sub(kind, 8)) then
+          redis.call('HSET', key, 'status', 'dead', 'updated', now, 'snoozes', snoozes)
+          if has_error == '1' then redis.call('HSET', key, 'error', err) end
+          index_status(id, t, 'running', 'dead')
+          finish(id, 'dead', now)
+          free_key(id, t, f[7])
+        else
+          local attempts = tonumber(f[6])
+          if f[5] then attempts = math.max(attempts - 1, 0) end
+          local run = now + tonumber(delay)
+          redis.call('HSET', key, 'status', 'pending', 'updated', now, 'run', run, 'attempts', attempts, 'snoozes', snoozes)
+          redis.call('HDEL', key, 'started', 'progress', 'pmsg')
+          index_status(id, t, 'running', 'pending')
+          make_ready(id, t, p, run, now)
+          if f[9] then expiring_add(id, t, f[9]) end
+          if run <= now then wake = true end
+        end
       end
     end
   end

@@ -1,7 +1,8 @@
 -- ARGV: prefix. now; counts by status; by type (type, then one count per status); finished per
--- minute over the last hour (60 completed counts, then 60 dead); the oldest due pending run (or -1).
+-- minute over the last hour (60 completed counts, then 60 dead, then 60 cancelled); the oldest due
+-- pending run (or -1).
 local now = now_ms()
-local statuses = {'pending', 'running', 'completed', 'dead'}
+local statuses = {'pending', 'running', 'completed', 'dead', 'cancelled'}
 local by_status = {}
 for i, s in ipairs(statuses) do by_status[i] = redis.call('ZCARD', P .. 'status:' .. s) end
 local by_type = {}
@@ -13,7 +14,7 @@ end
 local last = math.floor(now / 60000) * 60000
 local first = last - 59 * 60000
 local minutes = {}
-for _, s in ipairs({'completed', 'dead'}) do
+for _, s in ipairs({'completed', 'dead', 'cancelled'}) do
   for i = 0, 59 do
     local from = first + i * 60000
     minutes[#minutes + 1] = redis.call('ZCOUNT', P .. 'done:' .. s, from, '(' .. (from + 60000))
