@@ -56,6 +56,7 @@ examples:
   python -m pipeline enqueue send_email --payload '{"to": "a@example.com", "subject": "Hi", "body": "Hello"}'
   python -m pipeline enqueue generate_sitemap --delay 60 --priority 1
   python -m pipeline enqueue generate_sitemap --unique-key nightly   # nothing new while one is pending or running
+  python -m pipeline enqueue generate_sitemap --expires-in 600        # never started if not started within 10 min
   python -m pipeline enqueue --from-file jobs.jsonl
   python -m pipeline enqueue --from-file big.jsonl --commit-every 100000   # into a live service
 
@@ -69,8 +70,19 @@ examples:
   python -m pipeline jobs --status pending --order claim   # the next jobs a worker takes, first first
   python -m pipeline jobs --priority 0             # the jobs of priority 0 only
   python -m pipeline jobs show 01920c1e-...        # payload, error, attempts, times
-  python -m pipeline jobs retry 01920c1e-...       # dead → pending, attempts reset
+  python -m pipeline jobs retry 01920c1e-...       # dead (or cancelled) → pending, attempts reset
+  python -m pipeline jobs cancel 01920c1e-... 01920c1f-...   # pending: cancelled; running: asked to stop
+  python -m pipeline jobs cancel --type send_email --status pending   # every pending send_email job
+  python -m pipeline jobs retry --type send_email --status dead        # every dead one back to pending
+  python -m pipeline jobs delete --status cancelled                    # every cancelled job record
   python -m pipeline jobs cleanup --older-than 604800 --status completed
+"""
+
+TYPES_EXAMPLES = """\
+examples:
+  python -m pipeline types                          # = types list: each type, paused or not, limits, counts
+  python -m pipeline types pause send_email         # no new send_email job starts, in any process
+  python -m pipeline types resume send_email
 """
 
 SCHEDULE_EXAMPLES = """\
@@ -253,7 +265,7 @@ def build_parser(app: AppSummary | None = None) -> argparse.ArgumentParser:
     p.add_argument("--payload", help="the job's fields as a JSON object (default {})")
     p.add_argument("--from-file", metavar="FILE",
                    help='one job per line: {"job_type": ..., "payload": {...}} with optional priority, max_attempts, '
-                   "run_after, unique_key; all or nothing; - reads standard input")
+                   "run_after, unique_key, expires_at; all or nothing; - reads standard input")
     when = p.add_mutually_exclusive_group()
     when.add_argument("--delay", type=float, metavar="SECONDS", help="run no sooner than this many seconds from now")
     when.add_argument("--run-after", metavar="ISO8601", help="run no sooner than this time (UTC if no offset)")
@@ -261,6 +273,9 @@ def build_parser(app: AppSummary | None = None) -> argparse.ArgumentParser:
     p.add_argument("--priority", type=int, metavar="N", help="lower runs first (default 5)")
     p.add_argument("--unique-key", metavar="KEY",
                    help="while a job of this type and key is pending or running, insert nothing and print that job's id")
+    p.add_argument("--expires-in", type=float, metavar="SECONDS",
+                   help="if it has not started this many seconds from now, it never starts: it ends cancelled "
+                   "(expired); counted from now, not from --delay")
     p.add_argument("--commit-every", type=int, metavar="JOBS",
                    help="with --from-file: commit every JOBS jobs instead of once, so that a running service's writes "
                    "wait for one part, not the whole file; a bad line then keeps the parts committed before it")
@@ -285,17 +300,49 @@ def build_parser(app: AppSummary | None = None) -> argparse.ArgumentParser:
     a = actions.add_parser("show", parents=[as_json], help="one job with its payload and error",
                            description="Show one job: its fields, payload and last error.")
     a.add_argument("id")
-    a = actions.add_parser("retry", parents=[as_json], help="a dead job back to pending (attempts reset, due now)",
-                           description="Put a dead job back to pending, attempts reset, due now.")
-    a.add_argument("id")
-    a = actions.add_parser("delete", parents=[as_json], help="delete a job record (not while it runs)",
-                           description="Delete one job record; a running job cannot be deleted.")
-    a.add_argument("id")
+    a = actions.add_parser("retry", parents=[as_json],
+                           help="a dead job back to pending (or a cancelled one; attempts reset, due now); "
+                           "bulk with --type/--status",
+                           description="Put a dead or cancelled job back to pending, attempts reset, due now; or every "
+                           "dead or cancelled job matching --type and --status, in batches.")
+    a.add_argument("id", nargs="?", help="the job (or none, with --type and/or --status)")
+    _bulk_flags(a, "retry")
+    a = actions.add_parser("delete", parents=[as_json], help="delete a job record (not while it runs); bulk with --status",
+                           description="Delete one job record (a running job cannot be deleted); or every job of "
+                           "--status (and --type), in batches.")
+    a.add_argument("id", nargs="?", help="the job (or none, with --status and maybe --type)")
+    _bulk_flags(a, "delete")
+    a = actions.add_parser("cancel", parents=[as_json],
+                           help="cancel jobs: a pending one at once, a running one is asked to stop; bulk with --type/--status",
+                           description="Cancel jobs by id: a pending job is cancelled at once (final, never run); a "
+                           "running job's worker is asked to cancel its handler, and ends it cancelled, never retried. "
+                           "Or every pending and/or running job matching --type and --status, in batches. Prints per id: "
+                           "cancelled, running: cancel requested, already <status>, or no such job (exit 1 if any).")
+    a.add_argument("ids", nargs="*", metavar="ID", help="the jobs (or none, with --type and/or --status)")
+    _bulk_flags(a, "cancel")
     a = actions.add_parser("cleanup", parents=[as_json], help="delete completed and dead job records",
-                           description="Delete finished job records: completed and dead (or only --status).")
+                           description="Delete finished job records: completed and dead (or only --status: "
+                           "completed, dead or cancelled).")
     a.add_argument("--older-than", type=float, metavar="SECONDS", help="only records last updated more than this long ago")
-    a.add_argument("--status", dest="statuses", action="append", choices=["completed", "dead"],
-                   help="only this status (repeat for both; default both)")
+    a.add_argument("--status", dest="statuses", action="append", choices=["completed", "dead", "cancelled"],
+                   help="only this status (repeat for more; default completed and dead)")
+
+    p = sub.add_parser(
+        "types", parents=[as_json], formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="job types: list (paused or not, limits, counts), pause, resume (bare `types` lists)",
+        description="The app's job types as the job store (DATABASE_URL) sees them. A paused type is paused for every "
+        "process on the store, across restarts, until resumed: no new job of it starts (within a second), running "
+        "ones finish, enqueues are still accepted. Without an action, lists them.",
+        epilog=app.examples(TYPES_EXAMPLES),
+    )
+    actions = p.add_subparsers(dest="types_command", parser_class=_Parser, metavar="ACTION")
+    actions.add_parser("list", parents=[as_json], help="each type: paused or not, concurrency, limits, jobs by status",
+                       description="List each job type: paused or active, its workers per process, its global and rate "
+                       "limits, its jobs by status.")
+    for action, text in (("pause", "stop starting jobs of a type, in every process (enqueues are still accepted)"),
+                         ("resume", "start jobs of a paused type again")):
+        a = actions.add_parser(action, parents=[as_json], help=text, description=text[0].upper() + text[1:] + ".")
+        a.add_argument("name", help=f"one of the app's: {', '.join(app.job_types) or 'none'}")
 
     p = sub.add_parser(
         "schedule", parents=[as_json], formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -334,6 +381,16 @@ def build_parser(app: AppSummary | None = None) -> argparse.ArgumentParser:
     sub.add_parser("bench", add_help=False, help="measure throughput and latency against Huey's SQLite backend "
                    "(benchmarks/bench.py of a source checkout; --quick: under a minute)")
     return parser
+
+
+def _bulk_flags(p: argparse.ArgumentParser, action: str) -> None:
+    """--type and --status of a bulk action (dests of their own: `jobs --status` is the list's filter)."""
+    from .control import ACTIONS
+
+    p.add_argument("--type", dest="bulk_type", metavar="JOB_TYPE", help="every matching job of this type")
+    p.add_argument("--status", dest="bulk_status", choices=ACTIONS[action],
+                   help="every matching job of this status" + ("" if action == "delete" else
+                                                              f" (default: {' and '.join(ACTIONS[action])})"))
 
 
 def _site_commands(sub: Any) -> None:
@@ -495,10 +552,19 @@ def cmd_enqueue(args: argparse.Namespace, config: Config, app: Application, out:
     payload = _json_object("{}" if args.payload is None else args.payload, "--payload")
     if args.delay is not None and not (0 <= args.delay < 10**9):
         raise UsageError(f"--delay must be a number of seconds >= 0, got {args.delay}")
-    run_after = format_ts(to_epoch(now_ts()) + args.delay) if args.delay is not None else args.run_after
+    now = to_epoch(now_ts())
+    run_after = format_ts(now + args.delay) if args.delay is not None else args.run_after
     unique_key = check_unique_key(args.unique_key, "--unique-key")
+    expires_at = None
+    if args.expires_in is not None:
+        if not (0 < args.expires_in < 10**9):
+            raise UsageError(f"--expires-in must be a number of seconds > 0, got {args.expires_in}")
+        if args.delay is not None and args.expires_in <= args.delay:
+            raise UsageError(f"--expires-in {args.expires_in:g} is not after --delay {args.delay:g}: the job would expire "
+                             "before it is due and never run (both count from now)")
+        expires_at = format_ts(now + args.expires_in)
     request = JobRequest(args.job_type, payload, args.max_attempts, run_after, 5 if args.priority is None else args.priority,
-                         unique_key)
+                         unique_key, expires_at)
     inputs.with_bounds(request, "the job")
     (row,) = prepare_rows(reg, [request], default_max_attempts=config.worker.default_max_attempts)  # validates before opening
 
@@ -528,7 +594,8 @@ def _enqueue_file(args: argparse.Namespace, config: Config, app: Application, ou
 
     extra = [flag for flag, value in (("JOB_TYPE", args.job_type), ("--payload", args.payload), ("--delay", args.delay),
                                       ("--run-after", args.run_after), ("--max-attempts", args.max_attempts),
-                                      ("--priority", args.priority), ("--unique-key", args.unique_key)) if value is not None]
+                                      ("--priority", args.priority), ("--unique-key", args.unique_key),
+                                      ("--expires-in", args.expires_in)) if value is not None]
     if extra:
         raise UsageError(f"--from-file takes each job's fields from the file; drop {', '.join(extra)}")
     every = args.commit_every
@@ -697,18 +764,27 @@ def _jobs_show(args: argparse.Namespace, config: Config, out: TextIO) -> int:
 
 
 def _jobs_retry(args: argparse.Namespace, config: Config, out: TextIO) -> int:
+    if _bulk_filter(args, "retry", [args.id] if args.id else []) is not None:
+        return _jobs_bulk(args, config, out, "retry")
+
+    async def work(backend: Backend) -> tuple[str, JobRecord]:
+        was = await backend.get(args.id)
+        return ("dead" if was is None else was.status), await backend.revive(args.id)
+
     try:
-        job = _with_backend(config, lambda backend: backend.revive(args.id))
+        was, job = _with_backend(config, work)
     except LookupError:
         raise _no_job(args.id) from None
     if args.json:
         _emit_json(out, job.to_json())
     else:
-        print(f"job {job.id}: dead → pending (attempts reset, due now)", file=out)
+        print(f"job {job.id}: {was} → pending (attempts reset, due now)", file=out)
     return 0
 
 
 def _jobs_delete(args: argparse.Namespace, config: Config, out: TextIO) -> int:
+    if _bulk_filter(args, "delete", [args.id] if args.id else []) is not None:
+        return _jobs_bulk(args, config, out, "delete")
     try:
         _with_backend(config, lambda backend: backend.delete(args.id))
     except LookupError:
@@ -717,6 +793,58 @@ def _jobs_delete(args: argparse.Namespace, config: Config, out: TextIO) -> int:
         _emit_json(out, {"deleted": args.id})
     else:
         print(f"deleted job {args.id}", file=out)
+    return 0
+
+
+CANCEL_REASON = "by an operator (python -m pipeline jobs cancel)"  # in the error of a job cancelled here
+
+
+def _jobs_cancel(args: argparse.Namespace, config: Config, out: TextIO) -> int:
+    """Per id: cancelled, running: cancel requested, already <status>, no such job (exit 1 if any is
+    unknown); or, with --type/--status, every matching job in batches."""
+    from . import control
+
+    if _bulk_filter(args, "cancel", args.ids) is not None:
+        return _jobs_bulk(args, config, out, "cancel")
+    ids = list(args.ids)
+    answers = _with_backend(config, lambda backend: control.cancel_jobs(backend, ids, reason=CANCEL_REASON))
+    if args.json:
+        _emit_json(out, {"jobs": [a.to_json() for a in answers]})
+    else:
+        for answer in answers:
+            print(f"{answer.id}: {answer.text()}", file=out)
+    unknown = [a.id for a in answers if a.outcome == "unknown"]
+    if unknown:
+        print(f"error: no job with id {', '.join(repr(i) for i in unknown)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _bulk_filter(args: argparse.Namespace, action: str, ids: Sequence[str]) -> Any:
+    """The bulk filter --type/--status give (None: the action is by id); UsageError for both or neither."""
+    from .control import JobFilter
+
+    given = args.bulk_type is not None or args.bulk_status is not None
+    if given and ids:
+        raise UsageError(f"jobs {action} takes ids or --type/--status, not both")
+    if not given:
+        if not ids:
+            needs = "--status (and maybe --type)" if action == "delete" else "--type and/or --status"
+            raise UsageError(f"jobs {action} needs {'a job id' if action != 'cancel' else 'job ids'}, or {needs} "
+                             "for every matching job")
+        return None
+    return JobFilter.checked(action, args.bulk_status, args.bulk_type, status_name="--status", type_name="--type")
+
+
+def _jobs_bulk(args: argparse.Namespace, config: Config, out: TextIO, action: str) -> int:
+    from . import control
+
+    job_filter = _bulk_filter(args, action, [])
+    outcome = _with_backend(config, lambda backend: control.bulk(backend, job_filter, reason=CANCEL_REASON))
+    if args.json:
+        _emit_json(out, outcome.to_json())
+    else:
+        print(outcome.text(), file=out)
     return 0
 
 
@@ -739,8 +867,39 @@ JOB_ACTIONS: dict[str, Callable[[argparse.Namespace, Config, TextIO], int]] = {
     "show": _jobs_show,
     "retry": _jobs_retry,
     "delete": _jobs_delete,
+    "cancel": _jobs_cancel,
     "cleanup": _jobs_cleanup,
 }
+
+
+def cmd_types(args: argparse.Namespace, config: Config, app: Application, out: TextIO) -> int:
+    """types list / pause NAME / resume NAME. An unknown name: exit 1, naming the app's types."""
+    from . import control
+    from .admin import console
+
+    action = args.types_command or "list"
+    if action == "list":
+        # the app's registry with its handlers: a type's own concurrency is set where its handler is
+        registry = app.registry(config)
+        found = _with_backend(config, lambda backend: control.types_summary(backend, registry, config))
+        if args.json:
+            _emit_json(out, [t.to_json() for t in found])
+        else:
+            console.types_table(out, found)
+        return 0
+    paused = action == "pause"
+    try:
+        _with_backend(config, lambda backend: control.set_paused(backend, app.types(config), args.name, paused))
+    except LookupError as exc:
+        raise CliError(f"error: {exc}", 1) from None
+    if args.json:
+        _emit_json(out, {"name": args.name, "paused": paused})
+    elif paused:
+        print(f"type {args.name}: paused (no new job of it starts in any process; running ones finish; "
+              "enqueues are still accepted)", file=out)
+    else:
+        print(f"type {args.name}: resumed", file=out)
+    return 0
 
 
 def cmd_schedule(args: argparse.Namespace, config: Config, app: Application, out: TextIO) -> int:
@@ -866,6 +1025,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Config, Application, TextIO], 
     "enqueue": cmd_enqueue,
     "emit": cmd_emit,
     "jobs": cmd_jobs,
+    "types": cmd_types,
     "stats": cmd_stats,
     "schedule": cmd_schedule,
     "diagrams": cmd_diagrams,

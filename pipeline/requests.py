@@ -23,6 +23,7 @@ class JobRequest(NamedTuple):
     run_after: Any = None
     priority: int = PRIORITY_DEFAULT
     unique_key: str | None = None
+    expires_at: Any = None  # a time (ISO 8601 text, a datetime, epoch seconds); None: it never expires
 
 
 MAX_UNIQUE_KEY_CHARS = 200  # a key names a thing ("user:42", an order number), not a payload
@@ -80,4 +81,26 @@ def prepare_row(registry: Registry, req: JobRequest, default_max_attempts: int, 
         except (ValueError, TypeError, OverflowError) as exc:
             raise UsageError(f"run_after {req.run_after!r} is not an ISO 8601 time: {exc}") from None
     unique_key = req.unique_key if req.unique_key is None else check_unique_key(req.unique_key)
-    return NewJob(new_id(), req.job_type, payload, max_attempts, run_after, req.priority, now, unique_key)
+    if req.expires_at is None:  # the common case: the row the hot path has always inserted
+        return NewJob(new_id(), req.job_type, payload, max_attempts, run_after, req.priority, now, unique_key)
+    expires_at = check_expires_at(req.expires_at, now=now, run_after=run_after)
+    return NewJob(new_id(), req.job_type, payload, max_attempts, run_after, req.priority, now, unique_key,
+                  expires_at=expires_at)
+
+
+def check_expires_at(value: Any, *, now: str, run_after: str | None = None, what: str = "expires_at") -> str:
+    """A job's ``expires_at`` as stored (ISO 8601 UTC text), or UsageError naming it: not a time, not
+    after ``now`` (the job could never start), or not after its ``run_after`` (it would expire before
+    it is due)."""
+    if isinstance(value, bool):
+        raise UsageError(f"{what} must be an ISO 8601 time, got a boolean")
+    try:
+        expires_at = to_ts(value)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise UsageError(f"{what} {value!r} is not an ISO 8601 time: {exc}") from None
+    if expires_at <= now:
+        raise UsageError(f"{what} {value!r} is not in the future (now is {now}): the job would never run")
+    if run_after is not None and expires_at <= run_after:
+        raise UsageError(f"{what} {value!r} is not after the job's run_after {run_after}: it would expire "
+                         "before it is due and never run")
+    return expires_at

@@ -9,15 +9,17 @@ JSON body that was read and does not fit (what FastAPI and Starlette users expec
                            not name[:port]
     401 unauthorized       ADMIN_TOKEN is set and the request's Bearer token is missing or wrong
     403 forbidden          a cross-origin write, or a foreign Host header on a token-less server
-    404 not_found          no such job or schedule (or route)
+    404 not_found          no such job, schedule or job type (or route)
     408 request_timeout    the declared body did not arrive within BODY_TIMEOUT
-    409 conflict           retry of a job that is not dead, or whose unique key another job holds;
-                           delete of a running job; a schedule name in use
+    409 conflict           retry of a job that is neither dead nor cancelled, or whose unique key
+                           another job holds; cancel of a finished job; delete of a running job;
+                           a schedule name in use
     413 payload_too_large  body over ADMIN_MAX_BODY_BYTES
     415 unsupported_media_type  a POST without Content-Type: application/json
     422 invalid            a JSON body that does not fit: not an object, a field unknown, missing or
                            out of range, an unknown job type or event, a payload that does not fit its
-                           class, a schedule's bad name, cron expression or time zone
+                           class, an expires_at that is not a time to come, a schedule's bad name, cron
+                           expression or time zone, a bulk action's filter it does not take
     503 unavailable        the database refused, or the pipeline is shutting down
 
 Every message goes out through ``error_response``, which clips what the client sent wherever the
@@ -34,8 +36,9 @@ import trio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from .. import control
 from ..backends import JobRecord
-from ..backends.base import LIST_ORDERS, PRIORITY_MAX, PRIORITY_MIN, ScheduleRecord
+from ..backends.base import CANCELLING, LIST_ORDERS, PRIORITY_MAX, PRIORITY_MIN, ScheduleRecord
 from ..errors import PipelineClosed, PipelineError, StoreError, UsageError
 from ..requests import prepare_rows
 from ..schedules import make_schedule
@@ -56,6 +59,8 @@ BODY_TIMEOUT = 10.0  # seconds a request's whole body may take to arrive: a clie
 # never sends it must not hold a connection (and a task) for ever; read when each body is read
 
 NO_BODY = object()  # an optional body that was not sent (unlike a JSON null, which is refused)
+CANCEL_REASON = "by an operator through the admin API"  # in the error of a job cancelled here
+FILTER_FIELDS = ("status", "job_type")  # a bulk action's body
 
 CODES = {
     400: "bad_request",
@@ -148,9 +153,16 @@ class AdminApi:
             ("GET", "/admin/jobs", e(self.list_jobs, ("status", "job_type", "page", "per_page", "priority", "order"))),
             ("POST", "/admin/jobs", e(self.create_job)),
             ("POST", "/admin/jobs/cleanup", e(self.cleanup)),
+            ("POST", "/admin/jobs/cancel", e(self.bulk_cancel)),
+            ("POST", "/admin/jobs/retry", e(self.bulk_retry)),
+            ("POST", "/admin/jobs/delete", e(self.bulk_delete)),
             ("GET", "/admin/jobs/{job_id}", e(self.get_job)),
             ("DELETE", "/admin/jobs/{job_id}", e(self.delete_job)),
             ("POST", "/admin/jobs/{job_id}/retry", e(self.retry_job)),
+            ("POST", "/admin/jobs/{job_id}/cancel", e(self.cancel_job)),
+            ("GET", "/admin/types", e(self.list_types)),
+            ("POST", "/admin/types/{name}/pause", e(self.pause_type)),
+            ("POST", "/admin/types/{name}/resume", e(self.resume_type)),
             ("POST", "/admin/events", e(self.emit_event)),
             ("GET", "/admin/stats", e(self.stats)),
             ("GET", "/admin/workers", e(self.workers)),
@@ -188,18 +200,65 @@ class AdminApi:
         return JSONResponse((await self._job(request.path_params["job_id"])).to_json())
 
     async def retry_job(self, request: Request) -> Response:
-        """POST /admin/jobs/{id}/retry — dead → pending, attempts reset, due now."""
+        """POST /admin/jobs/{id}/retry — dead or cancelled → pending, attempts reset, due now."""
         job_id = request.path_params["job_id"]
-        await self._job(job_id)
+        was = await self._job(job_id)
         try:
             record = await self.backend.revive(job_id)
         except LookupError:  # deleted meanwhile
             raise ApiError(404, f"no job with id {job_id!r}") from None
-        except UsageError as exc:  # not dead (any more)
+        except UsageError as exc:  # neither dead nor cancelled (any more), or its unique key is held
             raise ApiError(409, str(exc)) from None
-        log.info("admin: job %s retried (dead → pending)", job_id)
+        log.info("admin: job %s retried (%s → pending)", job_id, was.status)
         self._forget_stats()
         return JSONResponse(record.to_json())
+
+    async def cancel_job(self, request: Request) -> Response:
+        """POST /admin/jobs/{id}/cancel — a pending job is cancelled at once; a running one is asked
+        to stop (``cancel_requested``; its worker cancels its handler and ends it cancelled). The job
+        as it is then; 409 once it has finished (completed, dead or cancelled)."""
+        job_id = request.path_params["job_id"]
+        was = await self._job(job_id)
+        if was.status in TERMINAL:
+            raise ApiError(409, f"job {job_id} is {was.status}: only pending or running jobs can be cancelled")
+        (answer,) = await self.backend.cancel([job_id], reason=CANCEL_REASON)
+        if answer is None:  # deleted meanwhile
+            raise ApiError(404, f"no job with id {job_id!r}")
+        if answer not in (Status.CANCELLED, CANCELLING):  # it finished meanwhile
+            raise ApiError(409, f"job {job_id} is {answer}: it finished before the cancel")
+        log.info("admin: job %s %s", job_id, "cancelled" if answer == Status.CANCELLED else "running: cancel requested")
+        self._forget_stats()
+        return JSONResponse((await self._job(job_id)).to_json())
+
+    async def bulk_cancel(self, request: Request) -> Response:
+        """POST /admin/jobs/cancel — {"status"?: "pending" | "running", "job_type"?} → the counts."""
+        return await self._bulk(request, "cancel")
+
+    async def bulk_retry(self, request: Request) -> Response:
+        """POST /admin/jobs/retry — {"status"?: "dead" | "cancelled", "job_type"?} → the counts."""
+        return await self._bulk(request, "retry")
+
+    async def bulk_delete(self, request: Request) -> Response:
+        """POST /admin/jobs/delete — {"status", "job_type"?} (any status but running) → the counts."""
+        return await self._bulk(request, "delete")
+
+    async def _bulk(self, request: Request, action: str) -> Response:
+        """Every job the body's filter matches, in batches (``control.bulk``); 422 for a filter the
+        action does not take."""
+        body = inputs.object_of(await self._body(request, required=True), "the request body")
+        unknown = [k for k in body if k not in FILTER_FIELDS]
+        if unknown:
+            raise UsageError(f"the request body: unknown field {inputs.clip(unknown[0])!r}; expected {', '.join(FILTER_FIELDS)}")
+        nulls = [k for k in FILTER_FIELDS if k in body and body[k] is None]
+        if nulls:
+            raise UsageError(f"the request body: {nulls[0]} must be a string, got null (leave it out for any)")
+        job_filter = control.JobFilter.checked(action, body.get("status"), body.get("job_type"))
+        try:
+            outcome = await control.bulk(self.backend, job_filter, reason=CANCEL_REASON)
+        finally:
+            self._forget_stats()
+        log.info("admin: %s", outcome.text())
+        return JSONResponse(outcome.to_json())
 
     async def delete_job(self, request: Request) -> Response:
         """DELETE /admin/jobs/{id} — 204; 409 while it runs."""
@@ -224,7 +283,7 @@ class AdminApi:
             raise UsageError(f"unknown field {unknown[0]!r}; expected statuses, older_than_seconds")
         statuses = body.get("statuses", ["completed", "dead"])
         if not isinstance(statuses, list) or not statuses or not all(isinstance(s, str) and s in TERMINAL for s in statuses):
-            raise UsageError(f"statuses must be a non-empty array of \"completed\" and \"dead\", got {statuses!r}")
+            raise UsageError(f"statuses must be a non-empty array of \"completed\", \"dead\" and \"cancelled\", got {statuses!r}")
         older = body.get("older_than_seconds")
         if older is not None:
             older = inputs.seconds(older, "older_than_seconds")
@@ -236,7 +295,7 @@ class AdminApi:
 
     async def create_job(self, request: Request) -> Response:
         """POST /admin/jobs — {"job_type", "payload", "priority"?, "max_attempts"?, "run_after"?,
-        "unique_key"?} → 201 with the new job; 200 with the job that holds the unique key (a
+        "unique_key"?, "expires_at"?} → 201 with the new job; 200 with the job that holds the unique key (a
         duplicate: nothing inserted), ``duplicate`` saying which."""
         request_ = inputs.job_request(await self._body(request, required=True), "the request body")
         rows = prepare_rows(self.pipeline.registry, [request_], default_max_attempts=self.pipeline.config.worker.default_max_attempts)
@@ -308,6 +367,35 @@ class AdminApi:
         log.info("admin: schedule %s %s", name, "resumed" if enabled else "paused")
         return JSONResponse(changed.to_json())
 
+    # -- job types ---------------------------------------------------------------------------
+
+    async def list_types(self, request: Request) -> Response:
+        """GET /admin/types — every job type: paused or not, its limits, its jobs by status."""
+        summaries = await control.types_summary(self.backend, self.pipeline.registry, self.pipeline.config,
+                                                stats=await self._stats())
+        return JSONResponse({"types": [t.to_json() for t in summaries]})
+
+    async def pause_type(self, request: Request) -> Response:
+        """POST /admin/types/{name}/pause — no new job of the type starts, in any process on the store."""
+        return await self._type_paused(request.path_params["name"], True)
+
+    async def resume_type(self, request: Request) -> Response:
+        """POST /admin/types/{name}/resume"""
+        return await self._type_paused(request.path_params["name"], False)
+
+    async def _type_paused(self, name: str, paused: bool) -> Response:
+        try:
+            await control.set_paused(self.backend, self.pipeline.registry, name, paused)
+        except LookupError as exc:
+            raise ApiError(404, str(exc)) from None
+        log.info("admin: job type %s %s", name, "paused" if paused else "resumed")
+        summaries = await control.types_summary(self.backend, self.pipeline.registry, self.pipeline.config,
+                                                stats=await self._stats())
+        found = next((t for t in summaries if t.name == name), None)
+        if found is None:  # a type the registry left, resumed, of which the store holds no job
+            found = control.TypeSummary(name, paused, False, None, None, None, {s.value: 0 for s in Status})
+        return JSONResponse(found.to_json())
+
     # -- overview ----------------------------------------------------------------------------
 
     async def stats(self, request: Request) -> Response:
@@ -339,7 +427,7 @@ class AdminApi:
     async def metrics_text(self, request: Request) -> Response:
         """GET /metrics — Prometheus text format."""
         text = self.metrics.render(await self._stats(), self.backend.counters(),
-                                   self.pipeline.global_limits)
+                                   self.pipeline.global_limits, paused=await self.backend.paused_types())
         return Response(text, media_type=CONTENT_TYPE)
 
     # -- helpers ---------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import io
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from rich import box
 from rich.console import Console
@@ -23,7 +23,10 @@ from rich.text import Text
 from ..backends.base import JobRecord, ScheduleRecord
 from ..states import Status
 
-STATUS_STYLE = {"pending": "blue", "running": "yellow", "completed": "green", "dead": "bold red"}
+if TYPE_CHECKING:
+    from ..control import TypeSummary
+
+STATUS_STYLE = {"pending": "blue", "running": "yellow", "completed": "green", "dead": "bold red", "cancelled": "magenta"}
 PLAIN_WIDTH = 250  # columns when not on a terminal: wide enough that rows are not wrapped
 
 
@@ -84,17 +87,65 @@ def job_detail(out: TextIO, job: JobRecord) -> None:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
-    for label, value in (("id", job.id), ("type", job.job_type), ("status", _status(job.status)),
-                         ("attempts", f"{job.attempts} of {job.max_attempts}"), ("priority", str(job.priority)),
-                         ("unique key", "none" if job.unique_key is None else Text(job.unique_key)),  # Text: no markup
-                         ("run after", job.run_after), ("created", job.created_at), ("updated", job.updated_at)):
+    status = _status(job.status)
+    if job.cancel_requested:
+        status.append(" (cancel requested: its worker stops it)", style="magenta")
+    rows: list[tuple[str, Any]] = [
+        ("id", job.id), ("type", job.job_type), ("status", status),
+        ("attempts", f"{job.attempts} of {job.max_attempts}"), ("priority", str(job.priority)),
+        ("unique key", "none" if job.unique_key is None else Text(job.unique_key)),  # Text: no markup
+        ("run after", job.run_after), ("expires at", job.expires_at or "never"),
+        ("created", job.created_at), ("updated", job.updated_at),
+    ]
+    if job.snoozes:
+        rows.insert(4, ("snoozes", str(job.snoozes)))
+    if job.progress is not None:
+        shown = f"{job.progress * 100:.0f}% {_bar(job.progress)}"
+        rows.insert(3, ("progress", Text(shown + (f"  {job.progress_message}" if job.progress_message else ""))))
+    for label, value in rows:
         grid.add_row(label, value)
+    shown = job.to_json()
     with console(out) as con:
         con.print(grid)
         con.print("\n[bold]payload[/bold]")
-        con.print(Text(json.dumps(job.to_json()["payload"], indent=2, ensure_ascii=False)))
+        con.print(Text(json.dumps(shown["payload"], indent=2, ensure_ascii=False)))
+        if job.status == Status.COMPLETED or job.result is not None:
+            con.print("\n[bold]result[/bold]")
+            con.print(Text("none" if job.result is None else json.dumps(shown["result"], indent=2, ensure_ascii=False)))
         con.print("\n[bold]error[/bold]")
         con.print(Text(job.error, style="red") if job.error else Text("none"))
+
+
+def _bar(fraction: float, width: int = 20) -> str:
+    filled = max(0, min(width, round(fraction * width)))
+    return "[" + "#" * filled + "." * (width - filled) + "]"
+
+
+def types_table(out: TextIO, types: Sequence[TypeSummary]) -> None:
+    """Each job type: paused or running, its jobs by status, its limits."""
+    if not types:
+        message(out, "no job types")
+        return
+    statuses = [s.value for s in Status]
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
+    table.add_column("TYPE", no_wrap=True)
+    table.add_column("STATE", no_wrap=True)
+    for s in statuses:
+        table.add_column(s.upper(), justify="right")
+    for name in ("CONCURRENCY", "GLOBAL LIMIT", "RATE LIMIT"):
+        table.add_column(name, justify="right")
+    for t in types:
+        state = Text("paused", style="bold yellow") if t.paused else Text("active", style="green")
+        if not t.registered:
+            state.append(" (not in the app)", style="dim")
+        table.add_row(Text(t.name), state, *(_count(t.counts.get(s, 0), s) for s in statuses),
+                      _limit(t.concurrency), _limit(t.global_limit), _limit(t.rate_limit))
+    with console(out) as con:
+        con.print(table)
+
+
+def _limit(value: int | str | None) -> Text:
+    return Text("-", style="dim") if value is None else Text(str(value))
 
 
 def stats_view(out: TextIO, stats: dict[str, Any]) -> None:
@@ -104,20 +155,20 @@ def stats_view(out: TextIO, stats: dict[str, Any]) -> None:
     for s in statuses:
         table.add_column(s.upper(), justify="right")
     for job_type, counts in sorted(stats["by_type"].items()):
-        table.add_row(job_type, *(_count(counts[s], s) for s in statuses))
+        table.add_row(Text(job_type), *(_count(counts.get(s, 0), s) for s in statuses))
     table.add_section()
-    table.add_row(Text("all types", style="bold"), *(_count(stats["by_status"][s], s) for s in statuses))
+    table.add_row(Text("all types", style="bold"), *(_count(stats["by_status"].get(s, 0), s) for s in statuses))
     minutes = stats["finished_per_minute"]
-    completed = sum(m["completed"] for m in minutes)
-    dead = sum(m["dead"] for m in minutes)
+    finished = {s: sum(m.get(s, 0) for m in minutes) for s in ("completed", "dead", "cancelled")}
     age = stats["oldest_due_pending_age_seconds"]
     with console(out) as con:
         if stats["by_type"]:
             con.print(table)
         else:
             con.print("no jobs in the store")
-        con.print(f"finished in the last hour: {completed + dead} ({completed} completed, {dead} dead)")
-        con.print(f"per minute, oldest first: {_sparkline([m['completed'] + m['dead'] for m in minutes])}")
+        con.print(f"finished in the last hour: {sum(finished.values())} ("
+                  + ", ".join(f"{n} {s}" for s, n in finished.items()) + ")")
+        con.print(f"per minute, oldest first: {_sparkline([sum(m.get(s, 0) for s in finished) for m in minutes])}")
         con.print("oldest due pending job: " + ("none is waiting" if age is None else f"waiting {_duration(age)}"))
 
 

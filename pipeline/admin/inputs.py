@@ -1,7 +1,7 @@
 """What operators send, checked once for the admin API and the CLI alike.
 
 A job arrives as a JSON object ``{"job_type", "payload", "priority"?, "max_attempts"?,
-"run_after"?, "unique_key"?}`` (a POST body, one line of ``enqueue --from-file``, or the CLI's flags); an
+"run_after"?, "unique_key"?, "expires_at"?}`` (a POST body, one line of ``enqueue --from-file``, or the CLI's flags); an
 event as ``{"event", "data"}``; a schedule as ``{"name", "cron", "job_type", "payload"?, "timezone"?}``.
 These functions check the *shape* and bounds and raise UsageError naming the field;
 ``outbox.prepare_rows`` then checks the payload against the job's class (``make_schedule`` the
@@ -30,7 +30,7 @@ from ..registry import Registry
 from ..requests import JobRequest, check_unique_key, prepare_row
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
-JOB_FIELDS = ("job_type", "payload", "priority", "max_attempts", "run_after", "unique_key")
+JOB_FIELDS = ("job_type", "payload", "priority", "max_attempts", "run_after", "unique_key", "expires_at")
 EVENT_FIELDS = ("event", "data")
 SCHEDULE_FIELDS = ("name", "cron", "job_type", "payload", "timezone")
 MAX_OLDER_THAN_SECONDS = 100 * 366 * 86400  # a century: anything older is "all of them"
@@ -137,7 +137,10 @@ def job_request(value: Any, what: str = "the job") -> JobRequest:
     unique_key = obj.get("unique_key")
     if unique_key is not None:
         unique_key = check_unique_key(unique_key, f"{what}: unique_key")
-    return JobRequest(job_type, payload, max_attempts, run_after, priority, unique_key)
+    expires_at = obj.get("expires_at")
+    if expires_at is not None and not isinstance(expires_at, str):
+        raise UsageError(f"{what}: expires_at must be an ISO 8601 time as a string, got {_kind(expires_at)}")
+    return JobRequest(job_type, payload, max_attempts, run_after, priority, unique_key, expires_at)
 
 
 def with_bounds(request: JobRequest, what: str = "the job") -> JobRequest:

@@ -127,11 +127,12 @@ class Metrics:
         return found
 
     def render(self, store_stats: Mapping[str, Any], counters: Iterable[tuple[str, str, float]] = (),
-               limits: Mapping[str, int] | None = None) -> str:
+               limits: Mapping[str, int] | None = None, *, paused: Iterable[str] = ()) -> str:
         """The exposition text: the counters above (with the external ones), ``store_stats``
-        (``Backend.stats``), the backend's own ``counters`` and the job types' global ``limits``."""
+        (``Backend.stats``), the backend's own ``counters``, the job types' global ``limits`` and the
+        ``paused`` job types (``Backend.paused_types``)."""
         if self.external is not None:
-            return self.combined().render(store_stats, counters, limits)
+            return self.combined().render(store_stats, counters, limits, paused=paused)
         lines: list[str] = []
         family = _family(lines)
         family("pipeline_jobs", "gauge", "Jobs in the store by status.",
@@ -155,9 +156,13 @@ class Metrics:
                    "The most jobs of a type that run at once across every process (WORKER_GLOBAL_LIMITS, global_limit=): "
                    "compare pipeline_jobs_by_type{status=\"running\"}.",
                    (({"job_type": t}, n) for t, n in sorted(limits.items())))
+        family("pipeline_job_type_paused", "gauge",
+               "1 for each job type paused (python -m pipeline types pause, POST /admin/types/{name}/pause): "
+               "no job of it starts in any process until it is resumed.",
+               (({"job_type": t}, 1) for t in sorted(paused)))
         family("pipeline_jobs_pruned_total", "counter",
                "Finished job records retention removed (JOB_RETENTION_*), by status.",
-               (({"status": s}, self.pruned.get(s, 0)) for s in ("completed", "dead")))
+               (({"status": s}, self.pruned.get(s, 0)) for s in ("completed", "dead", "cancelled")))
         family("pipeline_workers_pruned_total", "counter",
                "Worker-registry entries of processes whose lease ran out long ago that retention removed.",
                [({}, self.pruned.get("workers", 0))])

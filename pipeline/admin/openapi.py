@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..backends.base import LIST_ORDERS, PRIORITY_MAX, PRIORITY_MIN
+from ..control import ACTIONS, DONE
 from ..registry import Registry
 from ..requests import MAX_UNIQUE_KEY_CHARS
 from ..states import Status
@@ -33,13 +34,14 @@ _ERRORS = {
          "(or none where one is required), a missing or malformed Host header.",
     401: "ADMIN_TOKEN is set and the Bearer token is missing or wrong.",
     403: "Cross-origin write (by Origin or Sec-Fetch-Site), or a foreign Host header on a server without ADMIN_TOKEN.",
-    404: "No such job (or schedule).",
+    404: "No such job (or schedule, or job type: the message names the known ones).",
     409: "The job is not in a state that allows this (or the schedule name is in use).",
     408: "The declared body did not arrive in time.",
     413: "Body larger than ADMIN_MAX_BODY_BYTES.",
     415: "A POST without Content-Type: application/json.",
     422: "A JSON body that does not fit: not an object, a field unknown, missing or out of range, an unknown job "
-         "type or event, a payload that does not fit its class, a schedule's bad name, cron expression or time zone.",
+         "type or event, a payload that does not fit its class, an expires_at that is not a time to come, a "
+         "schedule's bad name, cron expression or time zone, a bulk action's filter it does not take.",
     503: "The database refused, or the pipeline is shutting down.",
 }
 
@@ -57,6 +59,35 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 
 _SCHEDULE_NAME = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}, "description": "The schedule's name."}
 _JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}, "description": "The job's id (a UUID v7)."}
+_TYPE_NAME = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}, "description": "The job type's name."}
+
+
+def _bulk(action: str, count: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The filter a bulk action takes and the counts it answers."""
+    statuses = list(ACTIONS[action])
+    taken = " or ".join(statuses)
+    request: dict[str, Any] = {
+        "type": "object",
+        "additionalProperties": False,
+        "minProperties": 1,
+        "properties": {
+            "status": {"type": "string", "enum": statuses,
+                       "description": f"Only jobs of this status ({taken})." + (
+                           "" if action == "delete" else f" Left out: every {taken} job.")},
+            "job_type": {"type": "string", "minLength": 1, "description": "Only jobs of this type (any name the store holds)."},
+        },
+    }
+    if action == "delete":
+        request["required"] = ["status"]
+    done = DONE[action]
+    properties = {"matched": count, done: count}
+    if action == "cancel":
+        properties["cancel_requested"] = {**count, "description": "Running jobs asked to stop: their workers end them cancelled."}
+    properties["skipped"] = {**count, "description": "Refused, or changed meanwhile (finished, deleted, started)."}
+    properties["reasons"] = {"type": "array", "items": {"type": "string"}, "maxItems": 5,
+                             "description": "Why jobs were skipped: the first few distinct messages."}
+    answer = {"type": "object", "required": list(properties), "properties": properties}
+    return request, answer
 
 
 def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
@@ -65,6 +96,8 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
     job_types = registry.job_types()
     events = registry.event_names()
     count = {"type": "integer", "minimum": 0}
+    bulk = {action: _bulk(action, count) for action in ACTIONS}
+    by_status = {"type": "object", "required": statuses, "properties": {s: count for s in statuses}}
     schemas: dict[str, Any] = {
         "Error": {
             "type": "object",
@@ -80,7 +113,8 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
         "Job": {
             "type": "object",
             "required": ["id", "job_type", "payload", "status", "attempts", "max_attempts", "run_after", "error",
-                         "created_at", "updated_at", "priority"],
+                         "created_at", "updated_at", "priority", "unique_key", "result", "progress", "snoozes",
+                         "expires_at", "cancel_requested"],
             "properties": {
                 "id": {"type": "string"},
                 "job_type": {"type": "string"},
@@ -95,6 +129,18 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
                 "priority": {"type": "integer", "description": "Lower runs first."},
                 "unique_key": {"type": "string", "nullable": True,
                                "description": "While this job is pending or running, no other job of its type and key is inserted."},
+                "result": {"nullable": True, "description": "A completed job's handler's return value (JSON); null: none."},
+                "progress": {
+                    "type": "object", "nullable": True, "required": ["fraction", "message"],
+                    "description": "What its handler last reported (ctx.progress); null: nothing.",
+                    "properties": {"fraction": {"type": "number", "minimum": 0, "maximum": 1},
+                                   "message": {"type": "string", "nullable": True}},
+                },
+                "snoozes": {**count, "description": "Times its handler raised Snooze."},
+                "expires_at": {"type": "string", "nullable": True,
+                               "description": "ISO 8601 UTC: not started by then, it ends cancelled and never runs."},
+                "cancel_requested": {"type": "boolean",
+                                     "description": "It runs and was asked to stop: its worker ends it cancelled."},
             },
         },
         "EnqueuedJob": {
@@ -126,6 +172,9 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
                 "unique_key": {"type": "string", "nullable": True, "minLength": 1, "maxLength": MAX_UNIQUE_KEY_CHARS,
                                "description": "While a job of this type and key is pending or running, insert nothing "
                                               "and answer that job (200, duplicate true)."},
+                "expires_at": {"type": "string", "nullable": True,
+                               "description": "ISO 8601 (UTC when no offset is given), after now and after run_after: "
+                                              "a job not started by then ends cancelled and never runs."},
             },
         },
         "Event": {
@@ -140,7 +189,8 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
             "type": "object",
             "additionalProperties": False,
             "properties": {
-                "statuses": {"type": "array", "minItems": 1, "items": {"type": "string", "enum": ["completed", "dead"]},
+                "statuses": {"type": "array", "minItems": 1,
+                             "items": {"type": "string", "enum": ["completed", "dead", "cancelled"]},
                              "default": ["completed", "dead"]},
                 "older_than_seconds": {"type": "number", "nullable": True, "minimum": 0, "maximum": MAX_OLDER_THAN_SECONDS,
                                        "description": "Only records last updated longer ago than this (null: any age)."},
@@ -157,8 +207,9 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
                 "finished_per_minute": {
                     "type": "array",
                     "description": "The last 60 minutes, oldest first.",
-                    "items": {"type": "object", "required": ["minute", "completed", "dead"],
-                              "properties": {"minute": {"type": "string"}, "completed": count, "dead": count}},
+                    "items": {"type": "object", "required": ["minute", "completed", "dead", "cancelled"],
+                              "properties": {"minute": {"type": "string"}, "completed": count, "dead": count,
+                                             "cancelled": count}},
                 },
                 "oldest_due_pending_age_seconds": {"type": "number", "nullable": True, "minimum": 0},
                 "now": {"type": "string"},
@@ -218,6 +269,26 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
                 "timezone": {"type": "string", "default": "UTC", "description": "IANA name the expression is read in."},
             },
         },
+        **{f"{action.capitalize()}Filter": request for action, (request, _) in bulk.items()},
+        **{f"{action.capitalize()}Counts": answer for action, (_, answer) in bulk.items()},
+        "JobType": {
+            "type": "object",
+            "required": ["name", "paused", "registered", "concurrency", "global_limit", "rate_limit", "counts"],
+            "properties": {
+                "name": {"type": "string"},
+                "paused": {"type": "boolean", "description": "No job of it starts, in any process on the store."},
+                "registered": {"type": "boolean", "description": "False: only the store knows it (jobs, or a pause, "
+                                                                 "left from a type the application no longer has)."},
+                "concurrency": {"type": "integer", "minimum": 1, "nullable": True,
+                                "description": "Workers each process runs for it (its own, else WORKER_CONCURRENCY)."},
+                "global_limit": {"type": "integer", "minimum": 1, "nullable": True,
+                                 "description": "The most of its jobs that run at once across every process."},
+                "rate_limit": {"type": "string", "nullable": True, "description": "Not built yet: null."},
+                "counts": by_status,
+            },
+        },
+        "JobTypes": {"type": "object", "required": ["types"],
+                     "properties": {"types": {"type": "array", "items": _ref("JobType")}}},
         "Health": {"type": "object", "required": ["status", "workers"],
                    "properties": {"status": {"type": "string", "enum": ["ok"]},
                                   "workers": {"type": "integer", "minimum": 0,
@@ -263,6 +334,20 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
                 "responses": _responses({"200": _json(_ref("Deleted"), "How many records were deleted.")}, 408, 413, 415, 422),
             }
         },
+        **{f"/admin/jobs/{action}": {
+            "post": {
+                "operationId": f"{action}Jobs",
+                "summary": summary,
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": _ref(f"{action.capitalize()}Filter")}}},
+                "responses": _responses({"200": _json(_ref(f"{action.capitalize()}Counts"), "What it did.")},
+                                        408, 413, 415, 422),
+            }
+        } for action, summary in (
+            ("cancel", "Cancel every pending or running job that matches a filter, in batches"),
+            ("retry", "Every dead or cancelled job that matches a filter back to pending, in batches"),
+            ("delete", "Delete every job of a status (not running) that matches a filter, in batches"),
+        )},
         "/admin/jobs/{job_id}": {
             "parameters": [_JOB_ID],
             "get": {
@@ -280,8 +365,40 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
             "parameters": [_JOB_ID],
             "post": {
                 "operationId": "retryJob",
-                "summary": "A dead job back to pending: attempts reset, due now",
+                "summary": "A dead or cancelled job back to pending: attempts reset, due now",
                 "responses": _responses({"200": _json(_ref("Job"), "The job, now pending.")}, 404, 409, 415),
+            },
+        },
+        "/admin/jobs/{job_id}/cancel": {
+            "parameters": [_JOB_ID],
+            "post": {
+                "operationId": "cancelJob",
+                "summary": "Cancel a job: a pending one at once; a running one is asked to stop (cancel_requested)",
+                "responses": _responses({"200": _json(_ref("Job"), "The job: cancelled, or running with cancel_requested.")},
+                                        404, 409, 415),
+            },
+        },
+        "/admin/types": {
+            "get": {
+                "operationId": "listTypes",
+                "summary": "Every job type: paused or not, its limits, its jobs by status",
+                "responses": _responses({"200": _json(_ref("JobTypes"), "The job types.")}),
+            },
+        },
+        "/admin/types/{name}/pause": {
+            "parameters": [_TYPE_NAME],
+            "post": {
+                "operationId": "pauseType",
+                "summary": "No new job of the type starts in any process (enqueues are still accepted; running ones finish)",
+                "responses": _responses({"200": _json(_ref("JobType"), "The type, paused.")}, 404, 415),
+            },
+        },
+        "/admin/types/{name}/resume": {
+            "parameters": [_TYPE_NAME],
+            "post": {
+                "operationId": "resumeType",
+                "summary": "Jobs of the type start again",
+                "responses": _responses({"200": _json(_ref("JobType"), "The type, running again.")}, 404, 415),
             },
         },
         "/admin/events": {
@@ -377,8 +494,8 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
         "info": {
             "title": "pipeline admin API",
             "version": "1",
-            "description": "Operate the job store of a running pipeline: list, inspect, retry, delete, clean up, "
-            "enqueue, emit events, cron schedules. When ADMIN_TOKEN is set, every /admin route and /metrics need "
+            "description": "Operate the job store of a running pipeline: list, inspect, cancel, retry, delete, clean "
+            "up, enqueue, emit events, pause job types, cron schedules. When ADMIN_TOKEN is set, every /admin route and /metrics need "
             "`Authorization: Bearer <token>`.",
         },
         "paths": paths,
