@@ -75,6 +75,17 @@ class NewJob(NamedTuple):
     # when a job not started by then is never started: the claim (and the rescue, for jobs nobody
     # claims) ends it ``cancelled`` with :func:`expired_error` instead; None: no such limit
     expires_at: str | None = None
+    # per-key limits (Backend.claim's key_limits): the key this job counts under (a tenant, an
+    # account), or None: the job is not limited by key
+    limit_key: str | None = None
+    # how long the unique key is held: None while pending or running (the default); "pending": only
+    # while pending: the claim frees it, so an enqueue made while the job runs inserts a new one. A job
+    # of this kind sent back to pending (retry, release, snooze, rescue) holds its key again only if no
+    # other pending or running job took it meanwhile; otherwise it goes on without holding it
+    unique_while: str | None = None
+
+
+UNIQUE_WHILE = ("pending_or_running", "pending")  # the enqueue's unique_while=, the first the default
 
 
 @attrs.frozen
@@ -141,6 +152,7 @@ class JobRecord:
     snoozes: int = 0  # times it raised Snooze
     expires_at: str | None = None  # NewJob.expires_at
     cancel_requested: bool = False  # running, and asked to stop (Backend.cancel)
+    limit_key: str | None = None  # NewJob.limit_key
 
     def to_json(self) -> dict[str, Any]:
         """The fields of ``--json`` and the admin API; payload as an object, in which a URL's
@@ -173,6 +185,7 @@ class JobRecord:
             "snoozes": self.snoozes,
             "expires_at": self.expires_at,
             "cancel_requested": self.cancel_requested,
+            "limit_key": self.limit_key,
         }
 
 
@@ -333,6 +346,8 @@ class ClaimOffer:
     lease_seconds: float
     start: Mapping[str, int] | None = None  # as Backend.claim's
     limits: Mapping[str, int] | None = None  # as Backend.claim's
+    rates: Mapping[str, tuple[int, float]] | None = None  # as Backend.claim's
+    key_limits: Mapping[str, int] | None = None  # as Backend.claim's
 
 
 @attrs.frozen
@@ -423,7 +438,8 @@ class Backend(Protocol):
 
     async def claim(
         self, wants: Mapping[str, int], *, owner: str, lease_seconds: float, start: Mapping[str, int] | None = None,
-        limits: Mapping[str, int] | None = None,
+        limits: Mapping[str, int] | None = None, rates: Mapping[str, tuple[int, float]] | None = None,
+        key_limits: Mapping[str, int] | None = None,
     ) -> list[Lease]:
         """Claim up to ``wants[job_type]`` due jobs of each type. Of each type the first
         ``start[job_type]`` start at once (their attempt counts now; all of them when
@@ -440,7 +456,23 @@ class Backend(Protocol):
         A paused type (:meth:`set_type_paused`) is not claimed at all. Before it claims, in the
         same transaction or script, every pending job of the requested types whose ``expires_at``
         is at or before now is ended ``cancelled`` with :func:`expired_error`: no expired job is
-        ever claimed (an index on the expiring pending jobs keeps this free when none expire)."""
+        ever claimed (an index on the expiring pending jobs keeps this free when none expire).
+
+        ``rates``: (N, window seconds) by type. Of a rate-limited type, the claim takes at most N
+        less the starts the store recorded for the type within the last window (from any process),
+        and records one start per job it claims (claimed ahead or not: a conservative count), in the
+        same transaction or script: no window of that length ever holds more than N claims of the
+        type. Records older than the window are dropped as it goes. See :meth:`rate_free_at`.
+
+        ``key_limits``: L by type. Of such a type, at most L jobs with the same ``limit_key`` are
+        running at once (whoever holds them), counted and claimed atomically as ``limits``; and the
+        due jobs are taken round-robin across keys: one job of each key in turn (keys in the claim
+        order of their first due job), then a second of each, and so on, so that one key's backlog
+        cannot starve another key. Jobs without a key (None) are one group of their own, not limited."""
+
+    async def rate_free_at(self, job_type: str, limit: int, window_seconds: float) -> float:
+        """Seconds until a claim of this rate-limited type may take a job again (0: it may now): the
+        Poller waits that long, instead of polling, when a claim came back short."""
 
     async def settle(self, outcomes: Sequence[Settlement]) -> list[bool]:
         """Write outcomes, each fenced by (id, running, token); one bool per outcome: True
