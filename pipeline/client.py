@@ -162,12 +162,13 @@ class Client:
 
     def enqueue(self, job: Any, *, priority: int | None = None, run_after: Any = None, delay: float | dt.timedelta | None = None,
                 max_attempts: int | None = None, unique_key: str | None = None, connection: Any = None,
-                expires_at: Any = None) -> str:
+                expires_at: Any = None, unique_while: str | None = None) -> str:
         """Commit one job; its id. ``run_after``: a datetime, ISO 8601 text or epoch seconds;
         ``delay``: seconds (or a timedelta) from now, instead. With ``unique_key``: while a job
         of the same type and key is pending or running nothing is inserted, and that job's id is
-        returned. ``expires_at`` (as ``run_after``): a job not started by then never starts; it ends
-        cancelled, its error saying it expired.
+        returned (``unique_while="pending"``: only while it is pending; the key frees when it starts).
+        ``expires_at`` (as ``run_after``): a job not started by then never starts; it ends cancelled,
+        its error saying it expired.
 
         ``connection``: your own ``sqlite3.Connection`` to the same file, or psycopg 3
         ``Connection`` to the same database and schema: the job is written in your transaction
@@ -176,11 +177,12 @@ class Client:
         when = _when(run_after, delay)
         if connection is not None:
             rows = self._rows([job], priority=priority, unique_keys=[unique_key], run_after=when, max_attempts=max_attempts,
-                              expires_at=expires_at)
+                              expires_at=expires_at, unique_while=unique_while)
             return self._insert_in(connection, rows)[0]
         trace = _trace_here(self.registry)
         return self._call(lambda p: p.enqueue(job, run_after=when, max_attempts=max_attempts, priority=_priority(priority),
-                                              unique_key=unique_key, trace=trace, expires_at=expires_at))
+                                              unique_key=unique_key, trace=trace, expires_at=expires_at,
+                                              unique_while=unique_while))
 
     def enqueue_many(self, jobs: Sequence[Any], *, priority: int | None = None,
                      unique_keys: Sequence[str | None] | None = None, connection: Any = None) -> builtins.list[str]:
@@ -192,7 +194,8 @@ class Client:
         return self._call(lambda p: p.enqueue_many(jobs, priority=_priority(priority), unique_keys=unique_keys, trace=trace))
 
     def _rows(self, jobs: Sequence[Any], *, priority: int | None, unique_keys: Sequence[str | None] | None,
-              run_after: Any = None, max_attempts: int | None = None, expires_at: Any = None) -> builtins.list[NewJob]:
+              run_after: Any = None, max_attempts: int | None = None, expires_at: Any = None,
+              unique_while: str | None = None) -> builtins.list[NewJob]:
         """The jobs as checked rows, made here (Pipeline.new_job is thread-safe); writes nothing."""
         self._loop()
         pipeline = self._pipeline
@@ -203,7 +206,7 @@ class Client:
             raise UsageError(f"unique_keys must give one key (or None) per job: {len(keys)} for {len(jobs)} jobs")
         now = now_ts()
         return [pipeline.new_job(job, run_after=run_after, max_attempts=max_attempts, priority=_priority(priority), now=now,
-                                 unique_key=key, expires_at=expires_at) for job, key in zip(jobs, keys)]
+                                 unique_key=key, expires_at=expires_at, unique_while=unique_while) for job, key in zip(jobs, keys)]
 
     def _insert_in(self, connection: Any, rows: Sequence[NewJob]) -> builtins.list[str]:
         """``rows`` written with the caller's connection, in the caller's transaction."""
@@ -337,16 +340,18 @@ class AsyncClient:
 
     async def enqueue(self, job: Any, *, priority: int | None = None, run_after: Any = None,
                       delay: float | dt.timedelta | None = None, max_attempts: int | None = None,
-                      unique_key: str | None = None, connection: Any = None, expires_at: Any = None) -> str:
+                      unique_key: str | None = None, connection: Any = None, expires_at: Any = None,
+                      unique_while: str | None = None) -> str:
         """As :meth:`Client.enqueue`; ``connection`` may also be a psycopg ``AsyncConnection``."""
         when = _when(run_after, delay)
         if connection is not None:
             rows = self._open()._rows([job], priority=priority, unique_keys=[unique_key], run_after=when,
-                                      max_attempts=max_attempts, expires_at=expires_at)
+                                      max_attempts=max_attempts, expires_at=expires_at, unique_while=unique_while)
             return (await self._insert_in(connection, rows))[0]
         trace = _trace_here(self._open().registry)
         return await self._call(lambda p: p.enqueue(job, run_after=when, max_attempts=max_attempts, priority=_priority(priority),
-                                                    unique_key=unique_key, trace=trace, expires_at=expires_at))
+                                                    unique_key=unique_key, trace=trace, expires_at=expires_at,
+                                                    unique_while=unique_while))
 
     async def enqueue_many(self, jobs: Sequence[Any], *, priority: int | None = None,
                            unique_keys: Sequence[str | None] | None = None, connection: Any = None) -> builtins.list[str]:

@@ -127,6 +127,39 @@ def global_limits(text: str) -> str:
     return ",".join(f"{name}={n}" for name, n in limits.items())
 
 
+RATE_FORMS = "N/s, N/m or N/h (N an integer >= 1: starts per second, minute or hour)"
+_RATE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_rate(text: str) -> tuple[int, float]:
+    """``10/s`` → (10, 1.0): at most N starts in any window of that length. ValueError naming the forms."""
+    number, sep, unit = text.strip().partition("/")
+    try:
+        n = int(number.strip())
+    except ValueError:
+        n = 0
+    if not sep or unit.strip() not in _RATE_UNITS or n < 1:
+        raise ValueError(f"a rate limit is {RATE_FORMS}; {text.strip()!r} is not one")
+    return n, _RATE_UNITS[unit.strip()]
+
+
+def rate_limits(text: str) -> str:
+    """``webhook_notify=10/s,send_email=600/m``: each job type once, each rate as :func:`parse_rate`
+    reads it. Kept as text; read by WorkerSettings.rate_limits."""
+    expected = f"comma-separated JOB_TYPE=RATE pairs, each type once, each RATE {RATE_FORMS} (e.g. webhook_notify=10/s)"
+    seen: list[str] = []
+    for part in text.split(","):
+        name, sep, rate = (piece.strip() for piece in part.partition("="))
+        if not sep or not _JOB_TYPE.fullmatch(name) or name in seen:
+            raise ValueError(f"{expected}; {part.strip()!r} is not one")
+        try:
+            parse_rate(rate)
+        except ValueError:
+            raise ValueError(f"{expected}; {part.strip()!r} is not one") from None
+        seen.append(name)
+    return ",".join(part.strip().replace(" ", "") for part in text.split(","))
+
+
 def text(value: str) -> str:
     return value.strip()
 
@@ -342,6 +375,9 @@ class WorkerSettings:
     # job types' limits across every process sharing the store ("webhook_notify=2,send_email=5"):
     # a type's running jobs never exceed its limit; over Registry.register(global_limit=)
     global_limits_text: str = setting("", "WORKER_GLOBAL_LIMITS", global_limits)
+    # job types' rate limits across every process sharing the store ("webhook_notify=10/s,send_email=600/m"):
+    # no window of that length sees more starts of the type; over Registry.register(rate_limit=)
+    rate_limits_text: str = setting("", "WORKER_RATE_LIMITS", rate_limits)
     # a job that raises Snooze more often than this ends dead (one that snoozes for ever)
     max_snoozes: int = setting(100, "WORKER_MAX_SNOOZES", int_at_least(1))
     # a handler's return value is stored as the job's result, as JSON of at most this many bytes
@@ -361,6 +397,13 @@ class WorkerSettings:
 
     def prefetch_for(self, concurrency: int) -> int:
         return concurrency if self.prefetch is None else self.prefetch
+
+    @property
+    def rate_limits(self) -> dict[str, tuple[int, float]]:
+        """WORKER_RATE_LIMITS by job type: (starts, window seconds) (checked by its parser already)."""
+        if not self.rate_limits_text:
+            return {}
+        return {name: parse_rate(rate) for name, _, rate in (part.partition("=") for part in self.rate_limits_text.split(","))}
 
     @property
     def global_limits(self) -> dict[str, int]:

@@ -35,6 +35,7 @@ import attrs
 import cattrs
 from cattrs.cols import homogenous_tuple_structure_factory, is_any_set, is_sequence, list_structure_factory
 
+from .config import RATE_FORMS, parse_rate
 from .errors import InvalidPayload, UnknownEvent, UnknownJobType
 from .schedules import Schedule, make_schedule
 
@@ -79,6 +80,13 @@ class JobSpec:
     max_attempts: int | None = None  # None: WORKER_DEFAULT_MAX_ATTEMPTS
     global_limit: int | None = None  # running jobs of the type across every process; None: no limit (WORKER_GLOBAL_LIMITS may set one)
     sync: bool = False  # the handler is a plain callable: it runs in a thread (see pools.py)
+    # (starts, window seconds): no window of that length sees more starts of the type, across every
+    # process sharing the store (WORKER_RATE_LIMITS may set one); None: no rate limit
+    rate_limit: tuple[int, float] | None = None
+    # the key a job counts under for per-key limits (a tenant): called with the job object at enqueue;
+    # None: jobs of the type are not keyed
+    limit_key: Callable[[Any], Any] | None = None
+    key_limit: int | None = None  # at most this many jobs of one key run at once across every process
     # the registry's middleware, outermost first: filled by Registry.handled() for the pools
     middleware: tuple[Middleware, ...] = ()
 
@@ -205,10 +213,17 @@ class Registry:
         timeout: float | None = None,
         max_attempts: int | None = None,
         global_limit: int | None = None,
+        rate_limit: str | None = None,
+        limit_key: Callable[[Any], Any] | None = None,
+        key_limit: int | None = None,
     ) -> JobSpec:
         """Declare a job type (or attach a handler to one already declared with the same class).
         ``global_limit``: at most this many of its jobs run at once across every process
-        sharing the job store (WORKER_GLOBAL_LIMITS, if it names the type, takes precedence)."""
+        sharing the job store (WORKER_GLOBAL_LIMITS, if it names the type, takes precedence).
+        ``rate_limit``: "N/s", "N/m" or "N/h": no window of that length sees more than N of its jobs
+        start, across every process (WORKER_RATE_LIMITS takes precedence). ``limit_key``: a function of
+        the job giving the key it counts under (a tenant's id); ``key_limit``: at most that many jobs of
+        one key run at once, across every process, and due jobs are taken round-robin across keys."""
         if not _NAME.match(name):
             raise ValueError(f"job type name {name!r} must match {_NAME.pattern}")
         _check_payload_class(f"job type {name!r}", cls)
@@ -220,6 +235,20 @@ class Registry:
             raise ValueError(f"job type {name!r}: max_attempts must be >= 1")
         if global_limit is not None and (isinstance(global_limit, bool) or not isinstance(global_limit, int) or global_limit < 1):
             raise ValueError(f"job type {name!r}: global_limit must be an integer >= 1, got {global_limit!r}")
+        rate = None
+        if rate_limit is not None:
+            try:
+                if not isinstance(rate_limit, str):
+                    raise ValueError(f"a rate limit is text ({RATE_FORMS}), got {rate_limit!r}")
+                rate = parse_rate(rate_limit)
+            except ValueError as exc:
+                raise ValueError(f"job type {name!r}: {exc}") from None
+        if key_limit is not None and (isinstance(key_limit, bool) or not isinstance(key_limit, int) or key_limit < 1):
+            raise ValueError(f"job type {name!r}: key_limit must be an integer >= 1, got {key_limit!r}")
+        if key_limit is not None and limit_key is None:
+            raise ValueError(f"job type {name!r}: key_limit needs limit_key, the function giving each job's key")
+        if limit_key is not None and not callable(limit_key):
+            raise ValueError(f"job type {name!r}: limit_key must be a function of the job, got {limit_key!r}")
         sync = handler is not None and _check_handler(name, handler)
         existing = self._jobs.get(name)
         if existing is not None and existing.cls is not cls:
@@ -229,7 +258,8 @@ class Registry:
             # enqueue(obj) finds the type by the object's class: the earlier type could no longer be enqueued
             raise ValueError(f"job type {name!r}: its payload class {cls.__name__} is already job type {other!r}'s; "
                              "give each job type a class of its own")
-        spec = JobSpec(name, cls, handler, concurrency, timeout, max_attempts, global_limit, sync)
+        spec = JobSpec(name, cls, handler, concurrency, timeout, max_attempts, global_limit, sync, rate_limit=rate,
+                       limit_key=limit_key, key_limit=key_limit)
         self._jobs[name] = spec
         self._names_by_cls[cls] = name
         return spec
@@ -240,12 +270,14 @@ class Registry:
     @overload
     def job(
         self, name: str | None = None, *, concurrency: int | None = None, timeout: float | None = None,
-        max_attempts: int | None = None, global_limit: int | None = None,
+        max_attempts: int | None = None, global_limit: int | None = None, rate_limit: str | None = None,
+        limit_key: Callable[[Any], Any] | None = None, key_limit: int | None = None,
     ) -> Callable[[F], F]: ...
 
     def job(
         self, name: Any = None, *, concurrency: int | None = None, timeout: float | None = None,
-        max_attempts: int | None = None, global_limit: int | None = None,
+        max_attempts: int | None = None, global_limit: int | None = None, rate_limit: str | None = None,
+        limit_key: Callable[[Any], Any] | None = None, key_limit: int | None = None,
     ) -> Any:
         """Decorator: declare a job type by its handler. The payload class is the annotation of
         the handler's first parameter (an attrs class or a dataclass); the type's name is
@@ -258,7 +290,8 @@ class Registry:
             if not isinstance(type_name, str):
                 raise TypeError(f"handler {fn!r} has no __name__: name its job type, @registry.job('my_job')")
             self.register(type_name, _payload_class(fn), fn, concurrency=concurrency, timeout=timeout,
-                          max_attempts=max_attempts, global_limit=global_limit)
+                          max_attempts=max_attempts, global_limit=global_limit, rate_limit=rate_limit,
+                          limit_key=limit_key, key_limit=key_limit)
             return fn
 
         if callable(name):  # @registry.job, without parentheses

@@ -32,7 +32,7 @@ import attrs
 import trio
 
 from ..backends import Backend, ClaimOffer, JobRecord, Lease, NewJob, Nudge, open_backend
-from ..backends.base import NUDGE_BUFFER, PRIORITY_DEFAULT, PRIORITY_MAX, PRIORITY_MIN, ScheduleRecord
+from ..backends.base import NUDGE_BUFFER, PRIORITY_DEFAULT, PRIORITY_MAX, PRIORITY_MIN, UNIQUE_WHILE, ScheduleRecord
 from ..clock import now_ts, to_ts
 from ..config import Config
 from ..context import JobContext
@@ -81,6 +81,7 @@ class Pipeline:
         self.backend = backend
         self.owner = owner  # host:pid:nonce, as in the leases this process holds
         self.global_limits = global_limits(config, registry)  # by job type: WORKER_GLOBAL_LIMITS over global_limit=
+        self.rate_limits = rate_limits(config, registry)  # by job type: (starts, window seconds), WORKER_RATE_LIMITS over rate_limit=
         self.wiring = wiring  # the channels the wiring created: diagrams/actors.mmd is drawn from it
         self.resources: dict[str, Any] = {}  # entered by open_pipeline from registry.resources()
         self.closed = False  # set by the wiring when a graceful stop begins
@@ -100,7 +101,7 @@ class Pipeline:
 
     def new_job(self, job: Any, *, run_after: Any = None, max_attempts: int | None = None, priority: int = PRIORITY_DEFAULT,
                 now: str | None = None, unique_key: str | None = None, trace: str | None = None,
-                expires_at: Any = None) -> NewJob:
+                expires_at: Any = None, unique_while: str | None = None) -> NewJob:
         """Encode and validate a job object (UnknownJobType / InvalidPayload / UsageError if it does not fit).
         ``trace``: the trace context to store with it (see pipeline/otel.py); None: the caller's,
         as the registry's ``trace_context`` hook tells (none without one); "": none."""
@@ -125,10 +126,27 @@ class Pipeline:
                 raise UsageError(f"run_after {run_after!r} is not a time (datetime, ISO 8601 text or epoch seconds): {exc}") from None
         if unique_key is not None:
             unique_key = check_unique_key(unique_key)
+        if unique_while is not None:
+            if unique_while not in UNIQUE_WHILE:
+                raise UsageError(f"unique_while must be one of {', '.join(map(repr, UNIQUE_WHILE))}, got {unique_while!r:.40}")
+            if unique_key is None:
+                raise UsageError("unique_while is given without a unique_key: it says how long the key is held")
+            unique_while = None if unique_while == UNIQUE_WHILE[0] else unique_while
         if expires_at is not None:
             expires_at = check_expires_at(expires_at, run_after=run_after or now, now=now)
+        limit_key = None if spec.limit_key is None else self._limit_key(spec, job)
         return NewJob(self._new_id(), job_type, payload, max_attempts, run_after or now, priority, now, unique_key,
-                      trace or None, expires_at)
+                      trace or None, expires_at, limit_key, unique_while)
+
+    @staticmethod
+    def _limit_key(spec: Any, job: Any) -> str | None:
+        """The key a job counts under for its type's per-key limit (its ``limit_key`` function's answer, as text)."""
+        assert spec.limit_key is not None
+        try:
+            key = spec.limit_key(job)
+        except Exception as exc:
+            raise UsageError(f"job type {spec.name!r}: its limit_key function failed on this job: {exc!r}") from exc
+        return None if key is None else check_unique_key(str(key), f"job type {spec.name!r}: the limit key")
 
     def trace_context(self) -> str | None:
         """The calling code's trace context, by the registry's hook (None without one). Producers
@@ -138,24 +156,29 @@ class Pipeline:
         return None if hook is None else hook()
 
     async def enqueue(self, job: Any, *, run_after: Any = None, max_attempts: int | None = None, priority: int = PRIORITY_DEFAULT,
-                      unique_key: str | None = None, trace: str | None = None, expires_at: Any = None) -> str:
+                      unique_key: str | None = None, trace: str | None = None, expires_at: Any = None,
+                      unique_while: str | None = None) -> str:
         """Persist one job; returns its id once it is committed. With ``unique_key``: while a
         job of the same type and key is pending or running, nothing is inserted and that
         job's id is returned (:meth:`enqueue_unique` says which happened). ``trace``: as
         :meth:`new_job`'s. ``expires_at`` (a datetime, ISO 8601 text or epoch seconds): a job not
-        started by then never starts; it ends cancelled, its error saying it expired."""
+        started by then never starts; it ends cancelled, its error saying it expired. ``unique_while``:
+        "pending_or_running" (the default: the key is held until the job finishes) or "pending" (the
+        key frees when the job starts, so an enqueue made while it runs inserts a new job)."""
         self._check_open()
         row = self.new_job(job, run_after=run_after, max_attempts=max_attempts, priority=priority, unique_key=unique_key,
-                           trace=trace, expires_at=expires_at)
+                           trace=trace, expires_at=expires_at, unique_while=unique_while)
         (stored,) = await self.backend.insert([row])
         return stored
 
     async def enqueue_unique(self, job: Any, *, unique_key: str | None, run_after: Any = None,
-                             max_attempts: int | None = None, priority: int = PRIORITY_DEFAULT) -> Enqueued:
+                             max_attempts: int | None = None, priority: int = PRIORITY_DEFAULT,
+                             unique_while: str | None = None) -> Enqueued:
         """:meth:`enqueue`, answering whether the job was a duplicate of a pending or running
         job of its type and key (then nothing was inserted and the id is that job's)."""
         self._check_open()
-        row = self.new_job(job, run_after=run_after, max_attempts=max_attempts, priority=priority, unique_key=unique_key)
+        row = self.new_job(job, run_after=run_after, max_attempts=max_attempts, priority=priority, unique_key=unique_key,
+                           unique_while=unique_while)
         (stored,) = await self.backend.insert([row])
         return Enqueued(stored, stored != row.id)
 
@@ -315,6 +338,9 @@ class Pipeline:
         await self.backend.set_type_paused(self._known_type(job_type), False)
 
 
+KEYS_UNLIMITED = 2**31 - 1  # the key limit of a type with limit_key and no key_limit: round-robin alone
+
+
 def check_expires_at(value: Any, *, run_after: str, now: str) -> str:
     """A job's expiry as stored: a time (datetime, ISO 8601 text or epoch seconds) after now and after
     the job is due; UsageError otherwise (such a job could never run)."""
@@ -366,20 +392,41 @@ def global_limits(config: Config, registry: Registry) -> dict[str, int]:
     return {**limits, **configured}
 
 
+def rate_limits(config: Config, registry: Registry) -> dict[str, tuple[int, float]]:
+    """Each job type's rate limit, (starts, window seconds): WORKER_RATE_LIMITS, else its registration's;
+    a type the variable names that the registry does not know is refused, as WORKER_GLOBAL_LIMITS's."""
+    configured = config.worker.rate_limits
+    unknown = sorted(set(configured) - set(registry.job_types()))
+    if unknown:
+        raise ConfigError(
+            f"WORKER_RATE_LIMITS={config.worker.rate_limits_text!r} names job types this service does not know: "
+            f"{', '.join(unknown)} (known: {', '.join(registry.job_types()) or 'none'})"
+        )
+    rates = {name: spec.rate_limit for name, spec in ((n, registry.spec(n)) for n in registry.job_types())
+             if spec.rate_limit is not None}
+    return {**rates, **configured}
+
+
 def _make_pools(config: Config, registry: Registry, wiring: Wiring) -> dict[str, Pool]:
     pools = {}
     limits = global_limits(config, registry)
+    rates = rate_limits(config, registry)
     for name, spec in registry.handled().items():
         concurrency = spec.concurrency or config.worker.concurrency
         capacity = concurrency + config.worker.prefetch_for(concurrency)
         limit = limits.get(name)
+        rate = rates.get(name)
+        if rate is not None:
+            capacity = concurrency  # no prefetch: a job claimed ahead would spend a start of the window
         if limit is not None:
             # No more workers than the limit, and no prefetch: a job claimed ahead of a free
             # worker would hold one of the type's few slots while workers of other processes idle.
             concurrency = capacity = min(concurrency, limit)
         send, recv = wiring.channel("Poller", "Handler pools", "claimed jobs, one channel per type", capacity, size_label="workers + prefetch")
         timeout = spec.timeout or config.worker.job_timeout_seconds
-        pools[name] = Pool(spec, concurrency, capacity, timeout, send, recv, global_limit=limit)
+        key_limit = None if spec.limit_key is None else (spec.key_limit or KEYS_UNLIMITED)
+        pools[name] = Pool(spec, concurrency, capacity, timeout, send, recv, global_limit=limit, rate=rate,
+                           key_limit=key_limit)
     return pools
 
 
@@ -481,6 +528,7 @@ async def open_pipeline(config: Config | None = None, registry: Registry | None 
     config = config or Config.from_env()
     registry = registry if registry is not None else Registry()
     global_limits(config, registry)  # refused before anything opens
+    rate_limits(config, registry)
     wiring = Wiring()
     health = Health()  # the backend's listener reports in it too
     # the Poller's two channels across the backend boundary (see backends.base.ClaimOffer)

@@ -38,6 +38,13 @@ class Claimer:
         self.pools = pools
         # every claim carries the global limits of the types that have one (None: no type has)
         self.limits = {name: pool.global_limit for name, pool in pools.items() if pool.global_limit is not None} or None
+        # and their rate limits and per-key limits, the same way
+        self.rates = {name: pool.rate for name, pool in pools.items() if pool.rate is not None} or None
+        self.key_limits = {name: pool.key_limit for name, pool in pools.items() if pool.key_limit is not None} or None
+        # the claim's rates and key_limits, passed only when a type has them
+        self.extra = {name: value for name, value in (("rates", self.rates), ("key_limits", self.key_limits)) if value}
+        # trio time by which a rate-limited type whose last claim came back short has room in its window again
+        self.rate_wake: dict[str, float] = {}
 
     def room(self) -> dict[str, int]:
         return {name: pool.free for name, pool in self.pools.items() if pool.free > 0}
@@ -95,7 +102,8 @@ class Offer:
         wants = self._claimer.room()
         if not wants:
             return
-        offer = ClaimOffer(wants, self._owner, self._lease_seconds, self._claimer.starting(wants), self._claimer.limits)
+        offer = ClaimOffer(wants, self._owner, self._lease_seconds, self._claimer.starting(wants), self._claimer.limits,
+                           self._claimer.rates, self._claimer.key_limits)
         try:
             self._send.send_nowait(offer)
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
@@ -168,7 +176,7 @@ async def run_poller(
                             # (a failure is an answer), and /healthz tells of a claim that waits long.
                             with trio.CancelScope(shield=True):
                                 leases = await backend.claim(wants, owner=owner, lease_seconds=lease_seconds, start=start,
-                                                             limits=claimer.limits)
+                                                             limits=claimer.limits, **claimer.extra)
                         except StoreError as exc:
                             claimer.deliver(wants, [])
                             failures += 1
@@ -189,10 +197,12 @@ async def run_poller(
                             failures = 0
                         got = claimer.deliver(wants, leases)
                         more = any(got.get(name, 0) == n and pools[name].free > 0 for name, n in wants.items())
+                        if claimer.rates:
+                            await _rate_waits(backend, claimer, wants, got)
                     if more:
                         await trio.lowlevel.checkpoint()
                         continue
-                    await _wait(offer, nudge_recv, interval)
+                    await _wait(offer, nudge_recv, _until_rate_room(claimer, interval))
         except BaseException as exc:
             if not isinstance(exc, trio.Cancelled):
                 log.error("the Poller stopped: %r; no job will be claimed: the pipeline stops", exc)
@@ -209,6 +219,33 @@ async def run_poller(
                         offer.answered(message)
             for pool in pools.values():
                 pool.send.close()
+
+
+async def _rate_waits(backend: Backend, claimer: Claimer, wants: Mapping[str, int], got: Mapping[str, int]) -> None:
+    """For each rate-limited type whose claim came back short: when its window has room again (the
+    store says), so that the Poller claims for it then instead of polling, or waiting a whole interval."""
+    assert claimer.rates is not None
+    for name, (limit, window) in claimer.rates.items():
+        if name not in wants or got.get(name, 0) >= wants[name]:
+            claimer.rate_wake.pop(name, None)
+            continue
+        try:
+            wait = await backend.rate_free_at(name, limit, window)
+        except StoreError as exc:
+            log.warning("could not read the rate window of %s (%s)", name, exc)
+            continue
+        if wait > 0:
+            claimer.rate_wake[name] = trio.current_time() + wait
+        else:
+            claimer.rate_wake.pop(name, None)
+
+
+def _until_rate_room(claimer: Claimer, interval: float) -> float:
+    """The poll interval, or less: until the first rate-limited type's window has room again."""
+    if not claimer.rate_wake:
+        return interval
+    now = trio.current_time()
+    return max(0.0, min(interval, min(claimer.rate_wake.values()) - now))
 
 
 async def _wait(offer: Offer, nudge_recv: trio.MemoryReceiveChannel[Nudge], interval: float) -> None:

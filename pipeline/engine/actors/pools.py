@@ -167,6 +167,10 @@ class Pool:
     # at most this many of the type's jobs run at once across every process sharing the store
     # (the claim counts them: see Backend.claim's limits); None: no limit
     global_limit: int | None = None
+    # (starts, window seconds): the type's rate limit across every process (see Backend.claim's rates); None: none
+    rate: tuple[int, float] | None = None
+    # at most this many of the type's jobs of one limit key run at once across every process; None: not keyed
+    key_limit: int | None = None
     # a sync handler's threads: ``concurrency`` of them, an abandoned one holding its slot until
     # it returns (trio releases it then); unused by an async handler
     limiter: trio.CapacityLimiter = attrs.field(init=False)
