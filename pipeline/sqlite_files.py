@@ -141,7 +141,9 @@ class ConnectionPool:
         self._idle.clear()
 
 
-Migration = tuple[int, str, str]  # (version, name, SQL)
+# (version, name, SQL); or, for a step SQL alone cannot write (one that must read the schema
+# first), a function given the connection inside the step's transaction
+Migration = tuple[int, str, "str | Callable[[sqlite3.Connection], None]"]
 
 
 def _ensure_table(conn: sqlite3.Connection, table: str) -> None:
@@ -182,8 +184,10 @@ def apply_migrations(
             if conn.execute(f"SELECT 1 FROM {table} WHERE version = ?", (number,)).fetchone():
                 conn.execute("COMMIT")
                 continue
-            for statement in _statements(sql):
-                conn.execute(statement)
+            if callable(sql):
+                sql(conn)
+            else:
+                run_statements(conn, sql)
             conn.execute(f"INSERT INTO {table} (version, name, applied_at) VALUES (?, ?, ?)", (number, name, now_ts()))
             conn.execute("COMMIT")
         except BaseException:
@@ -191,6 +195,12 @@ def apply_migrations(
             raise
         applied.append(number)
     return applied
+
+
+def run_statements(conn: sqlite3.Connection, sql: str) -> None:
+    """Run a migration's SQL, one statement at a time, in the caller's transaction."""
+    for statement in _statements(sql):
+        conn.execute(statement)
 
 
 def _statements(sql: str) -> list[str]:

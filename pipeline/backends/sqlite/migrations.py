@@ -12,7 +12,8 @@ import sqlite3
 from pathlib import Path
 from typing import Final
 
-from ...sqlite_files import Migration, apply_migrations, recorded_versions
+from ...errors import StoreError
+from ...sqlite_files import Migration, apply_migrations, recorded_versions, run_statements
 
 MIGRATIONS: Final[list[Migration]] = [
     (
@@ -166,7 +167,76 @@ MIGRATIONS: Final[list[Migration]] = [
         ALTER TABLE jobs ADD COLUMN trace TEXT;
         """,
     ),
+    (13, "control", lambda conn: _control(conn)),  # SQL and a schema edit SQL cannot make: see _control
 ]
+
+# Issue 23's control: a final status "cancelled", what a handler reports and returns, snoozes,
+# an expiry, a cancel request to a running job's worker, and paused job types.
+CONTROL = """
+-- what a completed job's handler returned (JSON text); its last reported progress (0..1) and
+-- message; the times it snoozed; when it is ended unstarted (NULL: never); a cancel asked of
+-- its worker while it runs (read only while running: see queries.COLUMNS)
+ALTER TABLE jobs ADD COLUMN result TEXT;
+ALTER TABLE jobs ADD COLUMN progress REAL;
+ALTER TABLE jobs ADD COLUMN progress_message TEXT;
+ALTER TABLE jobs ADD COLUMN snoozes INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN expires_at TEXT;
+ALTER TABLE jobs ADD COLUMN cancel_requested INTEGER NOT NULL DEFAULT 0;
+-- The job types no claim takes, for every process on the file and across restarts.
+CREATE TABLE IF NOT EXISTS paused_types (
+    job_type  TEXT PRIMARY KEY,
+    paused_at TEXT NOT NULL
+);
+-- The pending jobs that expire, by when: the claim's look for due ones (and the rescue's) is
+-- one seek that finds nothing when none is due. Covering (job_type, and status, which the
+-- planner reads from the row otherwise), so the claim reads no row of the types it does not
+-- claim. Partial: jobs without an expiry are not in it, and cost nothing to insert or claim.
+CREATE INDEX IF NOT EXISTS idx_jobs_expiring ON jobs(expires_at, job_type, status)
+    WHERE status = 'pending' AND expires_at IS NOT NULL;
+-- A worker's running jobs whose cancel was requested (cancel_requests, twice a second per
+-- process): as many entries as requests, none otherwise.
+CREATE INDEX IF NOT EXISTS idx_jobs_cancel_requests ON jobs(lease_owner)
+    WHERE status = 'running' AND cancel_requested = 1;
+-- Finished jobs by status and age (retention, the jobs finished per minute), cancelled ones too.
+DROP INDEX IF EXISTS idx_jobs_finished;
+CREATE INDEX IF NOT EXISTS idx_jobs_finished ON jobs(status, updated_at) WHERE status IN ('completed', 'dead', 'cancelled');
+"""
+
+# The jobs table's status check as version 1 wrote it, and as it is from version 13 on
+_STATUS_CHECK = "CHECK (status IN ('pending', 'running', 'completed', 'dead'))"
+_STATUS_CHECK_CANCELLED = "CHECK (status IN ('pending', 'running', 'completed', 'dead', 'cancelled'))"
+
+
+def _control(conn: sqlite3.Connection) -> None:
+    """Version 13: the status check takes "cancelled", then :data:`CONTROL`.
+
+    SQLite cannot alter a check. Rebuilding the table (copy, drop, rename) would copy every
+    row, and, in a file the application shares, drop the triggers on it and fire the ON DELETE
+    actions of any foreign key to it. A check that accepts one more value changes nothing
+    stored (every row satisfies it still), so it is written into the schema in place, the way
+    SQLite documents for removing a check (lang_altertable.html, "other kinds of table schema
+    changes"): in this transaction, ``writable_schema`` for the edit, the schema's version
+    bumped so that every connection reads the table's definition again."""
+    (sql,) = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'jobs'").fetchone()
+    if sql.count(_STATUS_CHECK) != 1:
+        raise StoreError(
+            f"cannot upgrade the jobs table to schema version 13: its status check is not {_STATUS_CHECK}, "
+            "as this package created it (was the table changed by hand?)"
+        )
+    (version,) = conn.execute("PRAGMA schema_version").fetchone()
+    conn.execute("PRAGMA writable_schema = ON")
+    try:
+        conn.execute("UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = 'jobs'",
+                     (sql.replace(_STATUS_CHECK, _STATUS_CHECK_CANCELLED),))
+        conn.execute(f"PRAGMA schema_version = {int(version) + 1}")
+    except sqlite3.DatabaseError as exc:  # SQLITE_DBCONFIG_DEFENSIVE refuses writable_schema
+        raise StoreError(f"cannot upgrade the jobs table to schema version 13 (its status check): {exc}") from None
+    finally:
+        conn.execute("PRAGMA writable_schema = OFF")
+    conn.execute("SELECT status FROM jobs LIMIT 0").fetchall()  # the new definition parses (else: rolled back)
+    run_statements(conn, CONTROL)
+
+
 RETIRED: Final = (2, 4)  # the site's, once: known here, no longer applied
 LATEST: Final = max(v for v, _, _ in MIGRATIONS)
 TABLE: Final = "schema_migrations"

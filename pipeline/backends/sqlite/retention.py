@@ -30,9 +30,9 @@ def prune(conn: sqlite3.Connection, status: str, *, now: str, older_than_seconds
 
 
 # The partial index's own condition is written out, or the planner cannot use it (it does not
-# know that a bound status is one of the two) and sorts every row of the status instead.
+# know that a bound status is one of the three) and sorts every row of the status instead.
 PRUNE = (
-    "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE status IN ('completed', 'dead') AND status = ? "
+    "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE status IN ('completed', 'dead', 'cancelled') AND status = ? "
     "AND updated_at < ? ORDER BY updated_at LIMIT ?)"
 )
 
