@@ -167,6 +167,28 @@ class SqliteBackend:
     async def revive(self, job_id: str) -> JobRecord:
         return await self._call("revive", lambda conn, now: queries.revive(conn, job_id, now=now), wakes_poller=True)
 
+    # -- control (issue 23): writes through the Ledger like revive, reads on the read connections
+
+    async def cancel(self, job_ids: Sequence[str], *, reason: str) -> builtins.list[str | None]:
+        job_ids = list(job_ids)
+        if not job_ids:
+            return []
+        return await self._call("cancel", lambda conn, now: queries.cancel(conn, job_ids, reason=reason, now=now))
+
+    async def cancel_requests(self, owner: str) -> builtins.list[tuple[str, int]]:
+        return await self._db.read(queries.cancel_requests, owner)
+
+    async def set_progress(self, job_id: str, token: int, fraction: float, message: str | None) -> bool:
+        return await self._call("progress", lambda conn, now: store.set_progress(conn, job_id, token, fraction, message))
+
+    async def set_type_paused(self, job_type: str, paused: bool) -> None:
+        # a resumed type's due jobs are claimed at once (other processes: the WAL watch wakes them)
+        await self._call("pause" if paused else "resume",
+                         lambda conn, now: queries.set_type_paused(conn, job_type, paused, now=now), wakes_poller=not paused)
+
+    async def paused_types(self) -> builtins.set[str]:
+        return await self._db.read(queries.paused_types)
+
     async def delete(self, job_id: str) -> None:
         await self._call("delete", lambda conn, now: queries.delete_job(conn, job_id))
 

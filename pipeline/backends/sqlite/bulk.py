@@ -21,6 +21,12 @@ _INSERT_JSON = (
     "created_at, updated_at, priority) SELECT {0}, {1}, {2}, 'pending', 0, {3}, {4}, {6}, {6}, {5} "
     "FROM json_each(?)"  # json_each walks the array in order: rowids follow the file
 ).format(*(_FIELD.format(i) for i in range(7)))
+# the same with each row's expiry (NewJob's tenth field), for chunks of which some have one
+_INSERT_JSON_EXPIRING = (
+    "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, "
+    "created_at, updated_at, priority, expires_at) SELECT {0}, {1}, {2}, 'pending', 0, {3}, {4}, {6}, {6}, {5}, {9} "
+    "FROM json_each(?)"
+).format(*(_FIELD.format(i) for i in range(10)))
 
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -86,7 +92,8 @@ class BulkInsert:
             self._pending.append(self._pool.submit(self._guarded, insert_jobs, self._conn, rows))
         else:
             text = json.dumps(rows, ensure_ascii=False, separators=(",", ":"))
-            self._pending.append(self._pool.submit(self._guarded, self._conn.execute, _INSERT_JSON, (text,)))
+            sql = _INSERT_JSON_EXPIRING if any(r.expires_at is not None for r in rows) else _INSERT_JSON
+            self._pending.append(self._pool.submit(self._guarded, self._conn.execute, sql, (text,)))
 
     def _insert_keyed(self, rows: list[NewJob]) -> None:
         for row, stored in zip(rows, insert_jobs(self._conn, rows)):

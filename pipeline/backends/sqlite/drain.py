@@ -9,9 +9,16 @@ from ...sqlite_files import write_transaction
 
 
 def make_due(conn: sqlite3.Connection) -> dict[str, int]:
-    """Pending jobs due later (a retry's backoff, RetryLater, run_after) are due now; by job type,
-    how many jobs are pending or running."""
+    """Pending jobs due later (a retry's backoff, RetryLater, Snooze, run_after) are due now; by job
+    type, how many jobs are running, or pending of a type that is not paused (those of a paused
+    type wait for its resume: a drain does not wait for them)."""
     with write_transaction(conn):
         now = now_ts()
         conn.execute("UPDATE jobs SET run_after = ? WHERE status = 'pending' AND run_after > ?", (now, now))
-        return dict(conn.execute("SELECT job_type, count(*) FROM jobs WHERE status IN ('pending', 'running') GROUP BY job_type"))
+        return dict(conn.execute(_LEFT))
+
+
+_LEFT = (
+    "SELECT job_type, count(*) FROM jobs WHERE status = 'running' "
+    "OR status = 'pending' AND job_type NOT IN (SELECT job_type FROM paused_types) GROUP BY job_type"
+)

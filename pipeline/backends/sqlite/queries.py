@@ -13,34 +13,89 @@ from ... import states
 from ...clock import format_ts, to_epoch
 from ...errors import UsageError
 from ...states import Status
-from ..base import JobRecord, WorkerRecord, check_list_order, unique_key_held
+from ..base import CANCELLING, JobRecord, WorkerRecord, cancelled_error, check_list_order, unique_key_held
 from . import store
 
+# JobRecord's fields in order. A cancel request is shown only while the job runs: SUCCEED's
+# statement, the hot path's, leaves the column as it was (see store._SUCCEED), and a request
+# means nothing once the run has ended.
 COLUMNS = (
     "id, job_type, payload, status, attempts, max_attempts, run_after, error, "
-    "created_at, updated_at, priority, lease_owner, lease_expires_at, unique_key"
+    "created_at, updated_at, priority, lease_owner, lease_expires_at, unique_key, "
+    "result, progress, progress_message, snoozes, expires_at, status = 'running' AND cancel_requested = 1"
 )
+
+
+def _record(row: tuple[Any, ...]) -> JobRecord:
+    return JobRecord(*row[:-1], bool(row[-1]))  # type: ignore[arg-type]
 
 
 # -- operator actions -----------------------------------------------------------------------
 
 
 def revive(conn: sqlite3.Connection, job_id: str, *, now: str) -> JobRecord:
-    """Admin retry: dead → pending, attempts reset, due now. UsageError if not dead."""
+    """Admin retry: dead or cancelled → pending, due now; attempts, snoozes, the progress, the
+    result and a cancel request reset, the error kept. UsageError for any other status."""
     job = get_job(conn, job_id)
     if job is None:
         raise LookupError(f"no job with id {job_id!r}")
-    if job.status != Status.DEAD:
-        raise UsageError(f"job {job_id} is {job.status}, only dead jobs can be retried")
+    if job.status not in states.REVIVABLE:
+        raise UsageError(f"job {job_id} is {job.status}, only dead or cancelled jobs can be retried")
     if job.unique_key is not None:
         holder = store.holder_of(conn, job.job_type, job.unique_key)
         if holder is not None:  # (the Ledger's transaction: nobody takes the key in between)
             raise UsageError(unique_key_held(job, holder))
-    conn.execute(
-        "UPDATE jobs SET status = 'pending', attempts = 0, run_after = ?, updated_at = ? WHERE id = ? AND status = 'dead'",
-        (now, now, job_id),
-    )
+    conn.execute(_REVIVE, (now, now, job_id))
     return get_job(conn, job_id)  # type: ignore[return-value]
+
+
+_REVIVE = (
+    "UPDATE jobs SET status = 'pending', attempts = 0, snoozes = 0, progress = NULL, progress_message = NULL, "
+    "result = NULL, cancel_requested = 0, run_after = ?, updated_at = ? WHERE id = ? AND status IN ('dead', 'cancelled')"
+)
+
+
+def cancel(conn: sqlite3.Connection, job_ids: Sequence[str], *, reason: str, now: str) -> list[str | None]:
+    """Per id in order, what the job is after it: a pending one cancelled at once ("cancelled",
+    its unique key freed: idx_jobs_unique holds pending and running rows only); a running one
+    asked to stop (``CANCELLING``: its worker reads cancel_requests); a final one's status,
+    unchanged; None for an unknown id. In the Ledger's transaction: nothing moves in between."""
+    error = cancelled_error(reason)
+    answers: list[str | None] = []
+    for job_id in job_ids:
+        row = conn.execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        status = None if row is None else row[0]
+        if status == Status.PENDING:
+            conn.execute("UPDATE jobs SET status = 'cancelled', error = ?, updated_at = ? WHERE id = ? AND status = 'pending'",
+                         (error, now, job_id))
+            status = Status.CANCELLED.value
+        elif status == Status.RUNNING:
+            conn.execute("UPDATE jobs SET cancel_requested = 1 WHERE id = ? AND status = 'running'", (job_id,))
+            status = CANCELLING
+        answers.append(status)
+    return answers
+
+
+# idx_jobs_cancel_requests: as many entries as there are requests (none, mostly)
+_CANCEL_REQUESTS = "SELECT id, lease_token FROM jobs WHERE lease_owner = ? AND status = 'running' AND cancel_requested = 1"
+
+
+def cancel_requests(conn: sqlite3.Connection, owner: str) -> list[tuple[str, int]]:
+    """(id, lease token) of the running jobs ``owner`` holds whose cancel was requested."""
+    return [(job_id, int(token)) for job_id, token in conn.execute(_CANCEL_REQUESTS, (owner,))]
+
+
+def set_type_paused(conn: sqlite3.Connection, job_type: str, paused: bool, *, now: str) -> None:
+    """Pause (kept from the first pause: asking twice is harmless) or resume a job type."""
+    if paused:
+        conn.execute("INSERT INTO paused_types (job_type, paused_at) VALUES (?, ?) ON CONFLICT (job_type) DO NOTHING",
+                     (job_type, now))
+    else:
+        conn.execute("DELETE FROM paused_types WHERE job_type = ?", (job_type,))
+
+
+def paused_types(conn: sqlite3.Connection) -> set[str]:
+    return {job_type for (job_type,) in conn.execute("SELECT job_type FROM paused_types")}
 
 
 def delete_job(conn: sqlite3.Connection, job_id: str) -> None:
@@ -54,7 +109,8 @@ def delete_job(conn: sqlite3.Connection, job_id: str) -> None:
 
 
 def cleanup(conn: sqlite3.Connection, *, statuses: Sequence[str] = ("completed", "dead"), older_than: str | None = None) -> int:
-    """Delete finished records (completed/dead), optionally only those last updated before ``older_than``."""
+    """Delete finished records (completed, dead, cancelled: ``statuses``), optionally only those last
+    updated before ``older_than``."""
     states.check_finished(statuses, "cleanup deletes")
     marks = ",".join("?" for _ in statuses)
     if older_than is None:
@@ -69,7 +125,7 @@ def cleanup(conn: sqlite3.Connection, *, statuses: Sequence[str] = ("completed",
 
 def get_job(conn: sqlite3.Connection, job_id: str) -> JobRecord | None:
     row = conn.execute(f"SELECT {COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
-    return JobRecord(*row) if row else None
+    return _record(row) if row else None
 
 
 def list_jobs(
@@ -96,7 +152,7 @@ def list_jobs(
     rows = conn.execute(
         f"SELECT {COLUMNS} FROM jobs {clause} ORDER BY {_LIST_ORDER[order]} LIMIT ? OFFSET ?", (*params, limit, offset)
     ).fetchall()
-    return [JobRecord(*r) for r in rows], int(total)
+    return [_record(r) for r in rows], int(total)
 
 
 _LIST_ORDER = {"newest": "id DESC", "claim": "priority, run_after, id"}  # (base.LIST_ORDERS)
@@ -122,19 +178,19 @@ def stats(conn: sqlite3.Connection) -> dict[str, Any]:
 
 _FINISHED_PER_MINUTE = (
     "SELECT substr(updated_at, 1, 16) AS minute, status, count(*) FROM jobs "
-    "WHERE status IN ('completed', 'dead') AND updated_at >= ? GROUP BY minute, status"
+    "WHERE status IN ('completed', 'dead', 'cancelled') AND updated_at >= ? GROUP BY minute, status"
 )
 
 
 def finished_per_minute(conn: sqlite3.Connection, *, now: str, minutes: int = 60) -> list[dict[str, Any]]:
-    """Jobs that reached completed or dead in each of the last ``minutes`` minutes, oldest first.
+    """Jobs that reached completed, dead or cancelled in each of the last ``minutes`` minutes, oldest first.
 
     Counted from the rows still in the table (``updated_at`` of a final row is when it
     finished), so records removed by cleanup are no longer counted.
     """
     end = int(to_epoch(now) // 60) * 60  # start of the current minute
     first = end - (minutes - 1) * 60
-    buckets = {format_ts(first + i * 60)[:16]: {"completed": 0, "dead": 0} for i in range(minutes)}
+    buckets = {format_ts(first + i * 60)[:16]: {"completed": 0, "dead": 0, "cancelled": 0} for i in range(minutes)}
     for minute, status, n in conn.execute(_FINISHED_PER_MINUTE, (format_ts(first),)):
         if minute in buckets:  # a clock set back can leave rows "in the future"
             buckets[minute][status] = n

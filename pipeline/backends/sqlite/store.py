@@ -9,6 +9,7 @@ worker that lost its lease matches no row and changes nothing.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import sqlite3
@@ -20,7 +21,7 @@ import attrs
 from ... import states
 from ...clock import format_ts, to_epoch
 from ...sqlite_files import connect, write_transaction  # noqa: F401 - re-exported: store.connect, store.write_transaction
-from ..base import Lease, NewJob, Settlement
+from ..base import Lease, NewJob, Settlement, cancelled_running_error, expired_error
 
 # -- records --------------------------------------------------------------------------------
 
@@ -55,14 +56,15 @@ _INSERT = (
 # still fails, as in _INSERT
 _INSERT_UNIQUE = (
     "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, "
-    "created_at, updated_at, priority, unique_key, trace) VALUES (?1, ?2, ?3, 'pending', 0, ?4, ?5, ?7, ?7, ?6, ?8, ?9) "
+    "created_at, updated_at, priority, unique_key, trace, expires_at) "
+    "VALUES (?1, ?2, ?3, 'pending', 0, ?4, ?5, ?7, ?7, ?6, ?8, ?9, ?10) "
     "ON CONFLICT (job_type, unique_key) WHERE unique_key IS NOT NULL AND status IN ('pending', 'running') DO NOTHING"
 )
-# a row with a trace context and no unique key: _INSERT's columns and the trace (its own statement,
-# so that _INSERT, the hot path's, binds what it did before traces)
-_INSERT_TRACED = (
+# a row with a trace context or an expiry, and no unique key: _INSERT's columns and those two
+# (a statement of its own, so that _INSERT, the hot path's, binds what it did before them)
+_INSERT_MORE = (
     "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, "
-    "created_at, updated_at, priority, trace) VALUES (?1, ?2, ?3, 'pending', 0, ?4, ?5, ?7, ?7, ?6, ?8)"
+    "created_at, updated_at, priority, trace, expires_at) VALUES (?1, ?2, ?3, 'pending', 0, ?4, ?5, ?7, ?7, ?6, ?8, ?9)"
 )
 _HOLDER = "SELECT id FROM jobs WHERE job_type = ? AND unique_key = ? AND status IN ('pending', 'running')"
 
@@ -71,25 +73,26 @@ def insert_jobs(conn: sqlite3.Connection, rows: Sequence[NewJob]) -> list[str]:
     """Insert the rows; per row, the id stored for it: its own, or that of the pending or
     running job holding its type and unique key (then nothing is inserted for it). The
     caller holds the write transaction, so nothing changes between the insert and the look-up."""
-    special = [row for row in rows if row.unique_key is not None or row.trace is not None]
-    # Rows without a key or a trace: one executemany of _INSERT, as before unique keys, given
-    # plain 7-tuples (row[:7]): binding an eighth parameter, NULL, cost 7 % of an insert, and
-    # sqlite3 binds an exact tuple faster than a NamedTuple (measured: 20,000 rows in 115
-    # ms, against 119 ms for NewJob as it was and 128 ms with the key bound)
+    special = [row for row in rows if row.unique_key is not None or row.trace is not None or row.expires_at is not None]
+    # Rows without a key, a trace or an expiry: one executemany of _INSERT, as before unique
+    # keys, given plain 7-tuples (row[:7]): binding an eighth parameter, NULL, cost 7 % of an
+    # insert, and sqlite3 binds an exact tuple faster than a NamedTuple (measured: 20,000 rows
+    # in 115 ms, against 119 ms for NewJob as it was and 128 ms with the key bound)
     if not special:  # the common case
         conn.executemany(_INSERT, [row[:7] for row in rows])
         return [row.id for row in rows]
     if len(special) < len(rows):
-        conn.executemany(_INSERT, [row[:7] for row in rows if row.unique_key is None and row.trace is None])
-    traced = [(*row[:7], row.trace) for row in special if row.unique_key is None]
-    if traced:
-        conn.executemany(_INSERT_TRACED, traced)
+        conn.executemany(_INSERT, [row[:7] for row in rows
+                                   if row.unique_key is None and row.trace is None and row.expires_at is None])
+    more = [(*row[:7], row.trace, row.expires_at) for row in special if row.unique_key is None]
+    if more:
+        conn.executemany(_INSERT_MORE, more)
     held: dict[str, str] = {}
     for row in special:  # in order: of two rows with one type and key, the first is inserted
         if row.unique_key is None:
             continue
         params = (row.id, row.job_type, row.payload, row.max_attempts, row.run_after, row.priority, row.created_at,
-                  row.unique_key, row.trace)
+                  row.unique_key, row.trace, row.expires_at)
         if conn.execute(_INSERT_UNIQUE, params).rowcount == 0:
             (holder,) = conn.execute(_HOLDER, (row.job_type, row.unique_key)).fetchone()
             held[row.id] = holder
@@ -156,6 +159,48 @@ def running_of_type(conn: sqlite3.Connection, job_type: str) -> int:
     return int(n)
 
 
+# The claim's one look before it claims (issue 23's control), both parts index seeks: of the
+# requested types (?2 ...), those paused (paused_types' key); then a row of NULL if a pending job
+# of a requested type that is not paused expired by now (?1): idx_jobs_expiring by expires_at,
+# one seek that reads nothing when none is due, none of the types' other rows either way.
+_LOOK = (
+    "SELECT job_type FROM paused_types WHERE job_type IN ({types}) "
+    "UNION ALL "
+    "SELECT NULL FROM (SELECT 1 FROM jobs INDEXED BY idx_jobs_expiring "
+    "WHERE status = 'pending' AND expires_at IS NOT NULL AND expires_at <= ?1 AND job_type IN ({types}) "
+    "AND job_type NOT IN (SELECT job_type FROM paused_types) LIMIT 1)"
+)
+# What the look's NULL leads to, for the types the claim takes (?4 ...): their expired pending
+# jobs end cancelled with base.expired_error's text (?2 and ?3 around each one's expires_at).
+# Through the same index; a cancelled job frees its unique key (idx_jobs_unique holds pending
+# and running rows only).
+_EXPIRE = (
+    "UPDATE jobs INDEXED BY idx_jobs_expiring SET status = 'cancelled', error = ?2 || expires_at || ?3, updated_at = ?1 "
+    "WHERE status = 'pending' AND expires_at IS NOT NULL AND expires_at <= ?1{types} RETURNING id"
+)
+_EXPIRED_TEXT = tuple(expired_error("\0").split("\0"))  # (before, after) the time
+
+
+@functools.lru_cache(maxsize=64)
+def _look_sql(types: int) -> str:
+    return _LOOK.format(types=", ".join(f"?{i}" for i in range(2, types + 2)))
+
+
+@functools.lru_cache(maxsize=64)
+def _expire_sql(types: int | None) -> str:
+    """:data:`_EXPIRE` for that many types; None: of every type (the rescue's)."""
+    if types is None:
+        return _EXPIRE.format(types="")
+    return _EXPIRE.format(types=f" AND job_type IN ({', '.join(f'?{i}' for i in range(4, types + 4))})")
+
+
+def expire_pending(conn: sqlite3.Connection, now: str, job_types: Sequence[str] | None = None) -> list[str]:
+    """Pending jobs of ``job_types`` (None: of any type) whose ``expires_at`` is at or before
+    ``now`` → cancelled, with :func:`~pipeline.backends.base.expired_error`; their ids."""
+    sql = _expire_sql(None if job_types is None else len(job_types))
+    return [job_id for (job_id,) in conn.execute(sql, (now, *_EXPIRED_TEXT, *(job_types or ())))]
+
+
 def claim_leases(
     conn: sqlite3.Connection, now: str, *, wants: Mapping[str, int], owner: str, lease_seconds: float,
     start: Mapping[str, int] | None = None, limits: Mapping[str, int] | None = None,
@@ -166,10 +211,28 @@ def claim_leases(
 
     A type in ``limits`` takes at most its limit less its running jobs: counted in the same
     write transaction as the claim, which every writer of the file takes in turn (BEGIN
-    IMMEDIATE), so no other process's claim can come between the count and the claim."""
+    IMMEDIATE), so no other process's claim can come between the count and the claim.
+
+    A paused type is not claimed; the expired pending jobs of the types claimed are ended
+    (cancelled) first: one statement (:data:`_LOOK`) says whether there are any, and which
+    types are paused, in this transaction."""
+    types = [job_type for job_type, limit in wants.items() if limit > 0]
+    if not types:
+        return []
+    paused: set[str] = set()
+    expired = False
+    for (job_type,) in conn.execute(_look_sql(len(types)), (now, *types)):
+        if job_type is None:
+            expired = True
+        else:
+            paused.add(job_type)
+    if expired:  # rare: a job with an expiry that nobody started in time
+        expire_pending(conn, now, [t for t in types if t not in paused])
     expires = format_ts(to_epoch(now) + lease_seconds)
     claimed: list[Lease] = []
     for job_type, limit in wants.items():
+        if job_type in paused:
+            continue
         if limits and job_type in limits and limit > 0:
             limit = min(limit, limits[job_type] - running_of_type(conn, job_type))
         if limit <= 0:
@@ -188,64 +251,119 @@ def claim_leases(
 
 
 _FENCE = "WHERE id = ? AND status = 'running' AND lease_token = ?"
+# The outcomes that send a job back to pending (RETRY, RELEASE, SNOOZE) are fenced by no cancel
+# request as well: one whose cancel was requested ends cancelled instead (_STOPPED, see settle).
+_FENCE_BACK = f"{_FENCE} AND cancel_requested = 0"
 _SUCCEED = f"UPDATE jobs SET status = 'completed', updated_at = ?, lease_owner = NULL, lease_expires_at = NULL {_FENCE}"
+# a handler's return value stored too (_SUCCEED, the hot path's, binds what it did before results)
+_SUCCEED_RESULT = (
+    "UPDATE jobs SET status = 'completed', result = ?, updated_at = ?, lease_owner = NULL, lease_expires_at = NULL "
+    f"{_FENCE}"
+)
 _RETRY = (
-    "UPDATE jobs SET status = 'pending', run_after = ?, error = ?, updated_at = ?, "
-    f"lease_owner = NULL, lease_expires_at = NULL {_FENCE}"
+    "UPDATE jobs SET status = 'pending', run_after = ?, error = ?, updated_at = ?, progress = NULL, progress_message = NULL, "
+    f"lease_owner = NULL, lease_expires_at = NULL {_FENCE_BACK}"
 )
 _BURY = f"UPDATE jobs SET status = 'dead', error = ?, updated_at = ?, lease_owner = NULL, lease_expires_at = NULL {_FENCE}"
 _RELEASE = (  # the attempt is given back if it was counted (it started)
     "UPDATE jobs SET status = 'pending', attempts = max(attempts - (started_at IS NOT NULL), 0), started_at = NULL, "
-    f"run_after = ?, updated_at = ?, lease_owner = NULL, lease_expires_at = NULL {_FENCE}"
+    "run_after = ?, updated_at = ?, progress = NULL, progress_message = NULL, lease_owner = NULL, lease_expires_at = NULL "
+    f"{_FENCE_BACK}"
 )
 _START = (  # a job claimed ahead starts: its attempt counts from now (twice is once)
     f"UPDATE jobs SET attempts = attempts + (started_at IS NULL), started_at = coalesce(started_at, ?) {_FENCE}"
 )
 _UNCLAIM = (  # a lease that expired before its job started: back in its place, nothing counted
-    f"UPDATE jobs SET status = 'pending', updated_at = ?, lease_owner = NULL, lease_expires_at = NULL {_FENCE}"
+    "UPDATE jobs SET status = 'pending', updated_at = ?, progress = NULL, progress_message = NULL, lease_owner = NULL, "
+    f"lease_expires_at = NULL {_FENCE}"
 )
-_RENEW = f"UPDATE jobs SET lease_expires_at = ? {_FENCE}"
-
-
-_SETTLE_SQL = {
-    states.Transition.SUCCEED: _SUCCEED,
-    states.Transition.RETRY: _RETRY,
-    states.Transition.BURY: _BURY,
-    states.Transition.RELEASE: _RELEASE,
-    states.Transition.START: _START,
-}
+# its handler stopped on a cancel request (or its worker died meanwhile: the rescue's)
+_CANCEL = (
+    "UPDATE jobs SET status = 'cancelled', error = ?, updated_at = ?, cancel_requested = 0, lease_owner = NULL, "
+    f"lease_expires_at = NULL {_FENCE}"
+)
+# Snooze(delay): pending after the delay, the attempt given back as RELEASE gives it back, one
+# more snooze; or, past the limit (?1), dead with the error (?2), attempts as they are.
+_SNOOZE = """
+UPDATE jobs
+   SET status = CASE WHEN snoozes + 1 > ?1 THEN 'dead' ELSE 'pending' END,
+       error = CASE WHEN snoozes + 1 > ?1 THEN ?2 ELSE error END,
+       run_after = CASE WHEN snoozes + 1 > ?1 THEN run_after ELSE ?3 END,
+       attempts = CASE WHEN snoozes + 1 > ?1 THEN attempts ELSE max(attempts - (started_at IS NOT NULL), 0) END,
+       started_at = CASE WHEN snoozes + 1 > ?1 THEN started_at END,
+       progress = CASE WHEN snoozes + 1 > ?1 THEN progress END,
+       progress_message = CASE WHEN snoozes + 1 > ?1 THEN progress_message END,
+       snoozes = snoozes + 1, updated_at = ?4, lease_owner = NULL, lease_expires_at = NULL
+ WHERE id = ?5 AND status = 'running' AND lease_token = ?6 AND cancel_requested = 0
+"""
+# A RETRY, RELEASE or SNOOZE of a job whose cancel was requested: cancelled instead (a cancel
+# racing the job's own outcome leaves one final state, never a retry); attempts as they are.
+_STOPPED = (
+    "UPDATE jobs SET status = 'cancelled', error = ?, updated_at = ?, cancel_requested = 0, lease_owner = NULL, "
+    f"lease_expires_at = NULL {_FENCE} AND cancel_requested = 1"
+)
+STOPPED = "cancelled while running (cancel requested); its attempt ended: {}"  # the outcome's error, or 'released'
+_BACK = (states.Transition.RETRY, states.Transition.RELEASE, states.Transition.SNOOZE)
 
 
 def settle(conn: sqlite3.Connection, items: Sequence[Settlement], *, now: str) -> int:
-    """Apply outcomes, grouped by kind (one executemany each). Returns how many rows changed;
-    fewer than ``len(items)`` means some leases were stale and were ignored."""
-    by_kind: dict[states.Transition, list[tuple[Any, ...]]] = {}
+    """Apply outcomes, grouped by statement (one executemany each). Returns how many rows
+    changed; fewer than ``len(items)`` means some leases were stale and were ignored.
+
+    The statements that send a job back to pending change nothing if its cancel was requested;
+    only when one of them changed fewer rows than it was given (a stale lease, or a cancel
+    request: both rare) does :data:`_STOPPED` end those with a request cancelled."""
+    by_sql: dict[str, list[tuple[Any, ...]]] = {}
     now_epoch: float | None = None
     for s in items:
-        if s.transition is states.Transition.SUCCEED:
-            params: tuple[Any, ...] = (now, s.id, s.token)
-        elif s.transition is states.Transition.RETRY:
+        transition = s.transition
+        if transition is states.Transition.SUCCEED:
+            if s.result is None:
+                sql, params = _SUCCEED, (now, s.id, s.token)
+            else:
+                sql, params = _SUCCEED_RESULT, (s.result, now, s.id, s.token)
+        elif transition is states.Transition.RETRY:
             if now_epoch is None:
                 now_epoch = to_epoch(now)
-            params = (format_ts(now_epoch + s.delay), s.error, now, s.id, s.token)
-        elif s.transition is states.Transition.BURY:
-            params = (s.error, now, s.id, s.token)
-        elif s.transition is states.Transition.RELEASE:
-            params = (now, now, s.id, s.token)
-        elif s.transition is states.Transition.START:
-            params = (now, s.id, s.token)
+            sql, params = _RETRY, (format_ts(now_epoch + s.delay), s.error, now, s.id, s.token)
+        elif transition is states.Transition.BURY:
+            sql, params = _BURY, (s.error, now, s.id, s.token)
+        elif transition is states.Transition.RELEASE:
+            sql, params = _RELEASE, (now, now, s.id, s.token)
+        elif transition is states.Transition.START:
+            sql, params = _START, (now, s.id, s.token)
+        elif transition is states.Transition.CANCEL:
+            sql, params = _CANCEL, (s.error, now, s.id, s.token)
+        elif transition is states.Transition.SNOOZE:
+            if now_epoch is None:
+                now_epoch = to_epoch(now)
+            sql, params = _SNOOZE, (s.snooze_limit, s.error, format_ts(now_epoch + s.delay), now, s.id, s.token)
         else:
-            raise ValueError(f"{s.transition!r} is not an outcome")
-        by_kind.setdefault(s.transition, []).append(params)
+            raise ValueError(f"{transition!r} is not an outcome")
+        by_sql.setdefault(sql, []).append(params)
     changed = 0
-    for kind, params_list in by_kind.items():
-        changed += conn.executemany(_SETTLE_SQL[kind], params_list).rowcount
+    for sql, params_list in by_sql.items():
+        n = conn.executemany(sql, params_list).rowcount
+        if n < len(params_list) and sql in (_RETRY, _RELEASE, _SNOOZE):
+            kind = _BACK[(_RETRY, _RELEASE, _SNOOZE).index(sql)]
+            n += conn.executemany(_STOPPED, [(STOPPED.format(s.error if s.error is not None else "released"), now, s.id,
+                                              s.token) for s in items if s.transition is kind]).rowcount
+        changed += n
     return changed
 
 
 def settle_each(conn: sqlite3.Connection, items: Sequence[Settlement], *, now: str) -> list[bool]:
     """Like :func:`settle`, but tells which items changed a row (the slow path for stale leases)."""
     return [settle(conn, [item], now=now) == 1 for item in items]
+
+
+def set_progress(conn: sqlite3.Connection, job_id: str, token: int, fraction: float, message: str | None) -> bool:
+    """A running job's progress, fenced like an outcome: True if written."""
+    return conn.execute(f"UPDATE jobs SET progress = ?, progress_message = ? {_FENCE}",
+                        (fraction, message, job_id, token)).rowcount == 1
+
+
+_RENEW = f"UPDATE jobs SET lease_expires_at = ? {_FENCE}"
 
 
 def renew(conn: sqlite3.Connection, leases: Iterable[tuple[str, int]], *, expires: str) -> list[str]:
@@ -258,9 +376,10 @@ def renew(conn: sqlite3.Connection, leases: Iterable[tuple[str, int]], *, expire
 
 
 _EXPIRED = (
-    "SELECT id, lease_token, attempts, max_attempts, lease_owner, started_at FROM jobs "
+    "SELECT id, lease_token, attempts, max_attempts, lease_owner, started_at, cancel_requested FROM jobs "
     "WHERE status = 'running' AND lease_expires_at < ?"
 )
+_RESCUE_CANCELLED = cancelled_running_error("its cancel was requested")
 
 
 def rescue_expired(
@@ -268,7 +387,9 @@ def rescue_expired(
     spare: Collection[tuple[str, int]] = (),
 ) -> list[tuple[str, states.Transition]]:
     """running jobs whose lease ran out (their worker died, or lost them) → pending with
-    backoff, or dead; a job that never started → pending in its place, nothing counted.
+    backoff, or dead; a job that never started → pending in its place, nothing counted; a job
+    whose cancel was requested → cancelled, started or not. Then every pending job whose
+    ``expires_at`` passed, of any type (those of the types nobody claims) → cancelled.
 
     ``spare``: the leases (id, token) the caller still holds. A live process does not rescue
     those (if its renewals failed, the database locked by a third process for longer than a
@@ -278,8 +399,12 @@ def rescue_expired(
     """
     done = []
     now_epoch = to_epoch(now)
-    for job_id, token, attempts, max_attempts, owner, started_at in conn.execute(_EXPIRED, (now,)).fetchall():
+    for job_id, token, attempts, max_attempts, owner, started_at, cancelling in conn.execute(_EXPIRED, (now,)).fetchall():
         if (job_id, token) in spare:
+            continue
+        if cancelling:
+            conn.execute(_CANCEL, (_RESCUE_CANCELLED, now, job_id, token))
+            done.append((job_id, states.Transition.RESCUE_CANCEL))
             continue
         if started_at is None:
             conn.execute(_UNCLAIM, (now, job_id, token))
@@ -292,6 +417,7 @@ def rescue_expired(
         else:
             conn.execute(_BURY, (error, now, job_id, token))
         done.append((job_id, decision.transition))
+    done.extend((job_id, states.Transition.EXPIRE) for job_id in expire_pending(conn, now))
     return done
 
 
