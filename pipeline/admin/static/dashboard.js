@@ -4,7 +4,8 @@
 
 (() => {
   const REFRESH_MS = 5000;
-  const STATUSES = ["pending", "running", "completed", "dead"];
+  const STATUSES = ["pending", "running", "completed", "dead", "cancelled"];
+  const FINISHED = ["completed", "dead", "cancelled"];  // the chart's stack, bottom up
   const SVG = "http://www.w3.org/2000/svg";
   const $ = (id) => document.getElementById(id);
 
@@ -196,23 +197,47 @@
     }
   }
 
-  function drawTypes(stats) {
+  // the job types (GET /admin/types): paused or not, counts, limits, with Pause/Resume and "Retry dead"
+  function drawTypes(answer) {
     const body = $("types-body");
-    const types = Object.keys(stats.by_type).sort();
+    const types = answer.types.map((t) => t.name);
     body.replaceChildren();
     if (!types.length) {
       const row = el("tr");
-      row.append(el("td", { colspan: "5", class: "muted" }, "no jobs yet"));
+      row.append(el("td", { colspan: "11", class: "muted" }, "no job types"));
       body.append(row);
     }
-    for (const t of types) {
-      const row = el("tr", { class: "clickable" });
-      row.append(el("td", {}, t));
+    for (const t of answer.types) {
+      const row = el("tr", { class: "clickable", "data-type": t.name });
+      row.append(el("td", { class: "name" }, t.name));
+      const state = t.paused ? "paused" : "active";
+      row.append(el("td", {
+        class: "state " + (t.paused ? "paused" : "completed"),
+        title: t.paused ? "no job of this type starts, in any process; enqueues are still accepted" : "its jobs run",
+      }, t.registered ? state : state + " (not in the app)"));
       for (const s of STATUSES) {
-        const n = stats.by_type[t][s] || 0;
-        row.append(el("td", { class: "num" + (n ? " " + s : " zero") }, n));
+        const n = t.counts[s] || 0;
+        row.append(el("td", { class: "num " + s + (n ? "" : " zero") }, n));
       }
-      row.addEventListener("click", () => setFilter({ type: t }));
+      for (const limit of [t.concurrency, t.global_limit, t.rate_limit]) {
+        row.append(el("td", { class: "num limit" + (limit === null ? " zero" : "") }, limit === null ? "–" : limit));
+      }
+      const actions = el("td", { class: "buttons" });
+      const toggle = el("button", {
+        type: "button", class: "small " + (t.paused ? "resume" : "pause"),
+        title: t.paused ? "start its jobs again" : "start no new job of this type, in any process (running ones finish)",
+      }, t.paused ? "Resume" : "Pause");
+      toggle.addEventListener("click", (e) => { e.stopPropagation(); actOnType(t.name, t.paused ? "resume" : "pause"); });
+      const dead = t.counts.dead || 0;
+      const retry = el("button", {
+        type: "button", class: "small retry-dead",
+        title: dead ? `every dead ${t.name} job back to pending, attempts reset` : "no dead job of this type",
+      }, "Retry dead");
+      retry.disabled = !dead;
+      retry.addEventListener("click", (e) => { e.stopPropagation(); retryDead(t.name, dead); });
+      actions.append(toggle, retry);
+      row.append(actions);
+      row.addEventListener("click", () => setFilter({ type: t.name }));
       body.append(row);
     }
     // the type filter offers every type the store has, plus the current choice
@@ -229,9 +254,14 @@
 
   function drawChart(stats) {
     const svg = $("chart");
-    const W = 640, H = 180, left = 36, bottom = 22, top = 10, right = 6;
+    const H = 180, left = 36, bottom = 22, top = 10, right = 6;
+    // as wide as the card shows it, so the bars fill the row at any width (the height stays 180)
+    const shown = Math.round(svg.getBoundingClientRect().width);
+    const W = shown >= 320 ? shown : 640;
+    svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
     const minutes = stats.finished_per_minute;
-    const max = Math.max(1, ...minutes.map((m) => m.completed + m.dead));
+    const finished = (m) => FINISHED.reduce((sum, s) => sum + (m[s] || 0), 0);
+    const max = Math.max(1, ...minutes.map(finished));
     const scale = niceMax(max);
     const plotW = W - left - right, plotH = H - top - bottom;
     const bw = plotW / minutes.length;
@@ -247,19 +277,21 @@
     }
     let total = 0;
     minutes.forEach((m, i) => {
-      total += m.completed + m.dead;
+      total += finished(m);
       const x = left + i * bw + 1;
-      const hc = (m.completed / scale) * plotH;
-      const hd = (m.dead / scale) * plotH;
       const g = svgEl("g", { class: "bar" });
       const title = svgEl("title", {});
       title.textContent = `${utcClock(new Date(m.minute)).slice(0, 5)} UTC: ` +
-        `${m.completed} completed, ${m.dead} dead`;
+        FINISHED.map((s) => `${m[s] || 0} ${s}`).join(", ");
       g.append(title);
       // an invisible full-height rect makes thin bars easy to hover
       g.append(svgEl("rect", { x, y: top, width: Math.max(bw - 2, 1), height: plotH, class: "hover" }));
-      if (hc > 0) g.append(svgEl("rect", { x, y: top + plotH - hc, width: Math.max(bw - 2, 1), height: hc, class: "completed" }));
-      if (hd > 0) g.append(svgEl("rect", { x, y: top + plotH - hc - hd, width: Math.max(bw - 2, 1), height: hd, class: "dead" }));
+      let base = top + plotH;  // completed at the bottom, then dead, then cancelled
+      for (const s of FINISHED) {
+        const h = ((m[s] || 0) / scale) * plotH;
+        if (h > 0) g.append(svgEl("rect", { x, y: base - h, width: Math.max(bw - 2, 1), height: h, class: s }));
+        base -= h;
+      }
       svg.append(g);
     });
     for (const [i, text] of [[0, "−60 min"], [30, "−30 min"], [59, "now"]]) {
@@ -298,8 +330,13 @@
       const row = el("tr", { class: "clickable", "data-id": job.id, tabindex: "0" });
       row.append(el("td", { class: "id" }, job.id));
       row.append(el("td", {}, job.job_type));
-      const statusCell = el("td");
+      const statusCell = el("td", { class: "status" });
       statusCell.append(badge(job.status));
+      if (job.status === "running" && job.progress) {
+        const bar = el("progress", { max: "1", class: "list-progress", title: progressText(job.progress) });
+        bar.value = job.progress.fraction;
+        statusCell.append(bar);
+      }
       row.append(statusCell);
       row.append(el("td", { class: "num" }, `${job.attempts}/${job.max_attempts}`));
       row.append(el("td", { class: "num priority" }, String(job.priority)));
@@ -322,6 +359,11 @@
     $("f-per-page").value = String(state.perPage);
   }
 
+  function progressText(progress) {
+    const percent = Math.round(progress.fraction * 100) + "%";
+    return progress.message ? `${percent} · ${progress.message}` : percent;
+  }
+
   function drawDetail(job) {
     $("d-id").textContent = job.id;
     const status = $("d-status");
@@ -329,6 +371,16 @@
     status.className = "badge " + job.status;
     $("d-type").textContent = job.job_type;
     $("d-attempts").textContent = `${job.attempts} of ${job.max_attempts}`;
+    $("d-snoozes").textContent = job.snoozes;
+    $("d-cancel-requested").hidden = !job.cancel_requested;
+    const progress = job.progress;
+    for (const id of ["d-progress-label", "d-progress-row"]) $(id).hidden = !progress;
+    if (progress) {
+      $("d-progress").value = progress.fraction;
+      $("d-progress-text").textContent = progressText(progress);
+    }
+    $("d-expires").textContent = job.expires_at ? utcTime(job.expires_at, true) : "never";
+    $("d-expires").title = job.expires_at || "";
     $("d-priority").textContent = job.priority;
     $("d-unique-key").textContent = job.unique_key ?? "—";
     for (const [id, iso] of [["d-run-after", job.run_after], ["d-created", job.created_at], ["d-updated", job.updated_at]]) {
@@ -336,9 +388,18 @@
       $(id).title = iso;
     }
     $("d-payload").textContent = JSON.stringify(job.payload, null, 2);
+    const hasResult = job.status === "completed" || (job.result !== null && job.result !== undefined);
+    $("d-result-box").hidden = !hasResult;
+    $("d-result").textContent = job.result === null || job.result === undefined ? "—" : JSON.stringify(job.result, null, 2);
     $("d-error").textContent = job.error || "—";
-    $("d-retry").disabled = job.status !== "dead";
-    $("d-retry").title = job.status === "dead" ? "back to pending, attempts reset, due now" : "only dead jobs can be retried";
+    const retryable = job.status === "dead" || job.status === "cancelled";
+    $("d-retry").disabled = !retryable;
+    $("d-retry").title = retryable ? "back to pending, attempts reset, due now" : "only dead or cancelled jobs can be retried";
+    const cancellable = (job.status === "pending" || job.status === "running") && !job.cancel_requested;
+    $("d-cancel").disabled = !cancellable;
+    $("d-cancel").title = job.cancel_requested ? "its cancel was requested: its worker stops it"
+      : job.status === "running" ? "ask its worker to stop it: it ends cancelled, never retried"
+      : job.status === "pending" ? "cancel it now: it never runs" : "only pending or running jobs can be cancelled";
     $("d-delete").disabled = job.status === "running";
     $("d-delete").title = job.status === "running" ? "a running job cannot be deleted" : "delete this job record";
     $("detail").hidden = false;
@@ -372,8 +433,9 @@
 
   async function refreshOnce() {
     try {
-      const [stats, first, workers, schedules] = await Promise.all(
-        [api("GET", "/admin/stats"), api("GET", jobsQuery()), api("GET", "/admin/workers"), api("GET", "/admin/schedules")]);
+      const [stats, first, workers, schedules, types] = await Promise.all(
+        [api("GET", "/admin/stats"), api("GET", jobsQuery()), api("GET", "/admin/workers"), api("GET", "/admin/schedules"),
+          api("GET", "/admin/types")]);
       let list = first;
       if (list.page > 1 && !list.items.length && list.total) {  // the page emptied under us
         state.page = Math.max(1, Math.ceil(list.total / list.per_page));
@@ -381,7 +443,7 @@
         list = await api("GET", jobsQuery());
       }
       drawCounts(stats);
-      drawTypes(stats);
+      drawTypes(types);
       drawWorkers(workers);
       drawSchedules(schedules);
       drawChart(stats);
@@ -427,13 +489,18 @@
     const id = state.open;
     if (!id) return;
     if (kind === "delete" && !confirm(`Delete job ${id}? This cannot be undone.`)) return;
+    if (kind === "cancel" && !confirm(`Cancel job ${id}? A pending job never runs; a running one is stopped.`)) return;
     const message = $("d-message");
-    message.textContent = kind === "retry" ? "retrying…" : "deleting…";
+    message.textContent = { retry: "retrying…", cancel: "cancelling…", delete: "deleting…" }[kind];
     try {
       if (kind === "retry") {
         const job = await api("POST", `/admin/jobs/${encodeURIComponent(id)}/retry`);
         drawDetail(job);
         message.textContent = "back to pending";
+      } else if (kind === "cancel") {
+        const job = await api("POST", `/admin/jobs/${encodeURIComponent(id)}/cancel`);
+        drawDetail(job);
+        message.textContent = job.status === "cancelled" ? "cancelled" : "cancel requested: its worker stops it";
       } else {
         await api("DELETE", "/admin/jobs/" + encodeURIComponent(id));
         closeDetail();
@@ -453,6 +520,32 @@
       if (kind === "remove") await api("DELETE", path);
       else await api("POST", `${path}/${kind}`);
       message.textContent = `${name} ${{ pause: "paused", resume: "resumed", remove: "removed" }[kind]}`;
+    } catch (error) {
+      message.textContent = `${name}: ${error.message}`;
+    }
+    await refresh();
+  }
+
+  async function actOnType(name, kind) {
+    const message = $("types-message");
+    message.textContent = `${kind === "pause" ? "pausing" : "resuming"}… ${name}`;
+    try {
+      await api("POST", `/admin/types/${encodeURIComponent(name)}/${kind}`);
+      message.textContent = `${name} ${kind === "pause" ? "paused" : "resumed"}`;
+    } catch (error) {
+      message.textContent = `${name}: ${error.message}`;
+    }
+    await refresh();
+  }
+
+  async function retryDead(name, count) {
+    if (!confirm(`Retry every dead ${name} job (${count} now)? They go back to pending, attempts reset.`)) return;
+    const message = $("types-message");
+    message.textContent = `retrying the dead ${name} jobs…`;
+    try {
+      const done = await api("POST", "/admin/jobs/retry", { status: "dead", job_type: name });
+      const skipped = done.skipped ? `; ${done.skipped} skipped (${done.reasons.join("; ")})` : "";
+      message.textContent = `${name}: ${done.retried} dead ${done.retried === 1 ? "job" : "jobs"} back to pending${skipped}`;
     } catch (error) {
       message.textContent = `${name}: ${error.message}`;
     }
@@ -494,6 +587,7 @@
     $("backdrop").addEventListener("click", closeDetail);
     document.addEventListener("keydown", (e) => { if (e.key === "Escape" && !$("detail").hidden) closeDetail(); });
     $("d-retry").addEventListener("click", () => act("retry"));
+    $("d-cancel").addEventListener("click", () => act("cancel"));
     $("d-delete").addEventListener("click", () => act("delete"));
     $("auth").addEventListener("submit", (e) => {
       e.preventDefault();
