@@ -74,16 +74,17 @@ for i = 0, n - 1 do
         finish(id, 'cancelled', now)
         free_key(id, t, f[7])
       else -- snooze/<limit>: pending after the delay, the attempt given back as release gives it back
+        -- (also when the snooze is one too many and the job ends dead: a snooze is no failed attempt)
         local snoozes = tonumber(redis.call('HGET', key, 'snoozes') or '0') + 1
+        local attempts = tonumber(f[6])
+        if f[5] then attempts = math.max(attempts - 1, 0) end
         if snoozes > tonumber(string.sub(kind, 8)) then
-          redis.call('HSET', key, 'status', 'dead', 'updated', now, 'snoozes', snoozes)
+          redis.call('HSET', key, 'status', 'dead', 'updated', now, 'snoozes', snoozes, 'attempts', attempts)
           if has_error == '1' then redis.call('HSET', key, 'error', err) end
           index_status(id, t, 'running', 'dead')
           finish(id, 'dead', now)
           free_key(id, t, f[7])
         else
-          local attempts = tonumber(f[6])
-          if f[5] then attempts = math.max(attempts - 1, 0) end
           local run = now + tonumber(delay)
           redis.call('HSET', key, 'status', 'pending', 'updated', now, 'run', run, 'attempts', attempts, 'snoozes', snoozes)
           redis.call('HDEL', key, 'started', 'progress', 'pmsg')
