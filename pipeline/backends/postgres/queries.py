@@ -12,14 +12,15 @@ import psycopg
 
 from ... import states
 from ...clock import format_ts, to_epoch
-from ...errors import UsageError
+from ...errors import StoreError, UsageError
 from ...states import Status
-from ..base import JobRecord, WorkerRecord, check_list_order, unique_key_held
+from ..base import CANCELLING, JobRecord, WorkerRecord, cancelled_error, check_list_order, unique_key_held
 from .store import MS
 
 _RECORD = (
     "SELECT id, job_type, payload, status, attempts, max_attempts, run_after, error, created_at, updated_at, priority, "
-    "lease_owner, lease_expires_at, unique_key FROM jobs"
+    "lease_owner, lease_expires_at, unique_key, result, progress, progress_message, snoozes, expires_at, cancel_requested "
+    "FROM jobs"
 )
 
 
@@ -68,8 +69,9 @@ def list_jobs(
 
 
 def revive(conn: psycopg.Connection[Any], job_id: str) -> JobRecord:
-    """Admin retry: dead → pending, attempts reset, due now. UsageError if not dead, or if its
-    unique key is held by another pending or running job."""
+    """Admin retry: dead or cancelled → pending, attempts, snoozes, progress, result and the
+    cancel request reset, due now. UsageError if neither dead nor cancelled, or if its unique
+    key is held by another pending or running job."""
     try:
         return _revive(conn, job_id)
     except psycopg.errors.UniqueViolation:
@@ -82,21 +84,89 @@ def revive(conn: psycopg.Connection[Any], job_id: str) -> JobRecord:
 
 
 _HOLDER = "SELECT id FROM jobs WHERE job_type = %s AND unique_key = %s AND status IN ('pending', 'running')"
+_REVIVE = f"""
+UPDATE jobs SET status = 'pending', attempts = 0, snoozes = 0, run_after = {MS}, updated_at = {MS}, started_at = NULL,
+       progress = NULL, progress_message = NULL, result = NULL, cancel_requested = false
+ WHERE id = %s AND status IN ('dead', 'cancelled') RETURNING id
+"""
 
 
 def _revive(conn: psycopg.Connection[Any], job_id: str) -> JobRecord:
     with conn.transaction():
-        row = conn.execute(
-            f"UPDATE jobs SET status = 'pending', attempts = 0, run_after = {MS}, updated_at = {MS}, started_at = NULL "
-            "WHERE id = %s AND status = 'dead' RETURNING id", (job_id,),
-        ).fetchone()
+        row = conn.execute(_REVIVE, (job_id,)).fetchone()
         job = get_job(conn, job_id)
         if job is None:
             raise LookupError(f"no job with id {job_id!r}")
         if row is None:
-            raise UsageError(f"job {job_id} is {job.status}, only dead jobs can be retried")
+            raise UsageError(f"job {job_id} is {job.status}, only dead or cancelled jobs can be retried")
         conn.execute("SELECT pg_notify('pipeline_jobs', current_schema())")
         return job
+
+
+# -- control (issue 23): the operators' side --------------------------------------------------------
+
+# The jobs not final yet, locked in id order (the order every multi-row update of the store locks
+# in, store.by_id): each one's status is then ours to change until the commit.
+_LOCK_LIVE = "SELECT id, status FROM jobs WHERE id = ANY(%(ids)s) AND status IN ('pending', 'running') ORDER BY id FOR UPDATE"
+_CANCEL_PENDING = f"""
+UPDATE jobs SET status = 'cancelled', error = %(error)s, updated_at = {MS}, started_at = NULL
+ WHERE id = ANY(%(ids)s) AND status = 'pending'
+"""
+_REQUEST_CANCEL = "UPDATE jobs SET cancel_requested = true WHERE id = ANY(%(ids)s) AND status = 'running'"
+_STATUSES = "SELECT id, status FROM jobs WHERE id = ANY(%(ids)s)"
+CANCEL_ROUNDS = 5  # (a job revived between the lock and the read of the final ones is locked in the next round)
+
+
+def cancel(conn: psycopg.Connection[Any], job_ids: Sequence[str], *, reason: str) -> list[str | None]:
+    """In one transaction: pending → cancelled (states.cancelled_error), running → its cancel
+    requested (CANCELLING); a final job's status as it is, None for an unknown id. Only the rows
+    it changes are locked."""
+    error = cancelled_error(reason).replace("\x00", "\\x00")
+    answers: dict[str, str | None] = {}
+    todo = sorted(set(job_ids))
+    with conn.transaction():
+        for _ in range(CANCEL_ROUNDS):
+            live = conn.execute(_LOCK_LIVE, {"ids": todo}).fetchall()
+            pending = [job_id for job_id, status in live if status == Status.PENDING]
+            running = [job_id for job_id, status in live if status == Status.RUNNING]
+            if pending:
+                conn.execute(_CANCEL_PENDING, {"ids": pending, "error": error})
+            if running:
+                conn.execute(_REQUEST_CANCEL, {"ids": running})
+            answers.update((job_id, Status.CANCELLED.value) for job_id in pending)
+            answers.update((job_id, CANCELLING) for job_id in running)
+            rest = [job_id for job_id in todo if job_id not in answers]
+            if not rest:
+                break
+            # READ COMMITTED: the latest commit of each, final (or gone) when it was not locked above,
+            # unless it was revived meanwhile: then it is locked in the next round
+            found = dict(conn.execute(_STATUSES, {"ids": rest}).fetchall())
+            todo = []
+            for job_id in rest:
+                status = found.get(job_id)
+                if status in (Status.PENDING, Status.RUNNING):
+                    todo.append(job_id)
+                else:
+                    answers[job_id] = status
+            if not todo:
+                break
+        else:
+            raise StoreError(f"{len(todo)} jobs changed status {CANCEL_ROUNDS} times while being cancelled; try again")
+    return [answers[job_id] for job_id in job_ids]
+
+
+def set_type_paused(conn: psycopg.Connection[Any], job_type: str, paused: bool) -> None:
+    """Pause (idempotent), or resume and wake every Poller: the type's due jobs can be claimed again."""
+    if paused:
+        conn.execute(f"INSERT INTO paused_types (job_type, paused_at) VALUES (%s, {MS}) ON CONFLICT (job_type) DO NOTHING",
+                     (job_type,))
+    else:
+        conn.execute("WITH gone AS (DELETE FROM paused_types WHERE job_type = %s RETURNING 1) "
+                     "SELECT pg_notify('pipeline_jobs', current_schema()) FROM gone", (job_type,))
+
+
+def paused_types(conn: psycopg.Connection[Any]) -> set[str]:
+    return {job_type for (job_type,) in conn.execute("SELECT job_type FROM paused_types")}
 
 
 def delete_job(conn: psycopg.Connection[Any], job_id: str) -> None:
@@ -115,7 +185,7 @@ def delete_job(conn: psycopg.Connection[Any], job_id: str) -> None:
 
 
 def cleanup(conn: psycopg.Connection[Any], *, statuses: Sequence[str] = ("completed", "dead"), older_than_seconds: float | None = None) -> int:
-    """Delete finished records (completed/dead), optionally only those last updated more than
+    """Delete finished records (completed, dead, cancelled), optionally only those last updated more than
     ``older_than_seconds`` ago (by the server's clock)."""
     states.check_finished(statuses, "cleanup deletes")
     return conn.execute(
@@ -129,7 +199,7 @@ def cleanup(conn: psycopg.Connection[Any], *, statuses: Sequence[str] = ("comple
 
 _FINISHED_PER_MINUTE = """
 SELECT to_char(date_trunc('minute', updated_at), 'YYYY-MM-DD"T"HH24:MI'), status, count(*) FROM jobs
- WHERE status IN ('completed', 'dead') AND updated_at >= %(since)s::timestamptz
+ WHERE status IN ('completed', 'dead', 'cancelled') AND updated_at >= %(since)s::timestamptz
  GROUP BY 1, 2
 """
 
@@ -149,7 +219,7 @@ def operator_stats(conn: psycopg.Connection[Any]) -> dict[str, Any]:
             by_status[status] = by_status.get(status, 0) + n
         end = int(to_epoch(now) // 60) * 60
         first = end - 59 * 60
-        buckets = {format_ts(first + i * 60)[:16]: {"completed": 0, "dead": 0} for i in range(60)}
+        buckets = {format_ts(first + i * 60)[:16]: {"completed": 0, "dead": 0, "cancelled": 0} for i in range(60)}
         for minute, status, n in conn.execute(_FINISHED_PER_MINUTE, {"since": format_ts(first)}):
             if minute in buckets:
                 buckets[minute][status] = n

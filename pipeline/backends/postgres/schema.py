@@ -128,6 +128,45 @@ MIGRATIONS: Final[list[Migration]] = [
         ALTER TABLE jobs ADD COLUMN IF NOT EXISTS trace text;
         """,
     ),
+    (
+        6,
+        "control",
+        """
+        -- Issue 23. A final status cancelled: by an operator or a client, or not started by its
+        -- expires_at. The new check is looser than the old one, so validating it (one read of the
+        -- table) cannot fail.
+        ALTER TABLE jobs DROP CONSTRAINT IF EXISTS jobs_status_check;
+        ALTER TABLE jobs ADD CONSTRAINT jobs_status_check
+            CHECK (status IN ('pending', 'running', 'completed', 'dead', 'cancelled')) NOT VALID;
+        ALTER TABLE jobs VALIDATE CONSTRAINT jobs_status_check;
+        -- Constant defaults: each ADD COLUMN changes the catalog only, whatever the table holds.
+        ALTER TABLE jobs ADD COLUMN IF NOT EXISTS result text;                 -- SUCCEED's JSON text
+        ALTER TABLE jobs ADD COLUMN IF NOT EXISTS progress double precision;   -- 0..1, the handler's last report
+        ALTER TABLE jobs ADD COLUMN IF NOT EXISTS progress_message text;
+        ALTER TABLE jobs ADD COLUMN IF NOT EXISTS snoozes integer NOT NULL DEFAULT 0;
+        ALTER TABLE jobs ADD COLUMN IF NOT EXISTS expires_at timestamptz;      -- never started after this
+        ALTER TABLE jobs ADD COLUMN IF NOT EXISTS cancel_requested boolean NOT NULL DEFAULT false;
+        -- The claim ends the expired pending jobs of each type it claims, and the rescue those of
+        -- every type (a loose scan of the types first): a seek per type, into an index that holds
+        -- only the pending jobs that have an expires_at (empty where nobody uses it).
+        CREATE INDEX IF NOT EXISTS jobs_expiring ON jobs (job_type, expires_at)
+            WHERE status = 'pending' AND expires_at IS NOT NULL;
+        -- cancel_requests(owner), twice a second in every process holding jobs: only the rows
+        -- whose cancel is requested (the flag is cleared when a job stops running).
+        CREATE INDEX IF NOT EXISTS jobs_cancel_requests ON jobs (lease_owner)
+            WHERE cancel_requested AND status = 'running';
+        -- Retention and the finished-per-minute view read cancelled rows by age, as jobs_finished
+        -- serves completed and dead ones. An index of its own, rather than jobs_finished made
+        -- again: building it sorts no row of a table made before this version.
+        CREATE INDEX IF NOT EXISTS jobs_cancelled ON jobs (updated_at) WHERE status = 'cancelled';
+
+        -- The paused job types, for every process on the store: no claim takes their jobs.
+        CREATE TABLE IF NOT EXISTS paused_types (
+            job_type  text PRIMARY KEY,
+            paused_at timestamptz NOT NULL
+        );
+        """,
+    ),
 ]
 LATEST: Final = max(v for v, _, _ in MIGRATIONS)
 TABLE: Final = "pipeline_migrations"

@@ -26,7 +26,7 @@ import psycopg
 
 from ... import states
 from ...errors import StoreError
-from ..base import Lease, NewJob, Settlement
+from ..base import Lease, NewJob, Settlement, cancelled_running_error, expired_error
 
 # the statement's "now", as stored: rounded to the nearest millisecond, as clock.format_ts rounds
 MS = "date_trunc('milliseconds', now() + interval '500 microseconds')"
@@ -48,31 +48,37 @@ _ROWS = (
 )
 _INSERT_INTO = "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, created_at, updated_at, priority) "
 _INSERT = _INSERT_INTO + _ROWS
-# Rows of which some have a trace context: _INSERT's rows and their traces. Its own statement
-# (and batch variants), so that _INSERT, the hot path's, binds what it did before traces.
+# Rows of which some have a trace context or an expiry: _INSERT's rows, their traces and their
+# expires_at. A statement of its own (and batch variants), so that _INSERT, the hot path's, binds
+# what it did before traces and expiries.
 _INSERT_TRACED = (
     "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, created_at, updated_at, priority, "
-    "trace) SELECT id, job_type, payload, 'pending', 0, max_attempts, run_after::timestamptz, created_at::timestamptz, "
-    "created_at::timestamptz, priority, trace FROM unnest(%(ids)s::text[], %(types)s::text[], %(payloads)s::text[], "
-    "%(max_attempts)s::bigint[], %(run_after)s::text[], %(priorities)s::bigint[], %(created)s::text[], %(traces)s::text[]) "
-    "AS r(id, job_type, payload, max_attempts, run_after, priority, created_at, trace)"
+    "trace, expires_at) SELECT id, job_type, payload, 'pending', 0, max_attempts, run_after::timestamptz, "
+    "created_at::timestamptz, created_at::timestamptz, priority, trace, expires_at::timestamptz FROM unnest(%(ids)s::text[], "
+    "%(types)s::text[], %(payloads)s::text[], %(max_attempts)s::bigint[], %(run_after)s::text[], %(priorities)s::bigint[], "
+    "%(created)s::text[], %(traces)s::text[], %(expires)s::text[]) "
+    "AS r(id, job_type, payload, max_attempts, run_after, priority, created_at, trace, expires_at)"
 )
 
 
 def insert_params(rows: Sequence[NewJob]) -> dict[str, Any]:
     """NewJob rows as the arrays of :data:`_INSERT` (one parameter per column, not per row)."""
-    ids, types, payloads, max_attempts, run_after, priorities, created, keys, traces = (list(column) for column in zip(*rows))
+    # NewJob's first ten fields, in its order (the ones after them are not stored here)
+    ids, types, payloads, max_attempts, run_after, priorities, created, keys, traces, expires = (
+        list(column) for column in list(zip(*rows))[:10])
     return {"ids": ids, "types": types, "payloads": payloads, "max_attempts": max_attempts, "run_after": run_after,
-            "priorities": priorities, "created": created, "keys": keys, "traces": traces}
+            "priorities": priorities, "created": created, "keys": keys, "traces": traces, "expires": expires}
 
 
 def traced(rows: Sequence[NewJob]) -> bool:
-    """Whether some row has a trace context: then it is inserted by the statements that write it."""
-    return any(row.trace is not None for row in rows)
+    """Whether some row has a trace context or an expiry: then it is inserted by the statements
+    that write them (:data:`_INSERT_TRACED`)."""
+    return any(row.trace is not None or row.expires_at is not None for row in rows)
 
 
 def insert_statement(rows: Sequence[NewJob]) -> str:
-    """The insert for rows without a unique key: :data:`_INSERT`, or with traces :data:`_INSERT_TRACED`."""
+    """The insert for rows without a unique key: :data:`_INSERT`, or with traces or expiries
+    :data:`_INSERT_TRACED`."""
     return _INSERT_TRACED if traced(rows) else _INSERT
 
 
@@ -82,10 +88,11 @@ def insert_statement(rows: Sequence[NewJob]) -> str:
 # is the same as before unique keys.
 _INSERT_UNIQUE = (
     "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, created_at, updated_at, priority, "
-    "unique_key, trace) SELECT id, job_type, payload, 'pending', 0, max_attempts, run_after::timestamptz, created_at::timestamptz, "
-    "created_at::timestamptz, priority, unique_key, trace FROM unnest(%(ids)s::text[], %(types)s::text[], %(payloads)s::text[], "
-    "%(max_attempts)s::bigint[], %(run_after)s::text[], %(priorities)s::bigint[], %(created)s::text[], %(keys)s::text[], "
-    "%(traces)s::text[]) AS r(id, job_type, payload, max_attempts, run_after, priority, created_at, unique_key, trace) "
+    "unique_key, trace, expires_at) SELECT id, job_type, payload, 'pending', 0, max_attempts, run_after::timestamptz, "
+    "created_at::timestamptz, created_at::timestamptz, priority, unique_key, trace, expires_at::timestamptz FROM "
+    "unnest(%(ids)s::text[], %(types)s::text[], %(payloads)s::text[], %(max_attempts)s::bigint[], %(run_after)s::text[], "
+    "%(priorities)s::bigint[], %(created)s::text[], %(keys)s::text[], %(traces)s::text[], %(expires)s::text[]) "
+    "AS r(id, job_type, payload, max_attempts, run_after, priority, created_at, unique_key, trace, expires_at) "
     "ON CONFLICT (job_type, unique_key) WHERE unique_key IS NOT NULL AND status IN ('pending', 'running') DO NOTHING "
     "RETURNING id"
 )
@@ -155,8 +162,8 @@ def insert_unique(conn: psycopg.Connection[Any], rows: Sequence[NewJob]) -> dict
 
 
 def insert_special(conn: psycopg.Connection[Any], rows: Sequence[NewJob]) -> dict[str, str]:
-    """Rows that COPY does not write (a bulk load's): those with a trace context and no unique
-    key by :data:`_INSERT_TRACED`, those with a key by :func:`insert_unique`; per keyed row's id,
+    """Rows that COPY does not write (a bulk load's): those with a trace context or an expiry and
+    no unique key by :data:`_INSERT_TRACED`, those with a key by :func:`insert_unique`; per keyed row's id,
     the id stored for it."""
     plain = [row for row in rows if row.unique_key is None]
     if plain:
@@ -192,8 +199,16 @@ COPY_COLUMNS = "COPY jobs (id, job_type, payload, max_attempts, run_after, prior
 # -- settle: the Ledger's batch -----------------------------------------------------------------
 
 _OUTCOMES = (
+    "SELECT *, NULL::text AS result, 0 AS snooze_limit, 'running'::text AS running FROM unnest(%(o_ids)s::text[], "
+    "%(o_tokens)s::bigint[], %(o_kinds)s::text[], %(o_errors)s::text[], %(o_delays)s::float8[]) "
+    "AS o(id, token, kind, error, delay) OFFSET 0"
+)
+# Outcomes of which some carry a handler's result or are snoozes: two arrays more. Their own
+# statement, so that a batch without them binds what it did before results and snoozes.
+_OUTCOMES_FULL = (
     "SELECT *, 'running'::text AS running FROM unnest(%(o_ids)s::text[], %(o_tokens)s::bigint[], %(o_kinds)s::text[], "
-    "%(o_errors)s::text[], %(o_delays)s::float8[]) AS o(id, token, kind, error, delay) OFFSET 0"
+    "%(o_errors)s::text[], %(o_delays)s::float8[], %(o_results)s::text[], %(o_limits)s::int[]) "
+    "AS o(id, token, kind, error, delay, result, snooze_limit) OFFSET 0"
 )
 # The fence compares status with o.running, a column of the outcomes, not a constant, and the
 # ids are an initplan's array: so the planner cannot read the running rows through the
@@ -202,26 +217,50 @@ _OUTCOMES = (
 # outcomes again per row (256 × 256) over every dead index entry left by earlier batches
 # (bitmap scans do not mark them dead), 25-45 ms a batch and growing, where the primary key
 # takes 6. The same in _RENEW and _RESCUE.
-# One UPDATE for every kind of outcome. RELEASE gives back the attempt only if it was counted
-# (started_at set); START counts the attempt of a job claimed ahead (once) and keeps its lease.
-_SETTLE = f"""
+#
+# One UPDATE for every kind of outcome. RELEASE and SNOOZE give back the attempt only if it was
+# counted (started_at set); START counts the attempt of a job claimed ahead (once) and keeps its
+# lease. An outcome that would send the job back to pending (RETRY, RELEASE, a SNOOZE within its
+# limit) ends it cancelled instead when its cancel was requested meanwhile (_STOPPED): a cancel
+# racing the job's own outcome leaves one final state, never a retry. Leaving running clears the
+# request; going back to pending clears the progress.
+STOPPED = "cancelled while running (cancel requested); its attempt ended: "  # + the outcome's error, or 'released'
+_BACK = "(o.kind IN ('retry', 'release') OR o.kind = 'snooze' AND j.snoozes < o.snooze_limit)"
+_PENDING = f"({_BACK} AND NOT j.cancel_requested)"
+_STOPPED = f"({_BACK} AND j.cancel_requested)"
+
+
+def _settle(outcomes: str) -> str:
+    return f"""
 UPDATE jobs j
-   SET status = CASE o.kind WHEN 'succeed' THEN 'completed' WHEN 'bury' THEN 'dead' WHEN 'start' THEN 'running'
-                            ELSE 'pending' END,
-       attempts = CASE WHEN o.kind = 'release' AND j.started_at IS NOT NULL THEN greatest(j.attempts - 1, 0)
+   SET status = CASE WHEN {_PENDING} THEN 'pending' WHEN o.kind = 'cancel' OR {_STOPPED} THEN 'cancelled'
+                     WHEN o.kind = 'succeed' THEN 'completed' WHEN o.kind = 'start' THEN 'running' ELSE 'dead' END,
+       attempts = CASE WHEN o.kind IN ('release', 'snooze') AND j.started_at IS NOT NULL THEN greatest(j.attempts - 1, 0)
                        WHEN o.kind = 'start' AND j.started_at IS NULL THEN j.attempts + 1
                        ELSE j.attempts END,
-       run_after = CASE o.kind WHEN 'retry' THEN {seconds_after('o.delay')} WHEN 'release' THEN {MS} ELSE j.run_after END,
-       error = CASE WHEN o.kind IN ('retry', 'bury') THEN o.error ELSE j.error END,
-       started_at = CASE WHEN o.kind IN ('retry', 'release') THEN NULL WHEN o.kind = 'start' THEN coalesce(j.started_at, {MS})
-                         ELSE j.started_at END,
+       run_after = CASE WHEN NOT {_PENDING} THEN j.run_after WHEN o.kind = 'release' THEN {MS}
+                        ELSE {seconds_after('o.delay')} END,
+       error = CASE WHEN {_STOPPED} THEN '{STOPPED}' || coalesce(o.error, 'released')
+                    WHEN o.kind IN ('retry', 'bury', 'cancel') OR o.kind = 'snooze' AND j.snoozes >= o.snooze_limit THEN o.error
+                    ELSE j.error END,
+       started_at = CASE WHEN o.kind IN ('retry', 'release', 'snooze') THEN NULL
+                         WHEN o.kind = 'start' THEN coalesce(j.started_at, {MS}) ELSE j.started_at END,
+       snoozes = j.snoozes + (o.kind = 'snooze')::int,
+       result = CASE WHEN o.kind = 'succeed' THEN o.result ELSE j.result END,
+       progress = CASE WHEN {_PENDING} THEN NULL ELSE j.progress END,
+       progress_message = CASE WHEN {_PENDING} THEN NULL ELSE j.progress_message END,
+       cancel_requested = o.kind = 'start' AND j.cancel_requested,
        updated_at = {MS},
        lease_owner = CASE WHEN o.kind = 'start' THEN j.lease_owner END,
        lease_expires_at = CASE WHEN o.kind = 'start' THEN j.lease_expires_at END
-  FROM ({_OUTCOMES}) o
+  FROM ({outcomes}) o
  WHERE j.id = ANY(ARRAY(SELECT unnest(%(o_ids)s::text[]))) AND j.id = o.id AND j.status = o.running AND j.lease_token = o.token
 RETURNING j.id, o.token
 """
+
+
+_SETTLE = _settle(_OUTCOMES)
+_SETTLE_FULL = _settle(_OUTCOMES_FULL)
 
 _KINDS = {
     states.Transition.SUCCEED: "succeed",
@@ -229,10 +268,12 @@ _KINDS = {
     states.Transition.BURY: "bury",
     states.Transition.RELEASE: "release",
     states.Transition.START: "start",
+    states.Transition.CANCEL: "cancel",
+    states.Transition.SNOOZE: "snooze",
 }
 
 # A batch's one statement: outcomes, inserts and the wake-up together, a transaction of its own.
-# (Three fixed variants, so that no statement text is put together at run time.)
+# (Fixed variants, so that no statement text is put together at run time.)
 _FINAL = (
     "SELECT (SELECT array_agg(id) FROM settled), (SELECT array_agg(token) FROM settled), "
     f"(SELECT pg_notify('{CHANNEL}', current_schema()) WHERE %(notify)s)"
@@ -240,10 +281,20 @@ _FINAL = (
 BATCH_SETTLE = f"WITH settled AS ({_SETTLE}) {_FINAL}"
 BATCH_INSERT = f"WITH ins AS ({_INSERT} RETURNING 1), settled AS (SELECT NULL::text AS id, NULL::bigint AS token WHERE false) {_FINAL}"
 BATCH_BOTH = f"WITH settled AS ({_SETTLE}), ins AS ({_INSERT} RETURNING 1) {_FINAL}"
-# the same with rows of which some have a trace context
+# the same with rows of which some have a trace context or an expiry
 BATCH_INSERT_TRACED = (f"WITH ins AS ({_INSERT_TRACED} RETURNING 1), settled AS (SELECT NULL::text AS id, NULL::bigint "
                        f"AS token WHERE false) {_FINAL}")
 BATCH_BOTH_TRACED = f"WITH settled AS ({_SETTLE}), ins AS ({_INSERT_TRACED} RETURNING 1) {_FINAL}"
+# the same with outcomes of which some carry a result or are snoozes
+BATCH_SETTLE_FULL = f"WITH settled AS ({_SETTLE_FULL}) {_FINAL}"
+BATCH_BOTH_FULL = f"WITH settled AS ({_SETTLE_FULL}), ins AS ({_INSERT} RETURNING 1) {_FINAL}"
+BATCH_BOTH_TRACED_FULL = f"WITH settled AS ({_SETTLE_FULL}), ins AS ({_INSERT_TRACED} RETURNING 1) {_FINAL}"
+_BATCHES = {  # (outcomes, rows, rows traced, outcomes full): the statement
+    (True, False, False, False): BATCH_SETTLE, (True, False, False, True): BATCH_SETTLE_FULL,
+    (False, True, False, False): BATCH_INSERT, (False, True, True, False): BATCH_INSERT_TRACED,
+    (True, True, False, False): BATCH_BOTH, (True, True, True, False): BATCH_BOTH_TRACED,
+    (True, True, False, True): BATCH_BOTH_FULL, (True, True, True, True): BATCH_BOTH_TRACED_FULL,
+}
 
 
 def by_id(items: Sequence[Any]) -> list[Any]:
@@ -255,6 +306,17 @@ def by_id(items: Sequence[Any]) -> list[Any]:
     return sorted(items, key=lambda item: item[0] if isinstance(item, tuple) else item.id)
 
 
+def full(items: Sequence[Settlement]) -> bool:
+    """Whether some outcome carries a result or is a snooze: then it is written by the
+    statements that bind them (:data:`_OUTCOMES_FULL`)."""
+    return any(s.result is not None or s.transition is states.Transition.SNOOZE for s in items)
+
+
+def _text(value: str | None) -> str | None:
+    """Postgres text holds no NUL character: a text that has one keeps it escaped."""
+    return None if value is None else value.replace("\x00", "\\x00")
+
+
 def outcome_params(items: Sequence[Settlement]) -> dict[str, Any]:
     items = by_id(items)
     kinds = []
@@ -263,14 +325,17 @@ def outcome_params(items: Sequence[Settlement]) -> dict[str, Any]:
         if kind is None:
             raise ValueError(f"{s.transition!r} is not an outcome")
         kinds.append(kind)
-    return {
+    params = {
         "o_ids": [s.id for s in items],
         "o_tokens": [s.token for s in items],
         "o_kinds": kinds,
-        # Postgres text holds no NUL character: an error message that has one keeps it escaped
-        "o_errors": [None if s.error is None else s.error.replace("\x00", "\\x00") for s in items],
+        "o_errors": [_text(s.error) for s in items],
         "o_delays": [float(s.delay) for s in items],
     }
+    if full(items):
+        params["o_results"] = [_text(s.result) for s in items]
+        params["o_limits"] = [int(s.snooze_limit) for s in items]
+    return params
 
 
 def rounds(items: Sequence[Settlement]) -> list[list[int]]:
@@ -310,41 +375,91 @@ def write_batch(
 
 
 def _execute_batch(conn: psycopg.Connection[Any], items: Sequence[Settlement], rows: Sequence[NewJob], *, notify: bool) -> set[tuple[str, int]]:
-    params: dict[str, Any] = {"notify": notify}
-    if items and rows:
-        sql = BATCH_BOTH_TRACED if traced(rows) else BATCH_BOTH
-        params.update(outcome_params(items), **insert_params(rows))
-    elif items:
-        sql = BATCH_SETTLE
-        params.update(outcome_params(items))
-    elif rows:
-        sql = BATCH_INSERT_TRACED if traced(rows) else BATCH_INSERT
-        params.update(insert_params(rows))
-    else:
+    if not items and not rows:
         return set()
+    params: dict[str, Any] = {"notify": notify}
+    if items:
+        params.update(outcome_params(items))
+    if rows:
+        params.update(insert_params(rows))
+    sql = _BATCHES[(bool(items), bool(rows), bool(rows) and traced(rows), bool(items) and full(items))]
     row = conn.execute(sql, params).fetchone()
     assert row is not None
     ids, tokens = row[0] or [], row[1] or []
     return set(zip(ids, tokens))
 
 
+# -- expiry ---------------------------------------------------------------------------------------
+
+
+def _literal(text: str) -> str:
+    """``text`` as an SQL string literal inside a statement that takes parameters."""
+    return "'" + text.replace("'", "''").replace("%", "%%") + "'"
+
+
+# A pending job not started by its expires_at → cancelled, with base.expired_error's text
+# (its expiry as the protocol's text, from the stored time).
+_BEFORE, _AFTER = expired_error("\x00").split("\x00")
+_EXPIRE = (f"status = 'cancelled', updated_at = {MS}, started_at = NULL, error = {_literal(_BEFORE)} || "
+           f"""to_char(j.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') || {_literal(_AFTER)}""")
+EXPIRE_CHUNK = 10000  # expired jobs of one type ended per statement (a backlog: the next claim or rescue goes on)
+# the expired pending jobs of the types in w, one seek each into jobs_expiring (empty unless jobs
+# have an expires_at), locked as a claim locks: SKIP LOCKED, so no expiry waits for a claim
+_EXPIRED_OF = f"""
+SELECT e.id FROM w CROSS JOIN LATERAL (
+    SELECT id FROM jobs WHERE status = 'pending' AND job_type = w.job_type AND expires_at <= now()
+     LIMIT {EXPIRE_CHUNK}
+       FOR UPDATE SKIP LOCKED) e"""
+# Every type that has an expiring pending job, one seek each (a loose index scan of jobs_expiring):
+# the rescue's, for the jobs of the types nobody claims
+_EXPIRE_ALL = f"""
+WITH RECURSIVE w(job_type) AS (
+    (SELECT job_type FROM jobs WHERE status = 'pending' AND expires_at IS NOT NULL ORDER BY job_type LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.job_type FROM jobs j WHERE j.status = 'pending' AND j.expires_at IS NOT NULL AND j.job_type > w.job_type
+             ORDER BY j.job_type LIMIT 1)
+      FROM w WHERE w.job_type IS NOT NULL
+)
+UPDATE jobs j SET {_EXPIRE}
+ WHERE j.id = ANY(ARRAY({_EXPIRED_OF})) AND j.status = 'pending'
+"""
+
+
+def expire(conn: psycopg.Connection[Any]) -> int:
+    """Pending jobs of every type whose expires_at passed → cancelled (base.expired_error)."""
+    return conn.execute(_EXPIRE_ALL).rowcount
+
+
 # -- claim ----------------------------------------------------------------------------------------
 
-# Per requested type, its first n due pending jobs in claim order, skipping rows another
-# claim has locked (SKIP LOCKED: claimers never wait on each other, nor take a job twice),
-# through jobs_claim; then all of them running under one lease owner. The first k of each
-# type start at once (their attempt counts now); the rest are claimed ahead, counted by START.
+# Per requested type not paused (paused_types, read by the claim's own statement), its first n
+# due pending jobs in claim order, skipping rows another claim has locked (SKIP LOCKED: claimers
+# never wait on each other, nor take a job twice), through jobs_claim; then all of them running
+# under one lease owner. The first k of each type start at once (their attempt counts now); the
+# rest are claimed ahead, counted by START. Its expired pending jobs are ended first (expired: a
+# seek into jobs_expiring per type), and none of them is picked: both parts read one snapshot, so
+# picked skips what expired ends, and the two change disjoint rows.
 # whether a claimed row starts at once: at or before the last counted row of its type, in claim order
 _COUNTED = ("EXISTS (SELECT 1 FROM cut WHERE cut.job_type = j.job_type "
             "AND (j.priority, j.run_after, j.id) <= (cut.priority, cut.run_after, cut.id))")
 _CLAIM = f"""
-WITH picked AS MATERIALIZED (
+WITH w AS MATERIALIZED (
+    SELECT * FROM unnest(%(types)s::text[], %(limits)s::int[], %(starts)s::int[]) AS w(job_type, n, k)
+     WHERE NOT EXISTS (SELECT 1 FROM paused_types p WHERE p.job_type = w.job_type)
+),
+expired AS (
+    UPDATE jobs j SET {_EXPIRE}
+     WHERE j.id = ANY(ARRAY({_EXPIRED_OF})) AND j.status = 'pending'
+    RETURNING 1
+),
+picked AS MATERIALIZED (
     SELECT p.id, w.job_type, p.priority, p.run_after,
            row_number() OVER (PARTITION BY w.job_type ORDER BY p.priority, p.run_after, p.id) <= w.k AS counted
-      FROM unnest(%(types)s::text[], %(limits)s::int[], %(starts)s::int[]) AS w(job_type, n, k)
+      FROM w
      CROSS JOIN LATERAL (
         SELECT id, priority, run_after FROM jobs
          WHERE status = 'pending' AND job_type = w.job_type AND run_after <= now()
+           AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority, run_after, id
          LIMIT w.n
            FOR UPDATE SKIP LOCKED) p
@@ -461,7 +576,7 @@ def renew(conn: psycopg.Connection[Any], held: Sequence[tuple[str, int]], *, lea
 
 
 _EXPIRED = """
-SELECT id, lease_token, attempts, max_attempts, lease_owner, started_at IS NOT NULL FROM jobs
+SELECT id, lease_token, attempts, max_attempts, lease_owner, started_at IS NOT NULL, cancel_requested FROM jobs
  WHERE status = 'running' AND lease_expires_at < now()
  ORDER BY lease_expires_at
  LIMIT 10000
@@ -469,15 +584,18 @@ SELECT id, lease_token, attempts, max_attempts, lease_owner, started_at IS NOT N
 """
 _RESCUE = f"""
 UPDATE jobs j
-   SET status = CASE WHEN r.dead THEN 'dead' ELSE 'pending' END,
-       run_after = CASE WHEN r.dead OR NOT r.started THEN j.run_after ELSE {seconds_after('r.delay')} END,
-       error = CASE WHEN r.started THEN r.error ELSE j.error END,
-       started_at = NULL, updated_at = {MS}, lease_owner = NULL, lease_expires_at = NULL
+   SET status = r.status,
+       run_after = CASE WHEN r.status = 'pending' AND r.started THEN {seconds_after('r.delay')} ELSE j.run_after END,
+       error = coalesce(r.error, j.error),
+       progress = CASE WHEN r.status = 'pending' THEN NULL ELSE j.progress END,
+       progress_message = CASE WHEN r.status = 'pending' THEN NULL ELSE j.progress_message END,
+       started_at = NULL, updated_at = {MS}, lease_owner = NULL, lease_expires_at = NULL, cancel_requested = false
   FROM (SELECT *, 'running'::text AS running
-          FROM unnest(%(ids)s::text[], %(tokens)s::bigint[], %(dead)s::bool[], %(delays)s::float8[], %(errors)s::text[],
-                      %(started)s::bool[]) AS r(id, token, dead, delay, error, started) OFFSET 0) r
+          FROM unnest(%(ids)s::text[], %(tokens)s::bigint[], %(statuses)s::text[], %(delays)s::float8[], %(errors)s::text[],
+                      %(started)s::bool[]) AS r(id, token, status, delay, error, started) OFFSET 0) r
  WHERE j.id = ANY(ARRAY(SELECT unnest(%(ids)s::text[]))) AND j.id = r.id AND j.status = r.running AND j.lease_token = r.token
 """
+RESCUED_CANCEL = cancelled_running_error("its cancel was requested")
 
 
 def rescue_expired(
@@ -485,30 +603,64 @@ def rescue_expired(
     spare: Collection[tuple[str, int]] = (),
 ) -> int:
     """running jobs whose lease ran out (their worker died, or lost them) → pending after a
-    backoff, or dead when out of attempts; the leases ``spare`` (the caller still holds
-    them) are left alone. Rescuers running at once take disjoint rows (SKIP LOCKED), and the
-    fence moves each job once."""
+    backoff, or dead when out of attempts, or cancelled if their cancel was requested; the
+    leases ``spare`` (the caller still holds them) are left alone. Rescuers running at once
+    take disjoint rows (SKIP LOCKED), and the fence moves each job once. Then the pending jobs
+    of every type whose expires_at passed → cancelled (:func:`expire`)."""
     with conn.transaction():
         expired = [row for row in conn.execute(_EXPIRED).fetchall() if (row[0], row[1]) not in spare]
-        if not expired:
-            return 0
-        ids, tokens, dead, delays, errors, started = [], [], [], [], [], []
-        for job_id, token, attempts, max_attempts, owner, has_started in by_id(expired):
-            if has_started:
-                decision = states.rescue(attempts=attempts, max_attempts=max_attempts, base_seconds=base_seconds, rng=rng)
-                buried = decision.transition is not states.Transition.RESCUE
-                delay = 0.0 if buried else decision.delay
-                error: str | None = f"lease expired: worker {owner or '?'} stopped renewing it during attempt {attempts}"
-            else:  # claimed ahead, never started: back in its place in line, its attempt never counted
-                buried, delay, error = False, 0.0, None
-            ids.append(job_id)
-            tokens.append(token)
-            dead.append(buried)
-            delays.append(delay)
-            errors.append(error)
-            started.append(has_started)
-        return conn.execute(_RESCUE, {"ids": ids, "tokens": tokens, "dead": dead, "delays": delays, "errors": errors,
-                                      "started": started}).rowcount
+        rescued = 0
+        if expired:
+            ids, tokens, statuses, delays, errors, started = [], [], [], [], [], []
+            for job_id, token, attempts, max_attempts, owner, has_started, cancelling in by_id(expired):
+                status, delay, error = "pending", 0.0, None
+                if cancelling:  # its worker died before it stopped the job: never retried
+                    status, error = "cancelled", RESCUED_CANCEL
+                elif has_started:
+                    decision = states.rescue(attempts=attempts, max_attempts=max_attempts, base_seconds=base_seconds,
+                                             rng=rng)
+                    if decision.transition is states.Transition.RESCUE:
+                        delay = decision.delay
+                    else:
+                        status = "dead"
+                    error = f"lease expired: worker {owner or '?'} stopped renewing it during attempt {attempts}"
+                # else: claimed ahead, never started: back in its place in line, its attempt never counted
+                ids.append(job_id)
+                tokens.append(token)
+                statuses.append(status)
+                delays.append(delay)
+                errors.append(error)
+                started.append(has_started)
+            rescued = conn.execute(_RESCUE, {"ids": ids, "tokens": tokens, "statuses": statuses, "delays": delays,
+                                             "errors": errors, "started": started}).rowcount
+    return rescued + expire(conn)
+
+
+# -- control (issue 23): the worker side's ------------------------------------------------------
+
+# the rows of jobs_cancel_requests only: none at all while nobody cancels a running job
+_CANCEL_REQUESTS = """
+SELECT id, lease_token FROM jobs WHERE cancel_requested AND status = 'running' AND lease_owner = %(owner)s ORDER BY id
+"""
+
+
+def cancel_requests(conn: psycopg.Connection[Any], owner: str) -> list[tuple[str, int]]:
+    """(id, token) of the running jobs ``owner`` holds whose cancel was requested."""
+    return [(job_id, token) for job_id, token in conn.execute(_CANCEL_REQUESTS, {"owner": owner})]
+
+
+# Fenced as an outcome. Neither updated_at nor any other indexed column: the update can stay on
+# the row's page (a HOT update), adding no index entry, however often a handler reports.
+_PROGRESS = """
+UPDATE jobs SET progress = %(fraction)s::float8, progress_message = %(message)s
+ WHERE id = %(id)s AND status = 'running' AND lease_token = %(token)s
+"""
+
+
+def set_progress(conn: psycopg.Connection[Any], job_id: str, token: int, fraction: float, message: str | None) -> bool:
+    """A running job's progress and message, if it still runs under ``token``; whether written."""
+    return conn.execute(_PROGRESS, {"fraction": float(fraction), "message": _text(message), "id": job_id,
+                                    "token": token}).rowcount == 1
 
 
 # -- unknown types and the worker registry ---------------------------------------------------------
