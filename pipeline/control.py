@@ -262,8 +262,9 @@ _ACT: Mapping[str, Callable[[Backend, list[str], BulkOutcome, str], Awaitable[No
 class TypeSummary:
     """One job type as operators see it. ``concurrency``: the workers each process runs for it (its
     own, else WORKER_CONCURRENCY; never above its global limit); ``global_limit``: the most that run
-    at once across every process (WORKER_GLOBAL_LIMITS, else its registration's); ``rate_limit``:
-    not built yet (None). A type the store holds jobs of (or holds paused) that the registry does
+    at once across every process (WORKER_GLOBAL_LIMITS, else its registration's); ``rate_limit``: the
+    most of its jobs that start in a window, across every process, as "N/s", "N/m" or "N/h"
+    (WORKER_RATE_LIMITS, else its registration's). A type the store holds jobs of (or holds paused) that the registry does
     not know is listed with ``registered`` False and no limits."""
 
     name: str
@@ -288,6 +289,17 @@ def global_limits(config: Config, registry: Registry) -> dict[str, int]:
     return {**limits, **config.worker.global_limits}
 
 
+_RATE_UNITS = {1.0: "s", 60.0: "m", 3600.0: "h"}
+
+
+def rate_limits(config: Config, registry: Registry) -> dict[str, str]:
+    """Each type's rate limit as its setting writes it ("10/s"): WORKER_RATE_LIMITS over the registration's."""
+    rates = {name: spec.rate_limit for name in registry.job_types()
+             if (spec := registry.spec(name)).rate_limit is not None}
+    rates.update(config.worker.rate_limits)
+    return {name: f"{n}/{_RATE_UNITS.get(window, f'{window:g}s')}" for name, (n, window) in rates.items()}
+
+
 async def types_summary(backend: Backend, registry: Registry, config: Config, *,
                         stats: Mapping[str, Any] | None = None) -> list[TypeSummary]:
     """Every job type of the registry, then those only the store knows, by name. ``stats``: the
@@ -297,6 +309,7 @@ async def types_summary(backend: Backend, registry: Registry, config: Config, *,
     paused = await backend.paused_types()
     by_type: Mapping[str, Mapping[str, int]] = stats.get("by_type", {})
     limits = global_limits(config, registry)
+    rates = rate_limits(config, registry)
     known = registry.job_types()
     out = []
     for name in [*known, *sorted((set(by_type) | paused) - set(known))]:
@@ -307,7 +320,7 @@ async def types_summary(backend: Backend, registry: Registry, config: Config, *,
             concurrency = registry.spec(name).concurrency or config.worker.concurrency
             if limit is not None:
                 concurrency = min(concurrency, limit)
-        out.append(TypeSummary(name, name in paused, name in known, concurrency, limit, None, counts))
+        out.append(TypeSummary(name, name in paused, name in known, concurrency, limit, rates.get(name), counts))
     return out
 
 

@@ -26,6 +26,7 @@ from pipeline.backends import Backend, open_backend
 from pipeline.backends.base import Settlement
 from pipeline.clock import format_ts, now_ts, to_epoch
 from pipeline.requests import JobRequest, prepare_rows
+from pipeline.site.jobs import GenerateSitemap
 from pipeline.states import Transition
 
 OWNER = "elsewhere:4242:abcdef"  # a worker process of another machine: it holds the running job
@@ -276,7 +277,8 @@ async def test_cancel_jobs_by_id_answers_each(store: Config) -> None:
 async def test_types_are_listed_paused_and_resumed(store: Config) -> None:
     ids = await control_seed(store)
     cfg = store.replace(worker=fast_config(Path("x.db"), worker_enabled=False, worker_concurrency=3,
-                                           worker_global_limits="send_email=2").worker)
+                                           worker_global_limits="send_email=2",
+                                           worker_rate_limits="send_email=600/m,invalidate_cache=5/s").worker)
     async with served(cfg) as (pipeline, client):
         r = await client.get("/admin/types")
         assert r.status_code == 200
@@ -284,10 +286,11 @@ async def test_types_are_listed_paused_and_resumed(store: Config) -> None:
         assert list(types) == seed_registry().job_types()  # the registry's, by name
         email_type = types["send_email"]
         assert email_type == {"name": "send_email", "paused": False, "registered": True, "concurrency": 2,
-                              "global_limit": 2, "rate_limit": None,
+                              "global_limit": 2, "rate_limit": "600/m",
                               "counts": {"pending": 2, "running": 0, "completed": 1, "dead": 2, "cancelled": 0}}
         assert types["generate_sitemap"]["counts"]["cancelled"] == 1 and types["generate_sitemap"]["concurrency"] == 3
         assert types["invalidate_cache"]["counts"]["running"] == 1 == len(ids["running"])
+        assert types["invalidate_cache"]["rate_limit"] == "5/s" and types["generate_sitemap"]["rate_limit"] is None
 
         r = await client.post("/admin/types/send_email/pause")
         assert r.status_code == 200, r.text
@@ -306,6 +309,24 @@ async def test_types_are_listed_paused_and_resumed(store: Config) -> None:
         r = await client.post("/admin/types/send_emial/pause")
         assert_error(r, 404, "no job type named 'send_emial'", "known: ", "send_email", "generate_sitemap")
         assert await pipeline.backend.paused_types() == set()
+
+
+async def test_a_types_own_limits_show_unless_the_settings_override_them(sqlite_store: Config) -> None:
+    registry = seed_registry()
+
+    async def sitemap(job: GenerateSitemap, ctx: Any) -> None:
+        return None
+
+    registry.register("generate_sitemap", GenerateSitemap, sitemap, concurrency=7, global_limit=5, rate_limit="3/m")
+    async with open_backend(sqlite_store) as backend:
+        found = {t.name: t for t in await control.types_summary(backend, registry, sqlite_store)}
+        assert (found["generate_sitemap"].concurrency, found["generate_sitemap"].global_limit) == (5, 5)
+        assert found["generate_sitemap"].rate_limit == "3/m"
+        settings = sqlite_store.replace(worker=fast_config(Path("x.db"), worker_global_limits="generate_sitemap=9",
+                                                           worker_rate_limits="generate_sitemap=1/h").worker)
+        found = {t.name: t for t in await control.types_summary(backend, registry, settings)}
+        assert (found["generate_sitemap"].concurrency, found["generate_sitemap"].global_limit) == (7, 9)
+        assert found["generate_sitemap"].rate_limit == "1/h"
 
 
 async def test_a_paused_type_the_app_no_longer_has_is_listed_and_can_be_resumed(sqlite_store: Config) -> None:

@@ -124,6 +124,7 @@ def test_bulk_forms_refuse_what_they_do_not_take(db: Path, seeded: dict[str, lis
 def test_types_list_pause_and_resume(db: Path, seeded: dict[str, list[str]], capsys: pytest.CaptureFixture[str],
                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WORKER_GLOBAL_LIMITS", "send_email=1")
+    monkeypatch.setenv("WORKER_RATE_LIMITS", "send_email=30/h")
     code, out = run("types", "pause", "send_email")
     assert code == 0 and out.startswith("type send_email: paused (no new job of it starts in any process")
     assert paused(db) == {"send_email"}
@@ -131,14 +132,15 @@ def test_types_list_pause_and_resume(db: Path, seeded: dict[str, list[str]], cap
     code, out = run("types", "list", "--json")
     types = {t["name"]: t for t in json.loads(out)}
     assert types["send_email"] == {"name": "send_email", "paused": True, "registered": True, "concurrency": 1,
-                                   "global_limit": 1, "rate_limit": None,
+                                   "global_limit": 1, "rate_limit": "30/h",
                                    "counts": {"pending": 2, "running": 0, "completed": 1, "dead": 2, "cancelled": 0}}
     assert types["generate_sitemap"]["concurrency"] == 1  # its own (the site's handler registers concurrency=1)
     assert types["invalidate_cache"]["paused"] is False and types["invalidate_cache"]["counts"]["running"] == 1
 
     code, out = run("types")  # = types list, for people
     lines = {line.split()[0]: line.split() for line in out.splitlines()[2:] if line.strip()}
-    assert lines["send_email"] == ["send_email", "paused", "2", "0", "1", "2", "0", "1", "1", "-"]
+    assert lines["send_email"] == ["send_email", "paused", "2", "0", "1", "2", "0", "1", "1", "30/h"]
+    assert lines["generate_sitemap"][-1] == "-"  # no rate limit
     assert lines["generate_sitemap"][1] == "active" and lines["generate_sitemap"][6] == "1"
 
     assert run("types", "resume", "send_email") == (0, "type send_email: resumed\n")

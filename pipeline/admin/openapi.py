@@ -283,7 +283,9 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
                                 "description": "Workers each process runs for it (its own, else WORKER_CONCURRENCY)."},
                 "global_limit": {"type": "integer", "minimum": 1, "nullable": True,
                                  "description": "The most of its jobs that run at once across every process."},
-                "rate_limit": {"type": "string", "nullable": True, "description": "Not built yet: null."},
+                "rate_limit": {"type": "string", "nullable": True,
+                               "description": "The most of its jobs that start in a window across every process: "
+                                              "N/s, N/m or N/h (WORKER_RATE_LIMITS, rate_limit=); null: none."},
                 "counts": by_status,
             },
         },
