@@ -59,6 +59,8 @@ def outcome_message(fields: dict[str, Any]) -> str:
         what = f": failed after {took}; next attempt in {_duration(fields.get('retry_delay_ms'))}"
     elif status == "dead":
         what = f": failed after {took}"
+    elif status == "snoozed":
+        what = f" after {took}; due again in {_duration(fields.get('retry_delay_ms'))} (attempt not counted)"
     else:  # released (shutdown), stale (the lease had been lost)
         what = f" after {took}"
     err = f": {fields['error']}" if fields["error"] else ""

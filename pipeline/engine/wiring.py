@@ -241,7 +241,7 @@ class Pipeline:
         """The one log line per job outcome, and the observers."""
         if self._finished:
             self._wake_waiters(lease)
-        level = logging.INFO if outcome.kind == "ok" else logging.WARNING
+        level = logging.INFO if outcome.kind in ("ok", "snoozed", "cancelled") else logging.WARNING
         logged = log.isEnabledFor(level)
         if not logged and not self._observers:
             return  # nobody listens (LOG_LEVEL=warning, no admin): skip building the fields

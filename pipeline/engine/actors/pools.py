@@ -406,6 +406,7 @@ async def run_one(
             if thread is not None:
                 thread.scope = scope
             pool.running[key] = scope
+            outcome = None  # stays None when the scope's cancellation ended the run
             try:
                 try:
                     with scope:
@@ -421,10 +422,11 @@ async def run_one(
             ran = time.monotonic() - started
             if key in pool.lost:
                 outcome = Outcome("lost")
-            elif key in pool.cancelling and outcome.kind != "ok":
+            elif key in pool.cancelling and (outcome is None or outcome.kind != "ok" or thread is not None):
                 # its cancel was requested: whatever ended the run (the cancellation, the timeout
-                # of a sync handler, an error it raised on seeing ctx.cancel_requested), it ends
-                # cancelled, never retried; one that completed anyway keeps its result
+                # of a sync handler, what a sync handler returned or raised on seeing
+                # ctx.cancel_requested), it ends cancelled, never retried; an async handler that
+                # completed anyway (the request landed as it returned) keeps its result
                 outcome = Outcome("cancelled", _cancelled(lease, started=True))
             elif scope.cancelled_caught and pool.stopping:
                 outcome = Outcome("released")  # shutdown: back to pending, attempt not counted
@@ -612,7 +614,7 @@ def describe_outcome(lease: Lease, outcome: Outcome, result: str | None, duratio
         "waited_ms": _waited_ms(lease, duration),
         "error": first_line,
         # the wait before the next attempt (backoff, or what RetryLater asked); None unless retried
-        "retry_delay_ms": round(outcome.delay * 1000, 3) if result == "retry" and outcome.delay is not None else None,
+        "retry_delay_ms": round(outcome.delay * 1000, 3) if result in ("retry", "snoozed") and outcome.delay is not None else None,
     }
 
 
