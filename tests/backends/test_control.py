@@ -134,7 +134,7 @@ async def test_a_finished_job_answers_its_status_and_is_left_as_it_was(backend: 
     assert await settle_one(backend, succeed(done))
     dead = await running(backend, "x")
     assert await settle_one(backend, bury(dead))
-    (cancelled,) = await add(backend, "c")
+    (cancelled,) = await add(backend, job_type="c")
     assert await backend.cancel([cancelled], reason="first") == ["cancelled"]
     for job_id, status in ((done.id, "completed"), (dead.id, "dead"), (cancelled, "cancelled")):
         before = await record(backend, job_id)
@@ -150,7 +150,7 @@ async def test_an_unknown_id_answers_none(backend: Backend) -> None:
 
 
 async def test_one_call_answers_each_id_in_order_duplicates_included(backend: Backend) -> None:
-    (pending,) = await add(backend, "p")
+    (pending,) = await add(backend, job_type="p")
     run = await running(backend, "r")
     done = await running(backend, "d")
     assert await settle_one(backend, succeed(done))
@@ -238,7 +238,7 @@ async def test_a_cancel_requested_before_an_outcome_that_would_run_it_again_ends
 @pytest.mark.parametrize("started", [True, False], ids=["started", "claimed ahead"])
 async def test_an_expired_lease_whose_cancel_was_requested_is_rescued_cancelled(backend: Backend, started: bool) -> None:
     (job_id,) = await add(backend, max_attempts=5)
-    (plain,) = await add(backend, "u", max_attempts=5)  # expires beside it, no cancel asked: rescued as ever
+    (plain,) = await add(backend, job_type="u", max_attempts=5)  # expires beside it, no cancel asked: rescued as ever
     (lease,) = await backend.claim({"t": 1}, owner="gone:1", lease_seconds=SHORT, start=None if started else {"t": 0})
     assert lease.started is started
     await backend.claim({"u": 1}, owner="gone:1", lease_seconds=SHORT)
@@ -452,7 +452,7 @@ async def test_a_paused_type_is_not_claimed_while_its_enqueues_are_kept(backend:
 
 
 async def test_a_pause_holds_for_every_process_sharing_the_store(backend: Backend, store_config: Config) -> None:
-    (job_id,) = await add(backend, "a")
+    (job_id,) = await add(backend, job_type="a")
     async with open_backend(store_config) as other:
         await other.set_type_paused("a", True)
         assert await backend.paused_types() == {"a"}
@@ -474,10 +474,13 @@ async def test_a_claim_made_with_an_insert_skips_paused_types_and_expired_jobs(s
     async with open_backend(store_config, nudge_send=nudge_send, offers_recv=offers_recv) as backend:
         await backend.set_type_paused("a", True)
         paused, expired, live = job("a"), job("b", priority=0, expires_at=ts(-1.0)), job("b", priority=9)
-        offers_send.send_nowait(ClaimOffer({"a": 1, "b": 1}, "owner-a", LONG))
+        try:
+            offers_send.send_nowait(ClaimOffer({"a": 1, "b": 1}, "owner-a", LONG))
+        except trio.BrokenResourceError:
+            pytest.skip(f"{store_config.backend} takes no offers: it claims only through claim()")
         await insert(backend, paused, expired, live)
         if offers_send.statistics().current_buffer_used:
-            pytest.skip(f"{store_config.backend} claims only through claim()")
+            pytest.skip(f"{store_config.backend} took no offer: it claims only through claim()")
         with trio.fail_after(5):
             while not isinstance(answer := await nudge_recv.receive(), Claimed):
                 pass
