@@ -167,7 +167,7 @@ class ServerBackend(Generic[D]):
     """The half of a :class:`~pipeline.backends.base.Backend` that the Postgres and Redis
     backends share: inserts and outcomes through their Ledger (trays), everything else a
     blocking function of the backend's own run in a thread by ``db.run``. A subclass names
-    its module of worker-side functions (``calls``: claim, rescue_expired, bury_unknown_types)
+    its module of worker-side functions (``calls``: claim, rate_free_at, rescue_expired, bury_unknown_types)
     and of operator functions (``operators``: get_job, list_jobs, operator_stats, revive,
     delete_job, cleanup, ping, workers, cancel, set_type_paused, paused_types; ``calls`` also has
     cancel_requests and set_progress) and of cron schedules' (``scheduling``: all_schedules,
@@ -221,10 +221,17 @@ class ServerBackend(Generic[D]):
 
     async def claim(
         self, wants: Mapping[str, int], *, owner: str, lease_seconds: float, start: Mapping[str, int] | None = None,
-        limits: Mapping[str, int] | None = None,
+        limits: Mapping[str, int] | None = None, rates: Mapping[str, tuple[int, float]] | None = None,
+        key_limits: Mapping[str, int] | None = None,
     ) -> list[Lease]:
+        # rates and key_limits reach the store's claim only when given, as the engine passes them
+        extra = {name: value for name, value in (("rates", rates), ("key_limits", key_limits)) if value}
         return await self._db.run(functools.partial(self.calls.claim, wants=dict(wants), owner=owner,
-                                                    lease_seconds=lease_seconds, start=start, limits=limits))
+                                                    lease_seconds=lease_seconds, start=start, limits=limits, **extra))
+
+    async def rate_free_at(self, job_type: str, limit: int, window_seconds: float) -> float:
+        # the Poller's, after a short claim: on the worker side's connections, as the claim
+        return await self._db.run(self.calls.rate_free_at, job_type, limit, window_seconds)
 
     async def settle(self, outcomes: Sequence[Settlement]) -> list[bool]:
         """On the open tray, or a new one sent to the Ledger (see trays.Tray)."""
