@@ -303,8 +303,8 @@ def build_parser(app: AppSummary | None = None) -> argparse.ArgumentParser:
     a = actions.add_parser("retry", parents=[as_json],
                            help="a dead job back to pending (or a cancelled one; attempts reset, due now); "
                            "bulk with --type/--status",
-                           description="Put a dead or cancelled job back to pending, attempts reset, due now; or every "
-                           "dead or cancelled job matching --type and --status, in batches.")
+                           description="Put a dead job back to pending (or a cancelled one), attempts reset, due now; or "
+                           "every dead or cancelled job matching --type and --status, in batches.")
     a.add_argument("id", nargs="?", help="the job (or none, with --type and/or --status)")
     _bulk_flags(a, "retry")
     a = actions.add_parser("delete", parents=[as_json], help="delete a job record (not while it runs); bulk with --status",
