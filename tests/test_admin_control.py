@@ -413,3 +413,27 @@ class _Routes:
             raise AssertionError(name)
 
         return endpoint
+
+
+async def test_the_new_routes_keep_the_token_and_the_same_origin_rules(sqlite_store: Config) -> None:
+    """Every route of issue 23 needs the token when one is set, and a write from another origin is refused
+    before it changes anything (the admin guard in front of every route: pipeline/admin/security.py)."""
+    ids = await control_seed(sqlite_store)
+    cfg = sqlite_store.replace(admin=fast_config(Path("x.db"), admin_port=0, admin_token="t0ken").admin)
+    writes = [f"/admin/jobs/{ids['pending'][0]}/cancel", "/admin/jobs/cancel", "/admin/jobs/retry", "/admin/jobs/delete",
+              "/admin/types/send_email/pause", "/admin/types/send_email/resume"]
+    async with served(cfg, auth=False) as (pipeline, client):
+        for path in writes:
+            assert_error(await client.post(path, json={"status": "pending"}), 401, "Authorization: Bearer")
+        assert_error(await client.get("/admin/types"), 401)
+        ok = {"Authorization": "Bearer t0ken"}
+        for path in writes:
+            r = await client.post(path, json={"status": "pending"}, headers={**ok, "Origin": "http://evil.example"})
+            assert_error(r, 403, "cross-origin")
+            r = await client.post(path, json={"status": "pending"}, headers={**ok, "Sec-Fetch-Site": "cross-site"})
+            assert_error(r, 403)
+            r = await client.post(path, content=b'{"status": "pending"}', headers={**ok, "Content-Type": "text/plain"})
+            assert_error(r, 415, "Content-Type: application/json")
+        assert (await client.get("/admin/types", headers=ok)).status_code == 200
+        assert (await pipeline.backend.get(ids["pending"][0])).status == "pending"  # nothing changed
+        assert await pipeline.backend.paused_types() == set()
