@@ -37,10 +37,13 @@ def epoch(text: str) -> float:
 def job(
     job_type: str = "t", *, delay: float = PAST, priority: int = 5, max_attempts: int = 3,
     payload: dict[str, object] | None = None, job_id: str | None = None, run_after: str | None = None,
-    unique_key: str | None = None, expires_at: str | None = None,
+    unique_key: str | None = None, expires_at: str | None = None, limit_key: str | None = None,
+    unique_while: str | None = None,
 ) -> NewJob:
     """A row as the engine inserts it: due ``delay`` seconds from now (due a minute ago by default);
-    never started after ``expires_at`` if given (stored text: ``ts(offset)``)."""
+    never started after ``expires_at`` if given (stored text: ``ts(offset)``); counted under
+    ``limit_key`` by a claim's key_limits; its unique key held only while pending if ``unique_while``
+    is "pending" (None: the default, pending or running)."""
     created = ts()
     return NewJob(
         id=job_id or new_id(),
@@ -52,6 +55,8 @@ def job(
         created_at=created,
         unique_key=unique_key,
         expires_at=expires_at,
+        limit_key=limit_key,
+        unique_while=unique_while,
     )
 
 
