@@ -21,6 +21,7 @@ import trio
 
 from .backends.base import CANCELLING
 from .errors import UsageError
+from .limits import global_limits, rate_limits, rate_text
 from .states import REVIVABLE, Status
 
 if TYPE_CHECKING:
@@ -281,25 +282,6 @@ class TypeSummary:
                 "counts": dict(self.counts)}
 
 
-def global_limits(config: Config, registry: Registry) -> dict[str, int]:
-    """Each type's global limit, as the service applies it: WORKER_GLOBAL_LIMITS over the
-    registration's (the service also refuses a variable naming an unknown type; shown here as set)."""
-    limits = {name: spec.global_limit for name in registry.job_types()
-              if (spec := registry.spec(name)).global_limit is not None}
-    return {**limits, **config.worker.global_limits}
-
-
-_RATE_UNITS = {1.0: "s", 60.0: "m", 3600.0: "h"}
-
-
-def rate_limits(config: Config, registry: Registry) -> dict[str, str]:
-    """Each type's rate limit as its setting writes it ("10/s"): WORKER_RATE_LIMITS over the registration's."""
-    rates = {name: spec.rate_limit for name in registry.job_types()
-             if (spec := registry.spec(name)).rate_limit is not None}
-    rates.update(config.worker.rate_limits)
-    return {name: f"{n}/{_RATE_UNITS.get(window, f'{window:g}s')}" for name, (n, window) in rates.items()}
-
-
 async def types_summary(backend: Backend, registry: Registry, config: Config, *,
                         stats: Mapping[str, Any] | None = None) -> list[TypeSummary]:
     """Every job type of the registry, then those only the store knows, by name. ``stats``: the
@@ -309,7 +291,7 @@ async def types_summary(backend: Backend, registry: Registry, config: Config, *,
     paused = await backend.paused_types()
     by_type: Mapping[str, Mapping[str, int]] = stats.get("by_type", {})
     limits = global_limits(config, registry)
-    rates = rate_limits(config, registry)
+    rates = {name: rate_text(rate) for name, rate in rate_limits(config, registry).items()}
     known = registry.job_types()
     out = []
     for name in [*known, *sorted((set(by_type) | paused) - set(known))]:

@@ -71,7 +71,8 @@ async def test_list_jobs_newest_first_with_filters_and_pages(db_path: Any, seede
         assert ids == sorted(ids, reverse=True) and len(ids) == 7
         job = body["items"][0]
         assert set(job) == {"id", "job_type", "payload", "status", "attempts", "max_attempts", "run_after", "error",
-                            "created_at", "updated_at", "priority", "unique_key"}
+                            "created_at", "updated_at", "priority", "unique_key", "result", "progress", "snoozes",
+                            "expires_at", "cancel_requested", "limit_key"}
 
         dead = (await client.get("/admin/jobs", params={"status": "dead"})).json()
         assert dead["total"] == 2 and {j["id"] for j in dead["items"]} == set(seeded["dead"])
@@ -183,7 +184,7 @@ async def test_retry_dead_job_then_conflict(db_path: Any, seeded: dict[str, list
         assert (job["status"], job["attempts"]) == ("pending", 0)
         assert job["run_after"] <= job["updated_at"]
         assert (await pipeline.backend.get(job_id)).status == "pending"
-        assert_error(await client.post(f"/admin/jobs/{job_id}/retry"), 409, "pending", "only dead jobs")
+        assert_error(await client.post(f"/admin/jobs/{job_id}/retry"), 409, "pending", "only dead or cancelled jobs")
         assert_error(await client.post(f"/admin/jobs/{seeded['completed'][0]}/retry"), 409, "completed")
         assert_error(await client.post("/admin/jobs/nope/retry"), 404, "no job with id 'nope'")
 
@@ -486,9 +487,9 @@ async def test_unknown_routes_and_methods(db_path: Any) -> None:
 async def test_stats(db_path: Any, seeded: dict[str, list[str]]) -> None:
     async with served(api_config(db_path)) as (_, client):
         stats = (await client.get("/admin/stats")).json()
-        assert stats["by_status"] == {"pending": 2, "running": 0, "completed": 3, "dead": 2}
+        assert stats["by_status"] == {"pending": 2, "running": 0, "completed": 3, "dead": 2, "cancelled": 0}
         assert stats["total"] == 7
-        assert stats["by_type"]["send_email"] == {"pending": 0, "running": 0, "completed": 3, "dead": 2}
+        assert stats["by_type"]["send_email"] == {"pending": 0, "running": 0, "completed": 3, "dead": 2, "cancelled": 0}
         assert stats["by_type"]["generate_sitemap"]["pending"] == 2
         minutes = stats["finished_per_minute"]
         assert len(minutes) == 60

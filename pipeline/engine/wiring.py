@@ -36,12 +36,13 @@ from ..backends.base import NUDGE_BUFFER, PRIORITY_DEFAULT, PRIORITY_MAX, PRIORI
 from ..clock import now_ts, to_ts
 from ..config import Config
 from ..context import JobContext
-from ..errors import ConfigError, JobCancelled, JobFailed, PipelineClosed, UsageError
+from ..errors import JobCancelled, JobFailed, PipelineClosed, UsageError
 from ..ids import UUID7Factory
+from ..limits import global_limits, rate_limits
 from ..logs import outcome_lines, outcome_message
 from ..registry import Registry
 from ..replies import Reply
-from ..requests import check_unique_key
+from ..requests import check_expires_at, check_unique_key
 from ..states import TERMINAL, Status
 from .actors.bus import Envelope, run_event_bus
 from .actors.control import ProgressBoard, run_canceller, run_progress_writer
@@ -341,20 +342,6 @@ class Pipeline:
 KEYS_UNLIMITED = 2**31 - 1  # the key limit of a type with limit_key and no key_limit: round-robin alone
 
 
-def check_expires_at(value: Any, *, run_after: str, now: str) -> str:
-    """A job's expiry as stored: a time (datetime, ISO 8601 text or epoch seconds) after now and after
-    the job is due; UsageError otherwise (such a job could never run)."""
-    try:
-        expires_at = to_ts(value)
-    except (ValueError, TypeError, OverflowError) as exc:
-        raise UsageError(f"expires_at {value!r:.80} is not a time (datetime, ISO 8601 text or epoch seconds): {exc}") from None
-    if expires_at <= now:
-        raise UsageError(f"expires_at {expires_at} is not in the future (now is {now}): the job could never run")
-    if expires_at <= run_after:
-        raise UsageError(f"expires_at {expires_at} is not after the job is due ({run_after}): it could never run")
-    return expires_at
-
-
 def _result_of(job: JobRecord) -> Any:
     """A final job's result, or the error that says why it has none."""
     if job.status == Status.COMPLETED:
@@ -374,37 +361,6 @@ def default_owner() -> str:
     """host:pid:nonce. The nonce tells apart pipelines opened one after another in one
     process: a pipeline never rescues its own leases, only those of others."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-
-
-def global_limits(config: Config, registry: Registry) -> dict[str, int]:
-    """Each job type's global limit: WORKER_GLOBAL_LIMITS, else its registration's. A type
-    the variable names that the registry does not know is refused (a typo would leave the
-    type it meant without its limit)."""
-    configured = config.worker.global_limits
-    unknown = sorted(set(configured) - set(registry.job_types()))
-    if unknown:
-        raise ConfigError(
-            f"WORKER_GLOBAL_LIMITS={config.worker.global_limits_text!r} names job types this service does not know: "
-            f"{', '.join(unknown)} (known: {', '.join(registry.job_types()) or 'none'})"
-        )
-    limits = {name: spec.global_limit for name, spec in ((n, registry.spec(n)) for n in registry.job_types())
-              if spec.global_limit is not None}
-    return {**limits, **configured}
-
-
-def rate_limits(config: Config, registry: Registry) -> dict[str, tuple[int, float]]:
-    """Each job type's rate limit, (starts, window seconds): WORKER_RATE_LIMITS, else its registration's;
-    a type the variable names that the registry does not know is refused, as WORKER_GLOBAL_LIMITS's."""
-    configured = config.worker.rate_limits
-    unknown = sorted(set(configured) - set(registry.job_types()))
-    if unknown:
-        raise ConfigError(
-            f"WORKER_RATE_LIMITS={config.worker.rate_limits_text!r} names job types this service does not know: "
-            f"{', '.join(unknown)} (known: {', '.join(registry.job_types()) or 'none'})"
-        )
-    rates = {name: spec.rate_limit for name, spec in ((n, registry.spec(n)) for n in registry.job_types())
-             if spec.rate_limit is not None}
-    return {**rates, **configured}
 
 
 def _make_pools(config: Config, registry: Registry, wiring: Wiring) -> dict[str, Pool]:
