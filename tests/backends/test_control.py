@@ -73,6 +73,11 @@ async def claimed_ids(backend: Backend, wants: dict[str, int], **options: Any) -
     return sorted(lease.id for lease in leases)
 
 
+def old(row: NewJob) -> NewJob:
+    """The row as inserted a minute ago (its updated_at too): a write that forgets updated_at shows."""
+    return row._replace(created_at=ts(-60.0))
+
+
 def near(text: str, before: str, after: str, *, plus: float = 0.0) -> bool:
     """``text`` is a time between ``before`` and ``after`` (+ ``plus`` seconds), to the millisecond."""
     return epoch(before) + plus - 0.002 <= epoch(text) <= epoch(after) + plus + 0.002
@@ -90,7 +95,7 @@ async def free_key(backend: Backend, key: str, job_type: str = "t") -> str:
 
 @pytest.mark.parametrize("due", [True, False], ids=["due", "delayed"])
 async def test_a_pending_job_is_cancelled_at_once_and_its_unique_key_is_freed(backend: Backend, due: bool) -> None:
-    (job_id,) = await add(backend, unique_key="k", delay=PAST if due else 0.08)
+    (job_id,) = await insert(backend, old(job(unique_key="k", delay=PAST if due else 0.08)))
     before = ts()
     assert await backend.cancel([job_id], reason=REASON) == ["cancelled"]
     after = ts()
@@ -218,16 +223,22 @@ async def test_a_cancel_requested_before_an_outcome_that_would_run_it_again_ends
 ) -> None:
     (job_id,) = await add(backend, max_attempts=5, unique_key="k")
     lease = await claim_one(backend)
+    sibling = await running(backend, "s", max_attempts=5)  # the same outcome in the same call, no cancel asked
     assert await backend.cancel([job_id], reason=REASON) == [CANCELLING]
-    settlement, ended = {
-        "retry": (retry(lease, 0.0, error="ValueError: nope"), "ValueError: nope"),
-        "release": (release(lease), "released"),
-        "snooze": (snooze(lease, 0.0, limit=5, error="not ready yet"), "not ready yet"),
-    }[outcome]
-    assert await settle_one(backend, settlement)
+
+    def outcome_of(lease: Lease) -> tuple[Settlement, str]:
+        return {
+            "retry": (retry(lease, 0.0, error="ValueError: nope"), "ValueError: nope"),
+            "release": (release(lease), "released"),
+            "snooze": (snooze(lease, 0.0, limit=5, error="not ready yet"), "not ready yet"),
+        }[outcome]
+
+    settlement, ended = outcome_of(lease)
+    assert await backend.settle([outcome_of(sibling)[0], settlement]) == [True, True]
     got = await record(backend, job_id)
     assert (got.status, got.error, got.cancel_requested, got.lease_owner) == ("cancelled", REQUESTED + ended, False, None)
-    assert await backend.claim({"t": 1}, owner="w", lease_seconds=LONG) == []
+    assert (await record(backend, sibling.id)).status == "pending"
+    assert await claimed_ids(backend, {"t": 1, "s": 1}) == [sibling.id]
     assert await backend.rescue_expired(base_seconds=0.0) == 0
     assert (await record(backend, job_id)).status == "cancelled"
     assert await backend.cancel_requests("owner-a") == []
@@ -331,7 +342,7 @@ async def test_revive_names_the_statuses_it_takes(backend: Backend) -> None:
 @pytest.mark.parametrize("how", ["plain", "ahead", "limited"])
 async def test_a_claim_ends_its_types_expired_jobs_cancelled_and_never_returns_one(backend: Backend, how: str) -> None:
     options: dict[str, Any] = {"plain": {}, "ahead": {"start": {"t": 0}}, "limited": {"limits": {"t": 5}}}[how]
-    gone = [job(priority=0, expires_at=ts(-1.0)), job(priority=0, expires_at=ts(-0.01))]  # first, were they not expired
+    gone = [old(job(priority=0, expires_at=ts(-1.0))), old(job(priority=0, expires_at=ts(-0.01)))]  # first, unexpired
     live = job(priority=5, expires_at=ts(FUTURE))
     plain = job(priority=9)
     other = job("u", expires_at=ts(-1.0))  # a type this claim does not ask for
@@ -359,8 +370,8 @@ async def test_a_job_that_expires_while_it_waits_is_not_claimed(backend: Backend
 
 
 async def test_rescue_ends_every_expired_pending_job_cancelled_whatever_its_type(backend: Backend) -> None:
-    nobodys = job("nobody_claims", expires_at=ts(-1.0))
-    not_due = job(delay=FUTURE, expires_at=ts(-0.5))  # not even due, and already past its expiry
+    nobodys = old(job("nobody_claims", expires_at=ts(-1.0)))
+    not_due = old(job(delay=FUTURE, expires_at=ts(-0.5)))  # not even due, and already past its expiry
     live = job(expires_at=ts(FUTURE))
     plain = job()
     await insert(backend, nobodys, not_due, live, plain)
@@ -608,20 +619,21 @@ async def test_a_snoozed_job_is_pending_again_after_its_delay_without_its_attemp
 
 
 async def test_a_job_claimed_ahead_snoozes_with_no_attempt_to_give_back(backend: Backend) -> None:
-    (job_id,) = await add(backend)
+    (job_id,) = await add(backend, max_attempts=5)
+    assert await settle_one(backend, retry(await claim_one(backend), 0.0))  # one attempt counted (and failed)
     (ahead,) = await backend.claim({"t": 1}, owner="w", lease_seconds=LONG, start={"t": 0})
     assert ahead.started is False
     assert await settle_one(backend, snooze(ahead, 0.0))
     got = await record(backend, job_id)
-    assert (got.status, got.attempts, got.snoozes) == ("pending", 0, 1)
+    assert (got.status, got.attempts, got.snoozes) == ("pending", 1, 1)
     # claimed ahead again, then started (its attempt counted), then snoozed: given back
     (ahead,) = await backend.claim({"t": 1}, owner="w", lease_seconds=LONG, start={"t": 0})
     assert await settle_one(backend, Settlement(ahead.id, ahead.token, Transition.START))
-    assert (await record(backend, job_id)).attempts == 1
+    assert (await record(backend, job_id)).attempts == 2
     assert await settle_one(backend, snooze(ahead, 0.0))
     got = await record(backend, job_id)
-    assert (got.status, got.attempts, got.snoozes) == ("pending", 0, 2)
-    assert (await claim_one(backend)).attempts == 1
+    assert (got.status, got.attempts, got.snoozes) == ("pending", 1, 2)
+    assert (await claim_one(backend)).attempts == 2
 
 
 async def test_snoozes_are_counted_and_one_past_the_limit_ends_the_job_dead(backend: Backend) -> None:
