@@ -25,14 +25,19 @@ def take_turn(conn: psycopg.Connection[Any], interval_seconds: float) -> bool:
 
 def prune(conn: psycopg.Connection[Any], status: str, older_than_seconds: float, limit: int) -> int:
     """Up to ``limit`` jobs of the final ``status`` last updated more than ``older_than_seconds``
-    ago, oldest first (the partial index jobs_finished)."""
+    ago, oldest first (the partial indexes jobs_finished and jobs_cancelled)."""
     check_finished([status], "retention removes")
-    return conn.execute(
-        "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE status = %(status)s "
-        "AND updated_at < now() - %(age)s::float8 * interval '1 second' ORDER BY updated_at LIMIT %(limit)s "
-        "FOR UPDATE SKIP LOCKED)",
-        {"status": status, "age": older_than_seconds, "limit": limit},
-    ).rowcount
+    return conn.execute(PRUNE, {"status": status, "age": older_than_seconds, "limit": limit}).rowcount
+
+
+# By status and age: jobs_finished for completed and dead jobs, jobs_cancelled for cancelled ones;
+# then = ANY(ARRAY(...)), the rows by primary key (as IN (...), a hash join that read the whole
+# table to find the few it deletes).
+PRUNE = (
+    "DELETE FROM jobs WHERE id = ANY(ARRAY(SELECT id FROM jobs WHERE status = %(status)s "
+    "AND updated_at < now() - %(age)s::float8 * interval '1 second' ORDER BY updated_at LIMIT %(limit)s "
+    "FOR UPDATE SKIP LOCKED))"
+)
 
 
 def prune_workers(conn: psycopg.Connection[Any], older_than_seconds: float) -> int:
