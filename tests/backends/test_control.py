@@ -33,7 +33,6 @@ from pipeline.states import Transition
 from .kit import (
     FUTURE,
     LONG,
-    PAST,
     SHORT,
     add,
     bury,
@@ -95,7 +94,9 @@ async def free_key(backend: Backend, key: str, job_type: str = "t") -> str:
 
 @pytest.mark.parametrize("due", [True, False], ids=["due", "delayed"])
 async def test_a_pending_job_is_cancelled_at_once_and_its_unique_key_is_freed(backend: Backend, due: bool) -> None:
-    (job_id,) = await insert(backend, old(job(unique_key="k", delay=PAST if due else 0.08)))
+    # the delayed one would also expire before it is due: its cancel must take it out of that index too
+    row = job(unique_key="k") if due else job(unique_key="k", delay=0.08, expires_at=ts(0.05))
+    (job_id,) = await insert(backend, old(row))
     before = ts()
     assert await backend.cancel([job_id], reason=REASON) == ["cancelled"]
     after = ts()
@@ -105,9 +106,10 @@ async def test_a_pending_job_is_cancelled_at_once_and_its_unique_key_is_freed(ba
     assert near(got.updated_at, before, after)
     successor = await free_key(backend, "k")
     if not due:
-        await trio.sleep(0.1)  # past its run_after: no index of delayed or due jobs still holds it
+        await trio.sleep(0.1)  # past its run_after and expiry: no index of delayed, due or expiring jobs holds it
     assert await claimed_ids(backend, {"t": 5}) == [successor]
-    assert (await record(backend, job_id)).status == "cancelled"
+    assert await backend.rescue_expired(base_seconds=1.0) == 0
+    assert await record(backend, job_id) == got
     assert (await backend.list(status="pending"))[1] == 0
     assert (await backend.stats())["by_status"].get("pending", 0) == 0
 
@@ -681,15 +683,28 @@ async def test_list_and_stats_count_cancelled_jobs(backend: Backend) -> None:
 
 
 async def test_cleanup_prune_and_delete_remove_cancelled_jobs(backend: Backend) -> None:
-    old = await add(backend, 3, "old")
-    assert await backend.cancel(old, reason=REASON) == ["cancelled"] * 3
+    # cancelled every way there is: while pending, stopped by its worker, racing a retry, expired, rescued
+    gone = await add(backend, 3, "old")
+    assert await backend.cancel(gone, reason=REASON) == ["cancelled"] * 3
+    stopped, raced = await running(backend, "stopped"), await running(backend, "raced")
+    await add(backend, job_type="rescued")
+    (rescued,) = await backend.claim({"rescued": 1}, owner="gone:1", lease_seconds=SHORT)
+    assert await backend.cancel([stopped.id, raced.id, rescued.id], reason=REASON) == [CANCELLING] * 3
+    assert await backend.settle([stop(stopped), retry(raced, 0.0)]) == [True, True]
+    expired = job("expired", expires_at=ts(-1.0))
+    await insert(backend, expired)
+    assert await backend.claim({"expired": 1}, owner="w", lease_seconds=LONG) == []
+    await outlive(SHORT)
+    assert await backend.rescue_expired(base_seconds=1.0) == 1
+    gone += [stopped.id, raced.id, rescued.id, expired.id]
+    assert {(await record(backend, i)).status for i in gone} == {"cancelled"}
     done = await running(backend, "done")
     assert await settle_one(backend, succeed(done))
     (pending,) = await add(backend, 1, "p")
     await trio.sleep(0.1)
     assert await backend.prune("cancelled", older_than_seconds=3600, limit=10) == 0
-    assert [await backend.prune("cancelled", older_than_seconds=0.05, limit=2) for _ in range(3)] == [2, 1, 0]
-    assert [await backend.get(i) for i in old] == [None, None, None]
+    assert [await backend.prune("cancelled", older_than_seconds=0.05, limit=4) for _ in range(3)] == [4, 3, 0]
+    assert [await backend.get(i) for i in gone] == [None] * 7
     assert (await record(backend, done.id)).status == "completed"
     assert (await record(backend, pending)).status == "pending"
 
