@@ -48,10 +48,10 @@ def connection(config: Config) -> Iterator[psycopg.Connection[Any]]:
 _OLD_ROWS = """
 INSERT INTO jobs (id, job_type, payload, status, attempts, run_after, lease_token, lease_owner, lease_expires_at,
                   started_at, error)
-VALUES ('00000000-0000-7000-8000-000000000001', 't', '{}', 'pending', 0, now() - interval '1 minute', 0, NULL, NULL, NULL,
-        NULL),
-       ('00000000-0000-7000-8000-000000000002', 'r', '{}', 'running', 1, now(), 1, 'old:1', now() + interval '1 hour', now(),
-        NULL),
+VALUES ('00000000-0000-7000-8000-000000000001', 't', '{}', 'pending', 0, now() - interval '1 minute', 0, NULL,
+        NULL, NULL, NULL),
+       ('00000000-0000-7000-8000-000000000002', 'r', '{}', 'running', 1, now(), 1, 'old:1', now() + interval '1 hour',
+        now(), NULL),
        ('00000000-0000-7000-8000-000000000003', 't', '{}', 'completed', 1, now(), 1, NULL, NULL, NULL, NULL),
        ('00000000-0000-7000-8000-000000000004', 'u', '{}', 'dead', 3, now(), 3, NULL, NULL, NULL, 'boom')
 """
@@ -74,14 +74,15 @@ async def test_a_schema_of_version_5_is_upgraded_in_place_and_its_jobs_go_on(tmp
             assert valid == [(True,)]
             with pytest.raises(psycopg.errors.CheckViolation):
                 conn.execute("UPDATE jobs SET status = 'paused' WHERE id = %s", (PENDING,))
-            indexes = {name for (name,) in conn.execute("SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()")}
-            assert {"jobs_expiring", "jobs_cancel_requests", "jobs_cancelled", "jobs_finished", "paused_types_pkey"} <= indexes
+            names = conn.execute("SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()").fetchall()
+            made = {"jobs_expiring", "jobs_cancel_requests", "jobs_cancelled", "jobs_finished", "paused_types_pkey"}
+            assert made <= {name for (name,) in names}
 
         async with open_backend(config) as backend:
             for job_id in (PENDING, RUNNING, COMPLETED, DEAD):
                 got = await record(backend, job_id)
-                assert (got.result, got.progress, got.progress_message, got.snoozes, got.expires_at, got.cancel_requested) == (
-                    None, None, None, 0, None, False), got
+                new = (got.result, got.progress, got.progress_message, got.snoozes, got.expires_at, got.cancel_requested)
+                assert new == (None, None, None, 0, None, False), got
             # the running job goes on under its old lease, and can be asked to stop
             assert await backend.set_progress(RUNNING, 1, 0.5, "half")
             assert await backend.cancel([PENDING, RUNNING, COMPLETED], reason="upgrade") == [
@@ -260,7 +261,8 @@ def _plan(conn: psycopg.Connection[Any], sql: str, params: Any = None) -> tuple[
 
 _FILL = """
 INSERT INTO jobs (id, job_type, payload, status, updated_at, lease_owner, expires_at, cancel_requested)
-SELECT 'j' || lpad(g::text, 6, '0'), 't' || g % 5, '{}', (ARRAY['completed', 'dead', 'cancelled', 'pending', 'running'])[1 + g % 5],
+SELECT 'j' || lpad(g::text, 6, '0'), 't' || g % 5, '{}',
+       (ARRAY['completed', 'dead', 'cancelled', 'pending', 'running'])[1 + g % 5],
        now() - (g % 5000) * interval '1 minute', CASE WHEN g % 5 = 4 THEN 'w' || g % 20 END,
        CASE WHEN g % 5 = 3 THEN now() + interval '1 day' END, g % 500 = 4
   FROM generate_series(1, 20000) g

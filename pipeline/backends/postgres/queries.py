@@ -19,8 +19,8 @@ from .store import MS
 
 _RECORD = (
     "SELECT id, job_type, payload, status, attempts, max_attempts, run_after, error, created_at, updated_at, priority, "
-    "lease_owner, lease_expires_at, unique_key, result, progress, progress_message, snoozes, expires_at, cancel_requested "
-    "FROM jobs"
+    "lease_owner, lease_expires_at, unique_key, result, progress, progress_message, snoozes, expires_at, "
+    "cancel_requested FROM jobs"
 )
 
 
@@ -107,7 +107,8 @@ def _revive(conn: psycopg.Connection[Any], job_id: str) -> JobRecord:
 
 # The jobs not final yet, locked in id order (the order every multi-row update of the store locks
 # in, store.by_id): each one's status is then ours to change until the commit.
-_LOCK_LIVE = "SELECT id, status FROM jobs WHERE id = ANY(%(ids)s) AND status IN ('pending', 'running') ORDER BY id FOR UPDATE"
+_LOCK_LIVE = ("SELECT id, status FROM jobs WHERE id = ANY(%(ids)s) AND status IN ('pending', 'running') "
+              "ORDER BY id FOR UPDATE")
 _CANCEL_PENDING = f"""
 UPDATE jobs SET status = 'cancelled', error = %(error)s, updated_at = {MS}, started_at = NULL
  WHERE id = ANY(%(ids)s) AND status = 'pending'
@@ -158,8 +159,8 @@ def cancel(conn: psycopg.Connection[Any], job_ids: Sequence[str], *, reason: str
 def set_type_paused(conn: psycopg.Connection[Any], job_type: str, paused: bool) -> None:
     """Pause (idempotent), or resume and wake every Poller: the type's due jobs can be claimed again."""
     if paused:
-        conn.execute(f"INSERT INTO paused_types (job_type, paused_at) VALUES (%s, {MS}) ON CONFLICT (job_type) DO NOTHING",
-                     (job_type,))
+        conn.execute(f"INSERT INTO paused_types (job_type, paused_at) VALUES (%s, {MS}) "
+                     "ON CONFLICT (job_type) DO NOTHING", (job_type,))
     else:
         conn.execute("WITH gone AS (DELETE FROM paused_types WHERE job_type = %s RETURNING 1) "
                      "SELECT pg_notify('pipeline_jobs', current_schema()) FROM gone", (job_type,))

@@ -54,9 +54,9 @@ _INSERT = _INSERT_INTO + _ROWS
 _INSERT_TRACED = (
     "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, created_at, updated_at, priority, "
     "trace, expires_at) SELECT id, job_type, payload, 'pending', 0, max_attempts, run_after::timestamptz, "
-    "created_at::timestamptz, created_at::timestamptz, priority, trace, expires_at::timestamptz FROM unnest(%(ids)s::text[], "
-    "%(types)s::text[], %(payloads)s::text[], %(max_attempts)s::bigint[], %(run_after)s::text[], %(priorities)s::bigint[], "
-    "%(created)s::text[], %(traces)s::text[], %(expires)s::text[]) "
+    "created_at::timestamptz, created_at::timestamptz, priority, trace, expires_at::timestamptz FROM "
+    "unnest(%(ids)s::text[], %(types)s::text[], %(payloads)s::text[], %(max_attempts)s::bigint[], %(run_after)s::text[], "
+    "%(priorities)s::bigint[], %(created)s::text[], %(traces)s::text[], %(expires)s::text[]) "
     "AS r(id, job_type, payload, max_attempts, run_after, priority, created_at, trace, expires_at)"
 )
 
@@ -235,13 +235,15 @@ def _settle(outcomes: str) -> str:
 UPDATE jobs j
    SET status = CASE WHEN {_PENDING} THEN 'pending' WHEN o.kind = 'cancel' OR {_STOPPED} THEN 'cancelled'
                      WHEN o.kind = 'succeed' THEN 'completed' WHEN o.kind = 'start' THEN 'running' ELSE 'dead' END,
-       attempts = CASE WHEN o.kind IN ('release', 'snooze') AND j.started_at IS NOT NULL THEN greatest(j.attempts - 1, 0)
+       attempts = CASE WHEN o.kind IN ('release', 'snooze') AND j.started_at IS NOT NULL
+                       THEN greatest(j.attempts - 1, 0)
                        WHEN o.kind = 'start' AND j.started_at IS NULL THEN j.attempts + 1
                        ELSE j.attempts END,
        run_after = CASE WHEN NOT {_PENDING} THEN j.run_after WHEN o.kind = 'release' THEN {MS}
                         ELSE {seconds_after('o.delay')} END,
        error = CASE WHEN {_STOPPED} THEN '{STOPPED}' || coalesce(o.error, 'released')
-                    WHEN o.kind IN ('retry', 'bury', 'cancel') OR o.kind = 'snooze' AND j.snoozes >= o.snooze_limit THEN o.error
+                    WHEN o.kind IN ('retry', 'bury', 'cancel') OR o.kind = 'snooze' AND j.snoozes >= o.snooze_limit
+                    THEN o.error
                     ELSE j.error END,
        started_at = CASE WHEN o.kind IN ('retry', 'release', 'snooze') THEN NULL
                          WHEN o.kind = 'start' THEN coalesce(j.started_at, {MS}) ELSE j.started_at END,
@@ -416,7 +418,8 @@ _EXPIRE_ALL = f"""
 WITH RECURSIVE w(job_type) AS (
     (SELECT job_type FROM jobs WHERE status = 'pending' AND expires_at IS NOT NULL ORDER BY job_type LIMIT 1)
     UNION ALL
-    SELECT (SELECT j.job_type FROM jobs j WHERE j.status = 'pending' AND j.expires_at IS NOT NULL AND j.job_type > w.job_type
+    SELECT (SELECT j.job_type FROM jobs j
+             WHERE j.status = 'pending' AND j.expires_at IS NOT NULL AND j.job_type > w.job_type
              ORDER BY j.job_type LIMIT 1)
       FROM w WHERE w.job_type IS NOT NULL
 )
@@ -591,8 +594,8 @@ UPDATE jobs j
        progress_message = CASE WHEN r.status = 'pending' THEN NULL ELSE j.progress_message END,
        started_at = NULL, updated_at = {MS}, lease_owner = NULL, lease_expires_at = NULL, cancel_requested = false
   FROM (SELECT *, 'running'::text AS running
-          FROM unnest(%(ids)s::text[], %(tokens)s::bigint[], %(statuses)s::text[], %(delays)s::float8[], %(errors)s::text[],
-                      %(started)s::bool[]) AS r(id, token, status, delay, error, started) OFFSET 0) r
+          FROM unnest(%(ids)s::text[], %(tokens)s::bigint[], %(statuses)s::text[], %(delays)s::float8[],
+                      %(errors)s::text[], %(started)s::bool[]) AS r(id, token, status, delay, error, started) OFFSET 0) r
  WHERE j.id = ANY(ARRAY(SELECT unnest(%(ids)s::text[]))) AND j.id = r.id AND j.status = r.running AND j.lease_token = r.token
 """
 RESCUED_CANCEL = cancelled_running_error("its cancel was requested")
