@@ -198,17 +198,27 @@ CREATE INDEX IF NOT EXISTS idx_jobs_expiring ON jobs(expires_at, job_type, statu
 CREATE INDEX IF NOT EXISTS idx_jobs_cancel_requests ON jobs(lease_owner)
     WHERE status = 'running' AND cancel_requested = 1;
 -- Finished jobs by status and age (retention, the jobs finished per minute), cancelled ones too.
+-- An OR, not IN: SQLite evaluates a partial index's condition at every write of a row, and an IN
+-- of three values or more builds a table of them each time (measured: +1 to +2.5 us of CPU per
+-- insert, claim and success; two values are compared in place, as before).
 DROP INDEX IF EXISTS idx_jobs_finished;
-CREATE INDEX IF NOT EXISTS idx_jobs_finished ON jobs(status, updated_at) WHERE status IN ('completed', 'dead', 'cancelled');
+CREATE INDEX IF NOT EXISTS idx_jobs_finished ON jobs(status, updated_at)
+    WHERE status = 'completed' OR status = 'dead' OR status = 'cancelled';
 """
 
-# The jobs table's status check as version 1 wrote it, and as it is from version 13 on
+# The jobs table's status check as version 1 wrote it, and as it is from version 13 on: ORs, not
+# IN, since SQLite checks it at every write of a row's status, and an IN of three values or more
+# builds a table of them each time (measured with the four of before: 1.5 us of CPU per insert
+# and per success, 2.5 us per claimed job, a fifth of each; as ORs they are compared in place)
 _STATUS_CHECK = "CHECK (status IN ('pending', 'running', 'completed', 'dead'))"
-_STATUS_CHECK_CANCELLED = "CHECK (status IN ('pending', 'running', 'completed', 'dead', 'cancelled'))"
+_STATUS_CHECK_CANCELLED = (
+    "CHECK (status = 'pending' OR status = 'running' OR status = 'completed' OR status = 'dead' OR status = 'cancelled')"
+)
 
 
 def _control(conn: sqlite3.Connection) -> None:
-    """Version 13: the status check takes "cancelled", then :data:`CONTROL`.
+    """Version 13: the status check takes "cancelled" (and is written as ORs, see
+    :data:`_STATUS_CHECK_CANCELLED`), then :data:`CONTROL`.
 
     SQLite cannot alter a check. Rebuilding the table (copy, drop, rename) would copy every
     row, and, in a file the application shares, drop the triggers on it and fire the ON DELETE

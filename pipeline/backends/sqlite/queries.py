@@ -15,6 +15,7 @@ from ...errors import UsageError
 from ...states import Status
 from ..base import CANCELLING, JobRecord, WorkerRecord, cancelled_error, check_list_order, unique_key_held
 from . import store
+from .retention import FINISHED
 
 # JobRecord's fields in order. A cancel request is shown only while the job runs: SUCCEED's
 # statement, the hot path's, leaves the column as it was (see store._SUCCEED), and a request
@@ -176,9 +177,9 @@ def stats(conn: sqlite3.Connection) -> dict[str, Any]:
 
 # -- operator views (the admin API, the dashboard, `stats`, /metrics) ---------------------------
 
-_FINISHED_PER_MINUTE = (
+_FINISHED_PER_MINUTE = (  # through idx_jobs_finished (its condition as it is written there)
     "SELECT substr(updated_at, 1, 16) AS minute, status, count(*) FROM jobs "
-    "WHERE status IN ('completed', 'dead', 'cancelled') AND updated_at >= ? GROUP BY minute, status"
+    f"WHERE {FINISHED} AND updated_at >= ? GROUP BY minute, status"
 )
 
 
