@@ -11,11 +11,12 @@ import atexit
 import os
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+import pytest
 import trio
 from conftest import fast_config, require_service
 
@@ -118,3 +119,38 @@ BACKENDS: dict[str, StoreFactory] = {
     "postgres": postgres_store,
     "redis": redis_store,
 }
+
+
+async def on_each_store(tmp_path: Path, scenario: Callable[[str, Config, Path], Awaitable[None]]) -> None:
+    """Run ``scenario(name, config, folder)`` on a fresh store of each backend, the three side by
+    side: a test of real processes mostly waits (for processes to start, for ticks, for a stop),
+    and one store after another it waits three times. Each store gets a folder of its own in
+    tmp_path. Every store's run goes to its end whatever the others do; their failures are raised
+    together, each noted with its store. A store whose server does not answer (skipped, outside CI)
+    is left out, and once the others passed the test is reported skipped, naming it."""
+    failures: list[BaseException] = []
+    passed: list[str] = []
+    skipped: list[str] = []
+
+    async def one(name: str) -> None:
+        folder = tmp_path / name
+        folder.mkdir()
+        try:
+            async with BACKENDS[name](folder) as config:
+                await scenario(name, config, folder)
+            passed.append(name)
+        except pytest.skip.Exception as skip:
+            skipped.append(f"{name}: {skip.msg}")
+        except (Exception, pytest.fail.Exception) as error:
+            error.add_note(f"(on the {name} store)")
+            failures.append(error)
+
+    async with trio.open_nursery() as nursery:
+        for name in sorted(BACKENDS):
+            nursery.start_soon(one, name)
+    if len(failures) == 1:
+        raise failures[0]
+    if failures:
+        raise BaseExceptionGroup(f"failed on {len(failures)} stores", failures)
+    if skipped:
+        pytest.skip(f"passed on {', '.join(sorted(passed)) or 'no store'}; left out: {'; '.join(sorted(skipped))}")

@@ -16,10 +16,12 @@ import pytest
 import trio
 
 from pipeline import Config
-from pipeline.backends import Backend
+from pipeline.backends import Backend, open_backend
 from pipeline.backends.base import ScheduleRecord
 from pipeline.clock import now_ts, to_epoch
 from pipeline.schedules import make_schedule
+
+from .stores import on_each_store
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 SERVICE = ROOT / "tests" / "supervised_service.py"
@@ -27,7 +29,17 @@ SERVICE = ROOT / "tests" / "supervised_service.py"
 pytestmark = pytest.mark.slow
 
 
-async def test_three_processes_enqueue_each_tick_once(backend: Backend, store_config: Config, tmp_path: Path) -> None:
+async def test_three_processes_enqueue_each_tick_once(tmp_path: Path) -> None:
+    """On each store, the three stores side by side (most of the run is watching ticks)."""
+    await on_each_store(tmp_path, three_processes_enqueue_each_tick_once)
+
+
+async def three_processes_enqueue_each_tick_once(name: str, store_config: Config, tmp_path: Path) -> None:
+    async with open_backend(store_config) as backend:
+        await watch_the_ticks(backend, store_config, tmp_path)
+
+
+async def watch_the_ticks(backend: Backend, store_config: Config, tmp_path: Path) -> None:
     sys.path.insert(0, str(ROOT / "tests"))
     from jobkit import registry
 
