@@ -145,7 +145,8 @@ def sync_code(client: Any, prefix: str, records: Sequence[ScheduleRecord], *, ow
 def fire(client: Any, prefix: str, *, name: str, tick: str, next_run: str, job: NewJob) -> bool:
     check_advance(name, tick=tick, next_run=next_run)
     # a schedule's job has no unique key (nor a producer's trace context, the Scheduler's own):
-    # INSERT's seven values (insert_call's, after prefix and count), or INSERT_UNIQUE's ten with an expires_at
+    # INSERT's seven values (insert_call's, after prefix and count), or INSERT_UNIQUE's twelve with an
+    # expires_at or a limit key
     args = [prefix, name, tick, next_run, ms_of(next_run), now_ts(),
-            *insert_call(prefix, [job._replace(unique_key=None, trace=None)])[1][2:]]
+            *insert_call(prefix, [job._replace(unique_key=None, trace=None, unique_while=None)])[1][2:]]
     return bool(run_script(client, ALL["schedule_fire"], args))

@@ -56,7 +56,7 @@ from importlib import resources
 import attrs
 
 RECORD_FIELDS = ("type", "payload", "status", "attempts", "max", "run", "error", "created", "updated", "prio", "owner",
-                 "expires", "ukey", "result", "progress", "pmsg", "snoozes", "expat", "creq")  # (list.lua reads them too)
+                 "expires", "ukey", "result", "progress", "pmsg", "snoozes", "expat", "creq", "lkey")  # (list.lua reads them too)
 
 
 @attrs.frozen

@@ -69,11 +69,12 @@ def _s(value: bytes | None) -> str | None:
 
 def insert_call(prefix: str, rows: Sequence[NewJob]) -> tuple[Any, list[Any]]:
     """The script and arguments that insert ``rows``: INSERT, as before unique keys, when no row
-    has a key, a trace context or an expires_at (the common case: 7 values a row); else
-    INSERT_UNIQUE (10, the key, the trace and expires_at in ms last)."""
+    has a key, a trace context, an expires_at, a limit key or unique_while "pending" (the common
+    case: 7 values a row); else INSERT_UNIQUE (12: see :func:`_special`)."""
     args: list[Any] = [prefix, len(rows)]
     for row in rows:
-        if row.unique_key is not None or row.trace is not None or row.expires_at is not None:
+        if (row.unique_key is not None or row.trace is not None or row.expires_at is not None
+                or row.limit_key is not None or row.unique_while == "pending"):
             break
         args += (row.id, row.job_type, row.payload, row.max_attempts, ms_of(row.run_after), row.priority,
                  ms_of(row.created_at))
@@ -86,10 +87,12 @@ def insert_call(prefix: str, rows: Sequence[NewJob]) -> tuple[Any, list[Any]]:
 
 
 def _special(row: NewJob) -> tuple[Any, ...]:
-    """A row's 10 values for INSERT_UNIQUE and staged loads."""
+    """A row's 12 values for INSERT_UNIQUE and staged loads: INSERT's 7, then its unique key, trace
+    context, expires_at in ms, limit key ('' for none) and "1" for unique_while "pending"."""
     return (row.id, row.job_type, row.payload, row.max_attempts, ms_of(row.run_after), row.priority,
             ms_of(row.created_at), row.unique_key or "", row.trace or "",
-            "" if row.expires_at is None else ms_of(row.expires_at))
+            "" if row.expires_at is None else ms_of(row.expires_at), row.limit_key or "",
+            "1" if row.unique_while == "pending" else "")
 
 
 def stored_ids(rows: Sequence[NewJob], answer: Any) -> list[str]:
@@ -135,17 +138,23 @@ def commit_staged(client: Any, prefix: str, key: str, answer_key: str) -> tuple[
 
 
 def claim(client: Any, prefix: str, *, wants: Mapping[str, int], owner: str, lease_seconds: float,
-          start: Mapping[str, int] | None = None, limits: Mapping[str, int] | None = None) -> list[Lease]:
+          start: Mapping[str, int] | None = None, limits: Mapping[str, int] | None = None,
+          rates: Mapping[str, tuple[int, float]] | None = None, key_limits: Mapping[str, int] | None = None,
+          ) -> list[Lease]:
     """pending → running for up to ``wants[type]`` due jobs of each type, in claim order; the
     first ``start[type]`` of each start at once (all when None), the rest are claimed ahead;
-    a type in ``limits`` up to its limit less its running jobs."""
+    a type in ``limits`` up to its limit less its running jobs; a type in ``rates`` up to N less
+    its claims within the window; a type in ``key_limits`` round-robin across its jobs' limit
+    keys, up to L running per key (lua/claim.lua)."""
     args: list[Any] = [prefix, owner, round(lease_seconds * 1000), 0]
     m = 0
-    limits = limits or {}
+    limits, rates, key_limits = limits or {}, rates or {}, key_limits or {}
     for job_type, n in wants.items():
         if n > 0:
             k = n if start is None else max(0, min(n, start.get(job_type, 0)))
-            args += (job_type, n, k, limits.get(job_type, ""))
+            rate = rates.get(job_type)
+            args += (job_type, n, k, limits.get(job_type, ""), "" if rate is None else int(rate[0]),
+                     "" if rate is None else _window_ms(rate[1]), key_limits.get(job_type, ""))
             m += 1
     if not m:
         return []
@@ -165,6 +174,17 @@ def claim(client: Any, prefix: str, *, wants: Mapping[str, int], owner: str, lea
                                 trace[0].decode() if trace else None))
             at += 3
     return leases
+
+
+def _window_ms(seconds: float) -> int:
+    return max(round(seconds * 1000), 1)
+
+
+def rate_free_at(client: Any, prefix: str, job_type: str, limit: int, window_seconds: float) -> float:
+    """Seconds until a claim of a type limited to ``limit`` per ``window_seconds`` may take a job
+    again: 0 while its window has room (lua/rate_free.lua; the claim's own log, the server's clock)."""
+    ms = run_script(client, ALL["rate_free"], [prefix, job_type, int(limit), _window_ms(window_seconds)])
+    return int(ms) / 1000
 
 
 _KINDS = {
@@ -291,6 +311,7 @@ def _record(job_id: str, f: Sequence[bytes | None]) -> JobRecord:
         lease_expires_at=None if f[11] is None else text_of(f[11]), unique_key=_s(f[12]), result=_s(f[13]),
         progress=None if f[14] is None else float(f[14]), progress_message=_s(f[15]), snoozes=int(f[16] or 0),
         expires_at=None if f[17] is None else text_of(f[17]), cancel_requested=f[18] is not None,
+        limit_key=_s(f[19]),
     )
 
 

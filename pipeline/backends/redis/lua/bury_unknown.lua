@@ -37,4 +37,21 @@ for _, t in ipairs(redis.call('SMEMBERS', P .. 'ptypes')) do
     end
   end
 end
+-- the keyed pending jobs (kpend:<type>, by run) of such types
+for _, t in ipairs(redis.call('SMEMBERS', P .. 'ktypes')) do
+  if not known[t] and not live[t] then
+    local err = ARGV[3] .. t .. ARGV[4]
+    for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'kpend:' .. t, '-inf', cutoff)) do
+      local f = redis.call('HMGET', jkey(id), 'ukey', 'expat', 'lkey', 'run')
+      keyed_rem(id, t, f[4], f[3])
+      redis.call('HSET', jkey(id), 'status', 'dead', 'error', err, 'updated', now)
+      redis.call('HDEL', jkey(id), 'started')
+      free_key(id, t, f[1])
+      if f[2] then expiring_rem(id, t) end
+      index_status(id, t, 'pending', 'dead')
+      finish(id, 'dead', now)
+      n = n + 1
+    end
+  end
+end
 return n

@@ -10,13 +10,17 @@ local touched = {}  -- type NUL priority -> {type, priority} of the ready sets t
 for i = 3, #ARGV do
   local id = ARGV[i]
   local key = jkey(id)
-  local f = redis.call('HMGET', key, 'status', 'type', 'prio', 'ukey', 'expat', 'owner', 'creq')
+  local f = redis.call('HMGET', key, 'status', 'type', 'prio', 'ukey', 'expat', 'owner', 'creq', 'lkey', 'run')
   local t = f[2]
   if not f[1] then
     out[#out + 1] = ''
   elseif f[1] == 'pending' then
-    redis.call('ZREM', ready_key(t, f[3]), id)
-    touched[t .. '\0' .. f[3]] = {t, f[3]}
+    if f[8] then
+      keyed_rem(id, t, f[9], f[8])
+    else
+      redis.call('ZREM', ready_key(t, f[3]), id)
+      touched[t .. '\0' .. f[3]] = {t, f[3]}
+    end
     if f[5] then expiring_rem(id, t) end
     cancel_pending(id, key, t, f[4], ARGV[2], now)
     out[#out + 1] = 'cancelled'

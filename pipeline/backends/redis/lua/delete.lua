@@ -1,7 +1,7 @@
 -- ARGV: prefix, id. Returns 'ok', 'missing' or 'running' (refused).
 local id = ARGV[2]
-local f = redis.call('HMGET', jkey(id), 'status', 'type', 'prio', 'ukey', 'expat')
+local f = redis.call('HMGET', jkey(id), 'status', 'type', 'prio', 'ukey', 'expat', 'lkey', 'run')
 if not f[1] then return 'missing' end
 if f[1] == 'running' then return 'running' end
-remove_job(id, f[1], f[2], f[3], f[4], f[5])
+remove_job(id, f[1], f[2], f[3], f[4], f[5], f[6], f[7])
 return 'ok'

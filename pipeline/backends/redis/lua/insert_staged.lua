@@ -1,5 +1,5 @@
 -- ARGV: prefix, staging list, answer key. A bulk load's part, pushed to a list of its own first
--- (not job state: nothing claims it; 10 values per row, as INSERT_UNIQUE's), committed here in
+-- (not job state: nothing claims it; 12 values per row, as INSERT_UNIQUE's), committed here in
 -- one step, every row or none; the list is deleted. Answers as INSERT_UNIQUE, and keeps that
 -- answer under the answer key for a day: run again (its first answer lost with a connection),
 -- it answers the same and inserts nothing more, so a caller can always learn what happened.
@@ -14,7 +14,7 @@ if redis.call('EXISTS', ARGV[2]) == 0 then
 end
 local rows = redis.call('LRANGE', ARGV[2], 0, -1)
 redis.call('DEL', ARGV[2])
-local n, dup, held = insert_rows(rows, 1, #rows / 10, 10)
+local n, dup, held = insert_rows(rows, 1, #rows / 12, 12)
 local answer
 if not n then
   answer = {err = 'DUPLICATE a job with id ' .. dup .. ' already exists'}

@@ -76,6 +76,70 @@ end
 local function free_key(id, t, k)
   if k and redis.call('HGET', P .. 'uniq:' .. t, k) == id then redis.call('HDEL', P .. 'uniq:' .. t, k) end
 end
+-- Per-key limits (issue 23). A pending job with a limit key (field lkey) is in none of the sets
+-- above (ready:<t>:<p>, prios, pdue, pwait, ptypes) but in these, so that a claim of a key-limited
+-- type visits keys, not jobs:
+--   kpend:<t>             ZSET every pending keyed job of type t, score = run (what stats and
+--                              bury_unknown read)
+--   kwait:<t>             ZSET those not due when they became pending, until a claim moves them
+--   kready:<n>:<t>:<key>  ZSET the others, of one key (n: the length of t, so that no type and key
+--                              make the name of another pair): score = priority, member = kmember:
+--                              run then id, so the members sort in claim order
+--   kheads:<t>            ZSET each key's first job in kready (score and member as there): the
+--                              keys in the claim order of their first due job
+--   ktypes                SET  the types that have a kpend set
+-- A running keyed job is in krun:<n>:<t>:<key> (SET of ids): what a key's limit counts.
+local function kname(kind, t, k) return P .. kind .. ':' .. #t .. ':' .. t .. ':' .. k end
+local function kmember(run, id) return string.format('%016.0f', tonumber(run) + 1e15) .. id end
+local function kready_add(t, k, p, m)
+  local rk = kname('kready', t, k)
+  redis.call('ZADD', rk, p, m)
+  local h = redis.call('ZRANGE', rk, 0, 1)
+  if h[1] == m then  -- the key's new first job
+    local heads = P .. 'kheads:' .. t
+    if h[2] then redis.call('ZREM', heads, h[2]) end
+    redis.call('ZADD', heads, p, m)
+  end
+end
+local function kready_rem(t, k, m)
+  local rk = kname('kready', t, k)
+  local h = redis.call('ZRANGE', rk, 0, 1, 'WITHSCORES')
+  redis.call('ZREM', rk, m)
+  if h[1] == m then
+    local heads = P .. 'kheads:' .. t
+    redis.call('ZREM', heads, m)
+    if h[3] then redis.call('ZADD', heads, h[4], h[3]) end
+  end
+end
+local function keyed_add(id, t, p, run, k, now)
+  redis.call('ZADD', P .. 'kpend:' .. t, run, id)
+  redis.call('SADD', P .. 'ktypes', t)
+  if tonumber(run) <= now then
+    kready_add(t, k, p, kmember(run, id))
+  else
+    redis.call('ZADD', P .. 'kwait:' .. t, run, id)
+  end
+end
+local function keyed_rem(id, t, run, k)
+  local pk = P .. 'kpend:' .. t
+  redis.call('ZREM', pk, id)
+  if redis.call('ZREM', P .. 'kwait:' .. t, id) == 0 then kready_rem(t, k, kmember(run, id)) end
+  if redis.call('EXISTS', pk) == 0 then redis.call('SREM', P .. 'ktypes', t) end
+end
+-- a job goes (back) to pending, due at ``run``: its ready set, or its key's sets (k: its lkey field)
+local function to_pending(id, t, p, run, k, now)
+  if k then keyed_add(id, t, p, run, k, now) else make_ready(id, t, p, run, now) end
+end
+-- a running job leaves running: out of its key's running set (k: its lkey field, or nil)
+local function off_running(id, t, k)
+  if k then redis.call('SREM', kname('krun', t, k), id) end
+end
+-- A job of unique_while "pending" (field uwhile) holds its unique key only while pending: the
+-- claim frees it (free_key); back to pending it holds it again, unless another pending or running
+-- job took it meanwhile (then it goes on without: never an error).
+local function hold_again(id, t, k)
+  if not key_holder(t, k) then redis.call('HSET', P .. 'uniq:' .. t, k, id) end
+end
 -- Control (issue 23). expiring:<t> holds the pending jobs of type t that have an expires_at
 -- (field expat), by that time (ms); etypes the types that have such a set. A job is in it exactly
 -- while it is pending: a claim takes it out, a way back to pending puts it in again.
@@ -123,10 +187,14 @@ local function expire_due(t, now)
   local n = 0
   for _, id in ipairs(ids) do
     local key = jkey(id)
-    local f = redis.call('HMGET', key, 'status', 'prio', 'expat', 'ukey')
+    local f = redis.call('HMGET', key, 'status', 'prio', 'expat', 'ukey', 'lkey', 'run')
     if f[1] == 'pending' then  -- (else a stray entry: dropped below)
-      redis.call('ZREM', ready_key(t, f[2]), id)
-      touched[f[2]] = true
+      if f[5] then
+        keyed_rem(id, t, f[6], f[5])
+      else
+        redis.call('ZREM', ready_key(t, f[2]), id)
+        touched[f[2]] = true
+      end
       cancel_pending(id, key, t, f[4], 'expired at ' .. iso(tonumber(f[3])) .. ' before it started: never run', now)
       n = n + 1
     end
@@ -144,7 +212,8 @@ local function drop_request(id, key)
   redis.call('HDEL', key, 'creq')
 end
 -- rows: a flat list, ``width`` per job from ``first``: 7 (id, type, payload, max, run, prio,
--- created), or 10 with the unique key, the trace context and expires_at in ms ('' for none).
+-- created), or 12 with the unique key, the trace context, expires_at in ms, the limit key and
+-- unique_while ('' for none; '1' for "pending").
 -- Returns how many were inserted and, for each row not inserted because a pending or running
 -- job holds its type and key (or an earlier row of the call), its id and the holder's; or nil
 -- and the id that already exists.
@@ -160,7 +229,7 @@ local function insert_rows(rows, first, n, width)
       return nil, id
     end
     seen[id] = true
-    local k = width == 10 and rows[b + 7] or ''
+    local k = width == 12 and rows[b + 7] or ''
     if k ~= '' then
       local tk = rows[b + 1] .. '\0' .. k
       local holder = taken[tk] or key_holder(rows[b + 1], k)
@@ -180,7 +249,8 @@ local function insert_rows(rows, first, n, width)
   for i = 0, n - 1 do
     local b = first + i * width
     local id, t, p, run = rows[b], rows[b + 1], rows[b + 5], rows[b + 4]
-    local k = width == 10 and rows[b + 7] or ''
+    local k = width == 12 and rows[b + 7] or ''
+    local lk = width == 12 and rows[b + 10] or ''
     if not held[i] then
       inserted = inserted + 1
       redis.call('HSET', jkey(id), 'type', t, 'payload', rows[b + 2], 'status', 'pending', 'attempts', 0,
@@ -189,15 +259,20 @@ local function insert_rows(rows, first, n, width)
         redis.call('HSET', jkey(id), 'ukey', k)
         redis.call('HSET', P .. 'uniq:' .. t, k, id)
       end
-      if width == 10 then
+      if width == 12 then
         if rows[b + 8] ~= '' then redis.call('HSET', jkey(id), 'trace', rows[b + 8]) end
         if rows[b + 9] ~= '' then
           redis.call('HSET', jkey(id), 'expat', rows[b + 9])
           expiring_add(id, t, rows[b + 9])
         end
+        if rows[b + 11] ~= '' then redis.call('HSET', jkey(id), 'uwhile', '1') end
       end
       local tp = t .. '\0' .. p
-      if known[tp] then
+      if lk ~= '' then
+        redis.call('HSET', jkey(id), 'lkey', lk)
+        keyed_add(id, t, p, run, lk, now)
+        redis.call('SADD', P .. 'types', t)
+      elseif known[tp] then
         redis.call('ZADD', ready_key(t, p), run, id)
         if tonumber(run) < known[tp] then
           known[tp] = tonumber(run)
@@ -217,9 +292,10 @@ local function insert_rows(rows, first, n, width)
   if due then redis.call('PUBLISH', P .. 'wake', '1') end
   return inserted, nil, dups
 end
-local function remove_job(id, f_status, t, p, k, e)
+-- (lk, run: a pending job's lkey and run fields)
+local function remove_job(id, f_status, t, p, k, e, lk, run)
   if f_status == 'pending' then
-    unready(id, t, p)
+    if lk then keyed_rem(id, t, run, lk) else unready(id, t, p) end
     if e then expiring_rem(id, t) end
   end
   if f_status == 'pending' or f_status == 'running' then free_key(id, t, k) end

@@ -1,5 +1,5 @@
 -- ARGV: prefix, name, tick, next_run, next_run in ms, now, then one job's 7 fields (as INSERT's),
--- or 10 (as INSERT_UNIQUE's) for a job with an expires_at.
+-- or 12 (as INSERT_UNIQUE's) for a job with an expires_at, a limit key or unique_while "pending".
 -- Fires a tick: only if the schedule is enabled and its next run is still ``tick``, inserts the job
 -- and moves the schedule on; returns 1, or 0 with nothing written (another process fired it, or it changed).
 local key = P .. 'sched:' .. ARGV[2]

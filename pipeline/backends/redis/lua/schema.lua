@@ -2,10 +2,14 @@
 -- atomic: processes starting at once agree); returns the version stored. An older layout is
 -- upgraded here, in the same step: 1 (before the claim's index) has its index built from
 -- prios:<type> and the ready sets; 2 (before issue 23's control: cancelled jobs, expires_at,
--- paused types, cancel requests) needs nothing, its keys start empty. The version moves on so
--- that a process of older code, which would claim a paused type's jobs and expired ones, refuses it.
+-- paused types, cancel requests) and 3 (before its limits: keyed jobs' sets, rate logs, keys held
+-- while pending) need nothing, their keys start empty. The version moves on so that a process of
+-- older code refuses it: code of layout 2 would claim a paused type's jobs and expired ones; code
+-- of layout 3 would put a keyed job back in a ready set (a retry, a rescue), never take it out of
+-- its key's running set (the key full for ever), and keep a key held while pending held while
+-- its job runs.
 local stored = redis.call('GET', P .. 'schema')
-if (stored == '1' or stored == '2') and tonumber(ARGV[2]) > tonumber(stored) then
+if (stored == '1' or stored == '2' or stored == '3') and tonumber(ARGV[2]) > tonumber(stored) then
   if stored == '1' then
     local now = now_ms()
     for _, t in ipairs(redis.call('SMEMBERS', P .. 'ptypes')) do

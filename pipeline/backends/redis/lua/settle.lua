@@ -6,6 +6,8 @@
 -- token: nothing changed). (Packed: fewer values to encode and parse per outcome.)
 -- A job whose cancel was requested (field creq) never goes back to pending: a retry, release or
 -- snooze of it ends it cancelled instead (one final state, never retried after a cancel).
+-- A keyed job (lkey) leaves its key's running set whatever the outcome but START; back to pending,
+-- it goes to its key's sets, and a job of unique_while "pending" holds its key again if it is free.
 local n = tonumber(ARGV[2])
 local now = now_ms()
 local out = {}
@@ -15,7 +17,8 @@ for i = 0, n - 1 do
   local id = ARGV[b]
   local token, kind, delay, has_error = string.match(ARGV[b + 1], '^(%S+) (%S+) (%S+) (%S+)$')
   local key = jkey(id)
-  local f = redis.call('HMGET', key, 'status', 'token', 'type', 'prio', 'started', 'attempts', 'ukey', 'creq', 'expat')
+  local f = redis.call('HMGET', key, 'status', 'token', 'type', 'prio', 'started', 'attempts', 'ukey', 'creq', 'expat',
+                       'lkey', 'uwhile')
   if f[1] ~= 'running' or f[2] ~= token then
     out[i + 1] = '0'
   else
@@ -25,6 +28,7 @@ for i = 0, n - 1 do
       if not f[5] then redis.call('HSET', key, 'started', now, 'attempts', tonumber(f[6]) + 1) end
     else
       redis.call('ZREM', P .. 'leases', id)
+      off_running(id, t, f[10])
       local err = ARGV[b + 2]
       if f[8] then
         drop_request(id, key)
@@ -51,16 +55,18 @@ for i = 0, n - 1 do
         if has_error == '1' then redis.call('HSET', key, 'error', err) end
         redis.call('HDEL', key, 'started', 'progress', 'pmsg')
         index_status(id, t, 'running', 'pending')
-        make_ready(id, t, p, run, now)
+        to_pending(id, t, p, run, f[10], now)
         if f[9] then expiring_add(id, t, f[9]) end
+        if f[11] and f[7] then hold_again(id, t, f[7]) end
       elseif kind == 'release' then -- due at once, the attempt given back if it was counted
         local attempts = tonumber(f[6])
         if f[5] then attempts = math.max(attempts - 1, 0) end
         redis.call('HSET', key, 'status', 'pending', 'updated', now, 'run', now, 'attempts', attempts)
         redis.call('HDEL', key, 'started', 'progress', 'pmsg')
         index_status(id, t, 'running', 'pending')
-        make_ready(id, t, p, now, now)
+        to_pending(id, t, p, now, f[10], now)
         if f[9] then expiring_add(id, t, f[9]) end
+        if f[11] and f[7] then hold_again(id, t, f[7]) end
         wake = true
       elseif kind == 'result' then
         redis.call('HSET', key, 'status', 'completed', 'updated', now, 'result', err)
@@ -89,8 +95,9 @@ for i = 0, n - 1 do
           redis.call('HSET', key, 'status', 'pending', 'updated', now, 'run', run, 'attempts', attempts, 'snoozes', snoozes)
           redis.call('HDEL', key, 'started', 'progress', 'pmsg')
           index_status(id, t, 'running', 'pending')
-          make_ready(id, t, p, run, now)
+          to_pending(id, t, p, run, f[10], now)
           if f[9] then expiring_add(id, t, f[9]) end
+          if f[11] and f[7] then hold_again(id, t, f[7]) end
           if run <= now then wake = true end
         end
       end

@@ -30,4 +30,11 @@ for _, t in ipairs(redis.call('SMEMBERS', P .. 'ptypes')) do
     end
   end
 end
+for _, t in ipairs(redis.call('SMEMBERS', P .. 'ktypes')) do  -- keyed pending jobs: kpend:<type>, by run
+  local head = redis.call('ZRANGE', P .. 'kpend:' .. t, 0, 0, 'WITHSCORES')
+  if head[2] then
+    local run = tonumber(head[2])
+    if run <= now and (oldest < 0 or run < oldest) then oldest = run end
+  end
+end
 return {now, by_status, by_type, minutes, oldest}
