@@ -12,11 +12,14 @@ one store hashes to one slot). Keys (layout in docs/backends.md, "Key layout"):
 
     job:<id>              HASH  type payload status attempts max run prio created updated
                                 token [error] [owner expires] [started] [ukey] [trace]
-                                [expat] [result] [progress pmsg] [snoozes] [creq]
+                                [expat] [result] [progress pmsg] [snoozes] [creq] [lkey] [uwhile]
                                 (times: epoch ms; trace: the enqueuer's trace context; expat: its
-                                expires_at; creq: 1 while a running job's cancel is requested)
-    ready:<type>:<prio>   ZSET  pending jobs of one type and priority, score run (ms), member id:
-                                due ones are a range by score; ties go by id (member order)
+                                expires_at; creq: 1 while a running job's cancel is requested;
+                                lkey: its limit key; uwhile: 1 if its unique key is held only
+                                while pending)
+    ready:<type>:<prio>   ZSET  pending jobs (without a limit key) of one type and priority, score
+                                run (ms), member id: due ones are a range by score; ties go by id
+                                (member order)
     prios:<type>          ZSET  the priorities that have a ready set, score = priority
     pdue:<type>           ZSET  the claim's index: those of them whose first job is due, score = priority
     pwait:<type>          ZSET  and the others, score = when their first job is due (ms); every script
@@ -33,13 +36,29 @@ one store hashes to one slot). Keys (layout in docs/backends.md, "Key layout"):
     etypes                SET   the types that have an expiring set (what the rescue's sweep visits)
     paused                HASH  paused type -> when it was paused (ms): claims skip its jobs
     creq:<owner>          SET   the running jobs of a lease owner whose cancel was requested
+    kpend:<type>          ZSET  the pending jobs of a type that have a limit key, score = run (ms):
+                                none of them is in a ready set, but in one of these two:
+    kwait:<type>          ZSET  those not due when they became pending, score = run, until a claim
+                                of the type moves them, once due, to
+    kready:<n>:<type>:<key>
+                          ZSET  the others of one limit key (n: the type's length, so that no type
+                                and key make another pair's name), score = priority, member = run
+                                (16 digits, + 10^15) then id: members sort in claim order
+    kheads:<type>         ZSET  each key's first member of kready (its score and member): the keys
+                                in the claim order of their first due job
+    ktypes                SET   the types that have a kpend set
+    krun:<n>:<type>:<key> SET   the running jobs of a type and limit key (what a key limit counts)
+    rate:<type>           ZSET  a rate-limited type's claims, score = when (ms), member id:token;
+                                the claim drops those a window old, and the key expires a window
+                                after its last claim
     types                 SET   every type that has a job
     uniq:<type>           HASH  unique key -> id of the pending or running job of that type holding
                                 it (job field ukey); deleted when that job finishes, dies or is
-                                deleted. A hash per type: a type name may hold ':', a key anything
+                                deleted, or (uwhile) is claimed. A hash per type: a type name may
+                                hold ':', a key anything
     workers               HASH  owner -> "beat_ms|lease_ms|<json list of types>"
-    schema                STRING the key layout's version (3: with issue 23's control; 2: with
-                                pdue/pwait; 1 and 2 are upgraded at open)
+    schema                STRING the key layout's version (4: with issue 23's limits; 3: with its
+                                control; 2: with pdue/pwait; 1 to 3 are upgraded at open)
     sched:<name>          HASH  a cron schedule: type payload cron tz enabled origin declared next
                                 [last job] created updated (times: the protocol's ISO text)
     scheds                SET   the names of every schedule
