@@ -283,14 +283,14 @@ _CANCEL = (
     f"lease_expires_at = NULL {_FENCE}"
 )
 # Snooze(delay): pending after the delay, the attempt given back as RELEASE gives it back, one
-# more snooze; or, past the limit (?1), dead with the error (?2), attempts as they are.
+# more snooze; or, past the limit (?1), dead with the error (?2), the attempt given back too (a
+# snooze is no failed attempt).
 _SNOOZE = """
 UPDATE jobs
    SET status = CASE WHEN snoozes + 1 > ?1 THEN 'dead' ELSE 'pending' END,
        error = CASE WHEN snoozes + 1 > ?1 THEN ?2 ELSE error END,
        run_after = CASE WHEN snoozes + 1 > ?1 THEN run_after ELSE ?3 END,
-       attempts = CASE WHEN snoozes + 1 > ?1 THEN attempts ELSE max(attempts - (started_at IS NOT NULL), 0) END,
-       started_at = CASE WHEN snoozes + 1 > ?1 THEN started_at END,
+       attempts = max(attempts - (started_at IS NOT NULL), 0), started_at = NULL,
        progress = CASE WHEN snoozes + 1 > ?1 THEN progress END,
        progress_message = CASE WHEN snoozes + 1 > ?1 THEN progress_message END,
        snoozes = snoozes + 1, updated_at = ?4, lease_owner = NULL, lease_expires_at = NULL
