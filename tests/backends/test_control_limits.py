@@ -249,8 +249,8 @@ async def test_one_keys_backlog_does_not_starve_another_key(backend: Backend) ->
     big, baseline = statistics.median(big_times), statistics.median(small_times)
     assert big < 0.050, f"a keyed claim over 10,000 jobs of one key took {big * 1000:.1f} ms (median)"
     # a claim that read A's whole backlog would take many times the small one (a scan of 10,000 rows
-    # is over 10 ms on any of the stores); 3x and 3 ms leave room for a loaded machine
-    assert big < 3 * baseline + 0.003, f"{big * 1000:.1f} ms over 10,000 jobs, {baseline * 1000:.1f} ms over 60"
+    # is several ms on any of the stores); 3x and 2 ms leave room for a loaded machine
+    assert big < 3 * baseline + 0.002, f"{big * 1000:.1f} ms over 10,000 jobs, {baseline * 1000:.1f} ms over 60"
 
 
 async def test_keys_take_turns_in_the_claim_order_of_their_first_due_job(backend: Backend) -> None:
