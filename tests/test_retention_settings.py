@@ -13,12 +13,13 @@ from pipeline.admin.metrics import Metrics
 def test_defaults_keep_completed_jobs_a_week_and_dead_ones_thirty_days() -> None:
     retention = config_of().retention
     assert (retention.completed_seconds, retention.dead_seconds, retention.interval_seconds) == (604_800, 2_592_000, 60)
-    assert retention.kept_for() == {"completed": 604_800, "dead": 2_592_000}
+    assert retention.kept_for() == {"completed": 604_800, "dead": 2_592_000, "cancelled": 604_800}
 
 
 def test_zero_keeps_a_status_for_ever() -> None:
-    assert config_of(job_retention_completed_seconds=0).retention.kept_for() == {"dead": 2_592_000}
-    assert config_of(job_retention_completed_seconds=0, job_retention_dead_seconds=0).retention.kept_for() == {}
+    assert config_of(job_retention_completed_seconds=0).retention.kept_for() == {"dead": 2_592_000, "cancelled": 604_800}
+    assert config_of(job_retention_completed_seconds=0, job_retention_dead_seconds=0,
+                     job_retention_cancelled_seconds=0).retention.kept_for() == {}
 
 
 @pytest.mark.parametrize("name, value", [("JOB_RETENTION_COMPLETED_SECONDS", "-1"), ("JOB_RETENTION_DEAD_SECONDS", "a week"),

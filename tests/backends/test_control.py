@@ -490,10 +490,11 @@ async def test_a_claim_made_with_an_insert_skips_paused_types_and_expired_jobs(s
         try:
             offers_send.send_nowait(ClaimOffer({"a": 1, "b": 1}, "owner-a", LONG))
         except trio.BrokenResourceError:
-            pytest.skip(f"{store_config.backend} takes no offers: it claims only through claim()")
+            return  # a store that takes no offers claims only through claim(), which the tests above cover
         await insert(backend, paused, expired, live)
         if offers_send.statistics().current_buffer_used:
-            pytest.skip(f"{store_config.backend} took no offer: it claims only through claim()")
+            assert store_config.backend != "sqlite", "the SQLite Ledger takes the offer with the next insert"
+            return  # (as above)
         with trio.fail_after(5):
             while not isinstance(answer := await nudge_recv.receive(), Claimed):
                 pass
