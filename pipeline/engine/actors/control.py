@@ -39,8 +39,6 @@ async def run_canceller(
     task_status.started()
     failing = False
     while True:
-        if not hasattr(backend, "cancel_requests"):  # TEMPORARY while the stores land (issue 23): removed before the stop
-            await trio.sleep_forever()
         if not any(pool.held for pool in pools.values()):
             await trio.sleep(IDLE_LOOK)
             continue
