@@ -11,13 +11,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import attrs
 import pytest
 import trio
-from backends.stores import BACKENDS
+from backends.stores import BACKENDS, StoreScenario, on_each_store
 from jobkit import Echo, Fanout, Tick, registry
 
 from pipeline import Config, UsageError, open_pipeline
@@ -146,21 +147,38 @@ class Service:
             self.proc.wait()
 
 
-@pytest.fixture
-def services() -> Iterator[list[Service]]:
+@asynccontextmanager
+async def stopped_after() -> AsyncIterator[list[Service]]:
+    """A list to put started services in; each is stopped at the end, whatever happened (from a
+    thread: the stores side by side go on meanwhile)."""
     started: list[Service] = []
-    yield started
-    for service in started:
-        service.stop()
+    try:
+        yield started
+    finally:
+        with trio.CancelScope(shield=True):
+            for service in started:
+                await trio.to_thread.run_sync(service.stop)
+
+
+def with_services(body: Callable[[Config, Path, list[Service]], Awaitable[None]]) -> StoreScenario:
+    """``body(store, tmp_path, services)`` as a scenario of on_each_store: the services it puts in
+    the list are stopped at its end."""
+    async def scenario(name: str, store: Config, tmp_path: Path) -> None:
+        async with stopped_after() as services:
+            await body(store, tmp_path, services)
+    return scenario
 
 
 async def count(backend: Backend, status: str, job_type: str) -> int:
     return (await backend.list(status=status, job_type=job_type, limit=0))[1]
 
 
-async def test_three_processes_never_run_more_than_the_limit_and_other_types_drain_meanwhile(
-    store: Config, tmp_path: Path, services: list[Service],
-) -> None:
+async def test_three_processes_never_run_more_than_the_limit_and_other_types_drain_meanwhile(tmp_path: Path) -> None:
+    """On each store, the three side by side (each mostly waits for its 3 s of limited jobs)."""
+    await on_each_store(tmp_path, with_services(keep_the_limit))
+
+
+async def keep_the_limit(store: Config, tmp_path: Path, services: list[Service]) -> None:
     async with open_pipeline(store.replace(worker=attrs.evolve(store.worker, enabled=False)), registry()) as p:
         slow = await p.enqueue_many([Echo("slow", sleep=0.25) for _ in range(24)])
         await p.enqueue_many([Tick(n) for n in range(600)])
@@ -188,9 +206,12 @@ async def test_three_processes_never_run_more_than_the_limit_and_other_types_dra
     assert ticks_done_at is not None and ticks_done_at < echo_done_at / 2, (ticks_done_at, echo_done_at)
 
 
-async def test_a_killed_processs_slots_come_back_when_its_leases_are_rescued(
-    store: Config, tmp_path: Path, services: list[Service],
-) -> None:
+async def test_a_killed_processs_slots_come_back_when_its_leases_are_rescued(tmp_path: Path) -> None:
+    """On each store, the three side by side (each mostly waits for a lease to run out)."""
+    await on_each_store(tmp_path, with_services(slots_come_back))
+
+
+async def slots_come_back(store: Config, tmp_path: Path, services: list[Service]) -> None:
     async with open_pipeline(store.replace(worker=attrs.evolve(store.worker, enabled=False)), registry()) as p:
         hung = [await p.enqueue(Echo("hangs", sleep=3600), max_attempts=1) for _ in range(2)]
         quick = await p.enqueue(Echo("quick"), priority=9)  # claimed after the two, in claim order
@@ -238,11 +259,14 @@ async def test_the_claim_in_an_inserts_transaction_keeps_the_limit_too(store: Co
         assert {(await p.backend.get(i)).status for i in waiting} == {"pending"}  # type: ignore[union-attr]
 
 
-async def test_three_service_processes_emitting_one_unique_key_leave_one_job(
-    store: Config, tmp_path: Path, services: list[Service],
-) -> None:
+async def test_three_service_processes_emitting_one_unique_key_leave_one_job(tmp_path: Path) -> None:
     """Unique keys (issue 13) under three service processes: 30 handlers, spread over them, each emit
-    an event routed to a job of one key; one job is stored, and every emit answered its id."""
+    an event routed to a job of one key; one job is stored, and every emit answered its id. On each
+    store, the three side by side."""
+    await on_each_store(tmp_path, with_services(emit_one_key))
+
+
+async def emit_one_key(store: Config, tmp_path: Path, services: list[Service]) -> None:
     async with open_pipeline(store.replace(worker=attrs.evolve(store.worker, enabled=False)), registry()) as p:
         await p.enqueue_many([Fanout("the-key", sleep=0.2) for _ in range(30)])
     # 4 at a time in each process (and 4 claimed ahead): one process alone would take 1.5 s

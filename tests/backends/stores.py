@@ -121,7 +121,10 @@ BACKENDS: dict[str, StoreFactory] = {
 }
 
 
-async def on_each_store(tmp_path: Path, scenario: Callable[[str, Config, Path], Awaitable[None]]) -> None:
+StoreScenario = Callable[[str, Config, Path], Awaitable[None]]  # (backend name, its store's Config, a folder)
+
+
+async def on_each_store(tmp_path: Path, scenario: StoreScenario) -> None:
     """Run ``scenario(name, config, folder)`` on a fresh store of each backend, the three side by
     side: a test of real processes mostly waits (for processes to start, for ticks, for a stop),
     and one store after another it waits three times. Each store gets a folder of its own in
