@@ -17,8 +17,11 @@ from typing import Any
 
 import pytest
 import trio
-from app_harness import Service, app_env, cli
+from app_harness import ROOT, Service, app_env, cli
 from backends.stores import BACKENDS
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import rate_limits  # noqa: E402 - the benchmark's run, shortened: `python benchmarks/rate_limits.py` runs it for 60 s
 
 pytestmark = pytest.mark.slow
 
@@ -177,3 +180,23 @@ def run_control(name: str, database_url: str, folder: Path) -> None:
     finally:
         code = service.stop()
     assert code == 0, "\n".join(service.lines[-30:])
+
+
+async def test_a_rate_limit_holds_across_three_processes_and_keeps_close_to_the_limit_on_each_store(tmp_path: Path) -> None:
+    figures: dict[str, dict[str, Any]] = {}
+
+    async def one(name: str) -> None:
+        folder = tmp_path / name
+        folder.mkdir()
+        async with BACKENDS[name](folder) as config:
+            figures[name] = await trio.to_thread.run_sync(
+                lambda: rate_limits.run(config.database_url, rate="20/s", duration=4.0, processes=3, folder=folder))
+
+    async with trio.open_nursery() as nursery:
+        for name in sorted(BACKENDS):
+            nursery.start_soon(one, name)
+    for name, got in figures.items():
+        print(name, got)
+        assert got["max_in_window"] <= 20, (name, got)
+        assert got["of_limit"] >= 0.9, (name, got)
+        assert got["processes"] >= 2, (name, got)  # the jobs ran in more than one process
