@@ -82,7 +82,7 @@ def _bulk_load(url: str, jobs: Iterable[NewJob], commit_every: int | None,
     raised by the iterable, a duplicate id) keeps the parts committed before it and says so.
     Rows with a unique key cannot be copied (COPY has no ON CONFLICT): the COPY stops every
     KEYED_CHUNK of them, and they are inserted by store.insert_unique, in the same transaction
-    (rows with a trace context or an expiry too, whose columns the COPY leaves out: store.insert_special)."""
+    (rows with a trace context, an expiry or a limit key too, whose columns the COPY leaves out: store.insert_special)."""
     conn = connect(url)
     committed = 0
     try:
@@ -97,7 +97,7 @@ def _bulk_load(url: str, jobs: Iterable[NewJob], commit_every: int | None,
                     keyed: builtins.list[NewJob] = []
                     with conn.cursor().copy(store.COPY_COLUMNS) as copy:
                         for row in rows:
-                            if row.unique_key is None and row.trace is None and row.expires_at is None:
+                            if row.unique_key is None and row.trace is None and row.expires_at is None and row.limit_key is None:
                                 copy.write_row((row.id, row.job_type, row.payload, row.max_attempts, row.run_after,
                                                 row.priority, row.created_at, row.created_at))
                             else:

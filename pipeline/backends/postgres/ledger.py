@@ -84,7 +84,7 @@ def _apply_batch(conn: psycopg.Connection[Any], batch: list[Command], notify: bo
         # claim in it would date its leases from the transaction's start (now()), expired already
         try:
             leases = store.claim(conn, offer.wants, owner=offer.owner, lease_seconds=offer.lease_seconds,
-                                 start=offer.start, limits=offer.limits)
+                                 start=offer.start, limits=offer.limits, rates=offer.rates, key_limits=offer.key_limits)
         except psycopg.Error as exc:
             log.warning("the claim after a batch failed (%s); the Poller claims on its own", exc)
     return results, leases
@@ -99,7 +99,8 @@ def _write_and_claim(conn: psycopg.Connection[Any], batch: list[Command], notify
             with conn.transaction():
                 results = _write(conn, batch, notify, split=False)
                 leases = store.claim(conn, offer.wants, owner=offer.owner, lease_seconds=offer.lease_seconds,
-                                     start=offer.start, limits=offer.limits)
+                                     start=offer.start, limits=offer.limits, rates=offer.rates,
+                                     key_limits=offer.key_limits)
             return results, leases
         except psycopg.Error as exc:
             if _is_outage(exc, conn):

@@ -15,12 +15,12 @@ from ...clock import format_ts, to_epoch
 from ...errors import StoreError, UsageError
 from ...states import Status
 from ..base import CANCELLING, JobRecord, WorkerRecord, cancelled_error, check_list_order, unique_key_held
-from .store import MS
+from .store import HOLDS, MS, retake
 
 _RECORD = (
     "SELECT id, job_type, payload, status, attempts, max_attempts, run_after, error, created_at, updated_at, priority, "
     "lease_owner, lease_expires_at, unique_key, result, progress, progress_message, snoozes, expires_at, "
-    "cancel_requested FROM jobs"
+    "cancel_requested, limit_key FROM jobs"
 )
 
 
@@ -71,7 +71,8 @@ def list_jobs(
 def revive(conn: psycopg.Connection[Any], job_id: str) -> JobRecord:
     """Admin retry: dead or cancelled → pending, attempts, snoozes, progress, result and the
     cancel request reset, due now. UsageError if neither dead nor cancelled, or if its unique
-    key is held by another pending or running job."""
+    key is held by another pending or running job; a job whose key is held only while pending
+    takes it again if it is free, and is revived without it otherwise (store.retake)."""
     try:
         return _revive(conn, job_id)
     except psycopg.errors.UniqueViolation:
@@ -83,10 +84,13 @@ def revive(conn: psycopg.Connection[Any], job_id: str) -> JobRecord:
         raise UsageError(unique_key_held(job, found[0] if found else "(another, finished since)")) from None
 
 
-_HOLDER = "SELECT id FROM jobs WHERE job_type = %s AND unique_key = %s AND status IN ('pending', 'running')"
+_HOLDER = f"SELECT id FROM jobs WHERE job_type = %s AND unique_key = %s AND {HOLDS}"
+# A job whose key is held only while pending comes back holding none (unique_token -1, no lease's
+# token), so that it never fails on jobs_unique; then it takes its key if free (store.retake).
 _REVIVE = f"""
 UPDATE jobs SET status = 'pending', attempts = 0, snoozes = 0, run_after = {MS}, updated_at = {MS}, started_at = NULL,
-       progress = NULL, progress_message = NULL, result = NULL, cancel_requested = false
+       progress = NULL, progress_message = NULL, result = NULL, cancel_requested = false,
+       unique_token = CASE WHEN unique_token IS NOT NULL THEN -1 END
  WHERE id = %s AND status IN ('dead', 'cancelled') RETURNING id
 """
 
@@ -99,6 +103,7 @@ def _revive(conn: psycopg.Connection[Any], job_id: str) -> JobRecord:
             raise LookupError(f"no job with id {job_id!r}")
         if row is None:
             raise UsageError(f"job {job_id} is {job.status}, only dead or cancelled jobs can be retried")
+        retake(conn, [job_id])
         conn.execute("SELECT pg_notify('pipeline_jobs', current_schema())")
         return job
 

@@ -167,6 +167,53 @@ MIGRATIONS: Final[list[Migration]] = [
         );
         """,
     ),
+    (
+        7,
+        "limits",
+        """
+        -- Issue 23, second part. Each ADD COLUMN changes the catalog only.
+        -- The key a job counts under for a claim's per-key limits (NewJob.limit_key); NULL: none.
+        ALTER TABLE jobs ADD COLUMN IF NOT EXISTS limit_key text;
+        -- A job whose unique key is held only while it is pending (unique_while='pending'): the
+        -- lease token under which it holds it (0, the token of a new row, when inserted). Every
+        -- claim moves lease_token on, so the claim's own statement frees the key (the row leaves
+        -- jobs_unique below) without a word of its own; a job sent back to pending holds it again
+        -- only when a statement sets this to its token (store.retake). NULL: the default, the key
+        -- held while pending or running.
+        ALTER TABLE jobs ADD COLUMN IF NOT EXISTS unique_token bigint;
+        -- jobs_unique made again with that rule. Its rows are the old index's (every row has a NULL
+        -- unique_token here), so the new one is built from the same keys and cannot fail; the
+        -- inserts' ON CONFLICT names its predicate. (A process of version 6 still running finds no
+        -- index matching its own ON CONFLICT: its keyed inserts fail until it is upgraded too.)
+        CREATE UNIQUE INDEX IF NOT EXISTS jobs_unique_7 ON jobs (job_type, unique_key)
+            WHERE unique_key IS NOT NULL AND status IN ('pending', 'running')
+              AND (unique_token IS NULL OR unique_token = lease_token);
+        DROP INDEX IF EXISTS jobs_unique;
+        ALTER INDEX jobs_unique_7 RENAME TO jobs_unique;
+        -- The keyed claim (store._CLAIM_KEYED): a loose scan of a type's distinct keys (one seek each)
+        -- and each key's first due jobs in claim order, whatever the size of other keys' backlogs.
+        -- Every pending row, keyless ones too (NULL sorts last): the keyless jobs of a keyed type
+        -- are one group, found with one seek rather than read past every keyed row in jobs_claim.
+        CREATE INDEX IF NOT EXISTS jobs_keyed ON jobs (job_type, limit_key, priority, run_after, id)
+            WHERE status = 'pending';
+
+        -- Rate limits: the instants of a rate-limited type's recent claims, one row per job claimed.
+        -- A claim of the type, under the type's lock, drops those older than its window, counts the
+        -- rest and adds its own; rate_free_at reads the N-th newest.
+        CREATE TABLE IF NOT EXISTS rate_claims (
+            job_type text NOT NULL,
+            at       timestamptz NOT NULL
+        );
+        CREATE INDEX IF NOT EXISTS rate_claims_at ON rate_claims (job_type, at);
+
+        -- Per-key limits: where a type's walk over its keys starts next (after the last key it
+        -- claimed from), so that when a claim visits only some of the keys every key gets its turn.
+        CREATE TABLE IF NOT EXISTS key_cursors (
+            job_type  text PRIMARY KEY,
+            limit_key text NOT NULL
+        );
+        """,
+    ),
 ]
 LATEST: Final = max(v for v, _, _ in MIGRATIONS)
 TABLE: Final = "pipeline_migrations"

@@ -17,6 +17,7 @@ clock.format_ts rounds.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 from collections.abc import Collection, Generator, Iterable, Mapping, Sequence
@@ -48,59 +49,70 @@ _ROWS = (
 )
 _INSERT_INTO = "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, created_at, updated_at, priority) "
 _INSERT = _INSERT_INTO + _ROWS
-# Rows of which some have a trace context or an expiry: _INSERT's rows, their traces and their
-# expires_at. A statement of its own (and batch variants), so that _INSERT, the hot path's, binds
-# what it did before traces and expiries.
+# Rows of which some have a trace context, an expiry or a limit key: _INSERT's rows, their traces,
+# their expires_at and their limit_key. A statement of its own (and batch variants), so that
+# _INSERT, the hot path's, binds what it did before these.
 _INSERT_TRACED = (
     "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, created_at, updated_at, priority, "
-    "trace, expires_at) SELECT id, job_type, payload, 'pending', 0, max_attempts, run_after::timestamptz, "
-    "created_at::timestamptz, created_at::timestamptz, priority, trace, expires_at::timestamptz FROM "
+    "trace, expires_at, limit_key) SELECT id, job_type, payload, 'pending', 0, max_attempts, run_after::timestamptz, "
+    "created_at::timestamptz, created_at::timestamptz, priority, trace, expires_at::timestamptz, limit_key FROM "
     "unnest(%(ids)s::text[], %(types)s::text[], %(payloads)s::text[], %(max_attempts)s::bigint[], %(run_after)s::text[], "
-    "%(priorities)s::bigint[], %(created)s::text[], %(traces)s::text[], %(expires)s::text[]) "
-    "AS r(id, job_type, payload, max_attempts, run_after, priority, created_at, trace, expires_at)"
+    "%(priorities)s::bigint[], %(created)s::text[], %(traces)s::text[], %(expires)s::text[], %(limit_keys)s::text[]) "
+    "AS r(id, job_type, payload, max_attempts, run_after, priority, created_at, trace, expires_at, limit_key)"
 )
 
 
 def insert_params(rows: Sequence[NewJob]) -> dict[str, Any]:
     """NewJob rows as the arrays of :data:`_INSERT` (one parameter per column, not per row)."""
-    # NewJob's first ten fields, in its order (the ones after them are not stored here)
-    ids, types, payloads, max_attempts, run_after, priorities, created, keys, traces, expires = (
-        list(column) for column in list(zip(*rows))[:10])
+    # NewJob's fields, in its order
+    ids, types, payloads, max_attempts, run_after, priorities, created, keys, traces, expires, limit_keys, whiles = (
+        list(column) for column in list(zip(*rows))[:12])
     return {"ids": ids, "types": types, "payloads": payloads, "max_attempts": max_attempts, "run_after": run_after,
-            "priorities": priorities, "created": created, "keys": keys, "traces": traces, "expires": expires}
+            "priorities": priorities, "created": created, "keys": keys, "traces": traces, "expires": expires,
+            "limit_keys": limit_keys, "unique_tokens": [PENDING_ONLY if w == "pending" else None for w in whiles]}
+
+
+PENDING_ONLY = 0  # a new row's unique_token when its key is held only while pending: its lease_token, 0
 
 
 def traced(rows: Sequence[NewJob]) -> bool:
-    """Whether some row has a trace context or an expiry: then it is inserted by the statements
-    that write them (:data:`_INSERT_TRACED`)."""
-    return any(row.trace is not None or row.expires_at is not None for row in rows)
+    """Whether some row has a trace context, an expiry or a limit key: then it is inserted by the
+    statements that write them (:data:`_INSERT_TRACED`)."""
+    return any(row.trace is not None or row.expires_at is not None or row.limit_key is not None for row in rows)
 
 
 def insert_statement(rows: Sequence[NewJob]) -> str:
-    """The insert for rows without a unique key: :data:`_INSERT`, or with traces or expiries
-    :data:`_INSERT_TRACED`."""
+    """The insert for rows without a unique key: :data:`_INSERT`, or with traces, expiries or
+    limit keys :data:`_INSERT_TRACED`."""
     return _INSERT_TRACED if traced(rows) else _INSERT
 
 
-# Rows with a unique key: _INSERT's rows and their keys, none inserted while a pending or running
-# job holds its type and key (the partial unique index jobs_unique, named by its columns and
-# WHERE); a duplicate id still fails the statement. Its own statement: _INSERT, the hot path's,
-# is the same as before unique keys.
+# Which rows hold their unique key: jobs_unique's predicate (schema.py, version 7). A job whose key
+# is held only while pending holds it under one lease token (unique_token): a claim moves the token
+# on and frees it; a default job (unique_token NULL) holds it while pending or running.
+HOLDS = ("unique_key IS NOT NULL AND status IN ('pending', 'running') "
+         "AND (unique_token IS NULL OR unique_token = lease_token)")
+# Rows with a unique key: _INSERT's rows and their keys, none inserted while a job holds its type
+# and key (the partial unique index jobs_unique, named by its columns and WHERE); a duplicate id
+# still fails the statement. Its own statement: _INSERT, the hot path's, is the same as before
+# unique keys.
 _INSERT_UNIQUE = (
     "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, created_at, updated_at, priority, "
-    "unique_key, trace, expires_at) SELECT id, job_type, payload, 'pending', 0, max_attempts, run_after::timestamptz, "
-    "created_at::timestamptz, created_at::timestamptz, priority, unique_key, trace, expires_at::timestamptz FROM "
+    "unique_key, trace, expires_at, limit_key, unique_token) SELECT id, job_type, payload, 'pending', 0, max_attempts, "
+    "run_after::timestamptz, created_at::timestamptz, created_at::timestamptz, priority, unique_key, trace, "
+    "expires_at::timestamptz, limit_key, unique_token FROM "
     "unnest(%(ids)s::text[], %(types)s::text[], %(payloads)s::text[], %(max_attempts)s::bigint[], %(run_after)s::text[], "
-    "%(priorities)s::bigint[], %(created)s::text[], %(keys)s::text[], %(traces)s::text[], %(expires)s::text[]) "
-    "AS r(id, job_type, payload, max_attempts, run_after, priority, created_at, unique_key, trace, expires_at) "
-    "ON CONFLICT (job_type, unique_key) WHERE unique_key IS NOT NULL AND status IN ('pending', 'running') DO NOTHING "
-    "RETURNING id"
+    "%(priorities)s::bigint[], %(created)s::text[], %(keys)s::text[], %(traces)s::text[], %(expires)s::text[], "
+    "%(limit_keys)s::text[], %(unique_tokens)s::bigint[]) "
+    "AS r(id, job_type, payload, max_attempts, run_after, priority, created_at, unique_key, trace, expires_at, limit_key, "
+    f"unique_token) ON CONFLICT (job_type, unique_key) WHERE {HOLDS} DO NOTHING RETURNING id"
 )
 _HOLDERS = """
 SELECT j.job_type, j.unique_key, j.id FROM jobs j
   JOIN unnest(%(types)s::text[], %(keys)s::text[]) AS k(job_type, unique_key)
     ON j.job_type = k.job_type AND j.unique_key = k.unique_key
  WHERE j.unique_key IS NOT NULL AND j.status IN ('pending', 'running')
+   AND (j.unique_token IS NULL OR j.unique_token = j.lease_token)
 """
 T = TypeVar("T")
 UNIQUE_ROUNDS = 20  # inserts tried again for keys whose holder finished in between (each round: one that did)
@@ -161,9 +173,50 @@ def insert_unique(conn: psycopg.Connection[Any], rows: Sequence[NewJob]) -> dict
     return run_plan(conn, unique_rounds(rows))
 
 
+# A job whose key is held only while pending, back in pending (a retry, a release, a snooze, a
+# rescue, a revive), takes its key again (unique_token = lease_token) if no job holds it; of two
+# with one type and key, the first in claim order. The others go on without it.
+_RETAKE = """
+UPDATE jobs j SET unique_token = j.lease_token
+ WHERE j.id = ANY(ARRAY(
+        SELECT DISTINCT ON (c.job_type, c.unique_key) c.id FROM jobs c
+         WHERE c.id = ANY(%(ids)s::text[]) AND c.status = 'pending' AND c.unique_token <> c.lease_token
+           AND NOT EXISTS (SELECT 1 FROM jobs h WHERE h.job_type = c.job_type AND h.unique_key = c.unique_key
+                              AND h.status IN ('pending', 'running')
+                              AND (h.unique_token IS NULL OR h.unique_token = h.lease_token))
+         ORDER BY c.job_type, c.unique_key, c.priority, c.run_after, c.id))
+   AND j.status = 'pending' AND j.unique_token <> j.lease_token
+"""
+# whether some of the ids is such a job (in a transaction, before the savepoint the retake takes)
+_RETAKERS = "SELECT 1 FROM jobs WHERE id = ANY(%(ids)s::text[]) AND status = 'pending' AND unique_token <> lease_token LIMIT 1"
+RETAKE_ROUNDS = 5
+
+
+def retake(conn: psycopg.Connection[Any], ids: Sequence[str]) -> None:
+    """The jobs among ``ids`` whose key is held only while pending, and that are pending without
+    it: each takes its key again if no job holds it (:data:`_RETAKE`). Never raises for a key:
+    another transaction may hold it uncommitted (an insert), and the update then waits for it and,
+    if it commits, fails on jobs_unique; it is tried again (READ COMMITTED: the next statement sees
+    the holder and leaves that key), in a savepoint of the caller's transaction if there is one.
+    After RETAKE_ROUNDS such failures the jobs go on without their key."""
+    if not ids:
+        return
+    params = {"ids": list(ids)}
+    within = conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+    if within and conn.execute(_RETAKERS, params).fetchone() is None:
+        return  # (the common case: no such job, and no savepoint's two round trips)
+    for _ in range(RETAKE_ROUNDS):
+        try:
+            with conn.transaction() if within else contextlib.nullcontext():
+                conn.execute(_RETAKE, params)
+            return
+        except (psycopg.errors.UniqueViolation, psycopg.errors.DeadlockDetected):
+            continue
+
+
 def insert_special(conn: psycopg.Connection[Any], rows: Sequence[NewJob]) -> dict[str, str]:
-    """Rows that COPY does not write (a bulk load's): those with a trace context or an expiry and
-    no unique key by :data:`_INSERT_TRACED`, those with a key by :func:`insert_unique`; per keyed row's id,
+    """Rows that COPY does not write (a bulk load's): those with a trace context, an expiry or a
+    limit key and no unique key by :data:`_INSERT_TRACED`, those with a key by :func:`insert_unique`; per keyed row's id,
     the id stored for it."""
     plain = [row for row in rows if row.unique_key is None]
     if plain:
@@ -364,16 +417,23 @@ def write_batch(
     parts = rounds(items)
     if len(parts) <= 1:
         held = _execute_batch(conn, items, rows, notify=notify)
-        return [(s.id, s.token) in held for s in items]
-    answers = [False] * len(items)
-    with conn.transaction():  # the same job twice in one batch: a statement per round, one transaction
-        for k, part in enumerate(parts):
-            last = k == len(parts) - 1
-            chosen = [items[n] for n in part]
-            held = _execute_batch(conn, chosen, rows if last else (), notify=notify and last)
-            for n, s in zip(part, chosen):
-                answers[n] = (s.id, s.token) in held
+        answers = [(s.id, s.token) in held for s in items]
+    else:
+        answers = [False] * len(items)
+        with conn.transaction():  # the same job twice in one batch: a statement per round, one transaction
+            for k, part in enumerate(parts):
+                last = k == len(parts) - 1
+                chosen = [items[n] for n in part]
+                held = _execute_batch(conn, chosen, rows if last else (), notify=notify and last)
+                for n, s in zip(part, chosen):
+                    answers[n] = (s.id, s.token) in held
+    # jobs back in pending whose key is held only while pending take it again if free (a statement
+    # more only for a batch with such outcomes: SUCCEED's, the hot path's, is the one above alone)
+    retake(conn, [s.id for s, written in zip(items, answers) if written and s.transition in _BACK_TO_PENDING])
     return answers
+
+
+_BACK_TO_PENDING = frozenset({states.Transition.RETRY, states.Transition.RELEASE, states.Transition.SNOOZE})
 
 
 def _execute_batch(conn: psycopg.Connection[Any], items: Sequence[Settlement], rows: Sequence[NewJob], *, notify: bool) -> set[tuple[str, int]]:
@@ -502,21 +562,35 @@ _RUNNING_OF_TYPE = "SELECT count(*) FILTER (WHERE job_type = %(job_type)s) FROM 
 def claim(
     conn: psycopg.Connection[Any], wants: Mapping[str, int], *, owner: str, lease_seconds: float,
     start: Mapping[str, int] | None = None, limits: Mapping[str, int] | None = None,
+    rates: Mapping[str, tuple[int, float]] | None = None, key_limits: Mapping[str, int] | None = None,
 ) -> list[Lease]:
     """pending → running for up to ``wants[type]`` due jobs of each type, in claim order; the
     first ``start[type]`` of each start at once (all when None), the rest are claimed ahead.
-    A type in ``limits`` takes at most its limit less its running jobs (see _LIMIT_LOCK)."""
+    A type in ``limits`` takes at most its limit less its running jobs (see _LIMIT_LOCK); a type
+    in ``rates`` or ``key_limits`` is claimed by limits.claim_type. Without ``rates`` and
+    ``key_limits``, the statements of before them."""
     wanted = [(t, n) for t, n in wants.items() if n > 0]
     if not wanted:
         return []
-    if limits and any(t in limits for t, _ in wanted):
+    controlled = {*(rates or ()), *(key_limits or ())}
+    bound = {*(limits or ()), *controlled}
+    if bound and any(t in bound for t, _ in wanted):
         # One transaction for the whole claim: a limited type's part that fails leaves nothing of
         # the others claimed under a lease no worker holds. The locks are taken in the order of
         # the types' names, whatever order each process registered them in, so that two claims
         # (or a claim and an insert's batch claiming with it) never wait for each other in a circle.
         with conn.transaction():
-            rows = _claim_rows(conn, [(t, n) for t, n in wanted if t not in limits], owner, lease_seconds, start)
-            for job_type, n in sorted((t, n) for t, n in wanted if t in limits):
+            rows = _claim_rows(conn, [(t, n) for t, n in wanted if t not in bound], owner, lease_seconds, start)
+            for job_type, n in sorted((t, n) for t, n in wanted if t in bound):
+                if job_type in controlled:
+                    from . import limits as controls  # (it builds on this module's statements)
+
+                    rows += controls.claim_type(
+                        conn, job_type, n, owner=owner, lease_seconds=lease_seconds, start=start,
+                        limit=(limits or {}).get(job_type), rate=(rates or {}).get(job_type),
+                        key_limit=(key_limits or {}).get(job_type))
+                    continue
+                assert limits is not None
                 conn.execute(_LIMIT_LOCK, {"job_type": job_type})
                 row = conn.execute(_RUNNING_OF_TYPE, {"job_type": job_type}).fetchone()
                 n = min(n, limits[job_type] - (row[0] if row else 0))
@@ -527,6 +601,13 @@ def claim(
     order = {t: i for i, (t, _) in enumerate(wanted)}
     rows.sort(key=lambda r: (order[r[1]], not r[9], r[8], r[7], r[0]))
     return [Lease(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[9], row[10]) for row in rows]
+
+
+def rate_free_at(conn: psycopg.Connection[Any], job_type: str, limit: int, window_seconds: float) -> float:
+    """limits.rate_free_at: seconds until a claim of the rate-limited type may take a job again."""
+    from . import limits as controls  # (it builds on this module's statements)
+
+    return controls.rate_free_at(conn, job_type, limit, window_seconds)
 
 
 def _claim_rows(conn: psycopg.Connection[Any], wanted: Sequence[tuple[str, int]], owner: str, lease_seconds: float,
@@ -636,6 +717,7 @@ def rescue_expired(
                 started.append(has_started)
             rescued = conn.execute(_RESCUE, {"ids": ids, "tokens": tokens, "statuses": statuses, "delays": delays,
                                              "errors": errors, "started": started}).rowcount
+            retake(conn, [job_id for job_id, status in zip(ids, statuses) if status == "pending"])
     return rescued + expire(conn)
 
 
