@@ -273,6 +273,9 @@ def build_parser(app: AppSummary | None = None) -> argparse.ArgumentParser:
     p.add_argument("--priority", type=int, metavar="N", help="lower runs first (default 5)")
     p.add_argument("--unique-key", metavar="KEY",
                    help="while a job of this type and key is pending or running, insert nothing and print that job's id")
+    p.add_argument("--unique-while", choices=["pending_or_running", "pending"],
+                   help="how long --unique-key is held: until the job finishes (the default), or only while it is "
+                   "pending (an enqueue made while it runs inserts a new job)")
     p.add_argument("--expires-in", type=float, metavar="SECONDS",
                    help="if it has not started this many seconds from now, it never starts: it ends cancelled "
                    "(expired); counted from now, not from --delay")
@@ -564,7 +567,7 @@ def cmd_enqueue(args: argparse.Namespace, config: Config, app: Application, out:
                              "before it is due and never run (both count from now)")
         expires_at = format_ts(now + args.expires_in)
     request = JobRequest(args.job_type, payload, args.max_attempts, run_after, 5 if args.priority is None else args.priority,
-                         unique_key, expires_at)
+                         unique_key, expires_at, args.unique_while)
     inputs.with_bounds(request, "the job")
     (row,) = prepare_rows(reg, [request], default_max_attempts=config.worker.default_max_attempts)  # validates before opening
 
@@ -595,7 +598,8 @@ def _enqueue_file(args: argparse.Namespace, config: Config, app: Application, ou
     extra = [flag for flag, value in (("JOB_TYPE", args.job_type), ("--payload", args.payload), ("--delay", args.delay),
                                       ("--run-after", args.run_after), ("--max-attempts", args.max_attempts),
                                       ("--priority", args.priority), ("--unique-key", args.unique_key),
-                                      ("--expires-in", args.expires_in)) if value is not None]
+                                      ("--expires-in", args.expires_in), ("--unique-while", args.unique_while))
+             if value is not None]
     if extra:
         raise UsageError(f"--from-file takes each job's fields from the file; drop {', '.join(extra)}")
     every = args.commit_every

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-from .backends.base import PRIORITY_DEFAULT, PRIORITY_MAX, PRIORITY_MIN, NewJob
+from .backends.base import PRIORITY_DEFAULT, PRIORITY_MAX, PRIORITY_MIN, UNIQUE_WHILE, NewJob
 from .clock import now_ts, to_ts
 from .errors import UsageError
 from .ids import UUID7Factory
@@ -24,6 +24,7 @@ class JobRequest(NamedTuple):
     priority: int = PRIORITY_DEFAULT
     unique_key: str | None = None
     expires_at: Any = None  # a time (ISO 8601 text, a datetime, epoch seconds); None: it never expires
+    unique_while: str | None = None  # "pending_or_running" (None: the default) or "pending"
 
 
 MAX_UNIQUE_KEY_CHARS = 200  # a key names a thing ("user:42", an order number), not a payload
@@ -81,11 +82,37 @@ def prepare_row(registry: Registry, req: JobRequest, default_max_attempts: int, 
         except (ValueError, TypeError, OverflowError) as exc:
             raise UsageError(f"run_after {req.run_after!r} is not an ISO 8601 time: {exc}") from None
     unique_key = req.unique_key if req.unique_key is None else check_unique_key(req.unique_key)
-    if req.expires_at is None:  # the common case: the row the hot path has always inserted
+    spec = registry.spec(req.job_type)
+    if req.expires_at is None and req.unique_while is None and spec.limit_key is None:
+        # the common case: the row the hot path has always inserted
         return NewJob(new_id(), req.job_type, payload, max_attempts, run_after, req.priority, now, unique_key)
-    expires_at = check_expires_at(req.expires_at, now=now, run_after=run_after)
+    expires_at = None if req.expires_at is None else check_expires_at(req.expires_at, now=now, run_after=run_after)
+    unique_while = check_unique_while(req.unique_while, unique_key)
+    limit_key = None if spec.limit_key is None else limit_key_of(spec, registry.decode(req.job_type, payload, stored=True))
     return NewJob(new_id(), req.job_type, payload, max_attempts, run_after, req.priority, now, unique_key,
-                  expires_at=expires_at)
+                  expires_at=expires_at, limit_key=limit_key, unique_while=unique_while)
+
+
+def check_unique_while(value: Any, unique_key: str | None, what: str = "unique_while") -> str | None:
+    """How long a unique key is held, as stored: None for the default ("pending_or_running"), or
+    "pending"; UsageError for anything else, or for one given without a key."""
+    if value is None:
+        return None
+    if value not in UNIQUE_WHILE:
+        raise UsageError(f"{what} must be one of {', '.join(map(repr, UNIQUE_WHILE))}, got {value!r:.40}")
+    if unique_key is None:
+        raise UsageError(f"{what} is given without a unique_key: it says how long the key is held")
+    return None if value == UNIQUE_WHILE[0] else value
+
+
+def limit_key_of(spec: Any, job: Any) -> str | None:
+    """The key a job counts under for its type's per-key limit: its ``limit_key`` function's answer,
+    as text (None: not limited by key); UsageError if the function fails or the key is not one."""
+    try:
+        key = spec.limit_key(job)
+    except Exception as exc:
+        raise UsageError(f"job type {spec.name!r}: its limit_key function failed on this job: {exc!r}") from exc
+    return None if key is None else check_unique_key(str(key), f"job type {spec.name!r}: the limit key")
 
 
 def check_expires_at(value: Any, *, now: str, run_after: str | None = None, what: str = "expires_at") -> str:

@@ -222,3 +222,47 @@ def test_list_and_stats_know_cancelled(db: Path, seeded: dict[str, list[str]]) -
     assert stats["by_status"]["cancelled"] == 1
     code, out = run("jobs", "cleanup", "--status", "cancelled")
     assert (code, out) == (0, "deleted 1 cancelled jobs\n")
+
+
+def test_the_cli_and_from_file_store_each_jobs_limit_key_and_unique_while(db: Path) -> None:
+    """A keyed type's key is computed from the job by its limit_key function on every enqueue path (not
+    only Pipeline.enqueue): a job the CLI or a --from-file line enqueued counts under its tenant."""
+    import dataclasses
+    import io
+
+    import pipeline
+    from pipeline.cli import main
+
+    reg = pipeline.Registry()
+
+    @dataclasses.dataclass
+    class Report:
+        tenant: str
+
+    async def report(job: Report, ctx: pipeline.JobContext) -> None: ...
+
+    reg.register("report", Report, report, limit_key=lambda job: f"tenant:{job.tenant}", key_limit=2)
+
+    def cli(*argv: str) -> tuple[int, str]:
+        out = io.StringIO()
+        return main(list(argv), registry=reg, stdout=out), out.getvalue()
+
+    code, out = cli("enqueue", "report", "--payload", '{"tenant": "acme"}', "--unique-key", "r", "--unique-while", "pending",
+                    "--json")
+    assert code == 0, out
+    first = json.loads(out)["id"]
+    lines = db.parent / "jobs.jsonl"
+    lines.write_text(json.dumps({"job_type": "report", "payload": {"tenant": "zeta"}, "unique_key": "z",
+                                 "unique_while": "pending"}) + "\n")
+    code, out = cli("enqueue", "--from-file", str(lines))
+    assert code == 0, out
+    records = trio.run(_all, db)
+    assert {(r.limit_key, r.unique_key) for r in records} == {("tenant:acme", "r"), ("tenant:zeta", "z")}
+    assert job(db, first).limit_key == "tenant:acme"  # type: ignore[union-attr]
+    code, out = cli("enqueue", "report", "--payload", '{"tenant": "x"}', "--unique-while", "pending")
+    assert code == 2  # without a key it says nothing: refused, naming why
+
+
+async def _all(db: Path) -> list[JobRecord]:
+    async with open_backend(fast_config(db)) as backend:
+        return (await backend.list(limit=100))[0]

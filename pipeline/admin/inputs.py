@@ -30,7 +30,7 @@ from ..registry import Registry
 from ..requests import JobRequest, check_unique_key, prepare_row
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
-JOB_FIELDS = ("job_type", "payload", "priority", "max_attempts", "run_after", "unique_key", "expires_at")
+JOB_FIELDS = ("job_type", "payload", "priority", "max_attempts", "run_after", "unique_key", "expires_at", "unique_while")
 EVENT_FIELDS = ("event", "data")
 SCHEDULE_FIELDS = ("name", "cron", "job_type", "payload", "timezone")
 MAX_OLDER_THAN_SECONDS = 100 * 366 * 86400  # a century: anything older is "all of them"
@@ -140,7 +140,10 @@ def job_request(value: Any, what: str = "the job") -> JobRequest:
     expires_at = obj.get("expires_at")
     if expires_at is not None and not isinstance(expires_at, str):
         raise UsageError(f"{what}: expires_at must be an ISO 8601 time as a string, got {_kind(expires_at)}")
-    return JobRequest(job_type, payload, max_attempts, run_after, priority, unique_key, expires_at)
+    unique_while = obj.get("unique_while")
+    if unique_while is not None and not isinstance(unique_while, str):
+        raise UsageError(f"{what}: unique_while must be \"pending\" or \"pending_or_running\", got {_kind(unique_while)}")
+    return JobRequest(job_type, payload, max_attempts, run_after, priority, unique_key, expires_at, unique_while)
 
 
 def with_bounds(request: JobRequest, what: str = "the job") -> JobRequest:

@@ -114,7 +114,7 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
             "type": "object",
             "required": ["id", "job_type", "payload", "status", "attempts", "max_attempts", "run_after", "error",
                          "created_at", "updated_at", "priority", "unique_key", "result", "progress", "snoozes",
-                         "expires_at", "cancel_requested"],
+                         "expires_at", "cancel_requested", "limit_key"],
             "properties": {
                 "id": {"type": "string"},
                 "job_type": {"type": "string"},
@@ -141,6 +141,8 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
                                "description": "ISO 8601 UTC: not started by then, it ends cancelled and never runs."},
                 "cancel_requested": {"type": "boolean",
                                      "description": "It runs and was asked to stop: its worker ends it cancelled."},
+                "limit_key": {"type": "string", "nullable": True,
+                              "description": "The key it counts under for its type's per-key limit (limit_key=)."},
             },
         },
         "EnqueuedJob": {
@@ -175,6 +177,9 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
                 "expires_at": {"type": "string", "nullable": True,
                                "description": "ISO 8601 (UTC when no offset is given), after now and after run_after: "
                                               "a job not started by then ends cancelled and never runs."},
+                "unique_while": {"type": "string", "nullable": True, "enum": ["pending_or_running", "pending", None],
+                                 "description": "How long unique_key is held: until the job finishes (the default), or "
+                                                "only while it is pending (it frees when the job starts)."},
             },
         },
         "Event": {

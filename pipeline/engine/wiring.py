@@ -32,7 +32,7 @@ import attrs
 import trio
 
 from ..backends import Backend, ClaimOffer, JobRecord, Lease, NewJob, Nudge, open_backend
-from ..backends.base import NUDGE_BUFFER, PRIORITY_DEFAULT, PRIORITY_MAX, PRIORITY_MIN, UNIQUE_WHILE, ScheduleRecord
+from ..backends.base import NUDGE_BUFFER, PRIORITY_DEFAULT, PRIORITY_MAX, PRIORITY_MIN, ScheduleRecord
 from ..clock import now_ts, to_ts
 from ..config import Config
 from ..context import JobContext
@@ -42,7 +42,7 @@ from ..limits import global_limits, rate_limits
 from ..logs import outcome_lines, outcome_message
 from ..registry import Registry
 from ..replies import Reply
-from ..requests import check_expires_at, check_unique_key
+from ..requests import check_expires_at, check_unique_key, check_unique_while, limit_key_of
 from ..states import TERMINAL, Status
 from .actors.bus import Envelope, run_event_bus
 from .actors.control import ProgressBoard, run_canceller, run_progress_writer
@@ -128,26 +128,13 @@ class Pipeline:
         if unique_key is not None:
             unique_key = check_unique_key(unique_key)
         if unique_while is not None:
-            if unique_while not in UNIQUE_WHILE:
-                raise UsageError(f"unique_while must be one of {', '.join(map(repr, UNIQUE_WHILE))}, got {unique_while!r:.40}")
-            if unique_key is None:
-                raise UsageError("unique_while is given without a unique_key: it says how long the key is held")
-            unique_while = None if unique_while == UNIQUE_WHILE[0] else unique_while
+            unique_while = check_unique_while(unique_while, unique_key)
         if expires_at is not None:
             expires_at = check_expires_at(expires_at, run_after=run_after or now, now=now)
-        limit_key = None if spec.limit_key is None else self._limit_key(spec, job)
+        limit_key = None if spec.limit_key is None else limit_key_of(spec, job)
         return NewJob(self._new_id(), job_type, payload, max_attempts, run_after or now, priority, now, unique_key,
                       trace or None, expires_at, limit_key, unique_while)
 
-    @staticmethod
-    def _limit_key(spec: Any, job: Any) -> str | None:
-        """The key a job counts under for its type's per-key limit (its ``limit_key`` function's answer, as text)."""
-        assert spec.limit_key is not None
-        try:
-            key = spec.limit_key(job)
-        except Exception as exc:
-            raise UsageError(f"job type {spec.name!r}: its limit_key function failed on this job: {exc!r}") from exc
-        return None if key is None else check_unique_key(str(key), f"job type {spec.name!r}: the limit key")
 
     def trace_context(self) -> str | None:
         """The calling code's trace context, by the registry's hook (None without one). Producers
