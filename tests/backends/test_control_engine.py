@@ -313,3 +313,38 @@ async def test_a_paused_type_starts_nothing_until_resumed_while_enqueues_go_on(s
         with pytest.raises(pipeline.UsageError, match="known: held, other"):
             await p.pause_type("nope")
     assert ran == [-5, 1]
+
+
+async def test_the_clients_cancel_and_wait_for_results_of_jobs_a_service_runs(store_config: Config) -> None:
+    reg = pipeline.Registry()
+    started = trio.Event()
+
+    @reg.job
+    async def doubled(job: Work, ctx: pipeline.JobContext) -> int:
+        if job.n < 0:
+            started.set()
+            await trio.sleep_forever()
+        return job.n * 2
+
+    async with running(store_config, reg):
+        async with pipeline.AsyncClient(store_config.database_url, registry=reg, config=store_config) as client:
+            job_id = await client.enqueue(Work(4))
+            assert await client.result(job_id, timeout=10) == 8
+            stuck = await client.enqueue(Work(-1))
+            with trio.fail_after(10):
+                await started.wait()
+            assert await client.cancel(stuck) == "cancelling"
+            with pytest.raises(pipeline.JobCancelled):
+                await client.result(stuck, timeout=10)
+            later = await client.enqueue(Work(1), delay=3600)
+            with pytest.raises(TimeoutError, match="pending"):
+                await client.result(later, timeout=0.2)
+            with pytest.raises(LookupError):
+                await client.cancel("no-such-job")
+
+        def sync_side() -> Any:
+            with pipeline.Client(store_config.database_url, registry=reg, config=store_config) as sync_client:
+                assert sync_client.cancel(later) == "cancelled"
+                return sync_client.result(sync_client.enqueue(Work(5)), timeout=10)
+
+        assert await trio.to_thread.run_sync(sync_side) == 10
