@@ -1,0 +1,113 @@
+"""The service as started, before and after a change: `python benchmarks/before_after.py --before REV`.
+
+For the same drain as benchmarks/service.py (20,000 `invalidate_cache` jobs of the bundled site
+loaded with `enqueue --from-file`, then `python -m pipeline` with WORKER_CONCURRENCY=32 and its
+default logging, a line per job, until every job is completed), runs the code of git revision REV (a
+worktree of it, made in a scratch folder) and the code of this checkout in turns, A B A B ..., ROUNDS
+times each (default 5), each on a fresh store. Prints per round and as medians:
+
+* the drain rate, jobs/s from the first job done to the last (what service.py prints);
+* the CPU time of the whole process tree per job, in µs: user + system of the service and every
+  process it started (getrusage of the waited children, taken around each run), including its start
+  and stop, which are the same in both arms, so that the difference between the arms is the change's.
+
+Wall-clock rates move with the machine; CPU per job is the arbiter (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from stores import BACKENDS, open_stores  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+JOB = json.dumps({"job_type": "invalidate_cache", "payload": {"keys": ["k"]}})
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def one_run(tree: Path, stores: object, directory: Path, jobs: int, concurrency: int) -> tuple[float, float]:
+    """(jobs/s, CPU µs per job) of one drain by the code in ``tree``."""
+    url = stores.fresh("before_after")  # type: ignore[attr-defined]
+    try:
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("ADMIN_", "WORKER_", "LOG_", "DATABASE_", "SQLITE_", "REDIS_", "PIPELINE_"))}
+        env.update(stores.settings, DATABASE_URL=url, ADMIN_PORT="0", WORKER_CONCURRENCY=str(concurrency),  # type: ignore[attr-defined]
+                   PYTHONPATH=str(tree))
+        lines = directory / "jobs.jsonl"
+        lines.write_text((JOB + "\n") * jobs)
+        subprocess.run([sys.executable, "-m", "pipeline", "enqueue", "--from-file", str(lines)], env=env, cwd=directory,
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        before = children_cpu()
+        with (directory / "service.log").open("w") as out:
+            process = subprocess.Popen([sys.executable, "-m", "pipeline"], env=env, cwd=directory, stdout=out, stderr=out)
+            first = None
+            try:
+                while True:
+                    n = stores.completed(url)  # type: ignore[attr-defined]
+                    now = time.perf_counter()
+                    if n and first is None:
+                        first = (now, n)
+                    if n >= jobs:
+                        break
+                    if process.poll() is not None:
+                        raise RuntimeError(f"the service exited with {process.returncode}: see {directory / 'service.log'}")
+                    time.sleep(0.02)
+            finally:
+                process.terminate()
+                process.wait(60)
+        cpu = children_cpu() - before
+        assert first is not None
+        rate = (jobs - first[1]) / max(now - first[0], 1e-9) if first[1] < jobs else float("nan")
+        return rate, cpu / jobs * 1e6
+    finally:
+        stores.drop(url)  # type: ignore[attr-defined]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", required=True, help="the git revision to compare against (e.g. a commit id)")
+    parser.add_argument("--backend", choices=BACKENDS, default="sqlite")
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--concurrency", type=int, default=32)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as scratch:
+        directory = Path(scratch)
+        old = directory / "before"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(old), args.before], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stores = open_stores(args.backend, directory)
+        figures: dict[str, list[tuple[float, float]]] = {"before": [], "after": []}
+        try:
+            for i in range(args.rounds):
+                for arm, tree in (("before", old), ("after", ROOT)) if i % 2 == 0 else (("after", ROOT), ("before", old)):
+                    rate, cpu = one_run(tree, stores, directory, args.jobs, args.concurrency)
+                    figures[arm].append((rate, cpu))
+                    print(f"round {i + 1} {arm:6}: {rate:8,.0f} jobs/s, {cpu:6.1f} µs CPU per job (whole tree)", flush=True)
+        finally:
+            stores.close()
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)], check=False)
+    for arm in ("before", "after"):
+        rates = [r for r, _ in figures[arm]]
+        cpus = [c for _, c in figures[arm]]
+        print(f"{arm:6} ({args.before if arm == 'before' else 'this checkout'}): median {statistics.median(rates):,.0f} jobs/s, "
+              f"{statistics.median(cpus):.1f} µs CPU per job ({args.backend}, {args.jobs:,} jobs, {args.rounds} rounds)")
+
+
+if __name__ == "__main__":
+    main()
