@@ -191,7 +191,7 @@ class JobRecord:
 
 def expired_error(expires_at: str) -> str:
     """The error of a job that was not started by its ``expires_at`` (every store writes this text)."""
-    return f"expired at {expires_at} before it started: never run"
+    return f"expired at {expires_at} before it (or its next attempt) started"
 
 
 def cancelled_error(reason: str) -> str:

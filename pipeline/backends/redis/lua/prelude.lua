@@ -195,7 +195,7 @@ local function expire_due(t, now)
         redis.call('ZREM', ready_key(t, f[2]), id)
         touched[f[2]] = true
       end
-      cancel_pending(id, key, t, f[4], 'expired at ' .. iso(tonumber(f[3])) .. ' before it started: never run', now)
+      cancel_pending(id, key, t, f[4], 'expired at ' .. iso(tonumber(f[3])) .. ' before it (or its next attempt) started', now)
       n = n + 1
     end
   end
