@@ -138,14 +138,16 @@ room AS MATERIALIZED (
      CROSS JOIN w LEFT JOIN busy b ON b.limit_key = s.limit_key
 ),
 -- their first due jobs in claim order (a seek each into jobs_keyed), and the keyless group's; not
--- locked here: only the jobs picked are (locked, below)
+-- locked here: only the jobs picked are (locked, below). Ordered by limit_key too (one value each):
+-- the order only jobs_keyed gives. On a table without statistics (just filled), the keyless group
+-- was otherwise read through jobs_claim, every row of the type's backlog filtered out one by one.
 cand AS MATERIALIZED (
     SELECT p.id, p.priority, p.run_after, r.limit_key, r.seen
       FROM room r CROSS JOIN w CROSS JOIN LATERAL (
         SELECT id, priority, run_after FROM jobs
          WHERE status = 'pending' AND job_type = w.job_type AND limit_key = r.limit_key AND run_after <= now()
            AND (expires_at IS NULL OR expires_at > now())
-         ORDER BY priority, run_after, id
+         ORDER BY limit_key, priority, run_after, id
          LIMIT greatest(r.r, 0)) p
      WHERE r.r > 0
     UNION ALL
@@ -154,7 +156,7 @@ cand AS MATERIALIZED (
         SELECT id, priority, run_after FROM jobs
          WHERE status = 'pending' AND job_type = w.job_type AND limit_key IS NULL AND run_after <= now()
            AND (expires_at IS NULL OR expires_at > now())
-         ORDER BY priority, run_after, id
+         ORDER BY limit_key, priority, run_after, id
          LIMIT w.n) p
 ),
 -- round-robin: every key's first job (turn 1), then every key's second, ...; within a turn the keys
