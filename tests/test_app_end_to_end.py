@@ -14,7 +14,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ import httpx
 import pytest
 import trio
 from app_harness import Service, app_env, cli
-from backends.stores import BACKENDS
+from backends.stores import on_each_store
 
 from pipeline import Config
 
@@ -151,12 +150,6 @@ ASYNCIO_PRODUCER = textwrap.dedent('''
 ''')
 
 
-@pytest.fixture(params=sorted(BACKENDS))
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[str, Config]]:
-    async with BACKENDS[request.param](tmp_path) as config:
-        yield request.param, config
-
-
 def notes(log: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
@@ -175,9 +168,12 @@ def produce(folder: Path, env: dict[str, str], script: str, *argv: str) -> dict[
     return json.loads(done.stdout)
 
 
-async def test_a_throwaway_application_runs_under_app_on_each_store(store: tuple[str, Config], tmp_path: Path) -> None:
-    name, config = store
-    await trio.to_thread.run_sync(run_the_shop, name, config.database_url, tmp_path)
+async def test_a_throwaway_application_runs_under_app_on_each_store(tmp_path: Path) -> None:
+    """The three stores side by side: each run mostly waits for its processes."""
+    async def on(name: str, config: Config, folder: Path) -> None:
+        await trio.to_thread.run_sync(run_the_shop, name, config.database_url, folder)
+
+    await on_each_store(tmp_path, on)
 
 
 def run_the_shop(name: str, database_url: str, tmp_path: Path) -> None:

@@ -14,14 +14,15 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 from app_harness import Service, app_env
-from backends.stores import BACKENDS
+from backends.stores import on_each_store
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -57,13 +58,22 @@ def greeted(event: Said, config: Config) -> list[pipeline.Routed]:
     return [pipeline.Routed(Greeted(event.name))]
 
 
-@pytest.fixture
-def exported() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
+@contextmanager
+def exporting() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
+    """A tracer provider whose finished spans are kept in memory, shut down at the end."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    yield provider, exporter
-    provider.shutdown()
+    try:
+        yield provider, exporter
+    finally:
+        provider.shutdown()
+
+
+@pytest.fixture
+def exported() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
+    with exporting() as pair:
+        yield pair
 
 
 def hex_ids(span: ReadableSpan) -> tuple[str, str]:
@@ -251,12 +261,6 @@ APP = textwrap.dedent('''
 ''')
 
 
-@pytest.fixture(params=sorted(BACKENDS))
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[str, Config]]:
-    async with BACKENDS[request.param](tmp_path) as config:
-        yield request.param, config
-
-
 def read_spans(path: Path, wanted: int, timeout: float = 15.0) -> list[dict[str, Any]]:
     deadline = time.monotonic() + timeout
     while True:
@@ -268,17 +272,24 @@ def read_spans(path: Path, wanted: int, timeout: float = 15.0) -> list[dict[str,
 
 
 @pytest.mark.slow
-async def test_the_span_that_enqueued_a_job_is_the_parent_of_its_attempts_in_the_worker_process(
-    store: tuple[str, Config], tmp_path: Path, exported: tuple[TracerProvider, InMemorySpanExporter],
-) -> None:
-    _, config = store
-    provider, exporter = exported
+async def test_the_span_that_enqueued_a_job_is_the_parent_of_its_attempts_in_the_worker_process(tmp_path: Path) -> None:
+    """On each store, the three side by side (each mostly waits for its worker process)."""
+    await on_each_store(tmp_path, traced_across_processes)
+
+
+async def traced_across_processes(name: str, config: Config, tmp_path: Path) -> None:
+    with exporting() as (provider, exporter):
+        await parent_across_processes(config, tmp_path, provider, exporter)
+
+
+async def parent_across_processes(config: Config, tmp_path: Path, provider: TracerProvider,
+                                  exporter: InMemorySpanExporter) -> None:
     folder = tmp_path / "traced-app"
     folder.mkdir()
     (folder / "otelapp.py").write_text(APP)
     spans_file = tmp_path / "spans.jsonl"
     env = app_env(folder, config.database_url, SPANS_FILE=str(spans_file), WORKER_BACKOFF_BASE_MS="20",
-                  WORKER_SHUTDOWN_TIMEOUT="2", REDIS_ALLOW_NON_DURABLE="true")
+                  WORKER_SHUTDOWN_TIMEOUT="2", REDIS_ALLOW_NON_DURABLE="true", ADMIN_PORT="0")  # not 8000: side by side
 
     # the producer: this process, its own registry of the same types (no handlers), instrumented
     registry = pipeline.Registry()
@@ -302,7 +313,7 @@ async def test_the_span_that_enqueued_a_job_is_the_parent_of_its_attempts_in_the
                 flaky_id = await client.enqueue(Flaky("twice"))
 
         spans = await trio.to_thread.run_sync(read_spans, spans_file, 3)
-        assert service.stop() == 0
+        assert await trio.to_thread.run_sync(service.stop) == 0
     finally:
         service.kill()
 
