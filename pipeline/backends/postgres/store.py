@@ -579,12 +579,12 @@ def claim(
         # the others claimed under a lease no worker holds. The locks are taken in the order of
         # the types' names, whatever order each process registered them in, so that two claims
         # (or a claim and an insert's batch claiming with it) never wait for each other in a circle.
+        from . import limits as controls  # (it builds on this module's statements)
+
         with conn.transaction():
             rows = _claim_rows(conn, [(t, n) for t, n in wanted if t not in bound], owner, lease_seconds, start)
             for job_type, n in sorted((t, n) for t, n in wanted if t in bound):
                 if job_type in controlled:
-                    from . import limits as controls  # (it builds on this module's statements)
-
                     rows += controls.claim_type(
                         conn, job_type, n, owner=owner, lease_seconds=lease_seconds, start=start,
                         limit=(limits or {}).get(job_type), rate=(rates or {}).get(job_type),
