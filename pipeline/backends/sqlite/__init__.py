@@ -40,7 +40,7 @@ from ..base import (
     WorkerRecord,
 )
 from ..trays import Tray, Trays
-from . import migrations, queries, retention, schedules, store
+from . import limits, migrations, queries, retention, schedules, store
 from .bulk import BulkInsert
 from .checkpoints import WalCheck, run_wal_check
 from .db import Database, begin_immediate, describe, open_database
@@ -110,10 +110,16 @@ class SqliteBackend:
 
     async def claim(
         self, wants: Mapping[str, int], *, owner: str, lease_seconds: float, start: Mapping[str, int] | None = None,
-        limits: Mapping[str, int] | None = None,
+        limits: Mapping[str, int] | None = None, rates: Mapping[str, tuple[int, float]] | None = None,
+        key_limits: Mapping[str, int] | None = None,
     ) -> list[Lease]:
         return await self._call("claim", functools.partial(store.claim_leases, wants=dict(wants), owner=owner,
-                                                             lease_seconds=lease_seconds, start=start, limits=limits))
+                                                             lease_seconds=lease_seconds, start=start, limits=limits,
+                                                             rates=rates, key_limits=key_limits))
+
+    async def rate_free_at(self, job_type: str, limit: int, window_seconds: float) -> float:
+        """From the rate's records (limits.rate_free_at), on a read connection: no write, no wait for the Ledger."""
+        return await self._db.read(lambda conn: limits.rate_free_at(conn, job_type, limit, window_seconds, now=time.time()))
 
     async def settle(self, outcomes: Sequence[Settlement]) -> list[bool]:
         """On the open tray, or a new one sent to the Ledger (see trays.Tray): concurrent

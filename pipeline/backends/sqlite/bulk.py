@@ -28,6 +28,13 @@ _INSERT_JSON_EXPIRING = (
     "FROM json_each(?)"
 ).format(*(_FIELD.format(i) for i in range(10)))
 
+# the same with each row's expiry and limit key (NewJob's tenth and eleventh fields), for chunks of
+# which some have a limit key (a type with per-key limits)
+_INSERT_JSON_LIMITED = (
+    "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, "
+    "created_at, updated_at, priority, expires_at, limit_key) SELECT {0}, {1}, {2}, 'pending', 0, {3}, {4}, {6}, {6}, {5}, "
+    "{9}, {10} FROM json_each(?)"
+).format(*(_FIELD.format(i) for i in range(11)))
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -92,7 +99,10 @@ class BulkInsert:
             self._pending.append(self._pool.submit(self._guarded, insert_jobs, self._conn, rows))
         else:
             text = json.dumps(rows, ensure_ascii=False, separators=(",", ":"))
-            sql = _INSERT_JSON_EXPIRING if any(r.expires_at is not None for r in rows) else _INSERT_JSON
+            if any(r.limit_key is not None for r in rows):
+                sql = _INSERT_JSON_LIMITED
+            else:
+                sql = _INSERT_JSON_EXPIRING if any(r.expires_at is not None for r in rows) else _INSERT_JSON
             self._pending.append(self._pool.submit(self._guarded, self._conn.execute, sql, (text,)))
 
     def _insert_keyed(self, rows: list[NewJob]) -> None:

@@ -256,7 +256,8 @@ async def _serve(
             taken.append(offer)
             batch.append(Command("claim", functools.partial(store.claim_leases, wants=offer.wants, owner=offer.owner,
                                                             lease_seconds=offer.lease_seconds, start=offer.start,
-                                                            limits=offer.limits), Reply()))
+                                                            limits=offer.limits, rates=offer.rates,
+                                                            key_limits=offer.key_limits), Reply()))
         handed = lookout.hand()
         try:
             results, version = await _write_patiently(db, batch, stats)

@@ -168,6 +168,58 @@ MIGRATIONS: Final[list[Migration]] = [
         """,
     ),
     (13, "control", lambda conn: _control(conn)),  # SQL and a schema edit SQL cannot make: see _control
+    (
+        14,
+        "limits",
+        """
+        -- Issue 23, second part: rate limits, per-key limits, unique keys held only while pending.
+        -- The key a job counts under for a claim's per-key limits (NewJob.limit_key); NULL: none.
+        ALTER TABLE jobs ADD COLUMN limit_key TEXT;
+        -- A job whose unique key is held only while it is pending (unique_while 'pending'): the lease
+        -- token under which it holds it (0, a new row's lease_token, when inserted). Every claim moves
+        -- lease_token on, so the claim's own statement frees the key (the row leaves idx_jobs_unique)
+        -- without a word of its own; a job sent back to pending holds it again only if the statement
+        -- that sends it back sets this to its token (store.RETAKE: when nobody holds the key). NULL:
+        -- the default, the key held while pending or running, as before.
+        ALTER TABLE jobs ADD COLUMN unique_token INTEGER;
+        -- idx_jobs_unique with that rule (store.HOLDS, which the inserts' ON CONFLICT names). Every row
+        -- has a NULL unique_token here, so the new index holds the old one's entries and cannot fail.
+        -- (A process of version 13 still running finds no index matching its ON CONFLICT: its keyed
+        -- inserts fail until it is upgraded too; a new one refuses a file of a newer version.)
+        DROP INDEX IF EXISTS idx_jobs_unique;
+        CREATE UNIQUE INDEX IF NOT EXISTS idx_jobs_unique ON jobs(job_type, unique_key)
+            WHERE unique_key IS NOT NULL AND status IN ('pending', 'running')
+              AND (unique_token IS NULL OR unique_token = lease_token);
+        -- Per-key limits. A type's pending jobs by key, each key's in claim order: the keyed claim walks
+        -- the distinct keys (one seek each) and takes each key's first due jobs, whatever the size of
+        -- another key's backlog. Its running jobs by key: one seek per key for its room. Keyed rows
+        -- only: a job without a key costs neither index anything (an index of every pending row
+        -- would cost every insert and claim of every type ~1 us, a fifth: measured).
+        CREATE INDEX IF NOT EXISTS idx_jobs_keyed ON jobs(job_type, limit_key, priority, run_after, id)
+            WHERE limit_key IS NOT NULL AND status = 'pending';
+        CREATE INDEX IF NOT EXISTS idx_jobs_keyed_running ON jobs(job_type, limit_key)
+            WHERE limit_key IS NOT NULL AND status = 'running';
+        -- Where a type's keyed claims left off, when a claim looks at only part of the type: the key
+        -- after which the walk over its keys starts next (limit_key), and where in the claim order the
+        -- look for its keyless jobs goes on (priority, run_after, id). See limits.py.
+        CREATE TABLE IF NOT EXISTS key_cursors (
+            job_type  TEXT PRIMARY KEY,
+            limit_key TEXT,
+            priority  INTEGER,
+            run_after TEXT,
+            id        TEXT
+        );
+        -- Rate limits: a rate-limited type's recent claims, one row per claim (n jobs at the instant
+        -- at, epoch seconds). A claim of the type drops those a window old, counts the rest and adds
+        -- its own, in its write transaction; rate_free_at reads them.
+        CREATE TABLE IF NOT EXISTS rate_claims (
+            job_type TEXT NOT NULL,
+            at       REAL NOT NULL,
+            n        INTEGER NOT NULL
+        );
+        CREATE INDEX IF NOT EXISTS idx_rate_claims ON rate_claims(job_type, at);
+        """,
+    ),
 ]
 
 # Issue 23's control: a final status "cancelled", what a handler reports and returns, snoozes,

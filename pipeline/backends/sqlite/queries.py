@@ -23,12 +23,12 @@ from .retention import FINISHED
 COLUMNS = (
     "id, job_type, payload, status, attempts, max_attempts, run_after, error, "
     "created_at, updated_at, priority, lease_owner, lease_expires_at, unique_key, "
-    "result, progress, progress_message, snoozes, expires_at, status = 'running' AND cancel_requested = 1"
+    "result, progress, progress_message, snoozes, expires_at, status = 'running' AND cancel_requested = 1, limit_key"
 )
 
 
 def _record(row: tuple[Any, ...]) -> JobRecord:
-    return JobRecord(*row[:-1], bool(row[-1]))  # type: ignore[arg-type]
+    return JobRecord(*row[:19], bool(row[19]), row[20])  # type: ignore[arg-type]
 
 
 # -- operator actions -----------------------------------------------------------------------
@@ -42,7 +42,7 @@ def revive(conn: sqlite3.Connection, job_id: str, *, now: str) -> JobRecord:
         raise LookupError(f"no job with id {job_id!r}")
     if job.status not in states.REVIVABLE:
         raise UsageError(f"job {job_id} is {job.status}, only dead or cancelled jobs can be retried")
-    if job.unique_key is not None:
+    if job.unique_key is not None and not _pending_only(conn, job_id):
         holder = store.holder_of(conn, job.job_type, job.unique_key)
         if holder is not None:  # (the Ledger's transaction: nobody takes the key in between)
             raise UsageError(unique_key_held(job, holder))
@@ -50,10 +50,19 @@ def revive(conn: sqlite3.Connection, job_id: str, *, now: str) -> JobRecord:
     return get_job(conn, job_id)  # type: ignore[return-value]
 
 
+# A job holding its key only while pending is revived whoever holds it, and takes it again only if
+# nobody does (store.RETAKE); a default one is refused while another job holds it (above).
 _REVIVE = (
     "UPDATE jobs SET status = 'pending', attempts = 0, snoozes = 0, progress = NULL, progress_message = NULL, "
-    "result = NULL, cancel_requested = 0, run_after = ?, updated_at = ? WHERE id = ? AND status IN ('dead', 'cancelled')"
+    f"result = NULL, cancel_requested = 0, run_after = ?, updated_at = ?, {store.RETAKE} "
+    "WHERE id = ? AND status IN ('dead', 'cancelled')"
 )
+
+
+def _pending_only(conn: sqlite3.Connection, job_id: str) -> bool:
+    """Whether the job holds its unique key only while pending (unique_while "pending")."""
+    (token,) = conn.execute("SELECT unique_token FROM jobs WHERE id = ?", (job_id,)).fetchone()
+    return token is not None
 
 
 def cancel(conn: sqlite3.Connection, job_ids: Sequence[str], *, reason: str, now: str) -> list[str | None]:
@@ -149,10 +158,19 @@ def list_jobs(
         where.append("priority = ?")
         params.append(priority)
     clause = f"WHERE {' AND '.join(where)}" if where else ""
-    (total,) = conn.execute(f"SELECT count(*) FROM jobs {clause}", params).fetchone()
-    rows = conn.execute(
-        f"SELECT {COLUMNS} FROM jobs {clause} ORDER BY {_LIST_ORDER[order]} LIMIT ? OFFSET ?", (*params, limit, offset)
-    ).fetchall()
+    # one read transaction, one snapshot: the total counts the rows the page is cut from, whatever
+    # commits in between (outside one, a claim between the two reads made them disagree)
+    own = not conn.in_transaction
+    if own:
+        conn.execute("BEGIN")
+    try:
+        (total,) = conn.execute(f"SELECT count(*) FROM jobs {clause}", params).fetchone()
+        rows = conn.execute(
+            f"SELECT {COLUMNS} FROM jobs {clause} ORDER BY {_LIST_ORDER[order]} LIMIT ? OFFSET ?", (*params, limit, offset)
+        ).fetchall()
+    finally:
+        if own and conn.in_transaction:
+            conn.execute("COMMIT")
     return [_record(r) for r in rows], int(total)
 
 

@@ -13,6 +13,7 @@ import functools
 import json
 import random
 import sqlite3
+import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ from ... import states
 from ...clock import format_ts, to_epoch
 from ...sqlite_files import connect, write_transaction  # noqa: F401 - re-exported: store.connect, store.write_transaction
 from ..base import Lease, NewJob, Settlement, cancelled_running_error, expired_error
+from . import limits as limits_
 
 # -- records --------------------------------------------------------------------------------
 
@@ -51,14 +53,18 @@ _INSERT = (
     "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, "
     "created_at, updated_at, priority) VALUES (?1, ?2, ?3, 'pending', 0, ?4, ?5, ?7, ?7, ?6)"
 )
-# a row with a unique key: nothing is inserted while a pending or running job holds its type
-# and key (the partial index idx_jobs_unique, named by its columns and WHERE); a duplicate id
-# still fails, as in _INSERT
+# When a row holds its unique key: idx_jobs_unique's condition, as migration 14 wrote it (an ON
+# CONFLICT names a partial index by its columns and this very condition). A default job (unique_token
+# NULL) holds it while pending or running; a job holding it only while pending (unique_while
+# "pending"), under one lease token: a claim moves the token on, which frees it.
+HOLDS = "unique_key IS NOT NULL AND status IN ('pending', 'running') AND (unique_token IS NULL OR unique_token = lease_token)"
+# a row with a unique key: nothing is inserted while a job holding its type and key is pending or
+# running (the partial index idx_jobs_unique); a duplicate id still fails, as in _INSERT
 _INSERT_UNIQUE = (
     "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, "
     "created_at, updated_at, priority, unique_key, trace, expires_at) "
     "VALUES (?1, ?2, ?3, 'pending', 0, ?4, ?5, ?7, ?7, ?6, ?8, ?9, ?10) "
-    "ON CONFLICT (job_type, unique_key) WHERE unique_key IS NOT NULL AND status IN ('pending', 'running') DO NOTHING"
+    f"ON CONFLICT (job_type, unique_key) WHERE {HOLDS} DO NOTHING"
 )
 # a row with a trace context or an expiry, and no unique key: _INSERT's columns and those two
 # (a statement of its own, so that _INSERT, the hot path's, binds what it did before them)
@@ -66,34 +72,53 @@ _INSERT_MORE = (
     "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, "
     "created_at, updated_at, priority, trace, expires_at) VALUES (?1, ?2, ?3, 'pending', 0, ?4, ?5, ?7, ?7, ?6, ?8, ?9)"
 )
-_HOLDER = "SELECT id FROM jobs WHERE job_type = ? AND unique_key = ? AND status IN ('pending', 'running')"
+# a row with a limit key, or a unique key held only while pending (unique_token ?12: 0, its lease
+# token as inserted; see HOLDS): every column (issue 23's second part; the statements above bind
+# what they did before it)
+_INSERT_LIMITED = (
+    "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, "
+    "created_at, updated_at, priority, unique_key, trace, expires_at, limit_key, unique_token) "
+    "VALUES (?1, ?2, ?3, 'pending', 0, ?4, ?5, ?7, ?7, ?6, ?8, ?9, ?10, ?11, ?12) "
+    f"ON CONFLICT (job_type, unique_key) WHERE {HOLDS} DO NOTHING"
+)
+PENDING_ONLY = 0  # a new row's unique_token when its key is held only while pending (its lease_token)
+# the holder of a type and key: through idx_jobs_unique (the condition implies its own)
+_HOLDER = f"SELECT id FROM jobs WHERE job_type = ? AND unique_key = ? AND {HOLDS}"
 
 
 def insert_jobs(conn: sqlite3.Connection, rows: Sequence[NewJob]) -> list[str]:
     """Insert the rows; per row, the id stored for it: its own, or that of the pending or
     running job holding its type and unique key (then nothing is inserted for it). The
     caller holds the write transaction, so nothing changes between the insert and the look-up."""
-    special = [row for row in rows if row.unique_key is not None or row.trace is not None or row.expires_at is not None]
-    # Rows without a key, a trace or an expiry: one executemany of _INSERT, as before unique
-    # keys, given plain 7-tuples (row[:7]): binding an eighth parameter, NULL, cost 7 % of an
+    special = [row for row in rows if row.unique_key is not None or row.trace is not None or row.expires_at is not None
+               or row.limit_key is not None]
+    # Rows without a key, a trace, an expiry or a limit key: one executemany of _INSERT, as before
+    # unique keys, given plain 7-tuples (row[:7]): binding an eighth parameter, NULL, cost 7 % of an
     # insert, and sqlite3 binds an exact tuple faster than a NamedTuple (measured: 20,000 rows
     # in 115 ms, against 119 ms for NewJob as it was and 128 ms with the key bound)
     if not special:  # the common case
         conn.executemany(_INSERT, [row[:7] for row in rows])
         return [row.id for row in rows]
     if len(special) < len(rows):
-        conn.executemany(_INSERT, [row[:7] for row in rows
-                                   if row.unique_key is None and row.trace is None and row.expires_at is None])
-    more = [(*row[:7], row.trace, row.expires_at) for row in special if row.unique_key is None]
+        conn.executemany(_INSERT, [row[:7] for row in rows if row.unique_key is None and row.trace is None
+                                   and row.expires_at is None and row.limit_key is None])
+    more = [(*row[:7], row.trace, row.expires_at) for row in special if row.unique_key is None and row.limit_key is None]
     if more:
         conn.executemany(_INSERT_MORE, more)
+    # (NewJob's first eleven fields are the statement's first eleven parameters)
+    limited = [(*row[:11], None) for row in special if row.unique_key is None and row.limit_key is not None]
+    if limited:  # (no unique key: nothing to look up)
+        conn.executemany(_INSERT_LIMITED, limited)
     held: dict[str, str] = {}
     for row in special:  # in order: of two rows with one type and key, the first is inserted
         if row.unique_key is None:
             continue
-        params = (row.id, row.job_type, row.payload, row.max_attempts, row.run_after, row.priority, row.created_at,
-                  row.unique_key, row.trace, row.expires_at)
-        if conn.execute(_INSERT_UNIQUE, params).rowcount == 0:
+        if row.limit_key is None and row.unique_while is None:  # as before issue 23's limits
+            sql, params = _INSERT_UNIQUE, row[:10]
+        else:
+            token = PENDING_ONLY if row.unique_while == "pending" else None
+            sql, params = _INSERT_LIMITED, (*row[:11], token)
+        if conn.execute(sql, params).rowcount == 0:
             (holder,) = conn.execute(_HOLDER, (row.job_type, row.unique_key)).fetchone()
             held[row.id] = holder
     return [held.get(row.id, row.id) for row in rows]
@@ -122,6 +147,14 @@ UPDATE jobs
                   LIMIT :limit)
 RETURNING id, job_type, payload, attempts + 1 - :counted, max_attempts, lease_token, created_at, run_after, priority, trace
 """
+
+
+# The same, for jobs picked beforehand (limits.pick_keyed: a type with per-key limits), by rowid
+_CLAIM_PICKED = (
+    _CLAIM[: _CLAIM.index(" WHERE rowid IN")].rstrip()
+    + "\n WHERE rowid IN (SELECT value FROM json_each(:rowids)) AND status = 'pending'\n"
+    + _CLAIM[_CLAIM.index("RETURNING"):]
+)
 
 
 def claim_rows(
@@ -204,6 +237,8 @@ def expire_pending(conn: sqlite3.Connection, now: str, job_types: Sequence[str] 
 def claim_leases(
     conn: sqlite3.Connection, now: str, *, wants: Mapping[str, int], owner: str, lease_seconds: float,
     start: Mapping[str, int] | None = None, limits: Mapping[str, int] | None = None,
+    rates: Mapping[str, tuple[int, float]] | None = None, key_limits: Mapping[str, int] | None = None,
+    at: float | None = None,
 ) -> list[Lease]:
     """Claim for every job type of ``wants`` in one go (the Ledger's claim command): of each
     type, the first ``start[job_type]`` start at once (all when ``start`` is None), the rest
@@ -211,7 +246,11 @@ def claim_leases(
 
     A type in ``limits`` takes at most its limit less its running jobs: counted in the same
     write transaction as the claim, which every writer of the file takes in turn (BEGIN
-    IMMEDIATE), so no other process's claim can come between the count and the claim.
+    IMMEDIATE), so no other process's claim can come between the count and the claim. So are
+    a type's rate (``rates``: at most N less its claims within the window, each recorded at
+    ``at``, the claim's instant, epoch seconds: now by default) and its per-key limits
+    (``key_limits``: its jobs picked round-robin across their keys, see limits.py). A type in
+    none of them runs the statements it ran before them.
 
     A paused type is not claimed; the expired pending jobs of the types claimed are ended
     (cancelled) first: one statement (:data:`_LOOK`) says whether there are any, and which
@@ -235,22 +274,62 @@ def claim_leases(
             continue
         if limits and job_type in limits and limit > 0:
             limit = min(limit, limits[job_type] - running_of_type(conn, job_type))
+        rate = rates.get(job_type) if rates else None
+        if rate is not None and limit > 0:
+            if at is None:
+                at = time.time()  # (under the write lock: instants rise from one claim to the next)
+            limit = min(limit, limits_.rate_room(conn, job_type, *rate, at=at))
         if limit <= 0:
             continue
         now_n = limit if start is None else max(0, min(limit, start.get(job_type, 0)))
-        got = 0
-        if now_n:
-            rows = claim_rows(conn, job_type, now_n, now=now, owner=owner, expires=expires)
-            claimed.extend(Lease(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], True, row[9]) for row in rows)
-            got = len(rows)
-        if limit > now_n and got == now_n:  # (fewer than asked: nothing more is due)
-            rows = claim_rows(conn, job_type, limit - now_n, now=now, owner=owner, expires=expires, counted=False)
-            claimed.extend(Lease(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], False, row[9])
-                           for row in rows)
+        before = len(claimed)
+        if key_limits and job_type in key_limits:
+            picked = limits_.pick_keyed(conn, job_type, limit, key_limits[job_type], now=now)
+            claimed.extend(claim_picked(conn, picked[:now_n], now=now, owner=owner, expires=expires))
+            claimed.extend(claim_picked(conn, picked[now_n:], now=now, owner=owner, expires=expires, counted=False))
+        else:
+            got = 0
+            if now_n:
+                rows = claim_rows(conn, job_type, now_n, now=now, owner=owner, expires=expires)
+                claimed.extend(Lease(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], True, row[9])
+                               for row in rows)
+                got = len(rows)
+            if limit > now_n and got == now_n:  # (fewer than asked: nothing more is due)
+                rows = claim_rows(conn, job_type, limit - now_n, now=now, owner=owner, expires=expires, counted=False)
+                claimed.extend(Lease(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], False, row[9])
+                               for row in rows)
+        if rate is not None:
+            limits_.record_claims(conn, job_type, len(claimed) - before, at=at)  # type: ignore[arg-type]
     return claimed
 
 
+def claim_picked(
+    conn: sqlite3.Connection, picked: Sequence[limits_.Job], *, now: str, owner: str, expires: str, counted: bool = True,
+) -> list[Lease]:
+    """pending → running for the jobs ``picked`` (limits.pick_keyed's), as leases in that order."""
+    if not picked:
+        return []
+    params = {"owner": owner, "expires": expires, "now": now, "counted": int(counted),
+              "rowids": json.dumps([job[3] for job in picked])}
+    rows = {row[0]: row for row in conn.execute(_CLAIM_PICKED, params)}
+    return [Lease(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], counted, row[9])
+            for row in (rows.get(job[2]) for job in picked) if row is not None]
+
+
 _FENCE = "WHERE id = ? AND status = 'running' AND lease_token = ?"
+# Every statement that sends a job back to pending sets this (the job's other columns are as they
+# were): a job holding its unique key only while pending, whose claim freed it, holds it again
+# (unique_token = its lease token, see HOLDS) if no pending or running job holds it now, and goes on
+# without it (one less: never its token, which only grows) otherwise, never failing for it. A
+# default job's NULL stays NULL: its first test, and nothing else is read (measured: 20,000
+# retries cost what they did). The subquery seeks idx_jobs_unique; the row itself, running under
+# a token it does not hold (or finished), is never its own holder.
+RETAKE = (
+    "unique_token = CASE WHEN unique_token IS NULL THEN NULL WHEN EXISTS (SELECT 1 FROM jobs AS h "
+    "WHERE h.job_type = jobs.job_type AND h.unique_key = jobs.unique_key AND h.unique_key IS NOT NULL "
+    "AND h.status IN ('pending', 'running') AND (h.unique_token IS NULL OR h.unique_token = h.lease_token)) "
+    "THEN lease_token - 1 ELSE lease_token END"
+)
 # The outcomes that send a job back to pending (RETRY, RELEASE, SNOOZE) are fenced by no cancel
 # request as well: one whose cancel was requested ends cancelled instead (_STOPPED, see settle).
 _FENCE_BACK = f"{_FENCE} AND cancel_requested = 0"
@@ -262,20 +341,20 @@ _SUCCEED_RESULT = (
 )
 _RETRY = (
     "UPDATE jobs SET status = 'pending', run_after = ?, error = ?, updated_at = ?, progress = NULL, progress_message = NULL, "
-    f"lease_owner = NULL, lease_expires_at = NULL {_FENCE_BACK}"
+    f"lease_owner = NULL, lease_expires_at = NULL, {RETAKE} {_FENCE_BACK}"
 )
 _BURY = f"UPDATE jobs SET status = 'dead', error = ?, updated_at = ?, lease_owner = NULL, lease_expires_at = NULL {_FENCE}"
 _RELEASE = (  # the attempt is given back if it was counted (it started)
     "UPDATE jobs SET status = 'pending', attempts = max(attempts - (started_at IS NOT NULL), 0), started_at = NULL, "
-    "run_after = ?, updated_at = ?, progress = NULL, progress_message = NULL, lease_owner = NULL, lease_expires_at = NULL "
-    f"{_FENCE_BACK}"
+    "run_after = ?, updated_at = ?, progress = NULL, progress_message = NULL, lease_owner = NULL, lease_expires_at = NULL, "
+    f"{RETAKE} {_FENCE_BACK}"
 )
 _START = (  # a job claimed ahead starts: its attempt counts from now (twice is once)
     f"UPDATE jobs SET attempts = attempts + (started_at IS NULL), started_at = coalesce(started_at, ?) {_FENCE}"
 )
 _UNCLAIM = (  # a lease that expired before its job started: back in its place, nothing counted
     "UPDATE jobs SET status = 'pending', updated_at = ?, progress = NULL, progress_message = NULL, lease_owner = NULL, "
-    f"lease_expires_at = NULL {_FENCE}"
+    f"lease_expires_at = NULL, {RETAKE} {_FENCE}"
 )
 # its handler stopped on a cancel request (or its worker died meanwhile: the rescue's)
 _CANCEL = (
@@ -285,7 +364,7 @@ _CANCEL = (
 # Snooze(delay): pending after the delay, the attempt given back as RELEASE gives it back, one
 # more snooze; or, past the limit (?1), dead with the error (?2), the attempt given back too (a
 # snooze is no failed attempt).
-_SNOOZE = """
+_SNOOZE = f"""
 UPDATE jobs
    SET status = CASE WHEN snoozes + 1 > ?1 THEN 'dead' ELSE 'pending' END,
        error = CASE WHEN snoozes + 1 > ?1 THEN ?2 ELSE error END,
@@ -293,7 +372,7 @@ UPDATE jobs
        attempts = max(attempts - (started_at IS NOT NULL), 0), started_at = NULL,
        progress = CASE WHEN snoozes + 1 > ?1 THEN progress END,
        progress_message = CASE WHEN snoozes + 1 > ?1 THEN progress_message END,
-       snoozes = snoozes + 1, updated_at = ?4, lease_owner = NULL, lease_expires_at = NULL
+       snoozes = snoozes + 1, updated_at = ?4, lease_owner = NULL, lease_expires_at = NULL, {RETAKE}
  WHERE id = ?5 AND status = 'running' AND lease_token = ?6 AND cancel_requested = 0
 """
 # A RETRY, RELEASE or SNOOZE of a job whose cancel was requested: cancelled instead (a cancel
