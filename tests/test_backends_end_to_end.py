@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from backends.stores import BACKENDS
+from backends.stores import on_each_store
 
 from pipeline import Config
 
@@ -77,10 +77,12 @@ def wait_for(check: Any, what: str, timeout: float = 20) -> Any:
     return value
 
 
-@pytest.mark.parametrize("backend", sorted(BACKENDS))
-async def test_the_cli_and_the_service_work_the_same_on_every_backend(backend: str, tmp_path: Path) -> None:
-    async with BACKENDS[backend](tmp_path) as config:
-        await trio.to_thread.run_sync(walk, environment(config, tmp_path), tmp_path, backend)
+async def test_the_cli_and_the_service_work_the_same_on_every_backend(tmp_path: Path) -> None:
+    """The three stores side by side: each walk is a chain of processes, mostly waited for."""
+    async def on(backend: str, config: Config, folder: Path) -> None:
+        await trio.to_thread.run_sync(walk, environment(config, folder), folder, backend)
+
+    await on_each_store(tmp_path, on)
 
 
 def walk(env: dict[str, str], cwd: Path, backend: str) -> None:
