@@ -15,9 +15,10 @@ import pytest
 import trio
 
 from pipeline import Config
-from pipeline.backends import Backend
+from pipeline.backends import Backend, open_backend
 
 from .kit import bury, claim_one, settle_one
+from .stores import on_each_store
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,7 +34,16 @@ async def cli(config: Config, tmp_path: Path, *argv: str, input: str | None = No
         cwd=tmp_path))
 
 
-async def test_the_cli_enqueues_once_per_key_and_says_so(backend: Backend, store_config: Config, tmp_path: Path) -> None:
+async def test_the_cli_enqueues_once_per_key_and_says_so(tmp_path: Path) -> None:
+    """On each store, the three side by side: each run is a chain of CLI processes, one at a time."""
+    async def on(name: str, config: Config, folder: Path) -> None:
+        async with open_backend(config) as backend:
+            await enqueue_once_per_key(backend, config, folder)
+
+    await on_each_store(tmp_path, on)
+
+
+async def enqueue_once_per_key(backend: Backend, store_config: Config, tmp_path: Path) -> None:
     first = await cli(store_config, tmp_path, "enqueue", "generate_sitemap", "--unique-key", "nightly", "--json")
     assert first.returncode == 0, first.stderr
     created = json.loads(first.stdout)
