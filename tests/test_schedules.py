@@ -33,7 +33,9 @@ async def test_a_schedule_declared_in_code_enqueues_one_job_per_tick(config: Con
     reg = registry()
     reg.schedule("every-second", "* * * * * *", Echo("tick"))
     async with pipeline.open_pipeline(config, reg) as p:
-        await trio.sleep(3.5)
+        with trio.fail_after(6):  # three ticks: 2 to 3 s
+            while len(await echo_jobs(p)) < 3:
+                await trio.sleep(0.05)
         (stored,) = await p.backend.schedules()
     async with open_backend(config) as backend:
         jobs, _ = await backend.list(job_type="echo", limit=1000)
@@ -93,7 +95,9 @@ async def test_a_schedule_that_cannot_fire_is_logged_once_and_does_not_hold_up_t
         await backend.put_schedule(attrs.evolve(good, name="a-stale", payload='{"words": "old"}'))
     caplog.set_level("INFO", logger="pipeline.scheduler")
     async with pipeline.open_pipeline(config, registry()) as p:
-        await trio.sleep(2.5)
+        with trio.fail_after(5):  # two ticks (1 to 2 s), at each of which the stale one was tried too
+            while len(await echo_jobs(p)) < 2:
+                await trio.sleep(0.05)
         fired = [j.payload for j in await echo_jobs(p)]
     assert len(fired) >= 2 and all('"text":"ok"' in payload for payload in fired)
     stale = [r.getMessage() for r in caplog.records if "a-stale" in r.getMessage()]

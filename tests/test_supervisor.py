@@ -48,7 +48,7 @@ def test_two_worker_processes_share_the_work_behind_one_admin_api(service: Servi
 def test_a_worker_process_that_dies_is_started_again_and_its_jobs_come_back(service: Service) -> None:
     url = service.wait_line(r"admin API on (http://127\.0\.0\.1:\d+)").group(1)
     service.wait_line(r"pipeline running on .*: 2 worker processes")
-    (hung,) = service.enqueue([Echo("long", sleep=3.0)])
+    (hung,) = service.enqueue([Echo("long", sleep=1.5)])  # still running when it is killed, 20 ms after its start
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and (not service.runs.exists() or f"start {hung} 1 " not in service.runs.read_text()):
         time.sleep(0.02)
@@ -61,8 +61,10 @@ def test_a_worker_process_that_dies_is_started_again_and_its_jobs_come_back(serv
     service.wait_completed([hung], timeout=30)  # its lease ran out; another process ran it again
     ids = service.enqueue([Echo(str(n)) for n in range(50)])
     service.wait_completed(ids)
-    time.sleep(1.5)
-    assert metric(url, "pipeline_jobs_processed_total", job_type="echo", outcome="ok") >= 51
+    deadline = time.monotonic() + 10  # until the worker processes' reports (every second) count them
+    while (processed := metric(url, "pipeline_jobs_processed_total", job_type="echo", outcome="ok")) < 51:
+        assert time.monotonic() < deadline, processed
+        time.sleep(0.1)
     # one stopped by a SIGTERM of its own exits 0: not an error, said plainly, and replaced
     before = len(service.lines)
     os.kill(replacement, signal.SIGTERM)
