@@ -18,6 +18,7 @@ from pipeline.backends import Backend, open_backend
 from pipeline.engine.actors.retention import prune_once
 
 from .kit import LONG, add, bury, claim_one, outlive, renew, settle_one, succeed
+from .stores import on_each_store
 
 
 async def _finish(backend: Backend, n: int, how: object = succeed) -> list[str]:
@@ -28,7 +29,16 @@ async def _finish(backend: Backend, n: int, how: object = succeed) -> list[str]:
     return ids
 
 
-async def test_old_finished_jobs_and_workers_go_oldest_first_at_most_limit_a_call(backend: Backend) -> None:
+async def test_old_finished_jobs_and_workers_go_oldest_first_at_most_limit_a_call(tmp_path: Path) -> None:
+    """On each store, the three side by side (most of each run is a second of waiting for ages)."""
+    async def on(name: str, config: Config, folder: Path) -> None:
+        async with open_backend(config) as backend:
+            await oldest_first(backend)
+
+    await on_each_store(tmp_path, on)
+
+
+async def oldest_first(backend: Backend) -> None:
     old_done = await _finish(backend, 5)
     old_dead = await _finish(backend, 3, bury)
     await renew(backend, "host:1:gone", ["t"], [], lease_seconds=0.05)  # a process that died long ago
@@ -58,7 +68,16 @@ async def test_old_finished_jobs_and_workers_go_oldest_first_at_most_limit_a_cal
     assert {w.owner for w in await backend.workers()} == {"host:3:live", "host:2:just-gone"}  # (beats may share a ms)
 
 
-async def test_one_process_takes_each_round(backend: Backend, store_config: Config) -> None:
+async def test_one_process_takes_each_round(tmp_path: Path) -> None:
+    """On each store, the three side by side (most of each run is the round's interval)."""
+    async def on(name: str, config: Config, folder: Path) -> None:
+        async with open_backend(config) as backend:
+            await one_process_a_round(backend, config)
+
+    await on_each_store(tmp_path, on)
+
+
+async def one_process_a_round(backend: Backend, store_config: Config) -> None:
     async with open_backend(store_config) as other:
         answers: list[bool] = []
 
