@@ -23,7 +23,7 @@ def load_chaos():
 def test_kill_9_during_a_burst_loses_nothing(tmp_path: Path) -> None:
     chaos = load_chaos()
     out = io.StringIO()
-    result = chaos.run_chaos(jobs=2000, workers=3, duration=8.0, kill_every=1.0, folder=tmp_path, out=out)
+    result = chaos.run_chaos(jobs=2000, workers=3, duration=5.0, kill_every=0.7, folder=tmp_path, out=out)
     print(out.getvalue())
     assert result["kills"] >= 4
     assert result["lost"] == 0, out.getvalue()
