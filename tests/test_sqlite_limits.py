@@ -1,7 +1,7 @@
 """Issue 23's limits on SQLite alone (the cross-store behaviour is tests/backends/test_control_limits.py's):
 the migration from schema version 13, the claim the Ledger takes with an insert honouring the offer's
 rates and key limits, the keyed claim's reads (a seek per key, bounded work whatever one key's backlog),
-the walks' cursors, the rate's records, unique keys held only while pending as the rows keep them, and
+the walk's cursor, the rate's records, unique keys held only while pending as the rows keep them, and
 the hot path's statements as they were when no type has these limits."""
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ import re
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
-from pipeline.backends import NewJob, Settlement
+from pipeline.backends import Lease, NewJob, Settlement
 from pipeline.backends.base import Claimed, ClaimOffer, Nudge
 from pipeline.backends.sqlite import limits, migrations, open_sqlite_backend, queries, store
 from pipeline.backends.sqlite.bulk import BulkInsert
@@ -44,9 +45,9 @@ def fresh(path: Path) -> sqlite3.Connection:
     return conn
 
 
-def claim(conn: sqlite3.Connection, wants: dict[str, int], **options: object) -> list:  # type: ignore[type-arg]
+def claim(conn: sqlite3.Connection, wants: dict[str, int], **options: Any) -> list[Lease]:
     with store.write_transaction(conn):
-        return store.claim_leases(conn, ts(), wants=wants, owner="me", lease_seconds=LONG, **options)  # type: ignore[arg-type]
+        return store.claim_leases(conn, ts(), wants=wants, owner="me", lease_seconds=LONG, **options)
 
 
 def settle(conn: sqlite3.Connection, outcomes: list[Settlement]) -> int:
@@ -54,7 +55,7 @@ def settle(conn: sqlite3.Connection, outcomes: list[Settlement]) -> int:
         return store.settle(conn, outcomes, now=ts())
 
 
-def succeed_all(conn: sqlite3.Connection, leases: list) -> None:  # type: ignore[type-arg]
+def succeed_all(conn: sqlite3.Connection, leases: list[Lease]) -> None:
     assert settle(conn, [Settlement(lease.id, lease.token, Transition.SUCCEED) for lease in leases]) == len(leases)
 
 
@@ -143,14 +144,14 @@ def test_the_keyed_claim_seeks_each_key_and_never_scans_the_type(tmp_path: Path)
         assert walk.count("USING INDEX idx_jobs_keyed (job_type=? AND limit_key>?)") == 2, walk  # a seek per key
         assert "USING INDEX idx_jobs_keyed_running (job_type=? AND limit_key=?)" in walk, walk
         assert "USING INDEX idx_jobs_keyed (job_type=? AND limit_key=?)" in walk, walk
-    key_jobs = plan(conn, limits._KEY_JOBS, params)
-    assert key_jobs == "SEARCH jobs USING INDEX idx_jobs_keyed (job_type=? AND limit_key=?)", key_jobs
-    for sql in (limits._KEYLESS_FROM_START, limits._KEYLESS_AFTER):
-        look = plan(conn, sql, params)
-        assert "SEARCH jobs USING INDEX idx_jobs_claim_order (job_type=?" in look, look
-        assert "SCAN jobs" not in look and "ANY(" not in look, look
-    for sql in (limits._WALK_FROM, limits._KEY_JOBS, limits._KEYLESS_FROM_START):
-        assert "SCAN jobs" not in plan(conn, sql, params)
+    for sql in (limits._KEY_JOBS, limits._KEYLESS_JOBS):  # (the keyless jobs: limit_key=NULL, one seek)
+        jobs = plan(conn, sql, params)
+        assert jobs == "SEARCH jobs USING INDEX idx_jobs_keyed (job_type=? AND limit_key=?)", jobs
+    # and the plain claim still walks the claim order's index, in order
+    plain = plan(conn, store._CLAIM, {"job_type": "t", "now": ts(), "limit": 4, "counted": 1, "owner": "o",
+                                      "expires": ts()})
+    assert "SEARCH jobs USING INDEX idx_jobs_claim_order (job_type=?)" in plain, plain
+    assert "TEMP B-TREE" not in plain, plain
 
 
 def work_of_a_keyed_claim(conn: sqlite3.Connection) -> int:
@@ -198,29 +199,6 @@ def test_keys_beyond_one_walk_each_get_their_turn(tmp_path: Path) -> None:
         succeed_all(conn, [lease])
     assert taken == keys
     assert conn.execute("SELECT limit_key FROM key_cursors WHERE job_type = 't'").fetchone() == ("k29",)
-
-
-def test_a_keyless_job_behind_a_long_keyed_backlog_is_found_within_backlog_over_look_claims(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """40 due jobs of key A, then 2 without a key (due later), each look reading 8 due jobs: the first
-    look sees A's jobs only; the second, from where the last one ended, moves on claim after claim
-    and finds the keyless ones within 40 / 8 claims; then each claim takes a job of both groups."""
-    monkeypatch.setattr(limits, "KEYLESS_LOOK", 8)
-    conn = fresh(tmp_path / "keyless.db")
-    a_jobs = [row(limit_key="A", due=-120 + i) for i in range(40)]
-    keyless = [row(due=-30), row(due=-29)]
-    store.insert_jobs(conn, a_jobs + keyless)
-    found_at = None
-    for n in range(1, 8):
-        leases = claim(conn, {"t": 2}, key_limits={"t": 40})
-        if {lease.id for lease in leases} & {job.id for job in keyless}:
-            found_at = n
-            assert sorted(lease.id for lease in leases) == sorted([a_jobs[2 * (n - 1)].id, keyless[0].id])
-            break
-        assert [lease.id for lease in leases] == [job.id for job in a_jobs[2 * (n - 1) : 2 * n]]
-        succeed_all(conn, leases)
-    assert found_at is not None and 2 <= found_at <= 40 // 8 + 1, found_at
 
 
 # -- rate limits ------------------------------------------------------------------------------------
@@ -307,8 +285,8 @@ RETURNING id, job_type, payload, attempts + 1 - :counted, max_attempts, lease_to
 
 def test_a_claim_without_rates_or_key_limits_runs_the_statements_of_before(tmp_path: Path) -> None:
     """The look and the claim's one UPDATE per type, whether the claim names no limits at all or
-    only other types' (the engine passes them whenever some type has them); and plain jobs never
-    enter the keyed indexes (an index of every pending job would cost each insert and claim)."""
+    only other types' (the engine passes them whenever some type has them); a plain job's run never
+    enters the index of running keyed jobs, nor the rate's records."""
     assert store._CLAIM == OLD_CLAIM
     conn = fresh(tmp_path / "hot.db")
     store.insert_jobs(conn, [row() for _ in range(9)])
@@ -329,10 +307,9 @@ def test_a_claim_without_rates_or_key_limits_runs_the_statements_of_before(tmp_p
     claim(conn, {"t": 3}, key_limits={"t": 1})
     conn.set_trace_callback(None)
     assert any("WITH RECURSIVE walk" in s for s in statements), statements
-    for index, status in (("idx_jobs_keyed", "pending"), ("idx_jobs_keyed_running", "running")):
-        (n,) = conn.execute(f"SELECT count(*) FROM jobs INDEXED BY {index} WHERE limit_key IS NOT NULL "
-                            f"AND status = '{status}' AND job_type = 't'").fetchone()
-        assert n == (1 if status == "running" else 0), (index, n)  # the keyed job alone, now running
+    (n,) = conn.execute("SELECT count(*) FROM jobs INDEXED BY idx_jobs_keyed_running WHERE limit_key IS NOT NULL "
+                        "AND status = 'running' AND job_type = 't'").fetchone()
+    assert n == 1  # the keyed job alone, of the seven running
     assert conn.execute("SELECT count(*) FROM rate_claims").fetchone() == (0,)
 
 

@@ -28,7 +28,7 @@ COLUMNS = (
 
 
 def _record(row: tuple[Any, ...]) -> JobRecord:
-    return JobRecord(*row[:19], bool(row[19]), row[20])  # type: ignore[arg-type]
+    return JobRecord(*row[:19], bool(row[19]), row[20])  # type: ignore[call-arg]
 
 
 # -- operator actions -----------------------------------------------------------------------

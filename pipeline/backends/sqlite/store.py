@@ -110,6 +110,7 @@ def insert_jobs(conn: sqlite3.Connection, rows: Sequence[NewJob]) -> list[str]:
     if limited:  # (no unique key: nothing to look up)
         conn.executemany(_INSERT_LIMITED, limited)
     held: dict[str, str] = {}
+    params: tuple[Any, ...]
     for row in special:  # in order: of two rows with one type and key, the first is inserted
         if row.unique_key is None:
             continue
@@ -394,6 +395,7 @@ def settle(conn: sqlite3.Connection, items: Sequence[Settlement], *, now: str) -
     request: both rare) does :data:`_STOPPED` end those with a request cancelled."""
     by_sql: dict[str, list[tuple[Any, ...]]] = {}
     now_epoch: float | None = None
+    params: tuple[Any, ...]
     for s in items:
         transition = s.transition
         if transition is states.Transition.SUCCEED:
