@@ -150,7 +150,7 @@ async def test_a_wedged_process_stops_renewing_and_another_process_runs_its_job(
 
     db_path, log = tmp_path / "jobs.db", tmp_path / "runs.log"
     monkeypatch.setenv("PIPELINE_TEST_LOG", str(log))  # this process's runs are logged too
-    lease, timeout, block = 0.3, 0.5, 7.0  # stall limit: max(0.5, 10 × 0.3) + 0.3 = 3.3 s
+    lease, timeout, block = 0.3, 0.5, 5.0  # stall limit: max(0.5, 10 × 0.3) + 0.3 = 3.3 s; rescued at 3.6 s
     settings = dict(worker_lease_seconds=lease, worker_job_timeout_seconds=timeout, sqlite_busy_timeout_ms=100)
     wedged = start_worker(db_path, log, *(f"{k}={v}" for k, v in settings.items()))
     try:
