@@ -4,6 +4,7 @@ the CLI, the admin API and the dashboard show them: one reading for all."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from .errors import ConfigError
@@ -43,7 +44,7 @@ def rate_text(rate: tuple[int, float]) -> str:
     return f"{n}/{_UNITS.get(window, f'{window:g}s')}"
 
 
-def _known(text: str, variable: str, configured: dict[str, object], registry: Registry) -> None:
+def _known(text: str, variable: str, configured: Collection[str], registry: Registry) -> None:
     unknown = sorted(set(configured) - set(registry.job_types()))
     if unknown:
         raise ConfigError(f"{variable}={text!r} names job types this service does not know: {', '.join(unknown)} "

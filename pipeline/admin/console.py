@@ -104,14 +104,14 @@ def job_detail(out: TextIO, job: JobRecord) -> None:
         rows.insert(3, ("progress", Text(shown + (f"  {job.progress_message}" if job.progress_message else ""))))
     for label, value in rows:
         grid.add_row(label, value)
-    shown = job.to_json()
+    fields = job.to_json()
     with console(out) as con:
         con.print(grid)
         con.print("\n[bold]payload[/bold]")
-        con.print(Text(json.dumps(shown["payload"], indent=2, ensure_ascii=False)))
+        con.print(Text(json.dumps(fields["payload"], indent=2, ensure_ascii=False)))
         if job.status == Status.COMPLETED or job.result is not None:
             con.print("\n[bold]result[/bold]")
-            con.print(Text("none" if job.result is None else json.dumps(shown["result"], indent=2, ensure_ascii=False)))
+            con.print(Text("none" if job.result is None else json.dumps(fields["result"], indent=2, ensure_ascii=False)))
         con.print("\n[bold]error[/bold]")
         con.print(Text(job.error, style="red") if job.error else Text("none"))
 

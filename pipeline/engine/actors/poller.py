@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 import trio
 
@@ -42,7 +43,8 @@ class Claimer:
         self.rates = {name: pool.rate for name, pool in pools.items() if pool.rate is not None} or None
         self.key_limits = {name: pool.key_limit for name, pool in pools.items() if pool.key_limit is not None} or None
         # the claim's rates and key_limits, passed only when a type has them
-        self.extra = {name: value for name, value in (("rates", self.rates), ("key_limits", self.key_limits)) if value}
+        self.extra: dict[str, Any] = {name: value for name, value in (("rates", self.rates), ("key_limits", self.key_limits))
+                                      if value}
         # trio time by which a rate-limited type whose last claim came back short has room in its window again
         self.rate_wake: dict[str, float] = {}
 

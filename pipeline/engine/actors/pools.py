@@ -406,15 +406,15 @@ async def run_one(
             if thread is not None:
                 thread.scope = scope
             pool.running[key] = scope
-            outcome = None  # stays None when the scope's cancellation ended the run
+            ran_as: Outcome | None = None  # stays None when the scope's cancellation ended the run
             try:
                 try:
                     with scope:
-                        outcome = await _invoke(workers, spec, pool, job, ctx, thread)
+                        ran_as = await _invoke(workers, spec, pool, job, ctx, thread)
                 except Exception as exc:
                     # what is left of a group mixing handler errors and our Cancelled, once
                     # the scope took the Cancelled out: it can only be caught out here
-                    outcome = Outcome.failed(exc)
+                    ran_as = Outcome.failed(exc)
             finally:
                 del pool.running[key]
                 if thread is not None:
@@ -422,7 +422,7 @@ async def run_one(
             ran = time.monotonic() - started
             if key in pool.lost:
                 outcome = Outcome("lost")
-            elif key in pool.cancelling and (outcome is None or outcome.kind != "ok" or thread is not None):
+            elif key in pool.cancelling and (ran_as is None or ran_as.kind != "ok" or thread is not None):
                 # its cancel was requested: whatever ended the run (the cancellation, the timeout
                 # of a sync handler, what a sync handler returned or raised on seeing
                 # ctx.cancel_requested), it ends cancelled, never retried; an async handler that
@@ -445,7 +445,10 @@ async def run_one(
                     # the task waited on, which the loop cannot interrupt): the message names both.
                     message += f"; it ran {ran:.1f} s: {_LATE}"
                 outcome = Outcome("timeout", message)
-            elif ran > pool.timeout:
+            else:
+                assert ran_as is not None  # (a run its scope did not cancel returned or raised)
+                outcome = ran_as
+            if ran > pool.timeout and not scope.cancelled_caught and outcome is ran_as:
                 # It finished after its deadline without being cancelled: it never yielded, or
                 # waited on a thread that cannot be interrupted (a mail being sent). Whatever it
                 # did is done: its own outcome stands, rather than a timeout that would do it again.
