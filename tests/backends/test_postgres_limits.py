@@ -1,9 +1,10 @@
 """Issue 23's second part on Postgres only: the upgrade of a schema made at version 6; claims of a
 rate- or key-limited type from several connections taking turns on the type's lock (and nobody
-else waiting for it); the keyed claim's reads, bounded by the keys, never one key's backlog; the
-walk over the keys going round when a claim visits only some; the rate's records kept to the
-window; a key taken back by a job sent back to pending, racing an insert of that key; and the hot
-path, whose statements are those of before. What every store promises is test_control_limits.py."""
+else waiting for it); the keyed claim's reads, bounded by the keys and a look of its own for the
+keyless jobs, never one key's backlog; no keyed index entry for a job without a key; the walk over
+the keys going round when a claim visits only some; the rate's records kept to the window; a key
+taken back by a job sent back to pending, racing an insert of that key; and the hot path, whose
+statements are those of before. What every store promises is test_control_limits.py."""
 
 from __future__ import annotations
 
@@ -163,11 +164,21 @@ async def test_claims_of_a_limited_type_take_turns_and_nobody_else_waits(tmp_pat
 
 # -- what a keyed claim reads ----------------------------------------------------------------------------
 
+# 10,000 due jobs of key A, then 10 of B and 10 without a key (o minutes later), then 1,000 not due
+# yet, half of A and half without a key (F: the future): a claim must read past none of those
 _FILL = """
 INSERT INTO jobs (id, job_type, payload, run_after, limit_key)
 SELECT k || lpad(g::text, 6, '0'), 't', '{}', now() - interval '1 hour' + g * interval '1 ms' + o * interval '1 minute',
-       nullif(k, 'n')
-  FROM (VALUES ('A', 10000, 0), ('B', 10, 10), ('n', 10, 20)) AS keys(k, n, o), generate_series(1, n) g
+       CASE WHEN k IN ('A', 'B') THEN k WHEN k = 'F' AND g % 2 = 0 THEN 'A' END
+  FROM (VALUES ('A', 10000, 0), ('B', 10, 10), ('n', 10, 20), ('F', 1000, 120)) AS keys(k, n, o),
+       generate_series(1, n) g
+"""
+# {a} due jobs of key A with {keyless} without a key among them, each after one of A's from the
+# {at}+1-th on (the same instant, a greater id), then {b} of B
+_FILL_AMID = """
+INSERT INTO jobs (id, job_type, payload, run_after, limit_key)
+SELECT k || lpad(g::text, 6, '0'), 't', '{{}}', now() - interval '1 hour' + (g + o) * interval '1 ms', nullif(k, 'n')
+  FROM (VALUES ('A', {a}, 0), ('n', {keyless}, {at}), ('B', {b}, 20000)) AS keys(k, n, o), generate_series(1, n) g
 """
 
 
@@ -191,27 +202,117 @@ def rows_read(plan: dict[str, Any]) -> tuple[int, list[str]]:
     return total, whole
 
 
+def explain_claim(conn: psycopg.Connection[Any], owner: str) -> dict[str, Any]:
+    """A keyed claim of 4 jobs of t (2 per key) as limits.claim_type runs it, under EXPLAIN ANALYZE,
+    committed (what it claims stays claimed, its cursors moved): its plan."""
+    (now,), = conn.execute("SELECT clock_timestamp()::text").fetchall()
+    params = {"job_type": "t", "n": 4, "k": 4, "key_limit": 2, "budget": 16, "cap": limits.KEY_WALK_CAP,
+              "look": limits.KEYLESS_LOOK, "owner": owner, "lease": LONG, "now": now}
+    with conn.transaction():
+        (doc,), = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + limits._CLAIM_KEYED, params).fetchall()
+    plan: dict[str, Any] = (doc if isinstance(doc, list) else json.loads(doc))[0]["Plan"]
+    return plan
+
+
+def running_by_key(conn: psycopg.Connection[Any]) -> dict[str | None, int]:
+    return dict(conn.execute("SELECT limit_key, count(*) FROM jobs WHERE status = 'running' GROUP BY 1").fetchall())
+
+
+class Claims:
+    """Keyed claims of 4 jobs of t (2 per key), one after another, each checked to read at most the
+    keys' first jobs and 3 looks for keyless jobs, and no table whole."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+        self.made = 0
+
+    def __call__(self) -> int:
+        """One more claim: how many jobs it took."""
+        self.made += 1
+        plan = explain_claim(self.conn, f"w{self.made}")
+        total, whole = rows_read(plan)
+        assert total <= 3 * limits.KEYLESS_LOOK + 60 and not whole, (self.made, total, whole)
+        return int(plan["Actual Rows"])
+
+
+def filled(conn: psycopg.Connection[Any], fill: str, statistics: bool) -> None:
+    conn.execute(fill)
+    if statistics:
+        conn.execute("ANALYZE jobs")
+
+
 @pytest.mark.parametrize("statistics", [False, True], ids=["just filled", "analyzed"])
-async def test_a_keyed_claim_reads_the_keys_it_visits_not_a_keys_backlog(tmp_path: Path, statistics: bool) -> None:
-    """10,000 due jobs of key A, then 10 of B and 10 without a key: the claim of 4 (2 per key) reads
-    a few dozen rows of the jobs table, on a table just filled (no statistics) as on one analyzed."""
+async def test_a_keyed_claim_reads_a_bounded_part_of_a_backlog_and_finds_keyless_jobs_behind_it(
+    tmp_path: Path, statistics: bool,
+) -> None:
+    """10,000 due jobs of key A, then 10 of B and 10 without a key, then jobs not due yet: the claim
+    of 4 takes A's first, B's first, a keyless one (found by the look back from now, at once) and A's
+    second, reading at most 3 looks' rows and the keys' first jobs; on a table just filled (no
+    statistics) as on one analyzed."""
     async with postgres_store(tmp_path) as config, open_backend(config):
         with connection(config) as conn:
-            conn.execute(_FILL)
-            if statistics:
-                conn.execute("ANALYZE jobs")
-            (now,), = conn.execute("SELECT clock_timestamp()::text").fetchall()
-            params = {"job_type": "t", "n": 4, "k": 4, "key_limit": 2, "budget": 16, "cap": limits.KEY_WALK_CAP,
-                      "owner": "w", "lease": LONG, "now": now}
-            conn.execute("BEGIN")
-            try:
-                (doc,), = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + limits._CLAIM_KEYED, params).fetchall()
-            finally:
-                conn.execute("ROLLBACK")
-            plan = (doc if isinstance(doc, list) else json.loads(doc))[0]["Plan"]
-            assert plan["Actual Rows"] == 4  # A's first, B's first, a keyless one, A's second
-            total, whole = rows_read(plan)
-            assert total < 60 and not whole, (total, whole)
+            filled(conn, _FILL, statistics)
+            assert Claims(conn)() == 4
+            assert running_by_key(conn) == {"A": 2, "B": 1, None: 1}
+
+
+@pytest.mark.parametrize("statistics", [False, True], ids=["just filled", "analyzed"])
+async def test_keyless_jobs_amid_a_backlog_are_found_within_a_round_and_keep_their_turns(
+    tmp_path: Path, statistics: bool,
+) -> None:
+    """10 jobs without a key amid 10,000 of A (more than 3 looks before and after them), then 10 of B:
+    the look that goes on claim after claim finds them within backlog / KEYLESS_LOOK claims, and
+    then they have their turn in each claim until none is left; a keyless job inserted later before
+    where the look has got to is found when it goes round."""
+    look = limits.KEYLESS_LOOK
+    async with postgres_store(tmp_path) as config, open_backend(config):
+        with connection(config) as conn:
+            filled(conn, _FILL_AMID.format(a=10_000, keyless=10, at=5_000, b=10), statistics)
+            claim = Claims(conn)
+            assert claim() == 4 and running_by_key(conn) == {"A": 2, "B": 2}  # A and B full from now on
+            while running_by_key(conn).get(None, 0) == 0:
+                assert claim() in (0, 4)
+                assert claim.made <= 5_010 // look + 1, "the keyless jobs behind 5,010 keyed ones were not found"
+            assert running_by_key(conn) == {"A": 2, "B": 2, None: 4}
+            # found: the next claims take the rest of them (the look starts before those it left behind)
+            assert claim() == 4 and claim() == 2 and running_by_key(conn)[None] == 10
+            # a keyless job among A's first jobs, behind the first look, before where the last ended
+            conn.execute("INSERT INTO jobs (id, job_type, payload, run_after) "
+                         "SELECT 'M', 't', '{}', run_after FROM jobs WHERE id = 'A002500'")
+            claim.made = 0
+            while running_by_key(conn)[None] == 10:
+                assert claim() in (0, 1)
+                assert claim.made <= 10_020 // look + 2, "the look did not go round to the front"
+
+
+async def test_looks_that_meet_in_a_short_backlog_take_a_job_once(tmp_path: Path) -> None:
+    """300 due jobs, fewer than 3 looks: the look from the front, the one back from now and the one
+    that goes on overlap. 2 jobs without a key amid A's, which the first two both see, are taken
+    once each: a claim of 4 (2 per key) takes 2 of A and both."""
+    async with postgres_store(tmp_path) as config, open_backend(config) as backend:
+        with connection(config) as conn:
+            conn.execute(_FILL_AMID.format(a=298, keyless=2, at=250, b=0))
+        leases = await backend.claim({"t": 4}, owner="w", lease_seconds=LONG, key_limits={"t": 2})
+        assert sorted(lease.id[0] for lease in leases) == ["A", "A", "n", "n"]
+
+
+async def test_a_plain_insert_adds_no_entry_to_the_keyed_index(tmp_path: Path) -> None:
+    """jobs_keyed holds keyed pending rows only: 2,000 jobs without a key (an insert, a COPY) leave
+    it as it was made (its metapage alone), while jobs_claim grows; 100 keyed ones fill a page."""
+    size = "SELECT pg_relation_size(%s)"
+    async with postgres_store(tmp_path) as config, open_backend(config) as backend:
+        with connection(config) as conn:
+            (definition,), = conn.execute("SELECT indexdef FROM pg_indexes WHERE schemaname = current_schema() "
+                                          "AND indexname = 'jobs_keyed'").fetchall()
+            assert "limit_key IS NOT NULL" in definition
+            (keyed,), = conn.execute(size, ("jobs_keyed",)).fetchall()
+            (claim_order,), = conn.execute(size, ("jobs_claim",)).fetchall()
+            await backend.insert([job() for _ in range(1000)])
+            assert await backend.bulk_insert(job() for _ in range(1000)) == 1000
+            assert conn.execute(size, ("jobs_keyed",)).fetchall() == [(keyed,)]
+            assert conn.execute(size, ("jobs_claim",)).fetchall()[0][0] > claim_order
+            await backend.insert([job(limit_key=f"k{n}") for n in range(100)])
+            assert conn.execute(size, ("jobs_keyed",)).fetchall()[0][0] > keyed
 
 
 # -- the walk over the keys, and the rate's records ------------------------------------------------------
