@@ -14,63 +14,72 @@ from pathlib import Path
 
 import pytest
 import trio
-from backends.stores import BACKENDS
+from backends.stores import BACKENDS, on_each_store
 from jobkit import Echo
 from supervisor_harness import SERVICE, Service, alive, processes_of, service_env
 
+from pipeline import Config
+
 pytestmark = pytest.mark.slow
 
-RUNS, AT_ONCE = 20, 10  # starts interrupted per store; how many run side by side
+RUNS, AT_ONCE = 20, 10  # starts interrupted per store; how many run side by side, the three stores' together
 GRACE, MARGIN = 2.0, 2.0  # WORKER_SHUTDOWN_TIMEOUT, and the supervisor's margin past it
 
 
-@pytest.mark.parametrize("store", sorted(BACKENDS))
-async def test_a_sigterm_at_any_moment_of_the_start_stops_everything(store: str, tmp_path: Path) -> None:
+async def test_a_sigterm_at_any_moment_of_the_start_stops_everything(tmp_path: Path) -> None:
     """Before: a SIGTERM that came while a worker process was being started reached no worker
     process; that one then ran, and the supervisor waited for it for ever (2 starts of 3 on
-    Redis, SIGTERM at once). Now RUNS starts, each sent SIGTERM at a random moment of its first
-    1.5 s, each exit 0 in time and leave no process running. The moments are counted from when
-    the supervisor handles SIGTERM (before, Python's default ends it: nothing has started), half
-    of them in the first 0.25 s, while it opens the store and starts its worker processes."""
+    Redis, SIGTERM at once). Now RUNS starts on each store, each sent SIGTERM at a random moment
+    of its first 1.5 s, each exit 0 in time and leave no process running. The moments are counted
+    from when the supervisor handles SIGTERM (before, Python's default ends it: nothing has
+    started), half of them in the first 0.25 s, while it opens the store and starts its worker
+    processes. The three stores side by side, AT_ONCE starts at a time in all."""
     limiter = trio.CapacityLimiter(AT_ONCE)
-    failures: list[str] = []
 
-    async def one(n: int) -> None:
-        async with limiter, BACKENDS[store](tmp_path / str(n)) as config:
-            (tmp_path / str(n)).mkdir(exist_ok=True)
-            log = tmp_path / str(n) / "service.log"
-            env = service_env(config.database_url, WORKER_SHUTDOWN_TIMEOUT=str(GRACE), TEST_SUPERVISOR_STOP_MARGIN=str(MARGIN))
-            with log.open("w") as out:
-                proc = subprocess.Popen([sys.executable, str(SERVICE), "--processes", "2"], env=env, cwd=tmp_path / str(n),
-                                        start_new_session=True, stdout=subprocess.DEVNULL, stderr=out)
-            try:
-                with trio.fail_after(30):
-                    while not handles_sigterm(proc.pid):
-                        await trio.sleep(0.005)
-                await trio.sleep(random.uniform(0.0, 0.25 if n % 2 else 1.5))
-                proc.send_signal(signal.SIGTERM)
-                with trio.move_on_after(GRACE + MARGIN + 10):
-                    while proc.poll() is None:
-                        await trio.sleep(0.02)
-                text = log.read_text()
-                children = [int(p) for p in re.findall(r"worker process \d started \(pid (\d+)\)", text)]
-                if proc.returncode != 0:
-                    failures.append(f"run {n}: status {proc.returncode}:\n{text[-3000:]}")
-                left = [pid for pid in {*children, *processes_of(proc.pid)} if alive(pid)]
-                if left:
-                    failures.append(f"run {n}: worker processes left running: {left}:\n{text[-3000:]}")
-            finally:
-                for pid in (proc.pid, *processes_of(proc.pid)):
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                proc.wait()
+    async def on(store: str, config: Config, folder: Path) -> None:
+        failures: list[str] = []
+        async with trio.open_nursery() as tn:
+            for n in range(RUNS):
+                tn.start_soon(start_and_stop, store, folder / str(n), limiter, failures)
+        assert not failures, "\n\n".join(failures)
 
-    async with trio.open_nursery() as tn:
-        for n in range(RUNS):
-            tn.start_soon(one, n)
-    assert not failures, "\n\n".join(failures)
+    await on_each_store(tmp_path, on)
+
+
+async def start_and_stop(store: str, folder: Path, limiter: trio.CapacityLimiter, failures: list[str]) -> None:
+    """One start on a fresh store in ``folder``, sent SIGTERM at a random moment; what went wrong
+    goes to ``failures``."""
+    n = int(folder.name)
+    async with limiter, BACKENDS[store](folder) as config:
+        folder.mkdir(exist_ok=True)
+        log = folder / "service.log"
+        env = service_env(config.database_url, WORKER_SHUTDOWN_TIMEOUT=str(GRACE), TEST_SUPERVISOR_STOP_MARGIN=str(MARGIN))
+        with log.open("w") as out:
+            proc = subprocess.Popen([sys.executable, str(SERVICE), "--processes", "2"], env=env, cwd=folder,
+                                    start_new_session=True, stdout=subprocess.DEVNULL, stderr=out)
+        try:
+            with trio.fail_after(30):
+                while not handles_sigterm(proc.pid):
+                    await trio.sleep(0.005)
+            await trio.sleep(random.uniform(0.0, 0.25 if n % 2 else 1.5))
+            proc.send_signal(signal.SIGTERM)
+            with trio.move_on_after(GRACE + MARGIN + 10):
+                while proc.poll() is None:
+                    await trio.sleep(0.02)
+            text = log.read_text()
+            children = [int(p) for p in re.findall(r"worker process \d started \(pid (\d+)\)", text)]
+            if proc.returncode != 0:
+                failures.append(f"run {n}: status {proc.returncode}:\n{text[-3000:]}")
+            left = [pid for pid in {*children, *processes_of(proc.pid)} if alive(pid)]
+            if left:
+                failures.append(f"run {n}: worker processes left running: {left}:\n{text[-3000:]}")
+        finally:
+            for pid in (proc.pid, *processes_of(proc.pid)):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            proc.wait()
 
 
 def handles_sigterm(pid: int) -> bool:
