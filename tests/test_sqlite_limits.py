@@ -1,7 +1,7 @@
 """Issue 23's limits on SQLite alone (the cross-store behaviour is tests/backends/test_control_limits.py's):
 the migration from schema version 13, the claim the Ledger takes with an insert honouring the offer's
 rates and key limits, the keyed claim's reads (a seek per key, bounded work whatever one key's backlog),
-the walk's cursor, the rate's records, unique keys held only while pending as the rows keep them, and
+the walks' cursors, the rate's records, unique keys held only while pending as the rows keep them, and
 the hot path's statements as they were when no type has these limits."""
 
 from __future__ import annotations
@@ -144,9 +144,14 @@ def test_the_keyed_claim_seeks_each_key_and_never_scans_the_type(tmp_path: Path)
         assert walk.count("USING INDEX idx_jobs_keyed (job_type=? AND limit_key>?)") == 2, walk  # a seek per key
         assert "USING INDEX idx_jobs_keyed_running (job_type=? AND limit_key=?)" in walk, walk
         assert "USING INDEX idx_jobs_keyed (job_type=? AND limit_key=?)" in walk, walk
-    for sql in (limits._KEY_JOBS, limits._KEYLESS_JOBS):  # (the keyless jobs: limit_key=NULL, one seek)
-        jobs = plan(conn, sql, params)
-        assert jobs == "SEARCH jobs USING INDEX idx_jobs_keyed (job_type=? AND limit_key=?)", jobs
+    key_jobs = plan(conn, limits._KEY_JOBS, params)
+    assert key_jobs == "SEARCH jobs USING INDEX idx_jobs_keyed (job_type=? AND limit_key=?)", key_jobs
+    for sql in (limits._KEYLESS_FROM_START, limits._KEYLESS_AFTER):  # (the keyless look: the claim order's index)
+        look = plan(conn, sql, params)
+        assert "SEARCH jobs USING INDEX idx_jobs_claim_order (job_type=?" in look, look
+        assert "SCAN jobs" not in look and "ANY(" not in look, look
+    for sql in (limits._WALK_FROM, limits._KEY_JOBS, limits._KEYLESS_FROM_START):
+        assert "SCAN jobs" not in plan(conn, sql, params)
     # and the plain claim still walks the claim order's index, in order
     plain = plan(conn, store._CLAIM, {"job_type": "t", "now": ts(), "limit": 4, "counted": 1, "owner": "o",
                                       "expires": ts()})
@@ -199,6 +204,41 @@ def test_keys_beyond_one_walk_each_get_their_turn(tmp_path: Path) -> None:
         succeed_all(conn, [lease])
     assert taken == keys
     assert conn.execute("SELECT limit_key FROM key_cursors WHERE job_type = 't'").fetchone() == ("k29",)
+
+
+def test_a_keyless_job_behind_a_long_keyed_backlog_is_found_within_backlog_over_look_claims(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """40 due jobs of key A, then 2 without a key (due later), each look reading 8 due jobs: the first
+    look sees A's jobs only; the second, from where the last one ended, moves on claim after claim
+    and finds the keyless ones within 40 / 8 claims; then each claim takes a job of both groups."""
+    monkeypatch.setattr(limits, "KEYLESS_LOOK", 8)
+    conn = fresh(tmp_path / "keyless.db")
+    a_jobs = [row(limit_key="A", due=-120 + i) for i in range(40)]
+    keyless = [row(due=-30), row(due=-29)]
+    store.insert_jobs(conn, a_jobs + keyless)
+    found_at = None
+    for n in range(1, 8):
+        leases = claim(conn, {"t": 2}, key_limits={"t": 40})
+        if {lease.id for lease in leases} & {job.id for job in keyless}:
+            found_at = n
+            assert sorted(lease.id for lease in leases) == sorted([a_jobs[2 * (n - 1)].id, keyless[0].id])
+            break
+        assert [lease.id for lease in leases] == [job.id for job in a_jobs[2 * (n - 1) : 2 * n]]
+        succeed_all(conn, leases)
+    assert found_at is not None and 2 <= found_at <= 40 // 8 + 1, found_at
+
+
+def test_a_keyless_job_among_the_first_due_jobs_takes_its_turn_at_once(tmp_path: Path) -> None:
+    """With the look's real size: 200 due jobs of key A, then 2 without a key, both within the first
+    KEYLESS_LOOK due jobs of the type: the first claim of 4 takes two of each group."""
+    assert limits.KEYLESS_LOOK >= 202
+    conn = fresh(tmp_path / "front.db")
+    a_jobs = [row(limit_key="A", due=-300 + i) for i in range(200)]
+    keyless = [row(due=-30), row(due=-29)]
+    store.insert_jobs(conn, a_jobs + keyless)
+    leases = claim(conn, {"t": 4}, key_limits={"t": 2})
+    assert sorted(lease.id for lease in leases) == sorted([a_jobs[0].id, a_jobs[1].id, keyless[0].id, keyless[1].id])
 
 
 # -- rate limits ------------------------------------------------------------------------------------
@@ -311,6 +351,26 @@ def test_a_claim_without_rates_or_key_limits_runs_the_statements_of_before(tmp_p
                         "AND status = 'running' AND job_type = 't'").fetchone()
     assert n == 1  # the keyed job alone, of the seven running
     assert conn.execute("SELECT count(*) FROM rate_claims").fetchone() == (0,)
+
+
+def index_entries(conn: sqlite3.Connection, index: str) -> int:
+    """The entries an index holds, read from its pages (dbstat): what a query through it, whose WHERE
+    picks its rows again, cannot show."""
+    (n,) = conn.execute("SELECT coalesce(sum(ncell), 0) FROM dbstat WHERE name = ? AND pagetype = 'leaf'",
+                        (index,)).fetchone()
+    return int(n)
+
+
+def test_plain_jobs_enter_no_keyed_index(tmp_path: Path) -> None:
+    """Jobs without a limit key, pending or running, are in neither keyed index: an insert and a claim
+    of a type without keys do no more work than before issue 23's limits (an index of every pending
+    job cost each about 1 us, a fifth: measured). The keyed ones are, while pending and running."""
+    conn = fresh(tmp_path / "plain.db")
+    store.insert_jobs(conn, [row() for _ in range(50)] + [row(limit_key="A") for _ in range(3)])
+    assert (index_entries(conn, "idx_jobs_keyed"), index_entries(conn, "idx_jobs_keyed_running")) == (3, 0)
+    assert len(claim(conn, {"t": 20})) == 20  # plain jobs first: the keyed ones were inserted last
+    assert len(claim(conn, {"t": 40}, key_limits={"t": 2})) == 32  # the 30 plain ones left, and A's 2
+    assert (index_entries(conn, "idx_jobs_keyed"), index_entries(conn, "idx_jobs_keyed_running")) == (1, 2)
 
 
 def test_a_bulk_load_stores_limit_keys_through_its_json_statement(tmp_path: Path) -> None:

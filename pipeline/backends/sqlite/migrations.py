@@ -191,23 +191,23 @@ MIGRATIONS: Final[list[Migration]] = [
             WHERE unique_key IS NOT NULL AND status IN ('pending', 'running')
               AND (unique_token IS NULL OR unique_token = lease_token);
         -- Per-key limits. A type's pending jobs by key, each key's in claim order: the keyed claim walks
-        -- the distinct keys (one seek each) and takes each key's first due jobs, and the jobs without a
-        -- key (NULL, first) are one group found with one seek too, whatever the size of a key's backlog.
-        -- Every pending job is in it: which types have key limits is known to the claims only, and a
-        -- keyed type's keyless jobs must be found without reading past its keyed ones. Its cost, for
-        -- every job of every type: about 1 us more of SQLite's CPU per insert and 0.6 to 1 us per claim
-        -- (4.3 -> 5.3 and 4.5-5.0 -> 5.6 us a job, 20,000 jobs, medians of 7), nothing per success.
+        -- the distinct keys (one seek each) and takes each key's first due jobs, whatever the size of
+        -- another key's backlog. Its running jobs by key: one seek per key for its room. Keyed rows
+        -- only: a job without a key costs neither index anything (an index of every pending row
+        -- would cost every insert and claim of every type ~1 us, a fifth: measured).
         CREATE INDEX IF NOT EXISTS idx_jobs_keyed ON jobs(job_type, limit_key, priority, run_after, id)
-            WHERE status = 'pending';
-        -- Its running jobs by key, for its room: one seek per key; keyed rows only (a job without a
-        -- key costs it nothing).
+            WHERE limit_key IS NOT NULL AND status = 'pending';
         CREATE INDEX IF NOT EXISTS idx_jobs_keyed_running ON jobs(job_type, limit_key)
             WHERE limit_key IS NOT NULL AND status = 'running';
-        -- Where the walk over a type's keys starts next, when a claim visits only some of them (after
-        -- the last key it claimed from), so that every key gets its turn.
+        -- Where a type's keyed claims left off, when a claim looks at only part of the type: the key
+        -- after which the walk over its keys starts next (limit_key), and where in the claim order the
+        -- look for its keyless jobs goes on (priority, run_after, id). See limits.py.
         CREATE TABLE IF NOT EXISTS key_cursors (
             job_type  TEXT PRIMARY KEY,
-            limit_key TEXT NOT NULL
+            limit_key TEXT,
+            priority  INTEGER,
+            run_after TEXT,
+            id        TEXT
         );
         -- Rate limits: a rate-limited type's recent claims, one row per claim (n jobs at the instant
         -- at, epoch seconds). A claim of the type drops those a window old, counts the rest and adds
