@@ -20,7 +20,7 @@ import trio
 from pipeline import Config
 from pipeline.backends import open_backend
 from pipeline.backends.base import CANCELLING, Settlement, cancelled_error
-from pipeline.backends.postgres import queries, retention, schema, store
+from pipeline.backends.postgres import queries, retention, schema, store, worker
 from pipeline.backends.postgres.db import connect
 from pipeline.states import Transition
 
@@ -197,7 +197,7 @@ async def test_a_cancel_that_waits_for_a_claim_asks_the_new_run_to_stop(tmp_path
         leases = []
         with connection(config) as poller, connection(config) as operator:
             answers = await _behind(
-                poller, lambda: leases.extend(store.claim(poller, {"t": 1}, owner="owner-a", lease_seconds=LONG)),
+                poller, lambda: leases.extend(worker.claim(poller, {"t": 1}, owner="owner-a", lease_seconds=LONG)),
                 operator, lambda: queries.cancel(operator, [job_id], reason="race"))
         assert answers == [CANCELLING]
         (lease,) = leases
@@ -216,7 +216,7 @@ async def test_a_claim_skips_a_pending_job_being_cancelled_without_waiting(tmp_p
             poller.execute("SET lock_timeout = '2s'")  # a claim that waited would fail (LockNotAvailable)
             operator.execute("BEGIN")
             assert queries.cancel(operator, [row.id], reason="race") == ["cancelled"]
-            assert store.claim(poller, {"t": 1}, owner="w", lease_seconds=LONG) == []
+            assert worker.claim(poller, {"t": 1}, owner="w", lease_seconds=LONG) == []
             operator.execute("COMMIT")
         got = await record(backend, row.id)
         assert (got.status, got.error) == ("cancelled", cancelled_error("race"))

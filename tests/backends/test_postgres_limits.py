@@ -143,13 +143,13 @@ async def test_claims_of_a_limited_type_take_turns_and_nobody_else_waits(tmp_pat
             answer: list[list[Any]] = []
             first.execute("BEGIN")
             try:
-                taken = store.claim(first, {"t": 4}, owner="a", lease_seconds=LONG, **options)
+                taken = limits.claim(first, {"t": 4}, owner="a", lease_seconds=LONG, **options)
                 assert len(taken) == 2  # two in the window; or one of each key
-                assert len(store.claim(other, {"u": 4}, owner="c", lease_seconds=LONG, **options)) == 2
-                assert len(store.claim(other, {"t": 1}, owner="c", lease_seconds=LONG)) == 1  # (it records nothing)
+                assert len(limits.claim(other, {"u": 4}, owner="c", lease_seconds=LONG, **options)) == 2
+                assert len(limits.claim(other, {"t": 1}, owner="c", lease_seconds=LONG)) == 1  # (it records nothing)
 
                 def claim_t() -> None:
-                    answer.append(store.claim(second, {"t": 4}, owner="b", lease_seconds=LONG, **options))
+                    answer.append(limits.claim(second, {"t": 4}, owner="b", lease_seconds=LONG, **options))
 
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(trio.to_thread.run_sync, claim_t)
@@ -429,7 +429,7 @@ async def test_a_claim_without_rates_or_key_limits_runs_the_statements_of_before
         with recording(config) as conn:
             def claim(wants: dict[str, int], **options: Any) -> list[Any]:
                 conn.statements.clear()
-                return store.claim(conn, wants, owner="w", lease_seconds=LONG, **options)
+                return limits.claim(conn, wants, owner="w", lease_seconds=LONG, **options)
 
             (lease,) = claim({"t": 1})
             assert conn.statements == [store._CLAIM]

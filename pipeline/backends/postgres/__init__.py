@@ -32,7 +32,7 @@ from ...clock import now_ts
 from ...errors import StoreError, UsageError
 from ..base import NUDGE_BUFFER, ClaimOffer, HealthReport, NewJob, Nudge, Topology
 from ..batches import Command, LedgerStats, ServerBackend
-from . import queries, retention, schedules, schema, store
+from . import queries, retention, schedules, schema, store, worker
 from .db import Database, connect, describe
 from .ledger import run_ledger
 from .listener import run_listener
@@ -47,7 +47,7 @@ __all__ = ["PostgresBackend", "PostgresLeaseRenewer", "open_postgres_backend"]
 class PostgresBackend(ServerBackend[Database]):
     """:class:`~pipeline.backends.base.Backend` on a Postgres database."""
 
-    calls: ClassVar[Any] = store
+    calls: ClassVar[Any] = worker
     operators: ClassVar[Any] = queries
     scheduling: ClassVar[Any] = schedules
     upkeep: ClassVar[Any] = retention

@@ -40,7 +40,7 @@ import trio
 from ...errors import StoreError
 from ..base import Claimed, ClaimOffer, Lease, NewJob, Nudge, Settlement, nudge
 from ..batches import BATCH_LIMIT, Command, LedgerStats, answer, fail_in_hand, gather, makes_work_due, take_offer
-from . import store
+from . import limits, store
 from .db import Database, describe
 
 log = logging.getLogger("pipeline.ledger")
@@ -83,7 +83,7 @@ def _apply_batch(conn: psycopg.Connection[Any], batch: list[Command], notify: bo
         # a statement of its own after the inserts: their transaction may have waited, and a
         # claim in it would date its leases from the transaction's start (now()), expired already
         try:
-            leases = store.claim(conn, offer.wants, owner=offer.owner, lease_seconds=offer.lease_seconds,
+            leases = limits.claim(conn, offer.wants, owner=offer.owner, lease_seconds=offer.lease_seconds,
                                  start=offer.start, limits=offer.limits, rates=offer.rates, key_limits=offer.key_limits)
         except psycopg.Error as exc:
             log.warning("the claim after a batch failed (%s); the Poller claims on its own", exc)
@@ -98,7 +98,7 @@ def _write_and_claim(conn: psycopg.Connection[Any], batch: list[Command], notify
         try:
             with conn.transaction():
                 results = _write(conn, batch, notify, split=False)
-                leases = store.claim(conn, offer.wants, owner=offer.owner, lease_seconds=offer.lease_seconds,
+                leases = limits.claim(conn, offer.wants, owner=offer.owner, lease_seconds=offer.lease_seconds,
                                      start=offer.start, limits=offer.limits, rates=offer.rates,
                                      key_limits=offer.key_limits)
             return results, leases

@@ -1,7 +1,7 @@
 """The Postgres claim of a type with a rate limit or per-key limits (issue 23, second part), and
 the rate window's answer to the Poller (:func:`rate_free_at`).
 
-store.claim sends here only the types of a claim that has ``rates`` or ``key_limits`` for them;
+:func:`claim` sends here only the types of a claim that has ``rates`` or ``key_limits`` for them;
 every other type, and every claim without them, runs store.py's statements as before. Such a
 type's claim takes the type's lock (store._LIMIT_LOCK's: the one a globally limited claim takes,
 so that the three kinds of limit are counted together), in the claim's transaction, and reads the
@@ -31,8 +31,8 @@ KEYLESS_LOOK more from where the type's last such look ended (far: it goes round
 claim after claim; once it found keyless jobs it did not all take, the next look starts before
 them, so the group has its turn in each claim). At most 3 × KEYLESS_LOOK rows a claim. The trade:
 a keyless job with more due jobs of its type than a look both before and after it is found within
-backlog / KEYLESS_LOOK claims, not at once. (The SQLite store chose the other side: its keyed index
-holds every pending row, and every insert pays for it.)
+backlog / KEYLESS_LOOK claims, not at once. (The SQLite store makes the same trade, with a look at
+the front and one going round.)
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ from typing import Any
 
 import psycopg
 
+from ..base import Lease
+from . import store
 from .store import _CLAIM, _COUNTED, _EXPIRE, _EXPIRED_OF, _RUNNING_OF_TYPE, MS, seconds_after
 
 KEY_WALK_CAP = 1000  # keys a keyed claim visits at most (each one seek), full ones included
@@ -337,3 +339,44 @@ def claim_type(
     if rate is not None and rows:
         conn.execute(_RATE_RECORD, {"job_type": job_type, "now": now, "n": len(rows)})
     return rows
+
+def claim(
+    conn: psycopg.Connection[Any], wants: Mapping[str, int], *, owner: str, lease_seconds: float,
+    start: Mapping[str, int] | None = None, limits: Mapping[str, int] | None = None,
+    rates: Mapping[str, tuple[int, float]] | None = None, key_limits: Mapping[str, int] | None = None,
+) -> list[Lease]:
+    """pending → running for up to ``wants[type]`` due jobs of each type, in claim order; the
+    first ``start[type]`` of each start at once (all when None), the rest are claimed ahead.
+    A type in ``limits`` takes at most its limit less its running jobs (see store._LIMIT_LOCK); a type
+    in ``rates`` or ``key_limits`` is claimed by :func:`claim_type`. Without ``rates`` and
+    ``key_limits``, the statements of before them."""
+    wanted = [(t, n) for t, n in wants.items() if n > 0]
+    if not wanted:
+        return []
+    controlled = {*(rates or ()), *(key_limits or ())}
+    bound = {*(limits or ()), *controlled}
+    if bound and any(t in bound for t, _ in wanted):
+        # One transaction for the whole claim: a limited type's part that fails leaves nothing of
+        # the others claimed under a lease no worker holds. The locks are taken in the order of
+        # the types' names, whatever order each process registered them in, so that two claims
+        # (or a claim and an insert's batch claiming with it) never wait for each other in a circle.
+        with conn.transaction():
+            rows = store._claim_rows(conn, [(t, n) for t, n in wanted if t not in bound], owner, lease_seconds, start)
+            for job_type, n in sorted((t, n) for t, n in wanted if t in bound):
+                if job_type in controlled:
+                    rows += claim_type(
+                        conn, job_type, n, owner=owner, lease_seconds=lease_seconds, start=start,
+                        limit=(limits or {}).get(job_type), rate=(rates or {}).get(job_type),
+                        key_limit=(key_limits or {}).get(job_type))
+                    continue
+                assert limits is not None
+                conn.execute(store._LIMIT_LOCK, {"job_type": job_type})
+                row = conn.execute(store._RUNNING_OF_TYPE, {"job_type": job_type}).fetchone()
+                n = min(n, limits[job_type] - (row[0] if row else 0))
+                rows += store._claim_rows(conn, [(job_type, n)], owner, lease_seconds, start)
+    else:
+        rows = store._claim_rows(conn, wanted, owner, lease_seconds, start)
+    # RETURNING's order is unspecified: by type as asked, started ones first, each in claim order
+    order = {t: i for i, (t, _) in enumerate(wanted)}
+    rows.sort(key=lambda r: (order[r[1]], not r[9], r[8], r[7], r[0]))
+    return [Lease(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[9], row[10]) for row in rows]

@@ -27,7 +27,7 @@ import psycopg
 
 from ... import states
 from ...errors import StoreError
-from ..base import Lease, NewJob, Settlement, cancelled_running_error, expired_error
+from ..base import NewJob, Settlement, cancelled_running_error, expired_error
 
 # the statement's "now", as stored: rounded to the nearest millisecond, as clock.format_ts rounds
 MS = "date_trunc('milliseconds', now() + interval '500 microseconds')"
@@ -558,56 +558,6 @@ _LIMIT_LOCK = "SELECT pg_advisory_xact_lock(hashtext('pipeline limit ' || curren
 # 100,000 completed ones in 3 ms, where the running rows alone take 0.01.
 _RUNNING_OF_TYPE = "SELECT count(*) FILTER (WHERE job_type = %(job_type)s) FROM jobs WHERE status = 'running'"
 
-
-def claim(
-    conn: psycopg.Connection[Any], wants: Mapping[str, int], *, owner: str, lease_seconds: float,
-    start: Mapping[str, int] | None = None, limits: Mapping[str, int] | None = None,
-    rates: Mapping[str, tuple[int, float]] | None = None, key_limits: Mapping[str, int] | None = None,
-) -> list[Lease]:
-    """pending → running for up to ``wants[type]`` due jobs of each type, in claim order; the
-    first ``start[type]`` of each start at once (all when None), the rest are claimed ahead.
-    A type in ``limits`` takes at most its limit less its running jobs (see _LIMIT_LOCK); a type
-    in ``rates`` or ``key_limits`` is claimed by limits.claim_type. Without ``rates`` and
-    ``key_limits``, the statements of before them."""
-    wanted = [(t, n) for t, n in wants.items() if n > 0]
-    if not wanted:
-        return []
-    controlled = {*(rates or ()), *(key_limits or ())}
-    bound = {*(limits or ()), *controlled}
-    if bound and any(t in bound for t, _ in wanted):
-        # One transaction for the whole claim: a limited type's part that fails leaves nothing of
-        # the others claimed under a lease no worker holds. The locks are taken in the order of
-        # the types' names, whatever order each process registered them in, so that two claims
-        # (or a claim and an insert's batch claiming with it) never wait for each other in a circle.
-        from . import limits as controls  # (it builds on this module's statements)
-
-        with conn.transaction():
-            rows = _claim_rows(conn, [(t, n) for t, n in wanted if t not in bound], owner, lease_seconds, start)
-            for job_type, n in sorted((t, n) for t, n in wanted if t in bound):
-                if job_type in controlled:
-                    rows += controls.claim_type(
-                        conn, job_type, n, owner=owner, lease_seconds=lease_seconds, start=start,
-                        limit=(limits or {}).get(job_type), rate=(rates or {}).get(job_type),
-                        key_limit=(key_limits or {}).get(job_type))
-                    continue
-                assert limits is not None
-                conn.execute(_LIMIT_LOCK, {"job_type": job_type})
-                row = conn.execute(_RUNNING_OF_TYPE, {"job_type": job_type}).fetchone()
-                n = min(n, limits[job_type] - (row[0] if row else 0))
-                rows += _claim_rows(conn, [(job_type, n)], owner, lease_seconds, start)
-    else:
-        rows = _claim_rows(conn, wanted, owner, lease_seconds, start)
-    # RETURNING's order is unspecified: by type as asked, started ones first, each in claim order
-    order = {t: i for i, (t, _) in enumerate(wanted)}
-    rows.sort(key=lambda r: (order[r[1]], not r[9], r[8], r[7], r[0]))
-    return [Lease(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[9], row[10]) for row in rows]
-
-
-def rate_free_at(conn: psycopg.Connection[Any], job_type: str, limit: int, window_seconds: float) -> float:
-    """limits.rate_free_at: seconds until a claim of the rate-limited type may take a job again."""
-    from . import limits as controls  # (it builds on this module's statements)
-
-    return controls.rate_free_at(conn, job_type, limit, window_seconds)
 
 
 def _claim_rows(conn: psycopg.Connection[Any], wanted: Sequence[tuple[str, int]], owner: str, lease_seconds: float,
