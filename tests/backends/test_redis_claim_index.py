@@ -79,7 +79,7 @@ def assert_index_in_step(backend: Backend) -> None:
     (so it is now), else in pwait scored by that job's run; no other priority is filed."""
     db = backend.database  # type: ignore[attr-defined]
     seconds, micros = db.client.time()
-    now = int(seconds) * 1000 + int(micros) // 1000
+    now = (int(seconds) * 1_000_000 + int(micros) + 999) // 1000  # ceil: the scripts round the server's time to the ms
     for t, index in _index_of(db.client, db.prefix).items():
         heads, due, wait = index["heads"], index["due"], index["wait"]
         assert not due & set(wait), f"type {t}: filed twice: {due & set(wait)}"
