@@ -27,6 +27,7 @@ from .pools import Pool
 log = logging.getLogger("pipeline.poller")
 
 RETRY_MAX = 5.0  # seconds between claims while the store refuses them
+RATE_RECHECK = 0.01  # seconds before a rate-limited type whose window had room after a short claim is claimed again
 
 
 class Claimer:
@@ -47,6 +48,9 @@ class Claimer:
                                       if value}
         # trio time by which a rate-limited type whose last claim came back short has room in its window again
         self.rate_wake: dict[str, float] = {}
+        # rate-limited types whose short claim was followed by a window with room: claimed once more
+        # soon after (the window may have freed between the claim and the look), not again and again
+        self.rate_rechecked: set[str] = set()
 
     def room(self) -> dict[str, int]:
         return {name: pool.free for name, pool in self.pools.items() if pool.free > 0}
@@ -230,16 +234,25 @@ async def _rate_waits(backend: Backend, claimer: Claimer, wants: Mapping[str, in
     for name, (limit, window) in claimer.rates.items():
         if name not in wants or got.get(name, 0) >= wants[name]:
             claimer.rate_wake.pop(name, None)
+            claimer.rate_rechecked.discard(name)
             continue
         try:
             wait = await backend.rate_free_at(name, limit, window)
         except StoreError as exc:
-            log.warning("could not read the rate window of %s (%s)", name, exc)
+            log.warning("could not read the rate window of %s (%s); claiming again in %g s", name, exc, RATE_RECHECK * 10)
+            claimer.rate_wake[name] = trio.current_time() + RATE_RECHECK * 10
             continue
         if wait > 0:
             claimer.rate_wake[name] = trio.current_time() + wait
+            claimer.rate_rechecked.discard(name)
+        elif name not in claimer.rate_rechecked:
+            # room now, yet the claim came back short: nothing more is due, or the window freed between
+            # the claim and this look (a full window's oldest claim left it meanwhile). Once, claim again
+            # soon: a pool with room gets no nudge, and waiting a poll interval would stall the type
+            claimer.rate_wake[name] = trio.current_time() + RATE_RECHECK
+            claimer.rate_rechecked.add(name)
         else:
-            claimer.rate_wake.pop(name, None)
+            claimer.rate_wake.pop(name, None)  # short twice with room: nothing is due
 
 
 def _until_rate_room(claimer: Claimer, interval: float) -> float:
