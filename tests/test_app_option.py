@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import textwrap
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -64,6 +67,13 @@ APP = textwrap.dedent('''
 
     not_a_registry = "hello"
 ''')
+
+
+def together(*calls: Callable[[], subprocess.CompletedProcess[str]]) -> list[subprocess.CompletedProcess[str]]:
+    """Independent CLI runs at once, their results in order: each is a process that keeps one
+    core busy for a quarter of a second, and one after another they leave the other core idle."""
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return list(pool.map(lambda call: call(), calls))
 
 
 @pytest.fixture
@@ -128,8 +138,9 @@ def test_the_commands_know_the_apps_job_types(folder: Path, env: dict[str, str])
 ])
 def test_an_app_that_cannot_be_loaded_exits_2_naming_what_was_asked_and_found(
         folder: Path, env: dict[str, str], asked: str, words: list[str]) -> None:
-    for argv in (["jobs"], ["--help"], ["run"]):
-        done = cli(folder, env, "--app", asked, *argv)
+    commands = (["jobs"], ["--help"], ["run"])
+    runs = together(*(lambda argv=argv: cli(folder, env, "--app", asked, *argv) for argv in commands))
+    for argv, done in zip(commands, runs):
         assert done.returncode == 2, (argv, done.stdout, done.stderr)
         assert done.stderr.startswith("error: ") and "Traceback" not in done.stderr, done.stderr
         for word in words:
@@ -139,20 +150,27 @@ def test_an_app_that_cannot_be_loaded_exits_2_naming_what_was_asked_and_found(
 
 @pytest.mark.slow
 def test_pipeline_app_names_the_app_and_the_option_wins(folder: Path, env: dict[str, str]) -> None:
-    def job_types(values: dict[str, str], *argv: str) -> str:
-        done = cli(folder, values, *argv, "--help")
-        assert done.returncode == 0, done.stderr
-        return re.search(r"^job types: (.*)$", done.stdout, re.M).group(1)  # type: ignore[union-attr]
+    def job_types(*asked: tuple[dict[str, str], tuple[str, ...]]) -> list[str]:
+        """The job types ``--help`` names, for each (environment, options), the runs at once."""
+        found = []
+        for done in together(*(lambda values=values, argv=argv: cli(folder, values, *argv, "--help") for values, argv in asked)):
+            assert done.returncode == 0, done.stderr
+            found.append(re.search(r"^job types: (.*)$", done.stdout, re.M).group(1))  # type: ignore[union-attr]
+        return found
 
-    assert job_types({**env, "PIPELINE_APP": "myapp:registry"}) == "resize_avatar"
-    assert job_types({**env, "PIPELINE_APP": "myapp:make_plain"}) == "ping"  # a callable without arguments
-    assert job_types({**env, "PIPELINE_APP": "myapp:make"}) == "made_with_config"  # given the Config
-    assert job_types({**env, "PIPELINE_APP": "myapp:make_plain"}, "--app", "myapp:registry") == "resize_avatar"
-    # the option wins so completely that a PIPELINE_APP which cannot load is not even tried
-    assert job_types({**env, "PIPELINE_APP": "nosuch:registry"}, "--app", "myapp:registry") == "resize_avatar"
+    assert job_types(
+        ({**env, "PIPELINE_APP": "myapp:registry"}, ()),
+        ({**env, "PIPELINE_APP": "myapp:make_plain"}, ()),  # a callable without arguments
+        ({**env, "PIPELINE_APP": "myapp:make"}, ()),  # given the Config
+        ({**env, "PIPELINE_APP": "myapp:make_plain"}, ("--app", "myapp:registry")),
+        # the option wins so completely that a PIPELINE_APP which cannot load is not even tried
+        ({**env, "PIPELINE_APP": "nosuch:registry"}, ("--app", "myapp:registry")),
+    ) == ["resize_avatar", "ping", "made_with_config", "resize_avatar", "resize_avatar"]
     (folder / ".env").write_text("PIPELINE_APP=myapp:make_plain\n")  # read as the other settings are
-    assert job_types(env) == "ping"
-    assert job_types({**env, "PIPELINE_APP": "myapp:registry"}) == "resize_avatar"  # the environment over .env
+    assert job_types(
+        (env, ()),
+        ({**env, "PIPELINE_APP": "myapp:registry"}, ()),  # the environment over .env
+    ) == ["ping", "resize_avatar"]
     done = cli(folder, {**env, "PIPELINE_APP": "myapp:nothing"}, "jobs")
     assert done.returncode == 2 and "PIPELINE_APP='myapp:nothing': myapp (" in done.stderr, done.stderr
 
@@ -165,23 +183,26 @@ def test_help_names_the_app_and_its_types_and_the_sites_commands_only_for_the_si
     def commands(text: str) -> set[str]:
         return set(re.search(r"^\s+\{([a-z,]+)\}$", text, re.M).group(1).split(","))  # type: ignore[union-attr]
 
-    mine = cli(folder, env, "--app", "myapp:registry", "--help")
+    mine, enqueue_help, demo, misplaced, site, explicit = together(
+        lambda: cli(folder, env, "--app", "myapp:registry", "--help"),
+        lambda: cli(folder, env, "--app", "myapp:registry", "enqueue", "--help"),
+        lambda: cli(folder, env, "--app", "myapp:registry", "demo"),
+        lambda: cli(folder, env, "jobs", "--app", "myapp:registry"),
+        lambda: cli(folder, env, "--help"),
+        lambda: cli(folder, env, "--app", "pipeline.site:registry", "--help"),
+    )
     assert mine.returncode == 0, mine.stderr
     assert "app: myapp:registry\njob types: resize_avatar\nschedules in its code: app-nightly\n" in mine.stdout
     assert {"search", "demo"}.isdisjoint(commands(mine.stdout)) and {"run", "enqueue", "jobs"} <= commands(mine.stdout)
-    enqueue = cli(folder, env, "--app", "myapp:registry", "enqueue", "--help").stdout
+    enqueue = enqueue_help.stdout
     assert "one of the app's: resize_avatar" in enqueue
     assert "python -m pipeline --app myapp:registry enqueue resize_avatar" in enqueue and "send_email" not in enqueue
-    refused = cli(folder, env, "--app", "myapp:registry", "demo")
-    assert refused.returncode == 2 and "demo is a command of the bundled site" in refused.stderr
-    refused = cli(folder, env, "jobs", "--app", "myapp:registry")
-    assert refused.returncode == 2 and "--app goes before the command" in refused.stderr
+    assert demo.returncode == 2 and "demo is a command of the bundled site" in demo.stderr
+    assert misplaced.returncode == 2 and "--app goes before the command" in misplaced.stderr
 
-    site = cli(folder, env, "--help")
     assert site.returncode == 0, site.stderr
     assert "app: pipeline.site:registry (the bundled blog" in site.stdout and "send_email" in site.stdout
     assert {"search", "demo"} <= commands(site.stdout)
-    explicit = cli(folder, env, "--app", "pipeline.site:registry", "--help")
     assert explicit.stdout == site.stdout
 
 
