@@ -40,7 +40,8 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def one_run(tree: Path, stores: object, directory: Path, jobs: int, concurrency: int) -> tuple[float, float]:
+def one_run(tree: Path, stores: object, directory: Path, jobs: int, concurrency: int,
+            processes: int | None = None) -> tuple[float, float]:
     """(jobs/s, CPU µs per job) of one drain by the code in ``tree``."""
     url = stores.fresh("before_after")  # type: ignore[attr-defined]
     try:
@@ -48,6 +49,8 @@ def one_run(tree: Path, stores: object, directory: Path, jobs: int, concurrency:
                if not k.startswith(("ADMIN_", "WORKER_", "LOG_", "DATABASE_", "SQLITE_", "REDIS_", "PIPELINE_"))}
         env.update(stores.settings, DATABASE_URL=url, ADMIN_PORT="0", WORKER_CONCURRENCY=str(concurrency),  # type: ignore[attr-defined]
                    PYTHONPATH=str(tree))
+        if processes is not None:
+            env["WORKER_PROCESSES"] = str(processes)
         lines = directory / "jobs.jsonl"
         lines.write_text((JOB + "\n") * jobs)
         subprocess.run([sys.executable, "-m", "pipeline", "enqueue", "--from-file", str(lines)], env=env, cwd=directory,
@@ -85,6 +88,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--processes", type=int, help="WORKER_PROCESSES (default: the service's, one per core)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         directory = Path(scratch)
@@ -96,7 +100,7 @@ def main() -> None:
         try:
             for i in range(args.rounds):
                 for arm, tree in (("before", old), ("after", ROOT)) if i % 2 == 0 else (("after", ROOT), ("before", old)):
-                    rate, cpu = one_run(tree, stores, directory, args.jobs, args.concurrency)
+                    rate, cpu = one_run(tree, stores, directory, args.jobs, args.concurrency, args.processes)
                     figures[arm].append((rate, cpu))
                     print(f"round {i + 1} {arm:6}: {rate:8,.0f} jobs/s, {cpu:6.1f} µs CPU per job (whole tree)", flush=True)
         finally:
