@@ -173,9 +173,14 @@ async def count(backend: Backend, status: str, job_type: str) -> int:
     return (await backend.list(status=status, job_type=job_type, limit=0))[1]
 
 
-async def test_three_processes_never_run_more_than_the_limit_and_other_types_drain_meanwhile(tmp_path: Path) -> None:
-    """On each store, the three side by side (each mostly waits for its 3 s of limited jobs)."""
-    await on_each_store(tmp_path, with_services(keep_the_limit))
+async def test_three_processes_never_run_more_than_the_limit_and_other_types_drain_meanwhile(
+    store: Config, tmp_path: Path,
+) -> None:
+    """One store at a time: the quick type's pace is measured, and on two cores the other stores'
+    processes side by side slowed it (SQLite's 600 quick jobs took 0.45-1.95 s instead of 0.3-0.6,
+    against 1.55 allowed)."""
+    async with stopped_after() as services:
+        await keep_the_limit(store, tmp_path, services)
 
 
 async def keep_the_limit(store: Config, tmp_path: Path, services: list[Service]) -> None:
