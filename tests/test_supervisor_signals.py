@@ -22,7 +22,9 @@ from pipeline import Config
 
 pytestmark = pytest.mark.slow
 
-RUNS, AT_ONCE = 20, 10  # starts interrupted per store; how many run side by side, the three stores' together
+# starts interrupted per store (the defect failed 2 starts in 3: 12 miss it with odds of 3^-12); how many run
+# side by side, the three stores' together
+RUNS, AT_ONCE = 12, 10
 GRACE, MARGIN = 2.0, 2.0  # WORKER_SHUTDOWN_TIMEOUT, and the supervisor's margin past it
 
 
