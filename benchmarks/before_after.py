@@ -24,11 +24,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from service import watch  # noqa: E402 - the same drain as service.py, from the first job done to the last
 from stores import BACKENDS, open_stores  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,27 +56,9 @@ def one_run(tree: Path, stores: object, directory: Path, jobs: int, concurrency:
         subprocess.run([sys.executable, "-m", "pipeline", "enqueue", "--from-file", str(lines)], env=env, cwd=directory,
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         before = children_cpu()
-        with (directory / "service.log").open("w") as out:
-            process = subprocess.Popen([sys.executable, "-m", "pipeline"], env=env, cwd=directory, stdout=out, stderr=out)
-            first = None
-            try:
-                while True:
-                    n = stores.completed(url)  # type: ignore[attr-defined]
-                    now = time.perf_counter()
-                    if n and first is None:
-                        first = (now, n)
-                    if n >= jobs:
-                        break
-                    if process.poll() is not None:
-                        raise RuntimeError(f"the service exited with {process.returncode}: see {directory / 'service.log'}")
-                    time.sleep(0.02)
-            finally:
-                process.terminate()
-                process.wait(60)
-        cpu = children_cpu() - before
-        assert first is not None
-        rate = (jobs - first[1]) / max(now - first[0], 1e-9) if first[1] < jobs else float("nan")
-        return rate, cpu / jobs * 1e6
+        rate, _ = watch([sys.executable, "-m", "pipeline"], env, directory / "service.log",
+                        lambda: stores.completed(url), jobs)  # type: ignore[attr-defined]
+        return rate, (children_cpu() - before) / jobs * 1e6  # (watch waits for the service's exit)
     finally:
         stores.drop(url)  # type: ignore[attr-defined]
 

@@ -6,7 +6,7 @@ Its own module, beneath the registry (which names it in a handler's type) and th
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Container, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
@@ -53,8 +53,9 @@ class JobContext:
     _report: Callable[[str, int, float, str | None], None] | None = attrs.field(default=None, alias="report", eq=False,
                                                                                 repr=False)
     _token: int = attrs.field(default=0, alias="token", eq=False, repr=False)  # the lease's fencing token
-    # the pool's record of what was asked of this attempt (a cancel request, for an async handler)
-    _asked: Callable[[], bool] | None = attrs.field(default=None, alias="asked", eq=False, repr=False)
+    # the pool's leases (id, token) whose cancel was requested (Pool.cancelling): read by an async
+    # handler's cancel_requested; None outside a pool
+    _cancelling: Container[tuple[str, int]] | None = attrs.field(default=None, alias="cancelling", eq=False, repr=False)
 
     @property
     def cancel_requested(self) -> bool:
@@ -65,7 +66,7 @@ class JobContext:
         thread = self._thread
         if thread is not None:
             return thread.cancel_requested
-        return self._asked() if self._asked is not None else False
+        return self._cancelling is not None and (self.id, self._token) in self._cancelling
 
     def progress(self, fraction: float, message: str | None = None) -> Any:
         """Say how far the job got: ``fraction`` from 0 to 1, and a short message. Stored with the

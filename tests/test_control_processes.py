@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import trio
 from app_harness import Service, app_env, cli
+from backends.kit import max_in_window
 from backends.stores import BACKENDS
 
 pytestmark = pytest.mark.slow
@@ -132,16 +133,6 @@ def wait_until(predicate: Any, what: str, timeout: float = 20.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
         time.sleep(0.02)
-
-
-def max_in_window(times: list[float], window: float) -> int:
-    times = sorted(times)
-    most, first = 0, 0
-    for last, at in enumerate(times):
-        while at - times[first] >= window:
-            first += 1
-        most = max(most, last - first + 1)
-    return most
 
 
 async def test_cancel_pause_results_and_a_rate_limit_across_worker_processes_on_each_store(tmp_path: Path) -> None:

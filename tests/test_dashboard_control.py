@@ -15,9 +15,9 @@ import trio
 from admin_harness import serve_in_thread
 from conftest import fast_config
 from test_admin_control import control_seed
+from test_cli_control import job as stored  # the job as the store holds it (a second backend on the file)
+from test_cli_control import paused
 from test_dashboard import _OVERFLOWS, WIDTHS, _page, browser  # noqa: F401 -- browser: the module's Chromium
-
-from pipeline.backends import JobRecord, open_backend
 
 
 @pytest.fixture
@@ -26,23 +26,6 @@ def served(tmp_path: Path) -> Iterator[tuple[str, Path, dict[str, list[str]]]]:
     ids = trio.run(control_seed, fast_config(db))
     with serve_in_thread(fast_config(db, admin_port=0, worker_enabled=False)) as url:
         yield url, db, ids
-
-
-def stored(db: Path, job_id: str) -> JobRecord | None:
-    """The job as the store holds it (a second backend on the same file, beside the server's)."""
-    async def get() -> JobRecord | None:
-        async with open_backend(fast_config(db)) as backend:
-            return await backend.get(job_id)
-
-    return trio.run(get)
-
-
-def paused(db: Path) -> set[str]:
-    async def get() -> set[str]:
-        async with open_backend(fast_config(db)) as backend:
-            return await backend.paused_types()
-
-    return trio.run(get)
 
 
 def test_cancel_a_pending_job_then_retry_it(browser: Any, served: tuple[str, Path, dict[str, list[str]]]) -> None:  # noqa: F811

@@ -9,6 +9,7 @@ import re
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,7 +40,7 @@ def fresh(path: Path) -> sqlite3.Connection:
     return conn
 
 
-def plan(conn: sqlite3.Connection, sql: str, params: tuple[object, ...]) -> str:
+def plan(conn: sqlite3.Connection, sql: str, params: Any) -> str:
     return " | ".join(r[3] for r in conn.execute(f"EXPLAIN QUERY PLAN {sql}", params))
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import trio
+from test_sqlite_control import plan
 
 from pipeline.backends import Lease, NewJob, Settlement
 from pipeline.backends.base import Claimed, ClaimOffer, Nudge
@@ -57,10 +58,6 @@ def settle(conn: sqlite3.Connection, outcomes: list[Settlement]) -> int:
 
 def succeed_all(conn: sqlite3.Connection, leases: list[Lease]) -> None:
     assert settle(conn, [Settlement(lease.id, lease.token, Transition.SUCCEED) for lease in leases]) == len(leases)
-
-
-def plan(conn: sqlite3.Connection, sql: str, params: dict[str, object]) -> str:
-    return " | ".join(r[3] for r in conn.execute(f"EXPLAIN QUERY PLAN {sql}", params))
 
 
 # -- the migration ------------------------------------------------------------------------------

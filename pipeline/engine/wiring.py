@@ -250,9 +250,9 @@ class Pipeline:
 
     def context_for(self, lease: Lease) -> JobContext:
         pool = self.pools.get(lease.job_type)
-        asked = None if pool is None else functools.partial(pool.cancelling.__contains__, (lease.id, lease.token))
         return JobContext(lease.id, lease.job_type, lease.attempts, lease.max_attempts, self._emit, self.resources, self.config,
-                          trace=lease.trace, report=self.progress_board.report, token=lease.token, asked=asked)
+                          trace=lease.trace, report=self.progress_board.report, token=lease.token,
+                          cancelling=None if pool is None else pool.cancelling)
 
     def encode_result(self, value: Any) -> str | None:
         """A handler's return value as the JSON text stored as its job's result (JSON-able values, attrs

@@ -169,3 +169,14 @@ def released_together(commands: list[list[str]], env: dict[str, str]) -> list[li
 
 def command_name(proc: subprocess.Popen[str]) -> str:
     return Path(str(proc.args[1])).stem  # type: ignore[index]
+
+
+def max_in_window(times: list[float], window: float) -> int:
+    """The most of ``times`` (seconds) that fit in any window of ``window`` seconds: sliding, not calendar."""
+    times = sorted(times)
+    most, first = 0, 0
+    for last, at in enumerate(times):
+        while at - times[first] >= window:
+            first += 1
+        most = max(most, last - first + 1)
+    return most

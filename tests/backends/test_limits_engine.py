@@ -16,6 +16,8 @@ import trio
 import pipeline
 from pipeline import Config
 
+from .kit import max_in_window
+
 
 @dataclasses.dataclass
 class Call:
@@ -36,16 +38,6 @@ class Rebuild:
 def slow_polls(config: Config, **worker: Any) -> Config:
     """A poll interval of a minute: only the Poller's own wake-ups (the window's, the stores') can explain pace."""
     return attrs.evolve(config, worker=attrs.evolve(config.worker, poll_interval_ms=60_000, **worker))
-
-
-def max_in_window(times: list[float], window: float) -> int:
-    times = sorted(times)
-    most, first = 0, 0
-    for last, at in enumerate(times):
-        while at - times[first] >= window:
-            first += 1
-        most = max(most, last - first + 1)
-    return most
 
 
 async def test_a_rate_limited_type_starts_at_most_its_limit_per_window_and_keeps_close_to_it(store_config: Config) -> None:

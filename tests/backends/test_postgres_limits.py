@@ -23,22 +23,13 @@ import trio
 from pipeline import Config
 from pipeline.backends import open_backend
 from pipeline.backends.postgres import limits, schema, store
-from pipeline.backends.postgres.db import configure, connect
+from pipeline.backends.postgres.db import configure
 
 from .kit import LONG, SHORT, add, claim_one, job, outlive, record, retry, succeed
 from .stores import BACKENDS, postgres_store
+from .test_postgres_control import connection
 
 pytestmark = pytest.mark.skipif("postgres" not in BACKENDS, reason="no postgres entry")
-
-
-@contextmanager
-def connection(config: Config) -> Iterator[psycopg.Connection[Any]]:
-    """A connection as the backend's (autocommit, UTC, times read as text)."""
-    conn = connect(config.database_url)
-    try:
-        yield conn
-    finally:
-        conn.close()
 
 
 class Recording(psycopg.Connection[Any]):
