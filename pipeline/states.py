@@ -18,6 +18,7 @@ from .errors import UsageError
 
 
 class Status(enum.StrEnum):
+    WAITING = "waiting"  # enqueued with after=[...]: pending once every parent completed (never claimed before)
     PENDING = "pending"
     RUNNING = "running"
     COMPLETED = "completed"
@@ -45,6 +46,8 @@ class Transition(enum.StrEnum):
     RESCUE_CANCEL = "lease expired while a cancel was requested"
     SNOOZE = "Snooze(delay): pending after the delay (attempt not counted)"
     SNOOZE_BURY = "snoozed more than WORKER_MAX_SNOOZES times"
+    WAKE = "every parent completed (or ended, with on_parent_failure='run')"
+    CANCEL_WAITING = "a parent ended dead, cancelled or deleted; or cancelled by an operator"
 
 
 TRANSITIONS: Final[dict[Transition, tuple[Status, Status]]] = {
@@ -65,6 +68,8 @@ TRANSITIONS: Final[dict[Transition, tuple[Status, Status]]] = {
     Transition.RESCUE_CANCEL: (Status.RUNNING, Status.CANCELLED),
     Transition.SNOOZE: (Status.RUNNING, Status.PENDING),
     Transition.SNOOZE_BURY: (Status.RUNNING, Status.DEAD),
+    Transition.WAKE: (Status.WAITING, Status.PENDING),
+    Transition.CANCEL_WAITING: (Status.WAITING, Status.CANCELLED),
 }
 
 TERMINAL: Final = frozenset({Status.COMPLETED, Status.DEAD, Status.CANCELLED})

@@ -83,9 +83,118 @@ class NewJob(NamedTuple):
     # of this kind sent back to pending (retry, release, snooze, rescue) holds its key again only if no
     # other pending or running job took it meanwhile; otherwise it goes on without holding it
     unique_while: str | None = None
+    # workflows (docs/workflows.md): the ids of the jobs this one waits for (its parents), each an
+    # existing job of the store or a job EARLIER in the same insert call (so no call can make a cycle).
+    # With parents the job is inserted ``waiting`` (see Backend.insert); () : none, inserted pending
+    after: tuple[str, ...] = ()
+    # what a parent that ends dead or cancelled (or is deleted) does to this job while it waits:
+    # None (the default, "cancel"): it ends cancelled, its error naming the parent (:func:`parent_failed`),
+    # and so do its own waiting descendants that follow the default; "run": the parent counts as
+    # done (as a completed one does), so the job still runs once every parent has ended
+    on_parent_failure: str | None = None
+    # the batch (NewBatch.id) this job belongs to: a member, or the batch's callback (NewBatch.callback_id)
+    batch_id: str | None = None
 
 
 UNIQUE_WHILE = ("pending_or_running", "pending")  # the enqueue's unique_while=, the first the default
+
+
+ON_PARENT_FAILURE = ("cancel", "run")  # NewJob.on_parent_failure's values, the first the default (stored None)
+MAX_LISTED_RELATIVES = 100  # JobRecord.parents/children hold at most this many ids (the counts say how many in all)
+
+
+class NewBatch(NamedTuple):
+    """A batch to record with its jobs in one :meth:`Backend.insert` call: every job of the call
+    whose ``batch_id`` is ``id`` is a member, except ``callback_id`` (None: no callback), the job
+    that runs once every member has ended. The engine makes the callback wait for every member
+    (its ``after`` lists them all) with ``on_parent_failure="run"``: so it is released exactly once,
+    by the transaction (or script) that ends the last member, like any child."""
+
+    id: str
+    callback_id: str | None
+    created_at: str
+
+
+class BatchMember(NamedTuple):
+    """One job of a batch as :meth:`Backend.batch_jobs` reads it (ctx.batch(), the admin API)."""
+
+    id: str
+    job_type: str
+    status: str
+    result: str | None  # JSON text of a completed job's result (None: none)
+    error: str | None
+
+
+@attrs.frozen
+class BatchRecord:
+    """A batch as operators see it: its members' statuses counted."""
+
+    id: str
+    callback_id: str | None
+    created_at: str
+    total: int  # members (the callback not counted)
+    counts: Mapping[str, int]  # members by status (only the statuses that occur)
+    callback_status: str | None = None  # the callback's status (None: no callback, or it was deleted)
+
+    @property
+    def finished(self) -> int:
+        return sum(n for status, n in self.counts.items() if status in ("completed", "dead", "cancelled"))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "callback_id": self.callback_id, "callback_status": self.callback_status,
+                "created_at": self.created_at, "total": self.total, "finished": self.finished,
+                "counts": dict(self.counts)}
+
+
+def parent_failed(parent_id: str, how: str) -> str:
+    """The error of a waiting job cancelled because a parent of its ended dead or cancelled, or was
+    deleted (``how``: "dead", "cancelled", "deleted"); every store writes this text."""
+    return f"cancelled while waiting: its parent job {parent_id} ended {how}" if how != "deleted" else (
+        f"cancelled while waiting: its parent job {parent_id} was deleted")
+
+
+def check_after(jobs: Sequence[NewJob]) -> None:
+    """UsageError unless every job's dependencies (``after``, ``on_parent_failure``, ``batch_id``) are
+    well formed for one insert call: parent ids are non-empty text, none repeated, none the job itself
+    nor a job LATER in the call (a parent comes before its children: this is what rules out a cycle),
+    and a parent in the same call has no unique key (it might not be inserted). Whether a parent not
+    in the call exists is the store's to check, in the insert's transaction. Pure; every store's
+    insert calls it when a job has parents."""
+    position = {job.id: i for i, job in enumerate(jobs)}
+    for i, job in enumerate(jobs):
+        if job.on_parent_failure is not None and job.on_parent_failure not in ON_PARENT_FAILURE[1:]:
+            raise UsageError(f"on_parent_failure must be one of {', '.join(map(repr, ON_PARENT_FAILURE))}, "
+                             f"got {job.on_parent_failure!r:.40}")
+        if not job.after:
+            if job.on_parent_failure is not None:
+                raise UsageError(f"job {job.id}: on_parent_failure is given without after: it says what a parent's failure does")
+            continue
+        if type(job.after) is not tuple:
+            raise UsageError(f"job {job.id}: after must be a tuple of job ids, got {type(job.after).__name__}")
+        seen: builtins.set[str] = builtins.set()
+        for parent in job.after:
+            if type(parent) is not str or not parent:
+                raise UsageError(f"job {job.id}: after must hold job ids (non-empty text), got {parent!r:.60}")
+            if parent in seen:
+                raise UsageError(f"job {job.id}: after names job {parent} twice")
+            seen.add(parent)
+            if parent == job.id:
+                raise UsageError(f"job {job.id}: after names the job itself: a job cannot wait for itself (a cycle)")
+            at = position.get(parent)
+            if at is not None and at > i:
+                raise UsageError(f"job {job.id}: after names job {parent}, which comes later in the same call: "
+                                 "parents come before their children (this is what rules out a cycle)")
+            if at is not None and jobs[at].unique_key is not None:
+                raise UsageError(f"job {job.id}: after names job {parent} of the same call, which has a unique key: "
+                                 "it might not be inserted; enqueue it first, then wait for the id it answers")
+
+
+def unknown_parents(missing: Iterable[str]) -> UsageError:
+    """What an insert raises (writing nothing) when parents named in ``after`` are not in the store."""
+    missing = sorted(builtins.set(missing))
+    shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+    return UsageError(f"unknown parent job{'s' if len(missing) > 1 else ''} in after: {shown} "
+                      "(never enqueued, or deleted by an operator or by retention); nothing was enqueued")
 
 
 @attrs.frozen
@@ -153,6 +262,14 @@ class JobRecord:
     expires_at: str | None = None  # NewJob.expires_at
     cancel_requested: bool = False  # running, and asked to stop (Backend.cancel)
     limit_key: str | None = None  # NewJob.limit_key
+    # workflows (read by Backend.get; Backend.list may leave parents/children empty and the counts 0):
+    parents: tuple[str, ...] = ()  # the jobs it waits or waited for (after=), at most MAX_LISTED_RELATIVES
+    parent_count: int = 0  # all of them
+    waiting_for: int = 0  # while waiting: parents that have not ended yet (or not completed, under "cancel")
+    children: tuple[str, ...] = ()  # the jobs that wait or waited for it, at most MAX_LISTED_RELATIVES
+    child_count: int = 0
+    batch_id: str | None = None  # NewJob.batch_id
+    on_parent_failure: str | None = None  # NewJob.on_parent_failure (None: "cancel")
 
     def to_json(self) -> dict[str, Any]:
         """The fields of ``--json`` and the admin API; payload as an object, in which a URL's
@@ -186,6 +303,13 @@ class JobRecord:
             "expires_at": self.expires_at,
             "cancel_requested": self.cancel_requested,
             "limit_key": self.limit_key,
+            "parents": list(self.parents),
+            "parent_count": self.parent_count,
+            "waiting_for": self.waiting_for,
+            "children": list(self.children),
+            "child_count": self.child_count,
+            "batch": self.batch_id,
+            "on_parent_failure": self.on_parent_failure or ON_PARENT_FAILURE[0],
         }
 
 
@@ -417,12 +541,39 @@ class Backend(Protocol):
 
     # -- producing --------------------------------------------------------------------------
 
-    async def insert(self, jobs: Sequence[NewJob]) -> builtins.list[str]:
+    async def insert(self, jobs: Sequence[NewJob], *, batch: NewBatch | None = None) -> builtins.list[str]:
         """Commit every job, or none (a duplicate id fails the whole call). Returns, per job,
         the id stored for it: its own, or, for a job with a ``unique_key`` whose type and key
-        a pending or running job already holds, that job's id (nothing is inserted for it;
+        a waiting, pending or running job already holds, that job's id (nothing is inserted for it;
         two jobs of one type and key in one call: the first is inserted). The store itself
-        enforces the key, so concurrent inserts from any number of processes agree."""
+        enforces the key, so concurrent inserts from any number of processes agree.
+
+        Workflows (docs/workflows.md). A job with ``after`` (checked by :func:`check_after`) is
+        inserted with one edge per parent, in the same transaction, each parent read under a lock
+        that orders the insert against the parent's own outcome (so that one of the two sees the
+        other): a parent that is not in the store nor earlier in the call fails the whole call with
+        :func:`unknown_parents` (nothing written). Per parent, as the insert finds it: completed →
+        the edge counts at once; dead or cancelled → as if it ended now (below); otherwise the edge
+        waits. The job is inserted ``pending`` when every edge counted, ``cancelled`` (finished now,
+        error :func:`parent_failed`) when a failed parent cancels it, else ``waiting``: never
+        claimed, its ``run_after`` kept (due at once if past when it wakes). A waiting job holds its
+        unique key as a pending one does.
+
+        The edges of a parent are applied by the same transaction (or script) that ends it, on every
+        path to a final status (settle, rescue, expiry, cancel, bury_unknown_types, delete): each edge
+        of the parent that has not counted yet counts once (an edge counts exactly once, whatever
+        happens to the parent later: an operator's retry of a dead parent wakes nothing and
+        un-cancels nothing). Parent completed, or ended dead/cancelled/deleted under
+        ``on_parent_failure="run"``: the child's count of parents not yet ended drops by one, and at
+        zero the child, if still waiting, becomes pending (WAKE; waking Pollers as an insert does).
+        Parent dead, cancelled or deleted under the default: the child, if still waiting, is
+        cancelled (CANCEL_WAITING, :func:`parent_failed`), and its own edges are applied the same
+        way, in the same transaction, down the graph. Jobs without children pay nothing for this
+        but an indexed look (a store may keep a flag on the parent to skip even that).
+
+        ``batch``: the batch record, written in the same transaction; its members and callback are
+        jobs of this call (see :class:`NewBatch`). Batch members never have a unique key (the
+        engine refuses one)."""
 
     async def bulk_insert(
         self, jobs: Iterable[NewJob], *, commit_every: int | None = None,
@@ -432,7 +583,10 @@ class Backend(Protocol):
         ``commit_every`` jobs); the iterable is consumed in a worker thread and may raise
         (a bad line): nothing of the open transaction is kept. Returns the jobs committed.
         A job whose unique key is held (as in :meth:`insert`) is skipped: not committed nor
-        counted, and (its id, the holder's id) appended to ``duplicates`` if given."""
+        counted, and (its id, the holder's id) appended to ``duplicates`` if given. Jobs with
+        ``after`` are inserted as :meth:`insert` inserts them (a parent may be an earlier job of
+        the iterable: committed already, or in the open transaction); an unknown parent fails the
+        call like a bad line."""
 
     # -- the worker side ----------------------------------------------------------------------
 
@@ -486,7 +640,17 @@ class Backend(Protocol):
         pending, nothing counted; an expired lease whose cancel was requested → cancelled
         (:func:`cancelled_running_error`). Also ends ``cancelled`` every pending job of any type
         whose ``expires_at`` passed (:func:`expired_error`): the jobs nobody claims. Safe to run
-        from several processes at once. Returns how many moved."""
+        from several processes at once. Returns how many moved. (Every job it ends applies its
+        edges, as :meth:`insert` says.)"""
+
+    async def rescue_waiting(self, *, limit: int = 500) -> int:
+        """The sweep that keeps the workflow promise "nothing stays waiting once its parents are final"
+        whatever happened (a crash mid-way on a store without transactions, a defect, a row restored
+        by hand): up to ``limit`` edges that have not counted although their parent is final (or
+        gone) are applied now, as :meth:`insert` says (a gone parent as "deleted"), in one
+        transaction or script; a waiting job whose count of parents not yet ended is 0 is woken.
+        Called by every process once a minute; cheap when there is nothing to do (an index on the
+        edges that have not counted). Returns how many jobs it woke or cancelled."""
 
     async def bury_unknown_types(self, known: Iterable[str], *, grace_seconds: float) -> int:
         """Pending jobs of types neither ``known`` nor known to a live worker, due for
@@ -505,7 +669,8 @@ class Backend(Protocol):
     ) -> tuple[list[JobRecord], int]:
         """Newest first (``order="newest"``), or in claim order (``order="claim"``: priority,
         then run_after, then id), with the total that matches the filters; ``priority``
-        keeps the jobs of that priority only. UsageError for an unknown status or order."""
+        keeps the jobs of that priority only. UsageError for an unknown status or order.
+        ``status="waiting"`` lists the waiting jobs (and :meth:`stats` counts them)."""
 
     async def stats(self) -> dict[str, Any]:
         """Counts by status and by type; jobs finished per minute over the last hour; the
@@ -514,14 +679,30 @@ class Backend(Protocol):
     async def revive(self, job_id: str) -> JobRecord:
         """dead or cancelled → pending, attempts, snoozes, progress and the cancel request reset,
         due now. LookupError if unknown, UsageError if neither dead nor cancelled, or if its
-        unique key is held by another pending or running job (named)."""
+        unique key is held by another pending or running job (named). Its edges are not applied
+        again (they counted when it ended): its children stay as they are; a child cancelled
+        because of it and revived runs without waiting for it."""
+
+    # -- workflows (issue 24; docs/workflows.md) ----------------------------------------------------
+
+    async def parent_results(self, job_id: str) -> dict[str, str | None]:
+        """{parent id: its result (JSON text, None for none)} of every parent of ``job_id`` still in
+        the store, in the order of its ``after`` (a parent removed since is left out): what
+        ``ctx.parent_results()`` returns, decoded. {} for a job without parents or unknown."""
+
+    async def batch(self, batch_id: str) -> BatchRecord | None:
+        """The batch and its members counted by status (one grouped, indexed read); None if unknown."""
+
+    async def batch_jobs(self, batch_id: str, *, limit: int | None = None, offset: int = 0) -> builtins.list[BatchMember]:
+        """The members of the batch (the callback not among them), in the order they were inserted;
+        ``limit`` None: all. [] for an unknown batch."""
 
     # -- control (issue 23) -----------------------------------------------------------------------
 
     async def cancel(self, job_ids: Sequence[str], *, reason: str) -> builtins.list[str | None]:
         """In one transaction, per id in order, what the job is after the call: "cancelled" for a
-        pending one (cancelled at once: final, ``error`` = :func:`cancelled_error` (reason),
-        finished now, its unique key freed); ``CANCELLING`` for a running one (the request is
+        pending or waiting one (cancelled at once: final, ``error`` = :func:`cancelled_error` (reason),
+        finished now, its unique key freed, its edges applied as :meth:`insert` says); ``CANCELLING`` for a running one (the request is
         stored, ``cancel_requested`` true: its worker ends it, see :meth:`cancel_requests`); the
         status of a job already final, unchanged; None for an unknown id. Asking twice is harmless."""
 
@@ -544,10 +725,12 @@ class Backend(Protocol):
     async def paused_types(self) -> builtins.set[str]: ...
 
     async def delete(self, job_id: str) -> None:
-        """LookupError if unknown, UsageError while it runs."""
+        """LookupError if unknown, UsageError while it runs. A job deleted before its edges counted
+        (pending, waiting) applies them as a parent that was "deleted" (see :meth:`insert`), in the
+        same transaction; its own edges to its parents go with it."""
 
     async def cleanup(self, *, statuses: Sequence[str] = ("completed", "dead"), older_than_seconds: float | None = None) -> int:
-        """Delete finished jobs; returns how many."""
+        """Delete finished jobs; returns how many. Their edges go with them, as :meth:`prune` says."""
 
     async def ping(self) -> None:
         """Raise StoreError unless the store answers."""
@@ -596,7 +779,8 @@ class Backend(Protocol):
     async def prune(self, status: str, *, older_than_seconds: float, limit: int) -> int:
         """Delete up to ``limit`` jobs of the final ``status`` that finished more than
         ``older_than_seconds`` ago, oldest first; returns how many. UsageError for a status
-        that is not final."""
+        that is not final. The edges of the jobs it removes go with
+        them (they counted when those jobs ended), and so does a batch none of whose jobs is left."""
 
     async def prune_workers(self, *, older_than_seconds: float) -> int:
         """Remove the worker-registry entries whose lease ran out more than
