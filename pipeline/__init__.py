@@ -43,11 +43,16 @@ if _typing.TYPE_CHECKING:
     from .registry import Registry, Routed
     from .service import serve
     from .states import Status
+    from .workflows import Batch, BatchJob, BatchOutcome, Chain, chain
 
 _MODULE_OF = {
     "AdminSettings": "config",
     "AsyncClient": "client",
     "Backend": "backends",
+    "Batch": "workflows",
+    "BatchJob": "workflows",
+    "BatchOutcome": "workflows",
+    "Chain": "workflows",
     "Client": "client",
     "Config": "config",
     "ConfigError": "errors",
@@ -78,6 +83,7 @@ _MODULE_OF = {
     "UnknownJobType": "errors",
     "UsageError": "errors",
     "WorkerSettings": "config",
+    "chain": "workflows",
     "enqueue_in_transaction": "backends.sqlite.outbox",
     "open_pipeline": "engine.wiring",
     "serve": "service",
@@ -87,6 +93,10 @@ __all__ = [
     "AdminSettings",
     "AsyncClient",
     "Backend",
+    "Batch",
+    "BatchJob",
+    "BatchOutcome",
+    "Chain",
     "Client",
     "Config",
     "ConfigError",
@@ -117,6 +127,7 @@ __all__ = [
     "UnknownJobType",
     "UsageError",
     "WorkerSettings",
+    "chain",
     "enqueue_in_transaction",
     "open_pipeline",
     "serve",

@@ -36,12 +36,12 @@ import outcome
 import sniffio
 import trio
 
-from .backends.base import PRIORITY_DEFAULT, JobRecord, NewJob
-from .clock import now_ts
+from .backends.base import PRIORITY_DEFAULT, BatchRecord, JobRecord, NewJob
 from .config import Config
 from .engine.wiring import Pipeline, open_pipeline
 from .errors import PipelineClosed, UsageError
 from .registry import Registry
+from .workflows import Batch, Chain
 
 __all__ = ["AsyncClient", "Client"]
 
@@ -162,13 +162,15 @@ class Client:
 
     def enqueue(self, job: Any, *, priority: int | None = None, run_after: Any = None, delay: float | dt.timedelta | None = None,
                 max_attempts: int | None = None, unique_key: str | None = None, connection: Any = None,
-                expires_at: Any = None, unique_while: str | None = None) -> str:
+                expires_at: Any = None, unique_while: str | None = None, after: Any = None,
+                on_parent_failure: str | None = None) -> str:
         """Commit one job; its id. ``run_after``: a datetime, ISO 8601 text or epoch seconds;
         ``delay``: seconds (or a timedelta) from now, instead. With ``unique_key``: while a job
         of the same type and key is pending or running nothing is inserted, and that job's id is
         returned (``unique_while="pending"``: only while it is pending; the key frees when it starts).
         ``expires_at`` (as ``run_after``): a job not started by then never starts; it ends cancelled,
-        its error saying it expired.
+        its error saying it expired. ``after``, ``on_parent_failure``: the job waits for these jobs
+        (ids) to complete, as :meth:`pipeline.Pipeline.enqueue`'s (docs/workflows.md).
 
         ``connection``: your own ``sqlite3.Connection`` to the same file, or psycopg 3
         ``Connection`` to the same database and schema: the job is written in your transaction
@@ -176,37 +178,45 @@ class Client:
         it when you commit."""
         when = _when(run_after, delay)
         if connection is not None:
-            rows = self._rows([job], priority=priority, unique_keys=[unique_key], run_after=when, max_attempts=max_attempts,
-                              expires_at=expires_at, unique_while=unique_while)
+            rows = [self._pipeline_here().new_job(job, run_after=when, max_attempts=max_attempts, priority=_priority(priority),
+                                                  unique_key=unique_key, expires_at=expires_at, unique_while=unique_while,
+                                                  after=after, on_parent_failure=on_parent_failure)]
             return self._insert_in(connection, rows)[0]
         trace = _trace_here(self.registry)
         return self._call(lambda p: p.enqueue(job, run_after=when, max_attempts=max_attempts, priority=_priority(priority),
                                               unique_key=unique_key, trace=trace, expires_at=expires_at,
-                                              unique_while=unique_while))
+                                              unique_while=unique_while, after=after, on_parent_failure=on_parent_failure))
 
     def enqueue_many(self, jobs: Sequence[Any], *, priority: int | None = None,
                      unique_keys: Sequence[str | None] | None = None, connection: Any = None) -> builtins.list[str]:
-        """Commit many jobs in one transaction; their ids (as :meth:`enqueue`'s, ``connection`` too)."""
-        jobs = list(jobs)
+        """Commit many jobs in one transaction; their ids (as :meth:`enqueue`'s, ``connection`` too).
+        A :func:`pipeline.chain` (as ``jobs``, or among them) enqueues its jobs each waiting for the
+        one before."""
+        jobs = jobs if isinstance(jobs, Chain) else list(jobs)
         if connection is not None:
-            return self._insert_in(connection, self._rows(jobs, priority=priority, unique_keys=unique_keys))
+            return self._insert_in(connection, self._pipeline_here().new_rows(jobs, priority=_priority(priority),
+                                                                             unique_keys=unique_keys))
         trace = _trace_here(self.registry)
         return self._call(lambda p: p.enqueue_many(jobs, priority=_priority(priority), unique_keys=unique_keys, trace=trace))
 
-    def _rows(self, jobs: Sequence[Any], *, priority: int | None, unique_keys: Sequence[str | None] | None,
-              run_after: Any = None, max_attempts: int | None = None, expires_at: Any = None,
-              unique_while: str | None = None) -> builtins.list[NewJob]:
-        """The jobs as checked rows, made here (Pipeline.new_job is thread-safe); writes nothing."""
+    def enqueue_batch(self, jobs: Sequence[Any], *, then: Any = None, priority: int | None = None) -> Batch:
+        """Commit a batch of jobs and its callback ``then`` in one transaction, as
+        :meth:`pipeline.Pipeline.enqueue_batch` (docs/workflows.md)."""
+        jobs = list(jobs)
+        trace = _trace_here(self.registry)
+        return self._call(lambda p: p.enqueue_batch(jobs, then=then, priority=_priority(priority), trace=trace))
+
+    def batch(self, batch_id: str) -> BatchRecord | None:
+        """A batch's progress (its jobs counted by status, its callback's status); None if unknown."""
+        return self._call(lambda p: p.batch(batch_id))
+
+    def _pipeline_here(self) -> Pipeline:
+        """The client's pipeline, to make checked rows here (Pipeline.new_job is thread-safe)."""
         self._loop()
         pipeline = self._pipeline
         if pipeline is None:
             raise PipelineClosed("the client is closed")
-        keys = list(unique_keys) if unique_keys is not None else [None] * len(jobs)
-        if len(keys) != len(jobs):
-            raise UsageError(f"unique_keys must give one key (or None) per job: {len(keys)} for {len(jobs)} jobs")
-        now = now_ts()
-        return [pipeline.new_job(job, run_after=run_after, max_attempts=max_attempts, priority=_priority(priority), now=now,
-                                 unique_key=key, expires_at=expires_at, unique_while=unique_while) for job, key in zip(jobs, keys)]
+        return pipeline
 
     def _insert_in(self, connection: Any, rows: Sequence[NewJob]) -> builtins.list[str]:
         """``rows`` written with the caller's connection, in the caller's transaction."""
@@ -341,27 +351,40 @@ class AsyncClient:
     async def enqueue(self, job: Any, *, priority: int | None = None, run_after: Any = None,
                       delay: float | dt.timedelta | None = None, max_attempts: int | None = None,
                       unique_key: str | None = None, connection: Any = None, expires_at: Any = None,
-                      unique_while: str | None = None) -> str:
+                      unique_while: str | None = None, after: Any = None, on_parent_failure: str | None = None) -> str:
         """As :meth:`Client.enqueue`; ``connection`` may also be a psycopg ``AsyncConnection``."""
         when = _when(run_after, delay)
         if connection is not None:
-            rows = self._open()._rows([job], priority=priority, unique_keys=[unique_key], run_after=when,
-                                      max_attempts=max_attempts, expires_at=expires_at, unique_while=unique_while)
+            rows = [self._open()._pipeline_here().new_job(
+                job, run_after=when, max_attempts=max_attempts, priority=_priority(priority), unique_key=unique_key,
+                expires_at=expires_at, unique_while=unique_while, after=after, on_parent_failure=on_parent_failure)]
             return (await self._insert_in(connection, rows))[0]
         trace = _trace_here(self._open().registry)
         return await self._call(lambda p: p.enqueue(job, run_after=when, max_attempts=max_attempts, priority=_priority(priority),
                                                     unique_key=unique_key, trace=trace, expires_at=expires_at,
-                                                    unique_while=unique_while))
+                                                    unique_while=unique_while, after=after,
+                                                    on_parent_failure=on_parent_failure))
 
     async def enqueue_many(self, jobs: Sequence[Any], *, priority: int | None = None,
                            unique_keys: Sequence[str | None] | None = None, connection: Any = None) -> builtins.list[str]:
         """As :meth:`Client.enqueue_many`."""
-        jobs = list(jobs)
+        jobs = jobs if isinstance(jobs, Chain) else list(jobs)
         if connection is not None:
-            return await self._insert_in(connection, self._open()._rows(jobs, priority=priority, unique_keys=unique_keys))
+            rows = self._open()._pipeline_here().new_rows(jobs, priority=_priority(priority), unique_keys=unique_keys)
+            return await self._insert_in(connection, rows)
         trace = _trace_here(self._open().registry)
         return await self._call(lambda p: p.enqueue_many(jobs, priority=_priority(priority), unique_keys=unique_keys,
                                                          trace=trace))
+
+    async def enqueue_batch(self, jobs: Sequence[Any], *, then: Any = None, priority: int | None = None) -> Batch:
+        """As :meth:`Client.enqueue_batch`."""
+        jobs = list(jobs)
+        trace = _trace_here(self._open().registry)
+        return await self._call(lambda p: p.enqueue_batch(jobs, then=then, priority=_priority(priority), trace=trace))
+
+    async def batch(self, batch_id: str) -> BatchRecord | None:
+        """As :meth:`Client.batch`."""
+        return await self._call(lambda p: p.batch(batch_id))
 
     async def _insert_in(self, connection: Any, rows: Sequence[NewJob]) -> builtins.list[str]:
         client = self._open()

@@ -18,6 +18,7 @@ MAX_PROGRESS_MESSAGE = 500  # characters of a progress message kept
 
 if TYPE_CHECKING:
     from .config import Config
+    from .workflows import BatchOutcome
 
 
 class HandlerThread(Protocol):
@@ -29,6 +30,14 @@ class HandlerThread(Protocol):
 
     def over(self) -> bool:
         """On the loop: whether the attempt is over, or past its deadline (its end is on the way)."""
+
+
+class Workflows(Protocol):
+    """What a context reads of the workflow graph (the pipeline's methods of these names)."""
+
+    async def parent_results(self, job_id: str) -> dict[str, Any]: ...
+
+    async def batch_of(self, job_id: str) -> BatchOutcome: ...
 
 
 @attrs.frozen
@@ -56,6 +65,35 @@ class JobContext:
     # the pool's leases (id, token) whose cancel was requested (Pool.cancelling): read by an async
     # handler's cancel_requested; None outside a pool
     _cancelling: Container[tuple[str, int]] | None = attrs.field(default=None, alias="cancelling", eq=False, repr=False)
+    # where parent_results() and batch() read (the pipeline); None outside a pipeline
+    _workflows: Workflows | None = attrs.field(default=None, alias="workflows", eq=False, repr=False)
+
+    def parent_results(self) -> Any:
+        """{parent id: result} of the jobs this one waited for (``after=``, a chain's previous job), in
+        the order they were named: each completed parent's return value (as JSON gives it back); None
+        for one that ended otherwise (``on_parent_failure="run"``). ``await ctx.parent_results()`` in an
+        async handler; a plain call from a sync one. A parent removed since (by retention) is left out."""
+        return self._read(lambda w: w.parent_results(self.id))
+
+    def batch(self) -> Any:
+        """The outcome of the batch this job belongs to (a :class:`pipeline.BatchOutcome`: its jobs' ids,
+        statuses, results and errors), read now: in a batch's callback, every job has ended.
+        ``await ctx.batch()`` in an async handler; a plain call from a sync one. UsageError for a job
+        of no batch."""
+        return self._read(lambda w: w.batch_of(self.id))
+
+    def _read(self, read: Callable[[Workflows], Awaitable[Any]]) -> Any:
+        workflows = self._workflows
+        if workflows is None:
+            raise UsageError("this context belongs to no pipeline: there is no store to read")
+        if trio.lowlevel.in_trio_run():
+            return read(workflows)
+        thread = self._thread
+        if thread is None:
+            return trio.from_thread.run(read, workflows)
+        if thread.abandoned:
+            raise self._over()
+        return trio.from_thread.run(read, workflows, trio_token=thread.token)
 
     @property
     def cancel_requested(self) -> bool:

@@ -11,6 +11,7 @@ from .clock import now_ts, to_ts
 from .errors import UsageError
 from .ids import UUID7Factory
 from .registry import Registry
+from .workflows import check_on_parent_failure, check_parents
 
 
 class JobRequest(NamedTuple):
@@ -25,6 +26,8 @@ class JobRequest(NamedTuple):
     unique_key: str | None = None
     expires_at: Any = None  # a time (ISO 8601 text, a datetime, epoch seconds); None: it never expires
     unique_while: str | None = None  # "pending_or_running" (None: the default) or "pending"
+    after: Any = None  # job ids it waits for (docs/workflows.md); None: none
+    on_parent_failure: str | None = None  # "cancel" (None: the default) or "run"
 
 
 MAX_UNIQUE_KEY_CHARS = 200  # a key names a thing ("user:42", an order number), not a payload
@@ -83,14 +86,17 @@ def prepare_row(registry: Registry, req: JobRequest, default_max_attempts: int, 
             raise UsageError(f"run_after {req.run_after!r} is not an ISO 8601 time: {exc}") from None
     unique_key = req.unique_key if req.unique_key is None else check_unique_key(req.unique_key)
     spec = registry.spec(req.job_type)
-    if req.expires_at is None and req.unique_while is None and spec.limit_key is None:
+    if req.expires_at is None and req.unique_while is None and spec.limit_key is None and req.after is None \
+            and req.on_parent_failure is None:
         # the common case: the row the hot path has always inserted
         return NewJob(new_id(), req.job_type, payload, max_attempts, run_after, req.priority, now, unique_key)
     expires_at = None if req.expires_at is None else check_expires_at(req.expires_at, now=now, run_after=run_after)
     unique_while = check_unique_while(req.unique_while, unique_key)
     limit_key = None if spec.limit_key is None else limit_key_of(spec, registry.decode(req.job_type, payload, stored=True))
+    after = check_parents(req.after)
     return NewJob(new_id(), req.job_type, payload, max_attempts, run_after, req.priority, now, unique_key,
-                  expires_at=expires_at, limit_key=limit_key, unique_while=unique_while)
+                  expires_at=expires_at, limit_key=limit_key, unique_while=unique_while, after=after,
+                  on_parent_failure=check_on_parent_failure(req.on_parent_failure, after))
 
 
 def check_unique_while(value: Any, unique_key: str | None, what: str = "unique_while") -> str | None:

@@ -32,7 +32,16 @@ import attrs
 import trio
 
 from ..backends import Backend, ClaimOffer, JobRecord, Lease, NewJob, Nudge, open_backend
-from ..backends.base import NUDGE_BUFFER, PRIORITY_DEFAULT, PRIORITY_MAX, PRIORITY_MIN, ScheduleRecord
+from ..backends.base import (
+    NUDGE_BUFFER,
+    PRIORITY_DEFAULT,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    BatchRecord,
+    NewBatch,
+    ScheduleRecord,
+    check_after,
+)
 from ..clock import now_ts, to_ts
 from ..config import Config
 from ..context import JobContext
@@ -44,6 +53,7 @@ from ..registry import Registry
 from ..replies import Reply
 from ..requests import check_expires_at, check_unique_key, check_unique_while, limit_key_of
 from ..states import TERMINAL, Status
+from ..workflows import MAX_PARENTS, Batch, BatchOutcome, Chain, batch_outcome, check_on_parent_failure, check_parents, decoded
 from .actors.bus import Envelope, run_event_bus
 from .actors.control import ProgressBoard, run_canceller, run_progress_writer
 from .actors.enqueuer import run_enqueuer
@@ -102,10 +112,12 @@ class Pipeline:
 
     def new_job(self, job: Any, *, run_after: Any = None, max_attempts: int | None = None, priority: int = PRIORITY_DEFAULT,
                 now: str | None = None, unique_key: str | None = None, trace: str | None = None,
-                expires_at: Any = None, unique_while: str | None = None) -> NewJob:
+                expires_at: Any = None, unique_while: str | None = None, after: Any = None,
+                on_parent_failure: str | None = None) -> NewJob:
         """Encode and validate a job object (UnknownJobType / InvalidPayload / UsageError if it does not fit).
         ``trace``: the trace context to store with it (see pipeline/otel.py); None: the caller's,
-        as the registry's ``trace_context`` hook tells (none without one); "": none."""
+        as the registry's ``trace_context`` hook tells (none without one); "": none. ``after``,
+        ``on_parent_failure``: as :meth:`enqueue`'s."""
         if trace is None:
             trace = self.trace_context()
         elif not isinstance(trace, str) or len(trace) > MAX_TRACE_CHARS:
@@ -132,8 +144,38 @@ class Pipeline:
         if expires_at is not None:
             expires_at = check_expires_at(expires_at, run_after=run_after or now, now=now)
         limit_key = None if spec.limit_key is None else limit_key_of(spec, job)
+        if after is None and on_parent_failure is None:
+            return NewJob(self._new_id(), job_type, payload, max_attempts, run_after or now, priority, now, unique_key,
+                          trace or None, expires_at, limit_key, unique_while)
+        parents = check_parents(after)
         return NewJob(self._new_id(), job_type, payload, max_attempts, run_after or now, priority, now, unique_key,
-                      trace or None, expires_at, limit_key, unique_while)
+                      trace or None, expires_at, limit_key, unique_while, parents,
+                      check_on_parent_failure(on_parent_failure, parents))
+
+    def new_rows(self, jobs: Sequence[Any], *, priority: int = PRIORITY_DEFAULT, now: str | None = None,
+                 unique_keys: Sequence[str | None] | None = None, trace: str | None = None, run_after: Any = None,
+                 max_attempts: int | None = None, expires_at: Any = None, unique_while: str | None = None) -> list[NewJob]:
+        """The rows of ``enqueue_many``'s jobs, in order: a :func:`pipeline.chain` among them is spread
+        out, each of its jobs after the one before. ``unique_keys``: one per job once chains are spread."""
+        flat: list[tuple[Any, bool]] = []  # (job, waits for the one before)
+        for item in jobs:
+            if isinstance(item, Chain):
+                flat += [(job, i > 0) for i, job in enumerate(item)]
+            else:
+                flat.append((item, False))
+        if unique_keys is not None and len(unique_keys) != len(flat):
+            raise UsageError(f"unique_keys must give one key (or None) per job: {len(unique_keys)} for {len(flat)} jobs"
+                             + (" (a chain's jobs counted one by one)" if len(flat) != len(jobs) else ""))
+        keys = unique_keys if unique_keys is not None else [None] * len(flat)
+        now = now or now_ts()
+        rows: list[NewJob] = []
+        for (job, chained), key in zip(flat, keys):
+            rows.append(self.new_job(job, priority=priority, now=now, unique_key=key, trace=trace, run_after=run_after,
+                                     max_attempts=max_attempts, expires_at=expires_at, unique_while=unique_while,
+                                     after=(rows[-1].id,) if chained else None))
+        if len(flat) != len(jobs):
+            check_after(rows)  # a chained job with a unique key is refused here, before anything is written
+        return rows
 
 
     def trace_context(self) -> str | None:
@@ -145,17 +187,24 @@ class Pipeline:
 
     async def enqueue(self, job: Any, *, run_after: Any = None, max_attempts: int | None = None, priority: int = PRIORITY_DEFAULT,
                       unique_key: str | None = None, trace: str | None = None, expires_at: Any = None,
-                      unique_while: str | None = None) -> str:
+                      unique_while: str | None = None, after: Any = None, on_parent_failure: str | None = None) -> str:
         """Persist one job; returns its id once it is committed. With ``unique_key``: while a
         job of the same type and key is pending or running, nothing is inserted and that
         job's id is returned (:meth:`enqueue_unique` says which happened). ``trace``: as
         :meth:`new_job`'s. ``expires_at`` (a datetime, ISO 8601 text or epoch seconds): a job not
         started by then never starts; it ends cancelled, its error saying it expired. ``unique_while``:
         "pending_or_running" (the default: the key is held until the job finishes) or "pending" (the
-        key frees when the job starts, so an enqueue made while it runs inserts a new job)."""
+        key frees when the job starts, so an enqueue made while it runs inserts a new job).
+
+        ``after``: a job id or ids: the job is stored ``waiting`` and becomes pending once every one
+        of them has completed (its own ``run_after`` still holds). ``on_parent_failure``: what a
+        parent that ends dead or cancelled (or is deleted) does to it: "cancel" (the default: it ends
+        cancelled, and so do the jobs waiting for it) or "run" (it runs once every parent has ended).
+        An unknown id is refused (UsageError) and nothing is written. See docs/workflows.md."""
         self._check_open()
         row = self.new_job(job, run_after=run_after, max_attempts=max_attempts, priority=priority, unique_key=unique_key,
-                           trace=trace, expires_at=expires_at, unique_while=unique_while)
+                           trace=trace, expires_at=expires_at, unique_while=unique_while, after=after,
+                           on_parent_failure=on_parent_failure)
         (stored,) = await self.backend.insert([row])
         return stored
 
@@ -175,17 +224,67 @@ class Pipeline:
                            expires_at: Any = None) -> list[str]:
         """Persist many jobs in one transaction; returns their ids once committed. ``unique_keys``,
         one per job (None: no key), as :meth:`enqueue`'s: a duplicate's id is the holder's.
-        ``trace``: as :meth:`new_job`'s, for every job."""
+        ``trace``: as :meth:`new_job`'s, for every job. A :func:`pipeline.chain` (as ``jobs``, or
+        among them) enqueues its jobs each waiting for the one before; its ids are in the answer
+        in its order."""
         self._check_open()
-        if unique_keys is not None and len(unique_keys) != len(jobs):
-            raise UsageError(f"unique_keys must give one key (or None) per job: {len(unique_keys)} for {len(jobs)} jobs")
-        now = now_ts()
-        keys = unique_keys if unique_keys is not None else [None] * len(jobs)
         if trace is None:
             trace = self.trace_context() or ""  # captured once for the lot
-        rows = [self.new_job(job, priority=priority, now=now, unique_key=key, trace=trace, expires_at=expires_at)
-                for job, key in zip(jobs, keys)]
+        rows = self.new_rows(jobs, priority=priority, unique_keys=unique_keys, trace=trace, expires_at=expires_at)
         return await self.backend.insert(rows)
+
+    def batch_rows(self, jobs: Sequence[Any], *, then: Any = None, priority: int = PRIORITY_DEFAULT,
+                   trace: str | None = None) -> tuple[list[NewJob], NewBatch]:
+        """The rows of :meth:`enqueue_batch` and the batch record; writes nothing."""
+        if isinstance(jobs, Chain) or not jobs:
+            raise UsageError("enqueue_batch takes a list of one job or more (a chain may be one of them)")
+        now = now_ts()
+        batch_id = self._new_id()
+        members = [row._replace(batch_id=batch_id) for row in self.new_rows(jobs, priority=priority, now=now, trace=trace)]
+        if len(members) > MAX_PARENTS and then is not None:
+            raise UsageError(f"a batch with a callback holds at most {MAX_PARENTS} jobs, got {len(members)}")
+        callback = None
+        if then is not None:
+            if isinstance(then, Chain):
+                raise UsageError("then= takes one job (its own jobs may enqueue more)")
+            callback = self.new_job(then, priority=priority, now=now, trace=trace, after=[m.id for m in members],
+                                    on_parent_failure="run")._replace(batch_id=batch_id)
+        rows = members + ([callback] if callback is not None else [])
+        return rows, NewBatch(batch_id, None if callback is None else callback.id, now)
+
+    async def enqueue_batch(self, jobs: Sequence[Any], *, then: Any = None, priority: int = PRIORITY_DEFAULT,
+                            trace: str | None = None) -> Batch:
+        """Persist a batch of jobs in one transaction, and with ``then`` (a job) its callback: it is
+        enqueued with the batch, waits, and runs exactly once after every job of the batch has
+        ended (completed, dead or cancelled); it reads their outcome with ``await ctx.batch()``.
+        The batch's progress: :meth:`batch`, ``GET /admin/batches/{id}``, ``batches show ID``.
+        A chain may be one of the jobs (the batch holds its jobs)."""
+        self._check_open()
+        if trace is None:
+            trace = self.trace_context() or ""
+        rows, batch = self.batch_rows(jobs, then=then, priority=priority, trace=trace)
+        ids = await self.backend.insert(rows, batch=batch)
+        return Batch(batch.id, tuple(ids[: len(ids) - (batch.callback_id is not None)]), batch.callback_id)
+
+    async def batch(self, batch_id: str) -> BatchRecord | None:
+        """A batch's progress: its jobs counted by status, its callback's status; None if unknown."""
+        return await self.backend.batch(batch_id)
+
+    async def parent_results(self, job_id: str) -> dict[str, Any]:
+        """{parent id: result} of a job's parents (``after``) still in the store; a parent that did not
+        complete has None. ``ctx.parent_results()`` in a handler."""
+        return {parent: decoded(result) for parent, result in (await self.backend.parent_results(job_id)).items()}
+
+    async def batch_of(self, job_id: str) -> BatchOutcome:
+        """The outcome of the batch ``job_id`` belongs to (as its callback or as one of its jobs):
+        ``ctx.batch()`` in a handler. UsageError if it belongs to none."""
+        job = await self.backend.get(job_id)
+        batch_id = None if job is None else job.batch_id
+        record = None if batch_id is None else await self.backend.batch(batch_id)
+        if batch_id is None or record is None:
+            raise UsageError(f"job {job_id} belongs to no batch: ctx.batch() is for a batch's callback (enqueue_batch's "
+                             "then=) and its jobs")
+        return batch_outcome(record, await self.backend.batch_jobs(batch_id))
 
     async def emit(self, event: Any, *, trace: str | None = None) -> list[str]:
         """Publish a domain event; returns the ids of the jobs it routed to, once committed.
@@ -252,7 +351,7 @@ class Pipeline:
         pool = self.pools.get(lease.job_type)
         return JobContext(lease.id, lease.job_type, lease.attempts, lease.max_attempts, self._emit, self.resources, self.config,
                           trace=lease.trace, report=self.progress_board.report, token=lease.token,
-                          cancelling=None if pool is None else pool.cancelling)
+                          cancelling=None if pool is None else pool.cancelling, workflows=self)
 
     def encode_result(self, value: Any) -> str | None:
         """A handler's return value as the JSON text stored as its job's result (JSON-able values, attrs

@@ -141,6 +141,11 @@ class Heartbeat:
                         log.warning("job %s: lease lost to another worker before it started here; it will not start", job_id)
 
 
+# how often each process sweeps for waiting jobs whose parents all ended (Backend.rescue_waiting): a
+# repair, for what a defect or a hand-edited store left behind; the stores apply edges as jobs end
+WAITING_SWEEP_SECONDS = 60.0
+
+
 async def run_lease_keeper(
     backend: Backend,
     pools: Mapping[str, Pool],
@@ -153,10 +158,12 @@ async def run_lease_keeper(
     task_status: trio.TaskStatus[Heartbeat] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Runs the heartbeat thread; every third of the lease tells it the loop is alive,
-    rescues expired leases and buries unknown job types. Cancel the surrounding scope once
+    rescues expired leases and buries unknown job types; once a minute sweeps for waiting jobs
+    left behind. Cancel the surrounding scope once
     the last worker has settled. ``task_status`` gets the heartbeat (tests read it)."""
     heartbeat = Heartbeat(backend.lease_renewer(), pools, owner=owner, job_types=sorted(job_types), lease_seconds=lease_seconds)
     heartbeat.start()
+    next_sweep = time.monotonic() + WAITING_SWEEP_SECONDS / 2
     try:
         task_status.started(heartbeat)
         while True:
@@ -171,6 +178,11 @@ async def run_lease_keeper(
                 buried = await backend.bury_unknown_types(job_types, grace_seconds=unknown_type_grace_seconds)
                 if buried:
                     log.error("%d pending jobs have a job type no code here knows; moved to dead", buried)
+                if time.monotonic() >= next_sweep:
+                    next_sweep = time.monotonic() + WAITING_SWEEP_SECONDS
+                    repaired = await backend.rescue_waiting()
+                    if repaired:
+                        log.warning("%d waiting jobs whose parents had all ended were woken or cancelled by the sweep", repaired)
             except StoreError as exc:
                 log.warning("lease upkeep failed (%s); retrying", exc)
             except PipelineError as exc:  # the backend closed under it: nothing would rescue jobs
