@@ -8,7 +8,9 @@ removes the store afterwards. Adding a backend to the suite is adding an entry h
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
+import queue
 import threading
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -77,6 +79,80 @@ async def postgres_store(tmp_path: Path) -> AsyncIterator[Config]:
         await trio.to_thread.run_sync(lambda: _admin(f"DROP SCHEMA {schema} CASCADE", database=database))
 
 
+# Opening a backend on a new schema runs every migration (~50-90 ms on this server); a test run opens
+# hundreds. So the conformance entry (BACKENDS["postgres"]) takes a schema migrated ahead by a thread of
+# the test run, while the tests before it ran, and hands it back to that thread to drop. postgres_store
+# itself gives an empty schema, unmigrated: the upgrade tests build old layouts in it.
+_READY_AHEAD = 3
+_ready: queue.Queue[str] = queue.Queue()
+_to_drop: queue.Queue[str] = queue.Queue()
+_schemas_thread: list[threading.Thread] = []
+
+
+_schemas_failed: list[BaseException] = []
+
+
+def _prepare_schemas() -> None:
+    """The thread: drop the schemas handed back, keep _READY_AHEAD migrated ones ready. An error ends
+    it, kept for the test that waits next (at exit, DROP DATABASE ends its connection: nobody waits)."""
+    try:
+        _prepare_schemas_until_error()
+    except BaseException as error:  # noqa: BLE001 - handed to the waiting test
+        _schemas_failed.append(error)
+
+
+def _prepare_schemas_until_error() -> None:
+    import psycopg
+
+    from pipeline.backends.postgres import schema as pg_schema
+
+    database = _run_db()
+    while True:
+        try:
+            dropped = _to_drop.get(timeout=0.05 if _ready.qsize() < _READY_AHEAD else None)
+        except queue.Empty:
+            dropped = None
+        if dropped is not None:
+            with contextlib.suppress(Exception):  # a test left it locked: the run's DROP DATABASE takes it
+                _admin(f"SET lock_timeout = '2s'; DROP SCHEMA {dropped} CASCADE", database=database)
+            continue
+        name = f"t_{uuid.uuid4().hex[:12]}"
+        url = f"{_on_database(database)}?options=-csearch_path%3D{name}"
+        _admin(f"CREATE SCHEMA {name}", database=database)
+        with psycopg.connect(url, autocommit=True) as conn:
+            pg_schema.migrate(conn, "test schema")
+        _ready.put(name)
+
+
+def _migrated_schema() -> str:
+    with _made:
+        if not _schemas_thread:
+            thread = threading.Thread(target=_prepare_schemas, name="test-schemas", daemon=True)
+            thread.start()
+            _schemas_thread.append(thread)
+    while True:
+        try:
+            return _ready.get(timeout=1)
+        except queue.Empty:
+            if not _schemas_thread[0].is_alive():
+                raise RuntimeError("the thread that prepares test schemas stopped") from (_schemas_failed or [None])[0]
+
+
+@asynccontextmanager
+async def migrated_postgres_store(tmp_path: Path) -> AsyncIterator[Config]:
+    """As postgres_store, the schema already migrated to the latest version (empty of jobs)."""
+    parts = urlsplit(POSTGRES_URL)
+    require_service("PostgreSQL", parts.hostname or "127.0.0.1", parts.port or 5432)
+    database = await trio.to_thread.run_sync(_run_db)
+    schema = await trio.to_thread.run_sync(_migrated_schema)
+    try:
+        yield fast_config(tmp_path / "unused.db").replace(
+            database_url=f"{_on_database(database)}?options=-csearch_path%3D{schema}"
+        )
+    finally:
+        _to_drop.put(schema)
+
+
 # The server the redis entry uses: the machine's shared one (it keeps nothing on disk, so the
 # entry allows a non-durable server); a key prefix of its own per test, named in the URL
 # (?prefix=), so every process given the URL sees the same store; its keys deleted afterwards.
@@ -116,7 +192,7 @@ StoreFactory = Callable[[Path], AbstractAsyncContextManager[Config]]
 
 BACKENDS: dict[str, StoreFactory] = {
     "sqlite": sqlite_store,
-    "postgres": postgres_store,
+    "postgres": migrated_postgres_store,
     "redis": redis_store,
 }
 
