@@ -8,11 +8,12 @@ import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import trio
 
 from pipeline.backends import Backend, JobRecord, Lease, NewJob, Settlement
-from pipeline.backends.base import snoozed_too_often
+from pipeline.backends.base import NewBatch, snoozed_too_often
 from pipeline.clock import format_ts, to_epoch
 from pipeline.ids import UUID7Factory
 from pipeline.states import Transition
@@ -180,3 +181,43 @@ def max_in_window(times: list[float], window: float) -> int:
             first += 1
         most = max(most, last - first + 1)
     return most
+
+
+# -- workflows (issue 24) ---------------------------------------------------------------------------
+
+
+def flow_job(
+    job_type: str = "t", *, after: Sequence[str] = (), on_parent_failure: str | None = None,
+    batch_id: str | None = None, **fields: Any,
+) -> NewJob:
+    """A row of :func:`job` (``fields`` as its) that waits for the jobs ``after`` (its parents, in
+    that order), with ``on_parent_failure`` (None: "cancel"; "run"), in batch ``batch_id``."""
+    return job(job_type, **fields)._replace(after=tuple(after), on_parent_failure=on_parent_failure, batch_id=batch_id)
+
+
+def batch_rows(
+    members: Sequence[NewJob], *, callback_type: str | None = "callback", batch_id: str | None = None,
+) -> tuple[list[NewJob], NewBatch]:
+    """The rows and the batch record of one batch, as the engine builds them for enqueue_batch:
+    each member with the batch's id, then (unless ``callback_type`` is None) the callback, which
+    waits for every member with on_parent_failure="run"."""
+    batch_id = batch_id or new_id()
+    rows = [member._replace(batch_id=batch_id) for member in members]
+    callback = None
+    if callback_type is not None:
+        callback = flow_job(callback_type, after=[row.id for row in rows], on_parent_failure="run", batch_id=batch_id)
+        rows.append(callback)
+    return rows, NewBatch(batch_id, callback.id if callback else None, ts())
+
+
+async def statuses(backend: Backend, ids: Sequence[str]) -> list[str | None]:
+    """Each job's status, None for one that is gone."""
+    return [None if (found := await backend.get(job_id)) is None else found.status for job_id in ids]
+
+
+async def store_state(backend: Backend) -> tuple[object, ...]:
+    """What an operator sees of the whole store (every job's record, the total, the counts by status
+    and type), to compare before and after a call that must write nothing."""
+    records, total = await backend.list(limit=10_000)
+    stats = await backend.stats()
+    return (sorted(records, key=lambda r: r.id), total, stats["total"], stats["by_status"], stats["by_type"])
