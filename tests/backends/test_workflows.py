@@ -59,7 +59,7 @@ from .kit import (
     succeed,
     ts,
 )
-from .stores import on_each_store
+from .stores import BACKENDS, on_each_store
 from .workflow_settler import encoded
 
 REASON = "by an operator, from the test"
@@ -379,7 +379,8 @@ async def test_cancelling_or_deleting_a_waiting_job_applies_its_edges_down_the_g
     links = [flow_job("link", after=[root.id])]
     for _ in range(99):
         links.append(flow_job("link", after=[links[-1].id]))
-    await insert(backend, root, top, middle, bottom, runs, deleted, below_deleted, runs_below_deleted, *links)
+    await insert(backend, root, top, middle)  # (a parent with a unique key cannot be in its child's call)
+    await insert(backend, bottom, runs, deleted, below_deleted, runs_below_deleted, *links)
 
     before = ts()
     assert await backend.cancel([top.id], reason=REASON) == ["cancelled"]
@@ -774,3 +775,53 @@ async def test_a_parent_ending_while_a_child_naming_it_is_inserted_counts_once(t
             await race(backend, config, folder, plans, 0.003, children, dead)
 
     await on_each_store(tmp_path, on)
+
+
+async def test_the_repair_sweep_applies_edges_left_uncounted_on_sqlite(tmp_path: Path) -> None:
+    """No call of the protocol leaves an edge uncounted (that is the promise); SQL written by hand can:
+    edges of final parents marked not counted, a parent row deleted under its edges, a job left
+    waiting with nothing to wait for. The sweep repairs each as the parent's end would have."""
+    import sqlite3
+
+    async with BACKENDS["sqlite"](tmp_path) as config, open_backend(config) as backend:
+        done = await ended(backend, "p", "completed", '"done"')
+        dead = await ended(backend, "p", "dead")
+        gone, waiting = job("g"), job("w")
+        await insert(backend, gone, waiting)
+        after_done = flow_job("c", after=[done])  # pending at once: its edge counted
+        after_dead = flow_job("c", after=[dead])  # cancelled at once
+        runs_after_dead = flow_job("c", after=[dead], on_parent_failure="run")  # pending at once
+        after_gone = flow_job("c", after=[gone.id])
+        after_waiting = flow_job("c", after=[waiting.id])
+        await insert(backend, after_done, after_dead, runs_after_dead, after_gone, after_waiting)
+        rows = [after_done, after_dead, runs_after_dead, after_gone, after_waiting]
+        assert await statuses(backend, [r.id for r in rows]) == ["pending", "cancelled", "pending", "waiting", "waiting"]
+
+        conn = sqlite3.connect(config.database_url.removeprefix("sqlite:///"), isolation_level=None)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("UPDATE edges SET counted = 0 WHERE parent_id IN (?, ?)", (done, dead))
+            conn.execute("UPDATE jobs SET status = 'waiting', waiting_for = 1, error = NULL WHERE id IN (?, ?, ?)",
+                         (after_done.id, after_dead.id, runs_after_dead.id))
+            conn.execute("DELETE FROM jobs WHERE id = ?", (gone.id,))  # its edge left behind, not counted
+            conn.execute("UPDATE jobs SET waiting_for = 0 WHERE id = ?", (after_waiting.id,))  # as if counted
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+        assert await statuses(backend, [r.id for r in rows]) == ["waiting"] * 5
+
+        repaired = 0
+        for _ in range(10):  # a bounded sweep: as many calls as it takes
+            if not (moved := await backend.rescue_waiting(limit=1)):
+                break
+            repaired += moved
+        assert repaired == 5
+        expected = [("pending", None), ("cancelled", parent_failed(dead, "dead")), ("pending", None),
+                    ("cancelled", parent_failed(gone.id, "deleted")), ("pending", None)]
+        assert [((got := await record(backend, r.id)).status, got.error) for r in rows] == expected
+        assert await claimed(backend, "c") == {after_done.id, runs_after_dead.id, after_waiting.id}
+        assert await backend.rescue_waiting() == 0
+        # what the sweep applied counts once: the waiting job's parent ending later wakes nothing again
+        lease = await claim_one(backend, "w")
+        assert await settle_one(backend, succeed(lease))
+        assert (await record(backend, after_waiting.id)).status == "running"
