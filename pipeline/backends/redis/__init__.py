@@ -32,7 +32,18 @@ import trio
 
 from ...config import masked_url
 from ...errors import StoreError, UsageError
-from ..base import NUDGE_BUFFER, ClaimOffer, HealthReport, NewJob, Nudge, Topology
+from ..base import (
+    NUDGE_BUFFER,
+    BatchMember,
+    BatchRecord,
+    ClaimOffer,
+    HealthReport,
+    NewBatch,
+    NewJob,
+    Nudge,
+    Topology,
+    check_after,
+)
 from ..batches import Command, LedgerStats, ServerBackend
 from . import retention, schedules, store
 from .db import DRIVER_ERRORS, Database, client_for, describe, split_url
@@ -57,6 +68,27 @@ class RedisBackend(ServerBackend[Database]):
     scheduling: ClassVar[Any] = schedules
     upkeep: ClassVar[Any] = retention
 
+    async def insert(self, jobs: Sequence[NewJob], *, batch: NewBatch | None = None) -> builtins.list[str]:
+        """Through the Ledger (ServerBackend.insert), its rows' dependencies checked first
+        (base.check_after); an insert with a batch record is one script of its own on a pooled
+        connection (the Ledger's commands carry rows only), which PUBLISHes wake as any insert does."""
+        if any(job.after or job.on_parent_failure is not None for job in jobs):
+            check_after(jobs)
+        if batch is None:
+            return await super().insert(jobs)
+        return await self._db.run(store.insert, builtins.list(jobs), batch)
+
+    async def rescue_waiting(self, *, limit: int = 500) -> int:
+        return await self._db.run(store.rescue_waiting, limit)
+
+    async def parent_results(self, job_id: str) -> dict[str, str | None]:
+        return await self._db.run(store.parent_results, job_id)
+
+    async def batch(self, batch_id: str) -> BatchRecord | None:
+        return await self._db.run(store.batch, batch_id)
+
+    async def batch_jobs(self, batch_id: str, *, limit: int | None = None, offset: int = 0) -> builtins.list[BatchMember]:
+        return await self._db.run(store.batch_jobs, batch_id, limit, offset)
 
     async def bulk_insert(
         self, jobs: Iterable[NewJob], *, commit_every: int | None = None,
@@ -102,6 +134,7 @@ def _load_parts(db: Database, rows: Iterator[NewJob], commit_every: int | None,
         key = f"{db.prefix}bulk:{uuid.uuid4().hex}"
         count = 0
         first: str | None = None  # a row of the part that no unique key can keep out: named if unsure
+        flow = False  # a row of the part has parents or a batch (staged in key:flow too)
         try:
             buffer: list[NewJob] = []
             for row in rows:
@@ -110,23 +143,23 @@ def _load_parts(db: Database, rows: Iterator[NewJob], commit_every: int | None,
                 if first is None and row.unique_key is None:
                     first = row.id
                 if len(buffer) >= STAGE_CHUNK:
-                    _stage(db, key, buffer)
+                    flow = _stage(db, key, buffer) or flow
                     buffer = []
                 if count == commit_every:
                     break
             if buffer:
-                _stage(db, key, buffer)
+                flow = _stage(db, key, buffer) or flow
             if count == 0:
                 return committed
-            inserted, held = _commit(db, committer, key, count, first)  # held: rows skipped, their unique key was held
+            inserted, held = _commit(db, committer, key, count, first, flow)  # held: rows skipped, their unique key was held
         except (UsageError, StoreError, *DRIVER_ERRORS) as exc:
-            error = describe(exc, db.shown) if isinstance(exc, DRIVER_ERRORS) else exc
+            error = store.refused(exc, db.shown) if isinstance(exc, DRIVER_ERRORS) else exc
             unsure = isinstance(error, _MaybeCommitted)
             if not unsure:
                 try:
-                    db.client.delete(key)
+                    db.client.delete(key, f"{key}:flow")
                 except DRIVER_ERRORS:
-                    pass  # it expires in a day
+                    pass  # they expire in a day
             if committed:
                 after = f"this part of {count} may have been, nothing after it" if unsure else "nothing from there on"
                 kept = f"the {committed} jobs before it were enqueued (in parts of {commit_every}), {after}"
@@ -168,7 +201,7 @@ class _Committer:
 
 
 def _commit(db: Database, committer: _Committer, key: str, rows: int,
-            first: str | None) -> tuple[int, builtins.list[tuple[str, str]]]:
+            first: str | None, flow: bool = False) -> tuple[int, builtins.list[tuple[str, str]]]:
     """Commit a staged part on a connection of its own that waits for it: one script over
     150,000 rows may outlast the socket timeout, and its end is no failure, since the
     script runs on. The wait is the socket timeout plus COMMIT_SECONDS_PER_ROW a row. An
@@ -183,7 +216,7 @@ def _commit(db: Database, committer: _Committer, key: str, rows: int,
     deadline: float | None = None
     while True:
         try:
-            answer = store.commit_staged(client, db.prefix, key, answer_key)
+            answer = store.commit_staged(client, db.prefix, key, answer_key, flow=flow)
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
             if deadline is None and _never_sent(exc):  # the first try never reached the server: nothing ran
                 raise
@@ -214,8 +247,13 @@ def _never_sent(exc: BaseException) -> bool:
     return isinstance(exc, redis.exceptions.AuthenticationError) or " connecting to " in str(exc)
 
 
-def _stage(db: Database, key: str, rows: Sequence[NewJob]) -> None:
-    db.run_blocking(lambda client, prefix: store.stage(client, key, rows))
+def _stage(db: Database, key: str, rows: Sequence[NewJob]) -> bool:
+    """Stage a chunk of a part (store.stage); True if a row of it has parents or a batch. Rows with
+    parents are checked first (base.check_after), within the chunk: a parent further on in the load
+    is not in the store when its child is committed, and the commit refuses it as unknown."""
+    if any(row.after or row.on_parent_failure is not None for row in rows):
+        check_after(rows)
+    return db.run_blocking(lambda client, prefix: store.stage(client, key, rows))
 
 
 class RedisLeaseRenewer:

@@ -13,10 +13,13 @@ one store hashes to one slot). Keys (layout in docs/backends.md, "Key layout"):
     job:<id>              HASH  type payload status attempts max run prio created updated
                                 token [error] [owner expires] [started] [ukey] [trace]
                                 [expat] [result] [progress pmsg] [snoozes] [creq] [lkey] [uwhile]
+                                [wfor] [opf] [kids] [batch]
                                 (times: epoch ms; trace: the enqueuer's trace context; expat: its
                                 expires_at; creq: 1 while a running job's cancel is requested;
                                 lkey: its limit key; uwhile: 1 if its unique key is held only
-                                while pending)
+                                while pending; wfor: a job with parents: how many of its edges
+                                have not counted yet; opf: 1 for on_parent_failure "run"; kids: 1
+                                while it has children; batch: its batch's id)
     ready:<type>:<prio>   ZSET  pending jobs (without a limit key) of one type and priority, score
                                 run (ms), member id: due ones are a range by score; ties go by id
                                 (member order)
@@ -27,7 +30,8 @@ one store hashes to one slot). Keys (layout in docs/backends.md, "Key layout"):
     ptypes                SET   the types that have pending jobs
     leases                ZSET  running jobs, score = lease expiry (ms)
     all, type:<t>, status:<s>, st:<s>:<t>
-                          ZSET  every job / of a type / of a status / both, score 0: lexicographic
+                          ZSET  every job / of a type / of a status / both (status:waiting: the
+                                waiting jobs, in no ready set), score 0: lexicographic
                                 by id, which is time-ordered (UUID v7): newest first is a reverse range
                                 (ZCARD of st:running:<t>: what a type's global limit counts)
     done:<s>              ZSET  completed / dead / cancelled jobs, score = when they finished (ms)
@@ -52,19 +56,28 @@ one store hashes to one slot). Keys (layout in docs/backends.md, "Key layout"):
                                 the claim drops those a window old, and the key expires a window
                                 after its last claim
     types                 SET   every type that has a job
-    uniq:<type>           HASH  unique key -> id of the pending or running job of that type holding
-                                it (job field ukey); deleted when that job finishes, dies or is
+    uniq:<type>           HASH  unique key -> id of the waiting, pending or running job of that type
+                                holding it (job field ukey); deleted when that job finishes, dies or is
                                 deleted, or (uwhile) is claimed. A hash per type: a type name may
                                 hold ':', a key anything
+    after:<id>            ZSET  a job's parents, score = their place in its ``after`` (0, 1, ...)
+    children:<id>         ZSET  a job's children, score = their created (ms): oldest first
+    down:<id>             SET   those of its children whose edge from it has not counted yet: what
+                                its end applies (release_children, in the script that ends it)
+    batch:<id>            HASH  a batch: created (ms) [cb] (its callback's id)
+    bjobs:<id>            ZSET  its members, score = their place in the insert
+    wsweep                STRING the last waiting job rescue_waiting visited (the next sweep goes on
+                                from there)
     workers               HASH  owner -> "beat_ms|lease_ms|<json list of types>"
-    schema                STRING the key layout's version (4: with issue 23's limits; 3: with its
-                                control; 2: with pdue/pwait; 1 to 3 are upgraded at open)
+    schema                STRING the key layout's version (5: with issue 24's workflows; 4: with issue
+                                23's limits; 3: with its control; 2: with pdue/pwait; 1 to 4 are
+                                upgraded at open)
     sched:<name>          HASH  a cron schedule: type payload cron tz enabled origin declared next
                                 [last job] created updated (times: the protocol's ISO text)
     scheds                SET   the names of every schedule
     scheds:due            ZSET  the enabled schedules, score = next run (ms): the due ones are a range
     wake                  pub/sub channel: a job became due (insert, release, revive, a snooze
-                                of no delay, a type resumed)
+                                of no delay, a type resumed, a waiting job woken by its parents)
 """
 
 from __future__ import annotations
@@ -75,7 +88,8 @@ from importlib import resources
 import attrs
 
 RECORD_FIELDS = ("type", "payload", "status", "attempts", "max", "run", "error", "created", "updated", "prio", "owner",
-                 "expires", "ukey", "result", "progress", "pmsg", "snoozes", "expat", "creq", "lkey")  # (list.lua reads them too)
+                 "expires", "ukey", "result", "progress", "pmsg", "snoozes", "expat", "creq", "lkey", "wfor", "opf",
+                 "batch")  # (list.lua reads them too)
 
 
 @attrs.frozen

@@ -16,13 +16,20 @@ import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
+import attrs
+import redis
+
 from ... import states
 from ...clock import to_epoch
 from ...errors import UsageError
 from ...states import Status
 from ..base import (
+    MAX_LISTED_RELATIVES,
+    BatchMember,
+    BatchRecord,
     JobRecord,
     Lease,
+    NewBatch,
     NewJob,
     Settlement,
     WorkerRecord,
@@ -30,12 +37,13 @@ from ..base import (
     cancelled_running_error,
     check_list_order,
     unique_key_held,
+    unknown_parents,
 )
 from .db import describe, run_pipelined, run_script
 from .scripts import ALL, RECORD_FIELDS
 
 _INSERT, _INSERT_STAGED, _CLAIM, _SETTLE = ALL["insert"], ALL["insert_staged"], ALL["claim"], ALL["settle"]
-_INSERT_UNIQUE = ALL["insert_unique"]
+_INSERT_UNIQUE, _INSERT_FLOW = ALL["insert_unique"], ALL["insert_flow"]
 
 CLEANUP_CHUNK = 2000  # jobs deleted per script call: a long script stops every other client
 
@@ -67,23 +75,53 @@ def _s(value: bytes | None) -> str | None:
 # -- inserts -------------------------------------------------------------------------------------
 
 
-def insert_call(prefix: str, rows: Sequence[NewJob]) -> tuple[Any, list[Any]]:
+def insert_call(prefix: str, rows: Sequence[NewJob], batch: NewBatch | None = None) -> tuple[Any, list[Any]]:
     """The script and arguments that insert ``rows``: INSERT, as before unique keys, when no row
-    has a key, a trace context, an expires_at, a limit key or unique_while "pending" (the common
-    case: 7 values a row); else INSERT_UNIQUE (12: see :func:`_special`)."""
+    has a key, a trace context, an expires_at, a limit key, unique_while "pending", parents or a
+    batch (the common case: 7 values a row); else INSERT_UNIQUE (12: see :func:`_special`), or
+    INSERT_FLOW when a row has parents or a batch, or ``batch`` is given (12 a row, then
+    :func:`flow_values`). (Rows with parents are checked by base.check_after before they get here.)"""
     args: list[Any] = [prefix, len(rows)]
     for row in rows:
         if (row.unique_key is not None or row.trace is not None or row.expires_at is not None
-                or row.limit_key is not None or row.unique_while == "pending"):
+                or row.limit_key is not None or row.unique_while == "pending" or row.after or row.batch_id is not None):
             break
         args += (row.id, row.job_type, row.payload, row.max_attempts, ms_of(row.run_after), row.priority,
                  ms_of(row.created_at))
     else:
-        return _INSERT, args
+        if batch is None:
+            return _INSERT, args
     del args[2:]
     for row in rows:
         args += _special(row)
-    return _INSERT_UNIQUE, args
+    flow = flow_values(rows)
+    if not flow and batch is None:
+        return _INSERT_UNIQUE, args
+    args += (len(flow), *(value for values in flow for value in values))
+    if batch is not None:
+        args += (batch.id, batch.callback_id or "", ms_of(batch.created_at))
+    return _INSERT_FLOW, args
+
+
+def flow_values(rows: Iterable[NewJob]) -> list[tuple[Any, ...]]:
+    """The workflow part of the rows that have parents or a batch, as the scripts read it (the
+    prelude's read_flow): per row its id, "1" for on_parent_failure "run" ('' for the default), its
+    batch id ('' for none), how many parents, then their ids in ``after`` order."""
+    return [(row.id, "1" if row.on_parent_failure == "run" else "", row.batch_id or "", len(row.after), *row.after)
+            for row in rows if row.after or row.batch_id is not None]
+
+
+def refused(exc: BaseException, shown: str) -> Exception:
+    """A driver error as the pipeline's (db.describe), except an insert refused because parents it
+    names are not in the store (the scripts' UNKNOWN): base.unknown_parents's UsageError."""
+    return _unknown(exc) or describe(exc, shown)
+
+
+def _unknown(exc: BaseException) -> UsageError | None:
+    text = str(exc)
+    if isinstance(exc, redis.exceptions.ResponseError) and text.startswith("UNKNOWN "):
+        return unknown_parents(json.loads(text.removeprefix("UNKNOWN ")))
+    return None
 
 
 def _special(row: NewJob) -> tuple[Any, ...]:
@@ -104,31 +142,48 @@ def stored_ids(rows: Sequence[NewJob], answer: Any) -> list[str]:
     return [held.get(row.id, row.id) for row in rows]
 
 
-def insert(client: Any, prefix: str, rows: Sequence[NewJob]) -> list[str]:
-    """Every row or none (a duplicate id, stored or repeated, fails the whole call); per row,
-    the id stored for it (its own, or the holder's of its unique key)."""
+def insert(client: Any, prefix: str, rows: Sequence[NewJob], batch: NewBatch | None = None) -> list[str]:
+    """Every row or none (a duplicate id, stored or repeated, fails the whole call; so do parents
+    not in the store: UsageError); per row, the id stored for it (its own, or the holder's of its
+    unique key). ``batch``: the batch record, written with the rows."""
     if not rows:
         return []
-    return stored_ids(rows, run_script(client, *insert_call(prefix, rows)))
+    try:
+        return stored_ids(rows, run_script(client, *insert_call(prefix, rows, batch)))
+    except redis.exceptions.ResponseError as exc:
+        unknown = _unknown(exc)
+        if unknown is not None:
+            raise unknown from None
+        raise
 
 
-def stage(client: Any, key: str, rows: Sequence[NewJob]) -> None:
-    """Push rows to a bulk load's staging list (not job state: nothing claims it); it expires
-    after a day if the loader dies before committing it."""
+def stage(client: Any, key: str, rows: Sequence[NewJob]) -> bool:
+    """Push rows to a bulk load's staging list (not job state: nothing claims it), and the
+    workflow part of those that have parents or a batch to ``key:flow`` (:func:`flow_values`);
+    both expire after a day if the loader dies before committing them. True if any row has parents or a batch."""
     values: list[Any] = []
     for row in rows:
         values += _special(row)
+    flow = flow_values(rows)
     pipe = client.pipeline(transaction=False)
     pipe.rpush(key, *values)
     pipe.expire(key, 86400)
+    if flow:
+        pipe.rpush(f"{key}:flow", *(value for values in flow for value in values))
+        pipe.expire(f"{key}:flow", 86400)
     pipe.execute()
+    return bool(flow)
 
 
-def commit_staged(client: Any, prefix: str, key: str, answer_key: str) -> tuple[int, list[tuple[str, str]]]:
-    """Insert a staging list's rows; how many were inserted, and (id, holder's id) of each
+def commit_staged(client: Any, prefix: str, key: str, answer_key: str, *, flow: bool = False) -> tuple[int, list[tuple[str, str]]]:
+    """Insert a staging list's rows (``flow``: some of them have parents or a batch, staged in
+    ``key:flow``); how many were inserted, and (id, holder's id) of each
     row whose unique key was held. Called again with the same keys (its answer lost), it
     answers the same and inserts nothing more: the answer is kept under ``answer_key``."""
-    answer = run_script(client, _INSERT_STAGED, [prefix, key, answer_key])
+    args = [prefix, key, answer_key]
+    if flow:
+        args += [f"{key}:flow"]
+    answer = run_script(client, _INSERT_STAGED, args)
     if isinstance(answer, int):
         return answer, []
     return int(answer[0]), [(answer[i].decode(), answer[i + 1].decode()) for i in range(1, len(answer), 2)]
@@ -238,7 +293,7 @@ def write_batch(client: Any, prefix: str, items: Sequence[Settlement], inserts: 
             raise answer
         held = [v == 49 for v in answer]  # b"1"
     answers: list[BaseException | list[str]] = [
-        describe(r, shown) if isinstance(r, BaseException) else stored_ids(rows, r) for rows, r in zip(inserts, results)
+        refused(r, shown) if isinstance(r, BaseException) else stored_ids(rows, r) for rows, r in zip(inserts, results)
     ]
     return held, answers
 
@@ -311,13 +366,19 @@ def _record(job_id: str, f: Sequence[bytes | None]) -> JobRecord:
         lease_expires_at=None if f[11] is None else text_of(f[11]), unique_key=_s(f[12]), result=_s(f[13]),
         progress=None if f[14] is None else float(f[14]), progress_message=_s(f[15]), snoozes=int(f[16] or 0),
         expires_at=None if f[17] is None else text_of(f[17]), cancel_requested=f[18] is not None,
-        limit_key=_s(f[19]),
+        limit_key=_s(f[19]), waiting_for=int(f[20] or 0), on_parent_failure="run" if f[21] else None, batch_id=_s(f[22]),
     )
 
 
 def get_job(client: Any, prefix: str, job_id: str) -> JobRecord | None:
-    f = client.hmget(f"{prefix}job:{job_id}", RECORD_FIELDS)
-    return None if f[2] is None else _record(job_id, f)
+    """The job's fields, its parents (in ``after`` order) and children (oldest first), each up to
+    MAX_LISTED_RELATIVES, with their counts: one script, one snapshot (lua/get.lua)."""
+    out = run_script(client, ALL["get"], [prefix, job_id, MAX_LISTED_RELATIVES, *RECORD_FIELDS])
+    if out is None:
+        return None
+    f, parents, parent_count, children, child_count = out
+    return attrs.evolve(_record(job_id, f), parents=tuple(p.decode() for p in parents), parent_count=int(parent_count),
+                        children=tuple(c.decode() for c in children), child_count=int(child_count))
 
 
 def list_jobs(client: Any, prefix: str, *, status: str | None = None, job_type: str | None = None, limit: int = 50,
@@ -341,7 +402,7 @@ def list_jobs(client: Any, prefix: str, *, status: str | None = None, job_type: 
     return records, total
 
 
-_STATUSES = ("pending", "running", "completed", "dead", "cancelled")  # as stats.lua counts them
+_STATUSES = ("waiting", "pending", "running", "completed", "dead", "cancelled")  # as stats.lua counts them
 
 
 def operator_stats(client: Any, prefix: str) -> dict[str, Any]:
@@ -387,6 +448,43 @@ def cancel(client: Any, prefix: str, job_ids: Sequence[str], *, reason: str) -> 
         return []
     answers = run_script(client, ALL["cancel"], [prefix, cancelled_error(reason), *job_ids])
     return [a.decode() or None for a in answers]
+
+
+# -- workflows (issue 24) -----------------------------------------------------------------------------
+
+SWEEP_VISITS = 1000  # waiting jobs a rescue_waiting call visits at most (the next call goes on from there)
+
+
+def rescue_waiting(client: Any, prefix: str, limit: int = 500) -> int:
+    """The repair sweep (lua/rescue_waiting.lua): waiting jobs whose parents ended (or are gone)
+    without their edges counting, or whose count is 0, are woken or cancelled. Returns how many."""
+    return int(run_script(client, ALL["rescue_waiting"], [prefix, max(int(limit), 1), SWEEP_VISITS]))
+
+
+def parent_results(client: Any, prefix: str, job_id: str) -> dict[str, str | None]:
+    out = run_script(client, ALL["parent_results"], [prefix, job_id])
+    return {out[i].decode(): _s(out[i + 1]) for i in range(0, len(out), 2)}
+
+
+def batch(client: Any, prefix: str, batch_id: str) -> BatchRecord | None:
+    out = run_script(client, ALL["batch"], [prefix, batch_id])
+    if out is None:
+        return None
+    callback, created, total, flat, callback_status = out
+    counts = {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+    return BatchRecord(batch_id, callback.decode() or None, text_of(created), int(total), counts,
+                       callback_status.decode() or None)
+
+
+def batch_jobs(client: Any, prefix: str, batch_id: str, limit: int | None = None, offset: int = 0) -> list[BatchMember]:
+    if limit is not None and limit <= 0:
+        return []
+    out = run_script(client, ALL["batch_jobs"], [prefix, batch_id, max(int(offset), 0), -1 if limit is None else int(limit)])
+    members = []
+    for i in range(0, len(out), 2):
+        job_type, status, result, error = out[i + 1]
+        members.append(BatchMember(out[i].decode(), job_type.decode(), status.decode(), _s(result), _s(error)))
+    return members
 
 
 def cancel_requests(client: Any, prefix: str, owner: str) -> list[tuple[str, int]]:

@@ -1,6 +1,6 @@
 -- ARGV: prefix, grace_ms, error text before the type, error text after it, then the known types.
 -- Pending jobs of a type neither known nor known to a worker alive (beat within the grace, or
--- within its own lease), due since before now - grace -> dead. Returns how many.
+-- within its own lease), due since before now - grace -> dead, applying their edges. Returns how many.
 local grace = tonumber(ARGV[2])
 local now = now_ms()
 local cutoff = now - grace
@@ -25,12 +25,13 @@ for _, t in ipairs(redis.call('SMEMBERS', P .. 'ptypes')) do
       for _, id in ipairs(redis.call('ZRANGEBYSCORE', ready_key(t, p), '-inf', cutoff)) do
         redis.call('HSET', jkey(id), 'status', 'dead', 'error', err, 'updated', now)
         redis.call('HDEL', jkey(id), 'started')
-        local f = redis.call('HMGET', jkey(id), 'ukey', 'expat')
+        local f = redis.call('HMGET', jkey(id), 'ukey', 'expat', 'kids')
         free_key(id, t, f[1])
         if f[2] then expiring_rem(id, t) end
         redis.call('ZREM', ready_key(t, p), id)
         index_status(id, t, 'pending', 'dead')
         finish(id, 'dead', now)
+        if f[3] then release_children(id, 'dead', now) end
         n = n + 1
       end
       index_head(t, p, now)
@@ -42,7 +43,7 @@ for _, t in ipairs(redis.call('SMEMBERS', P .. 'ktypes')) do
   if not known[t] and not live[t] then
     local err = ARGV[3] .. t .. ARGV[4]
     for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'kpend:' .. t, '-inf', cutoff)) do
-      local f = redis.call('HMGET', jkey(id), 'ukey', 'expat', 'lkey', 'run')
+      local f = redis.call('HMGET', jkey(id), 'ukey', 'expat', 'lkey', 'run', 'kids')
       keyed_rem(id, t, f[4], f[3])
       redis.call('HSET', jkey(id), 'status', 'dead', 'error', err, 'updated', now)
       redis.call('HDEL', jkey(id), 'started')
@@ -50,8 +51,10 @@ for _, t in ipairs(redis.call('SMEMBERS', P .. 'ktypes')) do
       if f[2] then expiring_rem(id, t) end
       index_status(id, t, 'pending', 'dead')
       finish(id, 'dead', now)
+      if f[5] then release_children(id, 'dead', now) end
       n = n + 1
     end
   end
 end
+publish_woken()
 return n

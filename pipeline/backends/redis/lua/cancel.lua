@@ -1,7 +1,8 @@
--- ARGV: prefix, the error of a job cancelled while pending (base.cancelled_error), then ids. In
--- order, per id, what the job is after the call: 'cancelled' for a pending one (cancelled now: out
--- of its ready set, the claim's index and expiring:<t>, into done:cancelled, its unique key
--- freed); 'cancelling' for a running one (field creq set, its id in creq:<owner>: its worker
+-- ARGV: prefix, the error of a job cancelled while pending or waiting (base.cancelled_error), then
+-- ids. In order, per id, what the job is after the call: 'cancelled' for a pending one (cancelled
+-- now: out of its ready set, the claim's index and expiring:<t>, into done:cancelled, its unique key
+-- freed) or a waiting one (the same: it is in none of those sets), either applying its edges
+-- (release_children); 'cancelling' for a running one (field creq set, its id in creq:<owner>: its worker
 -- stops it, see CANCEL_REQUESTS); the status of a final one, unchanged; '' for an unknown id.
 -- An id given twice is answered twice (the second time: 'cancelled').
 local now = now_ms()
@@ -10,7 +11,7 @@ local touched = {}  -- type NUL priority -> {type, priority} of the ready sets t
 for i = 3, #ARGV do
   local id = ARGV[i]
   local key = jkey(id)
-  local f = redis.call('HMGET', key, 'status', 'type', 'prio', 'ukey', 'expat', 'owner', 'creq', 'lkey', 'run')
+  local f = redis.call('HMGET', key, 'status', 'type', 'prio', 'ukey', 'expat', 'owner', 'creq', 'lkey', 'run', 'kids')
   local t = f[2]
   if not f[1] then
     out[#out + 1] = ''
@@ -22,7 +23,11 @@ for i = 3, #ARGV do
       touched[t .. '\0' .. f[3]] = {t, f[3]}
     end
     if f[5] then expiring_rem(id, t) end
-    cancel_pending(id, key, t, f[4], ARGV[2], now)
+    cancel_pending(id, key, t, f[4], ARGV[2], now, f[10])
+    out[#out + 1] = 'cancelled'
+  elseif f[1] == 'waiting' then
+    cancel_waiting(id, key, t, f[4], ARGV[2], now)
+    if f[10] then release_children(id, 'cancelled', now) end
     out[#out + 1] = 'cancelled'
   elseif f[1] == 'running' then
     if not f[7] then
@@ -35,4 +40,5 @@ for i = 3, #ARGV do
   end
 end
 for _, tp in pairs(touched) do index_head(tp[1], tp[2], now) end
+publish_woken()
 return out

@@ -10,7 +10,7 @@
 -- context: a third of the values of an array per lease, whose parsing was a fifth of the client's
 -- time per claimed job.
 -- A paused type (a field of ``paused``) is not claimed (0 jobs); before a type is claimed, its
--- pending jobs whose expires_at passed end cancelled (expire_due).
+-- pending jobs whose expires_at passed end cancelled (expire_due), applying their edges.
 -- Issue 23's limits: a rate-limited type (N per window) takes at most N less the claims rate:<type>
 -- holds within the last window (its older records dropped first), and records each claim there
 -- (score: now, member: id:token). A type with keyed pending jobs (ktypes: see the prelude) is
@@ -293,4 +293,5 @@ for j = 0, m - 1 do
   end
   out[count_at] = got
 end
+publish_woken()  -- (jobs woken by the edges of jobs that expired)
 return out

@@ -11,4 +11,5 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'leases', '-inf', '(' .. no
     out[#out + 1] = {id, tonumber(f[1]), tonumber(f[2]), tonumber(f[3]), f[4] or '', f[5] and 1 or 0}
   end
 end
+publish_woken()
 return out

@@ -1,5 +1,6 @@
--- ARGV: prefix, staging list, answer key. A bulk load's part, pushed to a list of its own first
--- (not job state: nothing claims it; 12 values per row, as INSERT_UNIQUE's), committed here in
+-- ARGV: prefix, staging list, answer key, and a second list with the workflow part of the rows
+-- when any has parents or a batch (read_flow's values). A bulk load's part, pushed to a list of
+-- its own first (not job state: nothing claims it; 12 values per row, as INSERT_UNIQUE's), committed here in
 -- one step, every row or none; the list is deleted. Answers as INSERT_UNIQUE, and keeps that
 -- answer under the answer key for a day: run again (its first answer lost with a connection),
 -- it answers the same and inserts nothing more, so a caller can always learn what happened.
@@ -14,10 +15,15 @@ if redis.call('EXISTS', ARGV[2]) == 0 then
 end
 local rows = redis.call('LRANGE', ARGV[2], 0, -1)
 redis.call('DEL', ARGV[2])
-local n, dup, held = insert_rows(rows, 1, #rows / 12, 12)
+local flow
+if ARGV[4] then  -- the workflow part of the rows (read_flow's), staged in a list of its own
+  flow = read_flow(redis.call('LRANGE', ARGV[4], 0, -1), 1)
+  redis.call('DEL', ARGV[4])
+end
+local n, err, held = insert_rows(rows, 1, #rows / 12, 12, flow)
 local answer
 if not n then
-  answer = {err = 'DUPLICATE a job with id ' .. dup .. ' already exists'}
+  answer = {err = err}
 elseif #held == 0 then
   answer = {ok = n}
 else

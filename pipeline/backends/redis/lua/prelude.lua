@@ -64,15 +64,15 @@ end
 local function finish(id, status, now)
   redis.call('ZADD', P .. 'done:' .. status, now, id)
 end
--- the pending or running job holding a type's unique key, or nil
+-- the waiting, pending or running job holding a type's unique key, or nil
 local function key_holder(t, k)
   local holder = redis.call('HGET', P .. 'uniq:' .. t, k)
   if not holder then return nil end
   local status = redis.call('HGET', jkey(holder), 'status')
-  if status == 'pending' or status == 'running' then return holder end
-  return nil  -- (a stale entry: its job left pending and running without freeing it)
+  if status == 'pending' or status == 'running' or status == 'waiting' then return holder end
+  return nil  -- (a stale entry: its job left waiting, pending and running without freeing it)
 end
--- a job that leaves pending and running for good frees its unique key (k: its ukey field, or nil)
+-- a job that leaves waiting, pending and running for good frees its unique key (k: its ukey field, or nil)
 local function free_key(id, t, k)
   if k and redis.call('HGET', P .. 'uniq:' .. t, k) == id then redis.call('HDEL', P .. 'uniq:' .. t, k) end
 end
@@ -170,12 +170,144 @@ local function iso(ms)
   return string.format('%04d-%02d-%02dT%02d:%02d:%02d.%03dZ', y, m, d, math.floor(secs / 3600),
                        math.floor(secs % 3600 / 60), secs % 60, ms - s * 1000)
 end
--- a pending job (its ready set and expiring:<t> already left) ends cancelled with ``err``
-local function cancel_pending(id, key, t, k, err, now)
+-- Workflows (issue 24). A job enqueued with parents (NewJob.after) has the fields wfor (how many
+-- of its edges have not counted yet) and opf ('1': on_parent_failure "run"), and
+--   after:<id>     ZSET its parents, score = their place in ``after`` (0, 1, ...)
+-- A job that has children has the field kids ('1'), and
+--   children:<id>  ZSET its children, score = their created (ms): oldest first
+--   down:<id>      SET  those of them whose edge from it has not counted yet
+-- A member or callback of a batch has the field batch; a batch is batch:<id> (HASH: cb, created)
+-- and bjobs:<id> (ZSET of its members, score = their place in the insert). A waiting job is in no
+-- ready set: only in status:waiting and st:waiting:<type> (and holds its unique key).
+-- Every script that ends a job (completed, dead, cancelled, or deleted while it had not ended)
+-- calls release_children for a job with kids, in the same script; a plain job pays the HMGET
+-- field kids, nothing more. WF.woke: a job made due by a WAKE (the script PUBLISHes wake).
+local WF = {woke = false}
+local function parent_failed(pid, how)  -- base.parent_failed's text
+  if how == 'deleted' then return 'cancelled while waiting: its parent job ' .. pid .. ' was deleted' end
+  return 'cancelled while waiting: its parent job ' .. pid .. ' ended ' .. how
+end
+local function is_final(status) return status == 'completed' or status == 'dead' or status == 'cancelled' end
+-- WAKE: a waiting job becomes pending, due at its own run (at once if that passed): its ready set
+-- (or its key's sets) and the claim's index, expiring:<t> if it has an expires_at
+local function wake(id, key, now)
+  local f = redis.call('HMGET', key, 'type', 'prio', 'run', 'lkey', 'expat')
+  redis.call('HSET', key, 'status', 'pending', 'updated', now)
+  index_status(id, f[1], 'waiting', 'pending')
+  to_pending(id, f[1], f[2], f[3], f[4], now)
+  redis.call('SADD', P .. 'types', f[1])
+  if f[5] then expiring_add(id, f[1], f[5]) end
+  if tonumber(f[3]) <= now then WF.woke = true end
+end
+-- CANCEL_WAITING (or an operator's cancel of a waiting job): final, its unique key freed
+local function cancel_waiting(id, key, t, k, err, now)
+  redis.call('HSET', key, 'status', 'cancelled', 'updated', now, 'error', err)
+  index_status(id, t, 'waiting', 'cancelled')
+  finish(id, 'cancelled', now)
+  free_key(id, t, k)
+end
+-- The edges of job ``id`` that have not counted yet count now: it ended ``how`` ('completed',
+-- 'dead', 'cancelled' or 'deleted'). Per child: wfor - 1; a waiting child whose parent completed
+-- (or that runs whatever its parents do, opf) wakes at 0; under the default a parent that did not
+-- complete cancels a waiting child, whose own edges then count the same way: a queue, not
+-- recursion, however deep the graph. A child no longer waiting only has its count moved.
+-- Returns how many jobs it woke or cancelled.
+local function release_children(id, how, now)
+  local queue, head, moved = {id, how}, 1, 0
+  while queue[head] do
+    local pid, phow = queue[head], queue[head + 1]
+    head = head + 2
+    local dk = P .. 'down:' .. pid
+    local kids = redis.call('SMEMBERS', dk)
+    if #kids > 0 then redis.call('DEL', dk) end
+    for _, c in ipairs(kids) do
+      local ck = jkey(c)
+      local f = redis.call('HMGET', ck, 'status', 'wfor', 'opf', 'type', 'ukey', 'kids')
+      if f[1] then
+        local left = math.max(tonumber(f[2] or '1') - 1, 0)
+        redis.call('HSET', ck, 'wfor', left)
+        if f[1] == 'waiting' then
+          if phow == 'completed' or f[3] then
+            if left == 0 then
+              wake(c, ck, now)
+              moved = moved + 1
+            end
+          else
+            cancel_waiting(c, ck, f[4], f[5], parent_failed(pid, phow), now)
+            moved = moved + 1
+            if f[6] then
+              queue[#queue + 1] = c
+              queue[#queue + 1] = 'cancelled'
+            end
+          end
+        end
+      end
+    end
+  end
+  return moved
+end
+local function publish_woken()
+  if WF.woke then
+    redis.call('PUBLISH', P .. 'wake', '1')
+    WF.woke = false
+  end
+end
+-- A job's workflow keys go with it (delete, cleanup, retention): as a child, its entries in its
+-- parents' children and down sets (a parent left without children loses its kids flag); as a
+-- parent, its entry in its children's after sets; as a batch's job, its entry in bjobs:<batch>,
+-- and the batch record once none of its jobs is left. (has_parents: its wfor field, kids, batch: its fields.)
+local function drop_edges(id, has_parents, kids, batch)
+  if has_parents then
+    local ak = P .. 'after:' .. id
+    for _, p in ipairs(redis.call('ZRANGE', ak, 0, -1)) do
+      redis.call('SREM', P .. 'down:' .. p, id)
+      local ck = P .. 'children:' .. p
+      redis.call('ZREM', ck, id)
+      if redis.call('EXISTS', ck) == 0 then redis.call('HDEL', jkey(p), 'kids') end
+    end
+    redis.call('DEL', ak)
+  end
+  if kids then
+    local ck = P .. 'children:' .. id
+    for _, c in ipairs(redis.call('ZRANGE', ck, 0, -1)) do redis.call('ZREM', P .. 'after:' .. c, id) end
+    redis.call('DEL', ck, P .. 'down:' .. id)
+  end
+  if batch then
+    local members = P .. 'bjobs:' .. batch
+    redis.call('ZREM', members, id)
+    if redis.call('EXISTS', members) == 0 then
+      local bk = P .. 'batch:' .. batch
+      local cb = redis.call('HGET', bk, 'cb')
+      if not cb or cb == id or redis.call('EXISTS', jkey(cb)) == 0 then redis.call('DEL', bk) end
+    end
+  end
+end
+-- The workflow part of an insert's arguments, from ``at`` in ``list``: m, then per job that has
+-- parents or a batch: id, '1' for on_parent_failure "run" ('' for the default), batch id ('' for
+-- none), the number of parents and their ids in ``after`` order; then the batch record of the call,
+-- if any: id, callback id ('' for none), created (ms).
+local function read_flow(list, at)
+  local flow = {rows = {}}
+  local m = tonumber(list[at])
+  at = at + 1
+  for _ = 1, m do
+    local k = tonumber(list[at + 3])
+    local row = {run = list[at + 1] == '1', batch = list[at + 2] ~= '' and list[at + 2] or nil, after = {}}
+    for j = 1, k do row.after[j] = list[at + 3 + j] end
+    flow.rows[list[at]] = row
+    at = at + 4 + k
+  end
+  if list[at] then flow.batch = {id = list[at], cb = list[at + 1] ~= '' and list[at + 1] or nil, created = list[at + 2]} end
+  return flow
+end
+-- a pending job (its ready set and expiring:<t> already left) ends cancelled with ``err``, and
+-- applies its edges (kids: its kids field)
+local function cancel_pending(id, key, t, k, err, now, kids)
   redis.call('HSET', key, 'status', 'cancelled', 'updated', now, 'error', err)
   index_status(id, t, 'pending', 'cancelled')
   finish(id, 'cancelled', now)
   free_key(id, t, k)
+  if kids then release_children(id, 'cancelled', now) end
 end
 -- The pending jobs of type t whose expires_at is at or before now end cancelled (base.expired_error's
 -- text): the claim's, before it claims t, and the rescue's. Returns how many.
@@ -185,21 +317,25 @@ local function expire_due(t, now)
   if #ids == 0 then return 0 end
   local touched = {}
   local n = 0
-  for _, id in ipairs(ids) do
-    local key = jkey(id)
-    local f = redis.call('HMGET', key, 'status', 'prio', 'expat', 'ukey', 'lkey', 'run')
-    if f[1] == 'pending' then  -- (else a stray entry: dropped below)
-      if f[5] then
-        keyed_rem(id, t, f[6], f[5])
-      else
-        redis.call('ZREM', ready_key(t, f[2]), id)
-        touched[f[2]] = true
+  repeat  -- (again while the edges of those it ended woke jobs of t that expired already)
+    for i = 1, #ids, 1000 do redis.call('ZREM', k, unpack(ids, i, math.min(i + 999, #ids))) end
+    for _, id in ipairs(ids) do
+      local key = jkey(id)
+      local f = redis.call('HMGET', key, 'status', 'prio', 'expat', 'ukey', 'lkey', 'run', 'kids')
+      if f[1] == 'pending' then  -- (else a stray entry: dropped above)
+        if f[5] then
+          keyed_rem(id, t, f[6], f[5])
+        else
+          redis.call('ZREM', ready_key(t, f[2]), id)
+          touched[f[2]] = true
+        end
+        cancel_pending(id, key, t, f[4], 'expired at ' .. iso(tonumber(f[3])) .. ' before it (or its next attempt) started',
+                       now, f[7])
+        n = n + 1
       end
-      cancel_pending(id, key, t, f[4], 'expired at ' .. iso(tonumber(f[3])) .. ' before it (or its next attempt) started', now)
-      n = n + 1
     end
-  end
-  redis.call('ZREMRANGEBYSCORE', k, '-inf', now)
+    ids = redis.call('ZRANGEBYSCORE', k, '-inf', now)
+  until #ids == 0
   if redis.call('EXISTS', k) == 0 then redis.call('SREM', P .. 'etypes', t) end
   for p in pairs(touched) do index_head(t, p, now) end
   return n
@@ -213,38 +349,71 @@ local function drop_request(id, key)
 end
 -- rows: a flat list, ``width`` per job from ``first``: 7 (id, type, payload, max, run, prio,
 -- created), or 12 with the unique key, the trace context, expires_at in ms, the limit key and
--- unique_while ('' for none; '1' for "pending").
--- Returns how many were inserted and, for each row not inserted because a pending or running
--- job holds its type and key (or an earlier row of the call), its id and the holder's; or nil
--- and the id that already exists.
-local function insert_rows(rows, first, n, width)
+-- unique_while ('' for none; '1' for "pending"). flow (read_flow's, or nil): the jobs' parents,
+-- on_parent_failure and batch, and the call's batch record.
+-- Returns how many were inserted and, for each row not inserted because a waiting, pending or
+-- running job holds its type and key (or an earlier row of the call), its id and the holder's;
+-- or nil and the error (nothing written): 'DUPLICATE ...' (an id, or the batch's, that exists
+-- already) or 'UNKNOWN <JSON list>' (parents neither stored nor earlier in the call).
+-- A job with parents is inserted waiting while an edge waits (its parent not ended), cancelled
+-- (finished now, error parent_failed, holding no key) when a parent that ended dead or cancelled
+-- cancels it (the default), else pending; a parent earlier in the call is seen as inserted.
+local function insert_rows(rows, first, n, width, flow)
   local seen = {}
   local held = {}  -- row index -> holder id
   local taken = {}  -- type NUL key -> id, for the keys this call takes
   local dups = {}
+  local state = {}  -- id -> status, of each row to be inserted that has parents (or is one)
+  local missing = {}
   for i = 0, n - 1 do
     local b = first + i * width
     local id = rows[b]
     if seen[id] or redis.call('EXISTS', jkey(id)) == 1 then
-      return nil, id
+      return nil, 'DUPLICATE a job with id ' .. id .. ' already exists'
     end
     seen[id] = true
     local k = width == 12 and rows[b + 7] or ''
+    local tk
     if k ~= '' then
-      local tk = rows[b + 1] .. '\0' .. k
+      tk = rows[b + 1] .. '\0' .. k
       local holder = taken[tk] or key_holder(rows[b + 1], k)
       if holder then
         held[i] = holder
         dups[#dups + 1] = id
         dups[#dups + 1] = holder
-      else
-        taken[tk] = id
       end
     end
+    local wf = flow and flow.rows[id]
+    if not held[i] then
+      local status = 'pending'
+      if wf and #wf.after > 0 then
+        local waits = {}
+        for _, p in ipairs(wf.after) do
+          local ps = state[p] or redis.call('HGET', jkey(p), 'status')
+          if not ps then
+            missing[#missing + 1] = p
+          elseif ps == 'dead' or ps == 'cancelled' then
+            if not wf.run and not wf.failed then wf.failed = parent_failed(p, ps) end
+          elseif ps ~= 'completed' then
+            waits[#waits + 1] = p
+          end
+        end
+        wf.waits = waits
+        status = wf.failed and 'cancelled' or (#waits > 0 and 'waiting' or 'pending')
+      end
+      state[id] = status
+      if tk and status ~= 'cancelled' then taken[tk] = id end
+    end
+  end
+  if #missing > 0 then return nil, 'UNKNOWN ' .. cjson.encode(missing) end
+  if flow and flow.batch and redis.call('EXISTS', P .. 'batch:' .. flow.batch.id) == 1 then
+    return nil, 'DUPLICATE a batch with id ' .. flow.batch.id .. ' already exists'
   end
   local now = now_ms()
   local due = false
   local known = {}  -- (type, priority) whose sets this call wrote already -> the earliest run given
+  local flagged = {}  -- parents given the kids flag by this call
+  local member = 0
   local inserted = 0
   for i = 0, n - 1 do
     local b = first + i * width
@@ -253,23 +422,56 @@ local function insert_rows(rows, first, n, width)
     local lk = width == 12 and rows[b + 10] or ''
     if not held[i] then
       inserted = inserted + 1
-      redis.call('HSET', jkey(id), 'type', t, 'payload', rows[b + 2], 'status', 'pending', 'attempts', 0,
+      local key = jkey(id)
+      local status = state[id]
+      redis.call('HSET', key, 'type', t, 'payload', rows[b + 2], 'status', status, 'attempts', 0,
                  'max', rows[b + 3], 'run', run, 'prio', p, 'created', rows[b + 6], 'updated', rows[b + 6], 'token', 0)
       if k ~= '' then
-        redis.call('HSET', jkey(id), 'ukey', k)
-        redis.call('HSET', P .. 'uniq:' .. t, k, id)
+        redis.call('HSET', key, 'ukey', k)
+        if status ~= 'cancelled' then redis.call('HSET', P .. 'uniq:' .. t, k, id) end
       end
       if width == 12 then
-        if rows[b + 8] ~= '' then redis.call('HSET', jkey(id), 'trace', rows[b + 8]) end
+        if rows[b + 8] ~= '' then redis.call('HSET', key, 'trace', rows[b + 8]) end
         if rows[b + 9] ~= '' then
-          redis.call('HSET', jkey(id), 'expat', rows[b + 9])
-          expiring_add(id, t, rows[b + 9])
+          redis.call('HSET', key, 'expat', rows[b + 9])
+          if status == 'pending' then expiring_add(id, t, rows[b + 9]) end
         end
-        if rows[b + 11] ~= '' then redis.call('HSET', jkey(id), 'uwhile', '1') end
+        if rows[b + 11] ~= '' then redis.call('HSET', key, 'uwhile', '1') end
+      end
+      local wf = flow and flow.rows[id]
+      if wf then
+        if #wf.after > 0 then
+          local ak = P .. 'after:' .. id
+          for j, parent in ipairs(wf.after) do
+            redis.call('ZADD', ak, j - 1, parent)
+            redis.call('ZADD', P .. 'children:' .. parent, rows[b + 6], id)
+            if not flagged[parent] then
+              redis.call('HSET', jkey(parent), 'kids', '1')
+              flagged[parent] = true
+            end
+          end
+          for _, parent in ipairs(wf.waits) do redis.call('SADD', P .. 'down:' .. parent, id) end
+          redis.call('HSET', key, 'wfor', #wf.waits)
+          if wf.run then redis.call('HSET', key, 'opf', '1') end
+        end
+        if wf.batch then
+          redis.call('HSET', key, 'batch', wf.batch)
+          if flow.batch and wf.batch == flow.batch.id and id ~= flow.batch.cb then
+            redis.call('ZADD', P .. 'bjobs:' .. wf.batch, member, id)
+            member = member + 1
+          end
+        end
       end
       local tp = t .. '\0' .. p
-      if lk ~= '' then
-        redis.call('HSET', jkey(id), 'lkey', lk)
+      if status ~= 'pending' then
+        if lk ~= '' then redis.call('HSET', key, 'lkey', lk) end
+        redis.call('SADD', P .. 'types', t)
+        if status == 'cancelled' then
+          redis.call('HSET', key, 'updated', now, 'error', wf.failed)
+          finish(id, 'cancelled', now)
+        end
+      elseif lk ~= '' then
+        redis.call('HSET', key, 'lkey', lk)
         keyed_add(id, t, p, run, lk, now)
         redis.call('SADD', P .. 'types', t)
       elseif known[tp] then
@@ -285,20 +487,28 @@ local function insert_rows(rows, first, n, width)
       end
       redis.call('ZADD', P .. 'all', 0, id)
       redis.call('ZADD', P .. 'type:' .. t, 0, id)
-      index_status(id, t, nil, 'pending')
-      if tonumber(run) <= now then due = true end
+      index_status(id, t, nil, status)
+      if status == 'pending' and tonumber(run) <= now then due = true end
     end
+  end
+  if flow and flow.batch then
+    local bk = P .. 'batch:' .. flow.batch.id
+    redis.call('HSET', bk, 'created', flow.batch.created)
+    if flow.batch.cb then redis.call('HSET', bk, 'cb', flow.batch.cb) end
   end
   if due then redis.call('PUBLISH', P .. 'wake', '1') end
   return inserted, nil, dups
 end
--- (lk, run: a pending job's lkey and run fields)
-local function remove_job(id, f_status, t, p, k, e, lk, run)
+-- (lk, run: a pending job's lkey and run fields; has_parents, kids, batch: its wfor, kids and batch
+-- fields). A job that had not ended (pending, waiting) applies its edges as "deleted" first.
+local function remove_job(id, f_status, t, p, k, e, lk, run, has_parents, kids, batch)
   if f_status == 'pending' then
     if lk then keyed_rem(id, t, run, lk) else unready(id, t, p) end
     if e then expiring_rem(id, t) end
   end
-  if f_status == 'pending' or f_status == 'running' then free_key(id, t, k) end
+  if f_status == 'pending' or f_status == 'running' or f_status == 'waiting' then free_key(id, t, k) end
+  if kids then release_children(id, is_final(f_status) and f_status or 'deleted', now_ms()) end
+  if has_parents or kids or batch then drop_edges(id, has_parents, kids, batch) end
   redis.call('ZREM', P .. 'done:' .. f_status, id)
   index_status(id, t, f_status, nil)
   redis.call('ZREM', P .. 'all', id)

@@ -4,7 +4,8 @@
 -- running at once move each job once. A job that never started goes back in its place with
 -- nothing counted. A job whose cancel was requested ends cancelled, started or not, whatever was
 -- decided for it. A keyed job leaves its key's running set; a job of unique_while "pending" back to
--- pending holds its key again if it is free. Returns how many moved.
+-- pending holds its key again if it is free. A job that ends (dead, cancelled) applies its edges
+-- (release_children). Returns how many moved.
 local n = tonumber(ARGV[2])
 local now = now_ms()
 local moved = 0
@@ -13,7 +14,7 @@ for i = 0, n - 1 do
   local id, token, attempts, started, dead = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4]
   local key = jkey(id)
   local f = redis.call('HMGET', key, 'status', 'token', 'attempts', 'started', 'expires', 'type', 'prio', 'run', 'ukey',
-                       'creq', 'expat', 'lkey', 'uwhile')
+                       'creq', 'expat', 'lkey', 'uwhile', 'kids')
   if f[1] == 'running' and f[2] == token and f[3] == attempts and ((f[4] and '1' or '0') == started)
      and tonumber(f[5]) < now then
     local t, p = f[6], f[7]
@@ -27,6 +28,7 @@ for i = 0, n - 1 do
       index_status(id, t, 'running', 'cancelled')
       finish(id, 'cancelled', now)
       free_key(id, t, f[9])
+      if f[14] then release_children(id, 'cancelled', now) end
     elseif started == '0' then
       redis.call('HSET', key, 'status', 'pending', 'updated', now)
       redis.call('HDEL', key, 'progress', 'pmsg')
@@ -39,6 +41,7 @@ for i = 0, n - 1 do
       index_status(id, t, 'running', 'dead')
       finish(id, 'dead', now)
       free_key(id, t, f[9])
+      if f[14] then release_children(id, 'dead', now) end
     else
       local run = now + tonumber(ARGV[b + 5])
       redis.call('HSET', key, 'status', 'pending', 'updated', now, 'run', run, 'error', ARGV[b + 6])
@@ -50,4 +53,5 @@ for i = 0, n - 1 do
     end
   end
 end
+publish_woken()
 return moved

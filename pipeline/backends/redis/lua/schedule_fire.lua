@@ -5,8 +5,8 @@
 local key = P .. 'sched:' .. ARGV[2]
 local f = redis.call('HMGET', key, 'enabled', 'next')
 if f[1] ~= '1' or f[2] ~= ARGV[3] then return 0 end
-local n, dup = insert_rows(ARGV, 7, 1, #ARGV - 6)
-if not n then return redis.error_reply('DUPLICATE a job with id ' .. dup .. ' already exists') end
+local n, err = insert_rows(ARGV, 7, 1, #ARGV - 6)
+if not n then return redis.error_reply(err) end
 redis.call('HSET', key, 'next', ARGV[4], 'last', ARGV[3], 'job', ARGV[7], 'updated', ARGV[6])
 redis.call('ZADD', P .. 'scheds:due', ARGV[5], ARGV[2])
 return 1

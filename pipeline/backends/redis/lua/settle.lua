@@ -8,6 +8,8 @@
 -- snooze of it ends it cancelled instead (one final state, never retried after a cancel).
 -- A keyed job (lkey) leaves its key's running set whatever the outcome but START; back to pending,
 -- it goes to its key's sets, and a job of unique_while "pending" holds its key again if it is free.
+-- A job that ends (completed, dead, cancelled) and has children (field kids) applies its edges
+-- (release_children); a job without reads the field kids, nothing more.
 local n = tonumber(ARGV[2])
 local now = now_ms()
 local out = {}
@@ -18,7 +20,7 @@ for i = 0, n - 1 do
   local token, kind, delay, has_error = string.match(ARGV[b + 1], '^(%S+) (%S+) (%S+) (%S+)$')
   local key = jkey(id)
   local f = redis.call('HMGET', key, 'status', 'token', 'type', 'prio', 'started', 'attempts', 'ukey', 'creq', 'expat',
-                       'lkey', 'uwhile')
+                       'lkey', 'uwhile', 'kids')
   if f[1] ~= 'running' or f[2] ~= token then
     out[i + 1] = '0'
   else
@@ -43,12 +45,14 @@ for i = 0, n - 1 do
         index_status(id, t, 'running', 'completed')
         finish(id, 'completed', now)
         free_key(id, t, f[7])
+        if f[12] then release_children(id, 'completed', now) end
       elseif kind == 'bury' then
         redis.call('HSET', key, 'status', 'dead', 'updated', now)
         if has_error == '1' then redis.call('HSET', key, 'error', err) end
         index_status(id, t, 'running', 'dead')
         finish(id, 'dead', now)
         free_key(id, t, f[7])
+        if f[12] then release_children(id, 'dead', now) end
       elseif kind == 'retry' then
         local run = now + tonumber(delay)
         redis.call('HSET', key, 'status', 'pending', 'updated', now, 'run', run)
@@ -73,12 +77,14 @@ for i = 0, n - 1 do
         index_status(id, t, 'running', 'completed')
         finish(id, 'completed', now)
         free_key(id, t, f[7])
+        if f[12] then release_children(id, 'completed', now) end
       elseif kind == 'cancel' then
         redis.call('HSET', key, 'status', 'cancelled', 'updated', now)
         if has_error == '1' then redis.call('HSET', key, 'error', err) end
         index_status(id, t, 'running', 'cancelled')
         finish(id, 'cancelled', now)
         free_key(id, t, f[7])
+        if f[12] then release_children(id, 'cancelled', now) end
       else -- snooze/<limit>: pending after the delay, the attempt given back as release gives it back
         -- (also when the snooze is one too many and the job ends dead: a snooze is no failed attempt)
         local snoozes = tonumber(redis.call('HGET', key, 'snoozes') or '0') + 1
@@ -90,6 +96,7 @@ for i = 0, n - 1 do
           index_status(id, t, 'running', 'dead')
           finish(id, 'dead', now)
           free_key(id, t, f[7])
+          if f[12] then release_children(id, 'dead', now) end
         else
           local run = now + tonumber(delay)
           redis.call('HSET', key, 'status', 'pending', 'updated', now, 'run', run, 'attempts', attempts, 'snoozes', snoozes)
@@ -104,5 +111,5 @@ for i = 0, n - 1 do
     end
   end
 end
-if wake then redis.call('PUBLISH', P .. 'wake', '1') end
+if wake or WF.woke then redis.call('PUBLISH', P .. 'wake', '1') end
 return table.concat(out)
