@@ -57,11 +57,14 @@ examples:
   python -m pipeline enqueue generate_sitemap --delay 60 --priority 1
   python -m pipeline enqueue generate_sitemap --unique-key nightly   # nothing new while one is pending or running
   python -m pipeline enqueue generate_sitemap --expires-in 600        # never started if not started within 10 min
+  python -m pipeline enqueue generate_sitemap --after 01920c1e-... --after 01920c1f-...   # waits for both to complete
+  python -m pipeline enqueue generate_sitemap --after 01920c1e-... --on-parent-failure run  # runs however it ends
   python -m pipeline enqueue --from-file jobs.jsonl
   python -m pipeline enqueue --from-file big.jsonl --commit-every 100000   # into a live service
 
 a jobs.jsonl line:
   {"job_type": "invalidate_cache", "payload": {"keys": ["post:1"]}, "priority": 3}
+  {"job_type": "invalidate_cache", "payload": {"keys": ["post:2"]}, "after": ["01920c1e-..."]}
 """
 
 JOBS_EXAMPLES = """\
@@ -69,13 +72,21 @@ examples:
   python -m pipeline jobs --status dead            # the same as: jobs list --status dead
   python -m pipeline jobs --status pending --order claim   # the next jobs a worker takes, first first
   python -m pipeline jobs --priority 0             # the jobs of priority 0 only
-  python -m pipeline jobs show 01920c1e-...        # payload, error, attempts, times
+  python -m pipeline jobs show 01920c1e-...        # payload, error, attempts, times, parents, children, batch
+  python -m pipeline jobs --status waiting         # the jobs waiting for their parents
   python -m pipeline jobs retry 01920c1e-...       # dead (or cancelled) → pending, attempts reset
   python -m pipeline jobs cancel 01920c1e-... 01920c1f-...   # pending: cancelled; running: asked to stop
   python -m pipeline jobs cancel --type send_email --status pending   # every pending send_email job
   python -m pipeline jobs retry --type send_email --status dead        # every dead one back to pending
   python -m pipeline jobs delete --status cancelled                    # every cancelled job record
   python -m pipeline jobs cleanup --older-than 604800 --status completed
+"""
+
+BATCHES_EXAMPLES = """\
+examples:
+  python -m pipeline batches show 01920c1e-...                 # its jobs by status, its callback, its first 50 jobs
+  python -m pipeline batches show 01920c1e-... --offset 50     # the next 50
+  python -m pipeline batches show 01920c1e-... --json
 """
 
 TYPES_EXAMPLES = """\
@@ -265,7 +276,8 @@ def build_parser(app: AppSummary | None = None) -> argparse.ArgumentParser:
     p.add_argument("--payload", help="the job's fields as a JSON object (default {})")
     p.add_argument("--from-file", metavar="FILE",
                    help='one job per line: {"job_type": ..., "payload": {...}} with optional priority, max_attempts, '
-                   "run_after, unique_key, expires_at; all or nothing; - reads standard input")
+                   "run_after, unique_key, unique_while, expires_at, after, on_parent_failure; all or nothing; - reads "
+                   "standard input")
     when = p.add_mutually_exclusive_group()
     when.add_argument("--delay", type=float, metavar="SECONDS", help="run no sooner than this many seconds from now")
     when.add_argument("--run-after", metavar="ISO8601", help="run no sooner than this time (UTC if no offset)")
@@ -279,6 +291,12 @@ def build_parser(app: AppSummary | None = None) -> argparse.ArgumentParser:
     p.add_argument("--expires-in", type=float, metavar="SECONDS",
                    help="if it has not started this many seconds from now, it never starts: it ends cancelled "
                    "(expired); counted from now, not from --delay")
+    p.add_argument("--after", action="append", metavar="ID",
+                   help="wait for this job (an existing one) to complete first: stored waiting, pending once every "
+                   "--after job has completed (repeat for more)")
+    p.add_argument("--on-parent-failure", choices=["cancel", "run"],
+                   help="with --after: what a parent that ends dead or cancelled (or is deleted) does to this job: "
+                   "cancel it (the default; and the jobs waiting for it), or run it once every parent has ended")
     p.add_argument("--commit-every", type=int, metavar="JOBS",
                    help="with --from-file: commit every JOBS jobs instead of once, so that a running service's writes "
                    "wait for one part, not the whole file; a bad line then keeps the parts committed before it")
@@ -301,7 +319,8 @@ def build_parser(app: AppSummary | None = None) -> argparse.ArgumentParser:
                            description="List jobs, newest first or in claim order, filtered by status, type and priority.")
     _list_flags(a, suppress=True)
     a = actions.add_parser("show", parents=[as_json], help="one job with its payload and error",
-                           description="Show one job: its fields, payload and last error.")
+                           description="Show one job: its fields, payload and last error, and for a job of a workflow "
+                           "its parents and children (with their statuses) and its batch.")
     a.add_argument("id")
     a = actions.add_parser("retry", parents=[as_json],
                            help="a dead job back to pending (or a cancelled one; attempts reset, due now); "
@@ -316,11 +335,13 @@ def build_parser(app: AppSummary | None = None) -> argparse.ArgumentParser:
     a.add_argument("id", nargs="?", help="the job (or none, with --status and maybe --type)")
     _bulk_flags(a, "delete")
     a = actions.add_parser("cancel", parents=[as_json],
-                           help="cancel jobs: a pending one at once, a running one is asked to stop; bulk with --type/--status",
-                           description="Cancel jobs by id: a pending job is cancelled at once (final, never run); a "
-                           "running job's worker is asked to cancel its handler, and ends it cancelled, never retried. "
-                           "Or every pending and/or running job matching --type and --status, in batches. Prints per id: "
-                           "cancelled, running: cancel requested, already <status>, or no such job (exit 1 if any).")
+                           help="cancel jobs: a pending or waiting one at once, a running one is asked to stop; bulk with "
+                           "--type/--status",
+                           description="Cancel jobs by id: a pending or waiting job is cancelled at once (final, never "
+                           "run; the jobs waiting for it are cancelled too, unless enqueued with --on-parent-failure run); "
+                           "a running job's worker is asked to cancel its handler, and ends it cancelled, never retried. "
+                           "Or every waiting, pending and/or running job matching --type and --status, in batches. Prints "
+                           "per id: cancelled, running: cancel requested, already <status>, or no such job (exit 1 if any).")
     a.add_argument("ids", nargs="*", metavar="ID", help="the jobs (or none, with --type and/or --status)")
     _bulk_flags(a, "cancel")
     a = actions.add_parser("cleanup", parents=[as_json], help="delete completed and dead job records",
@@ -329,6 +350,22 @@ def build_parser(app: AppSummary | None = None) -> argparse.ArgumentParser:
     a.add_argument("--older-than", type=float, metavar="SECONDS", help="only records last updated more than this long ago")
     a.add_argument("--status", dest="statuses", action="append", choices=["completed", "dead", "cancelled"],
                    help="only this status (repeat for more; default completed and dead)")
+
+    p = sub.add_parser(
+        "batches", parents=[as_json], formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="batches of jobs with a callback (enqueue_batch, POST /admin/batches): show one's progress",
+        description="A batch (enqueue_batch, POST /admin/batches): its jobs and the callback that runs once every one "
+        "of them has ended.",
+        epilog=BATCHES_EXAMPLES,
+    )
+    actions = p.add_subparsers(dest="batches_command", parser_class=_Parser, metavar="ACTION", required=True)
+    a = actions.add_parser("show", parents=[as_json], help="a batch's jobs counted by status, its callback, a page of its jobs",
+                           description="Show a batch: its jobs counted by status, how many have finished, its callback "
+                           "and the callback's status, and a page of its jobs in the order they were enqueued "
+                           "(exit 1 if there is no such batch).")
+    a.add_argument("id")
+    a.add_argument("--limit", type=int, default=50, metavar="N", help="jobs per page (default 50)")
+    a.add_argument("--offset", type=int, default=0, metavar="N", help="jobs to skip (default 0)")
 
     p = sub.add_parser(
         "types", parents=[as_json], formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -567,7 +604,7 @@ def cmd_enqueue(args: argparse.Namespace, config: Config, app: Application, out:
                              "before it is due and never run (both count from now)")
         expires_at = format_ts(now + args.expires_in)
     request = JobRequest(args.job_type, payload, args.max_attempts, run_after, 5 if args.priority is None else args.priority,
-                         unique_key, expires_at, args.unique_while)
+                         unique_key, expires_at, args.unique_while, args.after, args.on_parent_failure)
     inputs.with_bounds(request, "the job")
     (row,) = prepare_rows(reg, [request], default_max_attempts=config.worker.default_max_attempts)  # validates before opening
 
@@ -598,7 +635,8 @@ def _enqueue_file(args: argparse.Namespace, config: Config, app: Application, ou
     extra = [flag for flag, value in (("JOB_TYPE", args.job_type), ("--payload", args.payload), ("--delay", args.delay),
                                       ("--run-after", args.run_after), ("--max-attempts", args.max_attempts),
                                       ("--priority", args.priority), ("--unique-key", args.unique_key),
-                                      ("--expires-in", args.expires_in), ("--unique-while", args.unique_while))
+                                      ("--expires-in", args.expires_in), ("--unique-while", args.unique_while),
+                                      ("--after", args.after), ("--on-parent-failure", args.on_parent_failure))
              if value is not None]
     if extra:
         raise UsageError(f"--from-file takes each job's fields from the file; drop {', '.join(extra)}")
@@ -757,13 +795,22 @@ def _no_job(job_id: str) -> CliError:
 def _jobs_show(args: argparse.Namespace, config: Config, out: TextIO) -> int:
     from .admin import console
 
-    job = _with_backend(config, lambda backend: backend.get(args.id))
+    async def work(backend: Backend) -> tuple[JobRecord | None, dict[str, str | None]]:
+        job = await backend.get(args.id)
+        statuses: dict[str, str | None] = {}  # of the parents and children it lists (None: gone)
+        if job is not None and not args.json:
+            for relative in dict.fromkeys((*job.parents, *job.children)):
+                found = await backend.get(relative)
+                statuses[relative] = None if found is None else found.status
+        return job, statuses
+
+    job, statuses = _with_backend(config, work)
     if job is None:
         raise _no_job(args.id)
     if args.json:
         _emit_json(out, job.to_json())
     else:
-        console.job_detail(out, job)
+        console.job_detail(out, job, statuses)
     return 0
 
 
@@ -874,6 +921,25 @@ JOB_ACTIONS: dict[str, Callable[[argparse.Namespace, Config, TextIO], int]] = {
     "cancel": _jobs_cancel,
     "cleanup": _jobs_cleanup,
 }
+
+
+def cmd_batches(args: argparse.Namespace, config: Config, app: Application, out: TextIO) -> int:
+    """batches show ID: exit 1 naming the id if the store has no such batch."""
+    from . import control
+    from .admin import console
+
+    if not 1 <= args.limit <= 10_000:
+        raise UsageError(f"--limit must be from 1 to 10000, got {args.limit}")
+    if not 0 <= args.offset <= 10**12:
+        raise UsageError(f"--offset must be from 0 to {10**12}, got {args.offset}")
+    view = _with_backend(config, lambda backend: control.batch_view(backend, args.id, limit=args.limit, offset=args.offset))
+    if view is None:
+        raise CliError(f"error: no batch with id {args.id!r}", 1)
+    if args.json:
+        _emit_json(out, view.to_json())
+    else:
+        console.batch_detail(out, view)
+    return 0
 
 
 def cmd_types(args: argparse.Namespace, config: Config, app: Application, out: TextIO) -> int:
@@ -1029,6 +1095,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Config, Application, TextIO], 
     "enqueue": cmd_enqueue,
     "emit": cmd_emit,
     "jobs": cmd_jobs,
+    "batches": cmd_batches,
     "types": cmd_types,
     "stats": cmd_stats,
     "schedule": cmd_schedule,

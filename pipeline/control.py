@@ -8,7 +8,9 @@ engine share, written once over the :class:`Backend` protocol so that the three 
   even when the action refuses some of them (a retry whose unique key is held, a delete of a job that
   started meanwhile, a running job whose cancel is only requested): a job is acted on once per call;
 * :func:`types_summary` describes each job type (paused or not, its limits, its jobs by status);
-  :func:`set_paused` pauses or resumes one the registry knows.
+  :func:`set_paused` pauses or resumes one the registry knows;
+* :func:`batch_view` reads a batch's progress and a page of its jobs (``batches show``,
+  ``GET /admin/batches/{id}``).
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from .backends.base import CANCELLING
+from .backends.base import CANCELLING, BatchMember, BatchRecord
 from .errors import UsageError
 from .limits import global_limits, rate_limits, rate_text
-from .states import REVIVABLE, Status
+from .states import REVIVABLE, TERMINAL, Status
+from .workflows import decoded
 
 if TYPE_CHECKING:
     from .backends.base import Backend
@@ -35,7 +38,7 @@ MAX_REASONS = 5  # why jobs were skipped, as examples: the first few distinct me
 
 # what each bulk action takes: the statuses it applies to (those it takes when none is given)
 ACTIONS: Mapping[str, tuple[str, ...]] = {
-    "cancel": (Status.PENDING.value, Status.RUNNING.value),
+    "cancel": tuple(s.value for s in Status if s not in TERMINAL),  # waiting, pending, running
     "retry": tuple(s.value for s in Status if s in REVIVABLE),
     "delete": tuple(s.value for s in Status if s is not Status.RUNNING),
 }
@@ -47,7 +50,7 @@ DONE = {"cancel": "cancelled", "retry": "retried", "delete": "deleted"}  # the c
 
 @attrs.frozen
 class Cancelled:
-    """What one cancel did to one job. ``outcome``: "cancelled" (it was pending: final now),
+    """What one cancel did to one job. ``outcome``: "cancelled" (it was pending or waiting: final now),
     "cancel_requested" (it runs: its worker stops it), "already_final" (``status`` says which), or
     "unknown" (no such job)."""
 
@@ -315,3 +318,37 @@ async def set_paused(backend: Backend, registry: Registry, name: str, paused: bo
         shown = name if len(name) <= 80 else name[:80] + "…"
         raise LookupError(f"no job type named {shown!r} (known: {known})")
     await backend.set_type_paused(name, paused)
+
+
+# -- batches ---------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class BatchView:
+    """A batch as operators see it: its record (members counted by status, the callback's status)
+    and one page of its jobs, in the order they were enqueued."""
+
+    record: BatchRecord
+    jobs: Sequence[BatchMember]
+    limit: int
+    offset: int
+
+    def to_json(self) -> dict[str, Any]:
+        """The record's fields, then ``jobs``: ``{"id", "job_type", "status", "result", "error"}`` each
+        (``result``: a completed job's, decoded; null otherwise), ``limit`` and ``offset``."""
+        return {**self.record.to_json(), "jobs": [member_json(m) for m in self.jobs], "limit": self.limit,
+                "offset": self.offset}
+
+
+def member_json(member: BatchMember) -> dict[str, Any]:
+    return {"id": member.id, "job_type": member.job_type, "status": member.status,
+            "result": decoded(member.result) if member.status == Status.COMPLETED else None, "error": member.error}
+
+
+async def batch_view(backend: Backend, batch_id: str, *, limit: int, offset: int) -> BatchView | None:
+    """The batch ``batch_id`` and its jobs ``offset`` to ``offset + limit``; None if the store has no
+    such batch (never made, or removed by retention with the last of its jobs)."""
+    record = await backend.batch(batch_id)
+    if record is None:
+        return None
+    return BatchView(record, await backend.batch_jobs(batch_id, limit=limit, offset=offset), limit, offset)

@@ -9,7 +9,7 @@ JSON body that was read and does not fit (what FastAPI and Starlette users expec
                            not name[:port]
     401 unauthorized       ADMIN_TOKEN is set and the request's Bearer token is missing or wrong
     403 forbidden          a cross-origin write, or a foreign Host header on a token-less server
-    404 not_found          no such job, schedule or job type (or route)
+    404 not_found          no such job, batch, schedule or job type (or route)
     408 request_timeout    the declared body did not arrive within BODY_TIMEOUT
     409 conflict           retry of a job that is neither dead nor cancelled, or whose unique key
                            another job holds; cancel of a finished job; delete of a running job;
@@ -18,8 +18,9 @@ JSON body that was read and does not fit (what FastAPI and Starlette users expec
     415 unsupported_media_type  a POST without Content-Type: application/json
     422 invalid            a JSON body that does not fit: not an object, a field unknown, missing or
                            out of range, an unknown job type or event, a payload that does not fit its
-                           class, an expires_at that is not a time to come, a schedule's bad name, cron
-                           expression or time zone, a bulk action's filter it does not take
+                           class, an expires_at that is not a time to come, an unknown parent job in
+                           after, a schedule's bad name, cron expression or time zone, a bulk action's
+                           filter it does not take
     503 unavailable        the database refused, or the pipeline is shutting down
 
 Every message goes out through ``error_response``, which clips what the client sent wherever the
@@ -54,6 +55,7 @@ log = logging.getLogger("pipeline.admin")
 MAX_PER_PAGE = 200
 DEFAULT_PER_PAGE = 50
 MAX_PAGE = 10_000_000  # page × per_page stays far inside SQLite's 64-bit OFFSET
+MAX_OFFSET = MAX_PAGE * MAX_PER_PAGE  # a batch's jobs are paged by limit and offset
 STATS_REUSE_FACTOR = 4.0  # stats are reused for this many times as long as they took to compute
 BODY_TIMEOUT = 10.0  # seconds a request's whole body may take to arrive: a client that declares one and
 # never sends it must not hold a connection (and a task) for ever; read when each body is read
@@ -163,6 +165,8 @@ class AdminApi:
             ("GET", "/admin/types", e(self.list_types)),
             ("POST", "/admin/types/{name}/pause", e(self.pause_type)),
             ("POST", "/admin/types/{name}/resume", e(self.resume_type)),
+            ("POST", "/admin/batches", e(self.create_batch)),
+            ("GET", "/admin/batches/{batch_id}", e(self.get_batch, ("limit", "offset"))),
             ("POST", "/admin/events", e(self.emit_event)),
             ("GET", "/admin/stats", e(self.stats)),
             ("GET", "/admin/workers", e(self.workers)),
@@ -214,13 +218,14 @@ class AdminApi:
         return JSONResponse(record.to_json())
 
     async def cancel_job(self, request: Request) -> Response:
-        """POST /admin/jobs/{id}/cancel — a pending job is cancelled at once; a running one is asked
-        to stop (``cancel_requested``; its worker cancels its handler and ends it cancelled). The job
-        as it is then; 409 once it has finished (completed, dead or cancelled)."""
+        """POST /admin/jobs/{id}/cancel — a pending or waiting job is cancelled at once (a waiting one's
+        own waiting children with it); a running one is asked to stop (``cancel_requested``; its worker
+        cancels its handler and ends it cancelled). The job as it is then; 409 once it has finished
+        (completed, dead or cancelled)."""
         job_id = request.path_params["job_id"]
         was = await self._job(job_id)
         if was.status in TERMINAL:
-            raise ApiError(409, f"job {job_id} is {was.status}: only pending or running jobs can be cancelled")
+            raise ApiError(409, f"job {job_id} is {was.status}: only waiting, pending or running jobs can be cancelled")
         (answer,) = await self.backend.cancel([job_id], reason=CANCEL_REASON)
         if answer is None:  # deleted meanwhile
             raise ApiError(404, f"no job with id {job_id!r}")
@@ -231,7 +236,7 @@ class AdminApi:
         return JSONResponse((await self._job(job_id)).to_json())
 
     async def bulk_cancel(self, request: Request) -> Response:
-        """POST /admin/jobs/cancel — {"status"?: "pending" | "running", "job_type"?} → the counts."""
+        """POST /admin/jobs/cancel — {"status"?: "waiting" | "pending" | "running", "job_type"?} → the counts."""
         return await self._bulk(request, "cancel")
 
     async def bulk_retry(self, request: Request) -> Response:
@@ -295,8 +300,10 @@ class AdminApi:
 
     async def create_job(self, request: Request) -> Response:
         """POST /admin/jobs — {"job_type", "payload", "priority"?, "max_attempts"?, "run_after"?,
-        "unique_key"?, "expires_at"?} → 201 with the new job; 200 with the job that holds the unique key (a
-        duplicate: nothing inserted), ``duplicate`` saying which."""
+        "unique_key"?, "expires_at"?, "unique_while"?, "after"?, "on_parent_failure"?} → 201 with the new
+        job (``waiting`` when it has parents that have not completed); 200 with the job that holds the
+        unique key (a duplicate: nothing inserted), ``duplicate`` saying which. 422 naming an unknown
+        parent (nothing inserted)."""
         request_ = inputs.job_request(await self._body(request, required=True), "the request body")
         rows = prepare_rows(self.pipeline.registry, [request_], default_max_attempts=self.pipeline.config.worker.default_max_attempts)
         (job_id,) = await self.backend.insert(rows)
@@ -306,6 +313,34 @@ class AdminApi:
         record = await self._job(job_id)
         return JSONResponse({**record.to_json(), "duplicate": duplicate}, 200 if duplicate else 201,
                             headers={"Location": f"/admin/jobs/{job_id}"})
+
+    # -- batches ----------------------------------------------------------------------------
+
+    async def create_batch(self, request: Request) -> Response:
+        """POST /admin/batches — {"jobs": [job, ...], "then"?: job} → 201 {"id", "job_ids", "callback_id"}:
+        the jobs and the callback in one transaction, as ``enqueue_batch`` inserts them; the callback
+        runs once every job of the batch has ended. 422 naming what does not fit (nothing inserted)."""
+        asked = inputs.batch_request(await self._body(request, required=True), "the request body")
+        rows, batch = inputs.batch_rows(self.pipeline.registry, asked,
+                                        default_max_attempts=self.pipeline.config.worker.default_max_attempts)
+        ids = await self.backend.insert(rows, batch=batch)
+        self._forget_stats()
+        log.info("admin: batch %s enqueued (%d jobs%s)", batch.id, len(asked.jobs),
+                 "" if batch.callback_id is None else f", callback {batch.callback_id}")
+        return JSONResponse({"id": batch.id, "job_ids": ids[:len(asked.jobs)], "callback_id": batch.callback_id}, 201,
+                            headers={"Location": f"/admin/batches/{batch.id}"})
+
+    async def get_batch(self, request: Request) -> Response:
+        """GET /admin/batches/{id}?limit=&offset= — the batch's jobs counted by status, its callback's
+        status, and a page of its jobs in the order they were enqueued; 404 if unknown."""
+        batch_id = request.path_params["batch_id"]
+        params = request.query_params
+        limit = _int_param(params.get("limit"), "limit", DEFAULT_PER_PAGE, 1, MAX_PER_PAGE)
+        offset = _int_param(params.get("offset"), "offset", 0, 0, MAX_OFFSET)
+        view = await control.batch_view(self.backend, batch_id, limit=limit, offset=offset)
+        if view is None:
+            raise ApiError(404, f"no batch with id {batch_id!r}")
+        return JSONResponse(view.to_json())
 
     async def emit_event(self, request: Request) -> Response:
         """POST /admin/events — {"event": "UserRegistered", "data": {...}} → 201 {"job_ids": [...]}."""

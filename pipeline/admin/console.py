@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -24,9 +24,10 @@ from ..backends.base import JobRecord, ScheduleRecord
 from ..states import Status
 
 if TYPE_CHECKING:
-    from ..control import TypeSummary
+    from ..control import BatchView, TypeSummary
 
-STATUS_STYLE = {"pending": "blue", "running": "yellow", "completed": "green", "dead": "bold red", "cancelled": "magenta"}
+STATUS_STYLE = {"waiting": "cyan", "pending": "blue", "running": "yellow", "completed": "green", "dead": "bold red",
+                "cancelled": "magenta"}
 PLAIN_WIDTH = 250  # columns when not on a terminal: wide enough that rows are not wrapped
 
 
@@ -83,7 +84,9 @@ def schedules_table(out: TextIO, schedules: Sequence[ScheduleRecord]) -> None:
         con.print(table)
 
 
-def job_detail(out: TextIO, job: JobRecord) -> None:
+def job_detail(out: TextIO, job: JobRecord, statuses: Mapping[str, str | None] | None = None) -> None:
+    """One job; for a job of a workflow also its parents, children and batch, each relative with its
+    status from ``statuses`` (None there: no longer in the store)."""
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
@@ -99,6 +102,14 @@ def job_detail(out: TextIO, job: JobRecord) -> None:
     ]
     if job.snoozes:
         rows.insert(4, ("snoozes", str(job.snoozes)))
+    if job.parent_count:
+        waits = f"{job.waiting_for} of its {job.parent_count} parents" if job.status == Status.WAITING else None
+        if waits is not None:
+            rows.insert(3, ("waiting for", waits))
+        rows.append(("on parent failure", "run (it runs once every parent has ended)" if job.on_parent_failure == "run"
+                     else "cancel (a parent that ends dead or cancelled cancels it)"))
+    if job.batch_id is not None:
+        rows.append(("batch", Text(f"{job.batch_id}  (python -m pipeline batches show {job.batch_id})")))
     if job.progress is not None:
         shown = f"{job.progress * 100:.0f}% {_bar(job.progress)}"
         rows.insert(3, ("progress", Text(shown + (f"  {job.progress_message}" if job.progress_message else ""))))
@@ -107,6 +118,10 @@ def job_detail(out: TextIO, job: JobRecord) -> None:
     fields = job.to_json()
     with console(out) as con:
         con.print(grid)
+        for name, ids, count in (("parents", job.parents, job.parent_count), ("children", job.children, job.child_count)):
+            if count:
+                con.print(f"\n[bold]{name}[/bold] ({count})")
+                con.print(_relatives(ids, count, statuses or {}))
         con.print("\n[bold]payload[/bold]")
         con.print(Text(json.dumps(fields["payload"], indent=2, ensure_ascii=False)))
         if job.status == Status.COMPLETED or job.result is not None:
@@ -114,6 +129,51 @@ def job_detail(out: TextIO, job: JobRecord) -> None:
             con.print(Text("none" if job.result is None else json.dumps(fields["result"], indent=2, ensure_ascii=False)))
         con.print("\n[bold]error[/bold]")
         con.print(Text(job.error, style="red") if job.error else Text("none"))
+
+
+def _relatives(ids: Sequence[str], count: int, statuses: Mapping[str, str | None]) -> Table:
+    table = Table.grid(padding=(0, 2))
+    for job_id in ids:
+        status = statuses.get(job_id, "")
+        table.add_row(Text(job_id), Text("deleted", style="dim") if status is None else _status(status))
+    if count > len(ids):
+        table.add_row(Text(f"… and {count - len(ids)} more", style="dim"), "")
+    return table
+
+
+def batch_detail(out: TextIO, view: BatchView) -> None:
+    """A batch: its jobs counted by status, its callback, then one page of its jobs."""
+    record = view.record
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    counts = Text()
+    for status in [s.value for s in Status if record.counts.get(s.value)]:
+        if counts:
+            counts.append(", ")
+        counts.append(f"{record.counts[status]} {status}", style=STATUS_STYLE[status])
+    callback: Any = "none"
+    if record.callback_id is not None:
+        callback = Text(f"{record.callback_id} ")
+        callback.append_text(Text("deleted", style="dim") if record.callback_status is None else _status(record.callback_status))
+    for label, value in (("id", Text(record.id)), ("created", record.created_at),
+                         ("jobs", f"{record.total}, {record.finished} finished"), ("by status", counts or "none"),
+                         ("callback", callback)):
+        grid.add_row(label, value)
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
+    for name in ("ID", "TYPE", "STATUS", "ERROR"):
+        table.add_column(name, no_wrap=name != "ERROR", overflow="ellipsis")
+    for m in view.jobs:
+        error = (m.error or "").splitlines()[0][:80] if m.error else ""
+        table.add_row(m.id, Text(m.job_type), _status(m.status), Text(error, style="red"))
+    with console(out) as con:
+        con.print(grid)
+        con.print()
+        if view.jobs:
+            con.print(table)
+            con.print(f"{view.offset + 1}–{view.offset + len(view.jobs)} of {record.total} jobs, in the order enqueued")
+        else:
+            con.print(f"no jobs on this page ({record.total} in the batch)")
 
 
 def _bar(fraction: float, width: int = 20) -> str:

@@ -1,8 +1,10 @@
 """What operators send, checked once for the admin API and the CLI alike.
 
 A job arrives as a JSON object ``{"job_type", "payload", "priority"?, "max_attempts"?,
-"run_after"?, "unique_key"?, "expires_at"?}`` (a POST body, one line of ``enqueue --from-file``, or the CLI's flags); an
-event as ``{"event", "data"}``; a schedule as ``{"name", "cron", "job_type", "payload"?, "timezone"?}``.
+"run_after"?, "unique_key"?, "expires_at"?, "unique_while"?, "after"?, "on_parent_failure"?}`` (a POST
+body, one line of ``enqueue --from-file``, or the CLI's flags); a batch as ``{"jobs": [job, ...],
+"then"?: job}`` (its jobs without a unique key, its callback without one nor ``after``); an event as
+``{"event", "data"}``; a schedule as ``{"name", "cron", "job_type", "payload"?, "timezone"?}``.
 These functions check the *shape* and bounds and raise UsageError naming the field;
 ``outbox.prepare_rows`` then checks the payload against the job's class (``make_schedule`` the
 rest of a schedule). Integers are bounded so that SQLite can store them (a Python int has no
@@ -22,19 +24,27 @@ from typing import Any
 
 import attrs
 
-from ..backends.base import PRIORITY_MAX, PRIORITY_MIN, NewJob
+from ..backends.base import ON_PARENT_FAILURE, PRIORITY_MAX, PRIORITY_MIN, NewBatch, NewJob
 from ..clock import now_ts
 from ..errors import UsageError
 from ..ids import UUID7Factory
 from ..registry import Registry
 from ..requests import JobRequest, check_unique_key, prepare_row
+from ..workflows import MAX_PARENTS
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
-JOB_FIELDS = ("job_type", "payload", "priority", "max_attempts", "run_after", "unique_key", "expires_at", "unique_while")
+JOB_FIELDS = ("job_type", "payload", "priority", "max_attempts", "run_after", "unique_key", "expires_at", "unique_while",
+              "after", "on_parent_failure")
+# a batch's jobs are all inserted (no unique key); its callback waits for them (no after of its own)
+BATCH_JOB_FIELDS = tuple(f for f in JOB_FIELDS if f not in ("unique_key", "unique_while"))
+CALLBACK_FIELDS = tuple(f for f in BATCH_JOB_FIELDS if f not in ("after", "on_parent_failure"))
+BATCH_FIELDS = ("jobs", "then")
 EVENT_FIELDS = ("event", "data")
 SCHEDULE_FIELDS = ("name", "cron", "job_type", "payload", "timezone")
 MAX_OLDER_THAN_SECONDS = 100 * 366 * 86400  # a century: anything older is "all of them"
-_FIELD_SETS: dict[tuple[str, ...], frozenset[str]] = {fields: frozenset(fields) for fields in (JOB_FIELDS, EVENT_FIELDS, SCHEDULE_FIELDS)}
+_FIELD_SETS: dict[tuple[str, ...], frozenset[str]] = {
+    fields: frozenset(fields)
+    for fields in (JOB_FIELDS, BATCH_JOB_FIELDS, CALLBACK_FIELDS, BATCH_FIELDS, EVENT_FIELDS, SCHEDULE_FIELDS)}
 MAX_ECHO_CHARS = 80  # of one input echoed in an error message
 MAX_MESSAGE_CHARS = 1000  # of an error message, whatever it echoes (a list of 10,000 short unknown names)
 
@@ -115,10 +125,11 @@ def object_of(value: Any, what: str) -> dict[str, Any]:
     return value
 
 
-def job_request(value: Any, what: str = "the job") -> JobRequest:
-    """A job object as operators write it, shape-checked (the payload is checked later)."""
+def job_request(value: Any, what: str = "the job", fields: tuple[str, ...] = JOB_FIELDS) -> JobRequest:
+    """A job object as operators write it, shape-checked (the payload and the parents' ids are
+    checked later, by ``prepare_row``); ``fields``: those it may have (a batch's jobs take fewer)."""
     obj = object_of(value, what)
-    _no_unknown(obj, JOB_FIELDS, what)
+    _no_unknown(obj, fields, what)
     job_type = obj.get("job_type")
     if type(job_type) is not str or not job_type:
         raise UsageError(f"{what}: job_type must be a non-empty string, got {_kind(job_type)}")
@@ -143,7 +154,62 @@ def job_request(value: Any, what: str = "the job") -> JobRequest:
     unique_while = obj.get("unique_while")
     if unique_while is not None and not isinstance(unique_while, str):
         raise UsageError(f"{what}: unique_while must be \"pending\" or \"pending_or_running\", got {_kind(unique_while)}")
-    return JobRequest(job_type, payload, max_attempts, run_after, priority, unique_key, expires_at, unique_while)
+    after = obj.get("after")
+    if after is not None:
+        if type(after) is not list:
+            raise UsageError(f"{what}: after must be an array of job ids, got {_kind(after)}")
+        after = tuple(after)  # each id is checked by prepare_row (check_parents)
+    on_parent_failure = obj.get("on_parent_failure")
+    if on_parent_failure is not None and on_parent_failure not in ON_PARENT_FAILURE:
+        shown = repr(clip(on_parent_failure)) if isinstance(on_parent_failure, str) else _kind(on_parent_failure)
+        raise UsageError(f"{what}: on_parent_failure must be \"cancel\" or \"run\", got {shown}")
+    return JobRequest(job_type, payload, max_attempts, run_after, priority, unique_key, expires_at, unique_while,
+                      after, on_parent_failure)
+
+
+@attrs.frozen
+class BatchRequest:
+    """``POST /admin/batches``'s body: the batch's jobs, and its callback (None: none)."""
+
+    jobs: list[JobRequest]
+    then: JobRequest | None
+
+
+def batch_request(value: Any, what: str = "the request body") -> BatchRequest:
+    """A batch as operators write it, shape-checked: ``{"jobs": [job, ...], "then"?: job}``."""
+    obj = object_of(value, what)
+    _no_unknown(obj, BATCH_FIELDS, what)
+    jobs = obj.get("jobs")
+    if type(jobs) is not list or not jobs:
+        raise UsageError(f"{what}: jobs must be a non-empty array of jobs, got "
+                         f"{'an empty array' if jobs == [] else _kind(jobs)}")
+    then = obj.get("then")
+    if "then" in obj and then is None:
+        raise UsageError(f"{what}: then must be a job object, got null (leave it out for a batch without a callback)")
+    if then is not None and len(jobs) > MAX_PARENTS:
+        raise UsageError(f"{what}: a batch with a callback holds at most {MAX_PARENTS} jobs, got {len(jobs)}")
+    requests = [job_request(job, f"{what}: jobs[{i}]", BATCH_JOB_FIELDS) for i, job in enumerate(jobs)]
+    return BatchRequest(requests, None if then is None else job_request(then, f"{what}: then", CALLBACK_FIELDS))
+
+
+def batch_rows(registry: Registry, request: BatchRequest, *, default_max_attempts: int) -> tuple[list[NewJob], NewBatch]:
+    """The rows of a batch and its record, as ``Pipeline.batch_rows`` makes them for ``enqueue_batch``:
+    the jobs in order, each with the batch's id, then the callback, waiting for every one of them with
+    ``on_parent_failure="run"`` (so it runs once each has ended, whatever its outcome). Writes nothing."""
+    new_id, now = UUID7Factory(), now_ts()
+    batch_id = new_id()
+
+    def row(job: JobRequest, what: str) -> NewJob:
+        try:
+            return prepare_row(registry, job, default_max_attempts, new_id, now)._replace(batch_id=batch_id)
+        except UsageError as exc:
+            raise UsageError(f"{what}: {exc}") from None
+
+    members = [row(job, f"jobs[{i}]") for i, job in enumerate(request.jobs)]
+    if request.then is None:
+        return members, NewBatch(batch_id, None, now)
+    callback = row(request.then._replace(after=tuple(m.id for m in members), on_parent_failure="run"), "then")
+    return [*members, callback], NewBatch(batch_id, callback.id, now)
 
 
 def with_bounds(request: JobRequest, what: str = "the job") -> JobRequest:

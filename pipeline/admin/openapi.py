@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..backends.base import LIST_ORDERS, PRIORITY_MAX, PRIORITY_MIN
+from ..backends.base import LIST_ORDERS, MAX_LISTED_RELATIVES, ON_PARENT_FAILURE, PRIORITY_MAX, PRIORITY_MIN
 from ..control import ACTIONS, DONE
 from ..registry import Registry
 from ..requests import MAX_UNIQUE_KEY_CHARS
 from ..states import Status
-from .api import CODES, MAX_PAGE, MAX_PER_PAGE
-from .inputs import INT32_MAX, MAX_OLDER_THAN_SECONDS
+from ..workflows import MAX_PARENTS
+from .api import CODES, DEFAULT_PER_PAGE, MAX_OFFSET, MAX_PAGE, MAX_PER_PAGE
+from .inputs import BATCH_JOB_FIELDS, CALLBACK_FIELDS, INT32_MAX, MAX_OLDER_THAN_SECONDS
 
 _REF = "#/components/schemas/"
 
@@ -34,14 +35,15 @@ _ERRORS = {
          "(or none where one is required), a missing or malformed Host header.",
     401: "ADMIN_TOKEN is set and the Bearer token is missing or wrong.",
     403: "Cross-origin write (by Origin or Sec-Fetch-Site), or a foreign Host header on a server without ADMIN_TOKEN.",
-    404: "No such job (or schedule, or job type: the message names the known ones).",
+    404: "No such job (or batch, or schedule, or job type: the message names the known ones).",
     409: "The job is not in a state that allows this (or the schedule name is in use).",
     408: "The declared body did not arrive in time.",
     413: "Body larger than ADMIN_MAX_BODY_BYTES.",
     415: "A POST without Content-Type: application/json.",
     422: "A JSON body that does not fit: not an object, a field unknown, missing or out of range, an unknown job "
-         "type or event, a payload that does not fit its class, an expires_at that is not a time to come, a "
-         "schedule's bad name, cron expression or time zone, a bulk action's filter it does not take.",
+         "type or event, a payload that does not fit its class, an expires_at that is not a time to come, an "
+         "unknown parent job in after, a schedule's bad name, cron expression or time zone, a bulk action's filter "
+         "it does not take.",
     503: "The database refused, or the pipeline is shutting down.",
 }
 
@@ -60,6 +62,7 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 _SCHEDULE_NAME = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}, "description": "The schedule's name."}
 _JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}, "description": "The job's id (a UUID v7)."}
 _TYPE_NAME = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}, "description": "The job type's name."}
+_BATCH_ID = {"name": "batch_id", "in": "path", "required": True, "schema": {"type": "string"}, "description": "The batch's id."}
 
 
 def _bulk(action: str, count: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -98,6 +101,16 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
     count = {"type": "integer", "minimum": 0}
     bulk = {action: _bulk(action, count) for action in ACTIONS}
     by_status = {"type": "object", "required": statuses, "properties": {s: count for s in statuses}}
+    relatives = {"type": "array", "items": {"type": "string"}, "maxItems": MAX_LISTED_RELATIVES}
+    workflow_fields = {
+        "after": {"type": "array", "nullable": True, "maxItems": MAX_PARENTS, "uniqueItems": True,
+                  "items": {"type": "string", "minLength": 1},
+                  "description": "The ids of existing jobs it waits for: it is stored waiting, and becomes pending "
+                                 "once every one of them has completed (422 naming an unknown one; nothing inserted)."},
+        "on_parent_failure": {"type": "string", "nullable": True, "enum": [*ON_PARENT_FAILURE, None],
+                              "description": "With after: what a parent that ends dead or cancelled (or is deleted) "
+                                             "does to it: cancel (the default) it, or run it once every parent has ended."},
+    }
     schemas: dict[str, Any] = {
         "Error": {
             "type": "object",
@@ -114,7 +127,8 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
             "type": "object",
             "required": ["id", "job_type", "payload", "status", "attempts", "max_attempts", "run_after", "error",
                          "created_at", "updated_at", "priority", "unique_key", "result", "progress", "snoozes",
-                         "expires_at", "cancel_requested", "limit_key"],
+                         "expires_at", "cancel_requested", "limit_key", "parents", "parent_count", "waiting_for",
+                         "children", "child_count", "batch", "on_parent_failure"],
             "properties": {
                 "id": {"type": "string"},
                 "job_type": {"type": "string"},
@@ -143,6 +157,23 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
                                      "description": "It runs and was asked to stop: its worker ends it cancelled."},
                 "limit_key": {"type": "string", "nullable": True,
                               "description": "The key it counts under for its type's per-key limit (limit_key=)."},
+                "parents": {**relatives, "description": f"The jobs it waits or waited for (after), in the order given; "
+                                                       f"at most {MAX_LISTED_RELATIVES} (parent_count: all). The job "
+                                                       "list leaves it empty."},
+                "parent_count": {**count, "description": "How many parents it has (0 in the job list)."},
+                "waiting_for": {**count, "description": "While waiting: its parents that have not ended yet (under "
+                                                        "on_parent_failure cancel: not completed yet)."},
+                "children": {**relatives, "description": f"The jobs that wait or waited for it, oldest first; at most "
+                                                         f"{MAX_LISTED_RELATIVES} (child_count: all). The job list "
+                                                         "leaves it empty."},
+                "child_count": {**count, "description": "How many children it has (0 in the job list)."},
+                "batch": {"type": "string", "nullable": True,
+                          "description": "The batch it belongs to, as one of its jobs or as its callback "
+                                         "(GET /admin/batches/{batch_id}); null: none."},
+                "on_parent_failure": {"type": "string", "enum": list(ON_PARENT_FAILURE),
+                                      "description": "What a parent that ends dead or cancelled (or is deleted) does to "
+                                                     "it while it waits: cancel it (and its own waiting children), or "
+                                                     "run it once every parent has ended."},
             },
         },
         "EnqueuedJob": {
@@ -180,6 +211,74 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
                 "unique_while": {"type": "string", "nullable": True, "enum": ["pending_or_running", "pending", None],
                                  "description": "How long unique_key is held: until the job finishes (the default), or "
                                                 "only while it is pending (it frees when the job starts)."},
+                **workflow_fields,
+            },
+        },
+        "NewBatchJob": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["job_type"],
+            "description": "A job of a batch: as a new job, without a unique key (every job of a batch is inserted).",
+            "properties": {},  # NewJob's, those a batch's job takes: set below
+        },
+        "NewBatchCallback": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["job_type"],
+            "description": "The batch's callback: it waits for every job of the batch and runs once each has ended "
+                           "(completed, dead or cancelled); no unique key, no after of its own.",
+            "properties": {},
+        },
+        "NewBatch": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["jobs"],
+            "properties": {
+                "jobs": {"type": "array", "minItems": 1, "items": _ref("NewBatchJob"),
+                         "description": f"The batch's jobs, inserted in this order (at most {MAX_PARENTS} with a callback)."},
+                "then": _ref("NewBatchCallback"),
+            },
+        },
+        "EnqueuedBatch": {
+            "type": "object",
+            "required": ["id", "job_ids", "callback_id"],
+            "properties": {
+                "id": {"type": "string", "description": "The batch's id: GET /admin/batches/{batch_id}."},
+                "job_ids": {"type": "array", "items": {"type": "string"}, "description": "Its jobs' ids, in the order given."},
+                "callback_id": {"type": "string", "nullable": True, "description": "The callback's id; null without then."},
+            },
+        },
+        "Batch": {
+            "type": "object",
+            "required": ["id", "callback_id", "callback_status", "created_at", "total", "finished", "counts", "jobs",
+                         "limit", "offset"],
+            "properties": {
+                "id": {"type": "string"},
+                "callback_id": {"type": "string", "nullable": True},
+                "callback_status": {"type": "string", "nullable": True, "enum": [*statuses, None],
+                                    "description": "null: no callback, or it was deleted."},
+                "created_at": {"type": "string"},
+                "total": {**count, "description": "The batch's jobs (the callback not counted)."},
+                "finished": {**count, "description": "Those completed, dead or cancelled."},
+                "counts": {"type": "object", "additionalProperties": count,
+                           "description": "The batch's jobs by status (only the statuses that occur)."},
+                "jobs": {
+                    "type": "array",
+                    "description": "A page of the batch's jobs (limit, offset), in the order they were enqueued.",
+                    "items": {
+                        "type": "object",
+                        "required": ["id", "job_type", "status", "result", "error"],
+                        "properties": {
+                            "id": {"type": "string"},
+                            "job_type": {"type": "string"},
+                            "status": {"type": "string", "enum": statuses},
+                            "result": {"nullable": True, "description": "A completed job's result (JSON); null otherwise."},
+                            "error": {"type": "string", "nullable": True},
+                        },
+                    },
+                },
+                "limit": {"type": "integer", "minimum": 1},
+                "offset": count,
             },
         },
         "Event": {
@@ -302,6 +401,8 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
                                               "description": "Processes running jobs behind this API: 1 or 0 "
                                                              "(WORKER_ENABLED); under a supervisor, its worker processes."}}},
     }
+    for name, fields in (("NewBatchJob", BATCH_JOB_FIELDS), ("NewBatchCallback", CALLBACK_FIELDS)):
+        schemas[name]["properties"] = {f: schemas["NewJob"]["properties"][f] for f in fields}
     public: list[dict[str, Any]] = []
     paths: dict[str, Any] = {
         "/admin/jobs": {
@@ -351,7 +452,7 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
                                         408, 413, 415, 422),
             }
         } for action, summary in (
-            ("cancel", "Cancel every pending or running job that matches a filter, in batches"),
+            ("cancel", "Cancel every waiting, pending or running job that matches a filter, in batches"),
             ("retry", "Every dead or cancelled job that matches a filter back to pending, in batches"),
             ("delete", "Delete every job of a status (not running) that matches a filter, in batches"),
         )},
@@ -380,7 +481,7 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
             "parameters": [_JOB_ID],
             "post": {
                 "operationId": "cancelJob",
-                "summary": "Cancel a job: a pending one at once; a running one is asked to stop (cancel_requested)",
+                "summary": "Cancel a job: a waiting or pending one at once; a running one is asked to stop (cancel_requested)",
                 "responses": _responses({"200": _json(_ref("Job"), "The job: cancelled, or running with cancel_requested.")},
                                         404, 409, 415),
             },
@@ -406,6 +507,29 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
                 "operationId": "resumeType",
                 "summary": "Jobs of the type start again",
                 "responses": _responses({"200": _json(_ref("JobType"), "The type, running again.")}, 404, 415),
+            },
+        },
+        "/admin/batches": {
+            "post": {
+                "operationId": "createBatch",
+                "summary": "Enqueue a batch of jobs, and a callback that runs once every one of them has ended",
+                "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("NewBatch")}}},
+                "responses": _responses({"201": _json(_ref("EnqueuedBatch"), "The batch's id, its jobs' and its callback's.")},
+                                        408, 413, 415, 422),
+            },
+        },
+        "/admin/batches/{batch_id}": {
+            "parameters": [_BATCH_ID],
+            "get": {
+                "operationId": "getBatch",
+                "summary": "A batch's progress: its jobs counted by status, its callback's status, a page of its jobs",
+                "parameters": [
+                    {"name": "limit", "in": "query", "description": "Jobs per page.",
+                     "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PER_PAGE, "default": DEFAULT_PER_PAGE}},
+                    {"name": "offset", "in": "query", "description": "Jobs to skip, in the order they were enqueued.",
+                     "schema": {"type": "integer", "minimum": 0, "maximum": MAX_OFFSET, "default": 0}},
+                ],
+                "responses": _responses({"200": _json(_ref("Batch"), "The batch.")}, 404),
             },
         },
         "/admin/events": {
@@ -502,7 +626,7 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
             "title": "pipeline admin API",
             "version": "1",
             "description": "Operate the job store of a running pipeline: list, inspect, cancel, retry, delete, clean "
-            "up, enqueue, emit events, pause job types, cron schedules. When ADMIN_TOKEN is set, every /admin route and /metrics need "
+            "up, enqueue (jobs and batches), emit events, pause job types, cron schedules. When ADMIN_TOKEN is set, every /admin route and /metrics need "
             "`Authorization: Bearer <token>`.",
         },
         "paths": paths,

@@ -4,12 +4,14 @@
 
 (() => {
   const REFRESH_MS = 5000;
-  const STATUSES = ["pending", "running", "completed", "dead", "cancelled"];
+  const STATUSES = ["waiting", "pending", "running", "completed", "dead", "cancelled"];
+  const BATCH_PAGE = 100;  // a batch view's jobs per page (and boxes in its graph)
   const FINISHED = ["completed", "dead", "cancelled"];  // the chart's stack, bottom up
   const SVG = "http://www.w3.org/2000/svg";
   const $ = (id) => document.getElementById(id);
 
-  const state = { status: "", type: "", order: "newest", page: 1, perPage: 50, open: null, total: 0 };
+  // open: the job whose view is shown; batch: the batch whose view is shown (one view at a time)
+  const state = { status: "", type: "", order: "newest", page: 1, perPage: 50, open: null, batch: null, batchOffset: 0, total: 0 };
   let timer = null;
   let busy = false;
   let again = false;
@@ -25,6 +27,8 @@
     const pp = parseInt(p.get("per_page") || "50", 10);
     state.perPage = [25, 50, 100, 200].includes(pp) ? pp : 50;
     state.open = p.get("job") || null;
+    state.batch = state.open ? null : p.get("batch") || null;
+    state.batchOffset = Math.max(0, parseInt(p.get("batch_offset") || "0", 10) || 0);
   }
 
   function writeHash() {
@@ -35,6 +39,8 @@
     if (state.page > 1) p.set("page", String(state.page));
     if (state.perPage !== 50) p.set("per_page", String(state.perPage));
     if (state.open) p.set("job", state.open);
+    if (state.batch) p.set("batch", state.batch);
+    if (state.batch && state.batchOffset) p.set("batch_offset", String(state.batchOffset));
     const text = p.toString();
     history.replaceState(null, "", text ? "#" + text : location.pathname);
   }
@@ -204,7 +210,7 @@
     body.replaceChildren();
     if (!types.length) {
       const row = el("tr");
-      row.append(el("td", { colspan: "11", class: "muted" }, "no job types"));
+      row.append(el("td", { colspan: "12", class: "muted" }, "no job types"));
       body.append(row);
     }
     for (const t of answer.types) {
@@ -392,18 +398,193 @@
     $("d-result-box").hidden = !hasResult;
     $("d-result").textContent = job.result === null || job.result === undefined ? "—" : JSON.stringify(job.result, null, 2);
     $("d-error").textContent = job.error || "—";
+    drawFlow(job);
     const retryable = job.status === "dead" || job.status === "cancelled";
     $("d-retry").disabled = !retryable;
     $("d-retry").title = retryable ? "back to pending, attempts reset, due now" : "only dead or cancelled jobs can be retried";
-    const cancellable = (job.status === "pending" || job.status === "running") && !job.cancel_requested;
+    const cancellable = ["waiting", "pending", "running"].includes(job.status) && !job.cancel_requested;
     $("d-cancel").disabled = !cancellable;
     $("d-cancel").title = job.cancel_requested ? "its cancel was requested: its worker stops it"
       : job.status === "running" ? "ask its worker to stop it: it ends cancelled, never retried"
-      : job.status === "pending" ? "cancel it now: it never runs" : "only pending or running jobs can be cancelled";
+      : job.status === "pending" ? "cancel it now: it never runs"
+      : job.status === "waiting" ? "cancel it now: it never runs (nor do the jobs waiting for it)"
+      : "only waiting, pending or running jobs can be cancelled";
     $("d-delete").disabled = job.status === "running";
     $("d-delete").title = job.status === "running" ? "a running job cannot be deleted" : "delete this job record";
     $("detail").hidden = false;
     $("backdrop").hidden = false;
+  }
+
+  // a link to a job's view (or a batch's): a real link (it can be opened in a new tab), opened here on a click
+  function viewLink(kind, id, text) {
+    const hash = new URLSearchParams();
+    hash.set(kind, id);
+    const link = el("a", { href: "#" + hash, class: kind + "-link", ["data-" + kind]: id }, text ?? id);
+    link.addEventListener("click", (e) => {
+      if (e.ctrlKey || e.metaKey || e.shiftKey || e.button !== 0) return;  // a new tab or window: the browser's
+      e.preventDefault();
+      if (kind === "job") openJob(id); else openBatch(id);
+    });
+    return link;
+  }
+
+  // the job's place in a workflow (GET /admin/jobs/{id}: parents, children, batch); hidden for a plain job
+  function drawFlow(job) {
+    const parents = job.parents || [], children = job.children || [];
+    const show = (name, visible) => { for (const id of [`d-${name}-label`, `d-${name}`]) $(id).hidden = !visible; };
+    $("d-flow").hidden = !(job.parent_count || job.child_count || job.batch);
+    show("waiting", job.status === "waiting");
+    $("d-waiting").textContent = `${job.waiting_for} of its ${job.parent_count} parents`;
+    show("parents", job.parent_count > 0);
+    show("on-failure", job.parent_count > 0);
+    $("d-on-failure").textContent = job.on_parent_failure === "run" ? "run it anyway, once every parent has ended"
+      : "cancel it (and the jobs waiting for it)";
+    show("children", job.child_count > 0);
+    for (const [name, ids, count] of [["parents", parents, job.parent_count], ["children", children, job.child_count]]) {
+      const box = $("d-" + name);
+      box.replaceChildren(...ids.map((id) => viewLink("job", id)));
+      if (count > ids.length) box.append(el("span", { class: "muted" }, `… and ${count - ids.length} more`));
+    }
+    show("batch", Boolean(job.batch));
+    $("d-batch").replaceChildren(...(job.batch ? [viewLink("batch", job.batch)] : []));
+  }
+
+  // -- a batch's view ------------------------------------------------------------------------
+
+  function drawBatch(batch) {
+    $("b-id").textContent = batch.id;
+    $("b-total").textContent = `${batch.total}, ${batch.finished} finished`;
+    const counts = $("b-counts");
+    counts.replaceChildren();
+    for (const s of STATUSES) {
+      const n = batch.counts[s] || 0;
+      if (!n) continue;
+      const item = el("span", { class: "count-item", "data-status": s });
+      item.append(el("strong", {}, n), " ", badge(s));
+      counts.append(item);
+    }
+    const callback = $("b-callback");
+    callback.replaceChildren();
+    if (batch.callback_id) {
+      callback.append(viewLink("job", batch.callback_id), " ", badge(batch.callback_status || "deleted"));
+    } else {
+      callback.append(el("span", { class: "muted" }, "none"));
+    }
+    $("b-created").textContent = utcTime(batch.created_at, true);
+    $("b-created").title = batch.created_at;
+    drawBatchGraph(batch);
+    const body = $("b-rows");
+    body.replaceChildren();
+    for (const job of batch.jobs) {
+      const row = el("tr", { "data-id": job.id });
+      const id = el("td", { class: "id" });
+      id.append(viewLink("job", job.id));
+      const status = el("td", { class: "status" });
+      status.append(badge(job.status));
+      row.append(id, el("td", {}, job.job_type), status,
+        el("td", { class: "error-cell", title: job.error || "" }, (job.error || "").split("\n")[0]));
+      body.append(row);
+    }
+    const first = batch.jobs.length ? batch.offset + 1 : 0;
+    $("b-page-info").textContent = `${first}–${batch.offset + batch.jobs.length} of ${batch.total} jobs, in the order enqueued`;
+    $("b-prev").disabled = batch.offset <= 0;
+    $("b-next").disabled = batch.offset + batch.jobs.length >= batch.total;
+    $("batch-view").hidden = false;
+    $("backdrop").hidden = false;
+  }
+
+  // the page's jobs as boxes coloured by status, a line down from each column to a bar, and an arrow from
+  // the bar to the callback: the callback waits for every one of them
+  function drawBatchGraph(batch) {
+    const svg = $("b-graph");
+    svg.replaceChildren();
+    const W = 520, S = 18, G = 6, top = 8;
+    const n = batch.jobs.length;
+    const cols = Math.max(1, Math.min(n, 20));
+    const rows = Math.ceil(n / cols);
+    const gridW = cols * S + (cols - 1) * G;
+    const left = (W - gridW) / 2;
+    const gridBottom = top + rows * (S + G) - G;
+    const busY = gridBottom + 14, boxY = busY + 30, boxW = 220, boxH = 30;
+    const H = batch.callback_id ? boxY + boxH + 8 : gridBottom + 8;
+    svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+    svg.style.height = H + "px";
+    const defs = svgEl("defs", {});
+    const marker = svgEl("marker", { id: "b-arrow", viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: 7, markerHeight: 7, orient: "auto" });
+    marker.append(svgEl("path", { d: "M0,0 L10,5 L0,10 z", class: "arrow-head" }));
+    defs.append(marker);
+    svg.append(defs);
+    if (batch.callback_id && n) {
+      for (let c = 0; c < Math.min(cols, n); c++) {  // each column's line runs behind its boxes, down to the bar
+        const x = left + c * (S + G) + S / 2;
+        svg.append(svgEl("line", { x1: x, x2: x, y1: top + S / 2, y2: busY, class: "edge" }));
+      }
+      svg.append(svgEl("line", { x1: left + S / 2, x2: left + (Math.min(cols, n) - 1) * (S + G) + S / 2, y1: busY, y2: busY, class: "edge" }));
+      svg.append(svgEl("line", { x1: W / 2, x2: W / 2, y1: busY, y2: boxY - 1, class: "edge", "marker-end": "url(#b-arrow)" }));
+    }
+    batch.jobs.forEach((job, i) => {
+      const x = left + (i % cols) * (S + G), y = top + Math.floor(i / cols) * (S + G);
+      const node = svgEl("g", { class: "node member", "data-id": job.id, tabindex: "0", role: "link" });
+      const title = svgEl("title", {});
+      title.textContent = `${job.id} · ${job.job_type} · ${job.status}`;
+      node.append(title, svgEl("rect", { x, y, width: S, height: S, rx: 3, class: job.status }));
+      node.addEventListener("click", () => openJob(job.id));
+      node.addEventListener("keydown", (e) => { if (e.key === "Enter") openJob(job.id); });
+      svg.append(node);
+    });
+    if (batch.callback_id) {
+      const status = batch.callback_status || "deleted";
+      const node = svgEl("g", { class: "node callback", "data-id": batch.callback_id, tabindex: "0", role: "link" });
+      const title = svgEl("title", {});
+      title.textContent = `the callback ${batch.callback_id} · ${status}`;
+      const label = svgEl("text", { x: W / 2, y: boxY + boxH / 2 + 4, "text-anchor": "middle" });
+      label.textContent = `callback · ${status}`;
+      node.append(title, svgEl("rect", { x: (W - boxW) / 2, y: boxY, width: boxW, height: boxH, rx: 6, class: status }), label);
+      node.addEventListener("click", () => openJob(batch.callback_id));
+      node.addEventListener("keydown", (e) => { if (e.key === "Enter") openJob(batch.callback_id); });
+      svg.append(node);
+    }
+    $("b-graph-note").textContent = batch.total > n ? `jobs ${n ? batch.offset + 1 : 0}–${batch.offset + n} of ${batch.total}` : "";
+  }
+
+  function batchQuery() {
+    return `/admin/batches/${encodeURIComponent(state.batch)}?limit=${BATCH_PAGE}&offset=${state.batchOffset}`;
+  }
+
+  async function openBatch(id, offset = 0) {
+    $("detail").hidden = true;
+    state.open = null;
+    state.batch = id;
+    state.batchOffset = offset;
+    writeHash();
+    try {
+      drawBatch(await api("GET", batchQuery()));
+    } catch (error) {
+      showProblem(error);
+      closeBatch();
+    }
+  }
+
+  async function reloadBatch() {
+    try {
+      drawBatch(await api("GET", batchQuery()));
+    } catch (error) {
+      if (error.status === 404) closeBatch();
+      else throw error;
+    }
+  }
+
+  function closeBatch() {
+    state.batch = null;
+    state.batchOffset = 0;
+    writeHash();
+    $("batch-view").hidden = true;
+    $("backdrop").hidden = true;
+  }
+
+  function closeViews() {
+    if (!$("detail").hidden) closeDetail();
+    if (!$("batch-view").hidden) closeBatch();
   }
 
   // -- actions -------------------------------------------------------------------------------
@@ -449,6 +630,7 @@
       drawChart(stats);
       drawJobs(list);
       if (state.open && !$("detail").hidden) await reloadDetail();
+      if (state.batch && !$("batch-view").hidden) await reloadBatch();
       $("refreshed").textContent = "updated " + utcTime(new Date().toISOString());
       showProblem(null);
       $("auth").hidden = true;
@@ -467,6 +649,8 @@
   }
 
   async function openJob(id) {
+    $("batch-view").hidden = true;
+    state.batch = null;
     state.open = id;
     writeHash();
     $("d-message").textContent = "";
@@ -584,8 +768,11 @@
     $("refresh").addEventListener("click", refresh);
     $("auto").addEventListener("change", schedule);
     $("d-close").addEventListener("click", closeDetail);
-    $("backdrop").addEventListener("click", closeDetail);
-    document.addEventListener("keydown", (e) => { if (e.key === "Escape" && !$("detail").hidden) closeDetail(); });
+    $("b-close").addEventListener("click", closeBatch);
+    $("b-prev").addEventListener("click", () => openBatch(state.batch, Math.max(0, state.batchOffset - BATCH_PAGE)));
+    $("b-next").addEventListener("click", () => openBatch(state.batch, state.batchOffset + BATCH_PAGE));
+    $("backdrop").addEventListener("click", closeViews);
+    document.addEventListener("keydown", (e) => { if (e.key === "Escape") closeViews(); });
     $("d-retry").addEventListener("click", () => act("retry"));
     $("d-cancel").addEventListener("click", () => act("cancel"));
     $("d-delete").addEventListener("click", () => act("delete"));
@@ -596,9 +783,15 @@
       refresh();
     });
     document.addEventListener("visibilitychange", () => { if (document.visibilityState === "visible") refresh(); });
-    window.addEventListener("hashchange", () => { readHash(); refresh(); if (state.open) openJob(state.open); });
+    window.addEventListener("hashchange", () => {
+      readHash();
+      refresh();
+      if (state.open) openJob(state.open);
+      else if (state.batch) openBatch(state.batch, state.batchOffset);
+    });
     schedule();
     refresh();
     if (state.open) openJob(state.open);
+    else if (state.batch) openBatch(state.batch, state.batchOffset);
   });
 })();
