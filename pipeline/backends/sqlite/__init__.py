@@ -29,9 +29,12 @@ from ...errors import PipelineClosed, StoreError, UsageError
 from ...replies import Reply
 from ..base import (
     NUDGE_BUFFER,
+    BatchMember,
+    BatchRecord,
     ClaimOffer,
     JobRecord,
     Lease,
+    NewBatch,
     NewJob,
     Nudge,
     ScheduleRecord,
@@ -40,7 +43,7 @@ from ..base import (
     WorkerRecord,
 )
 from ..trays import Tray, Trays
-from . import limits, migrations, queries, retention, schedules, store
+from . import limits, migrations, queries, retention, schedules, store, workflows
 from .bulk import BulkInsert
 from .checkpoints import WalCheck, run_wal_check
 from .db import Database, begin_immediate, describe, open_database
@@ -90,10 +93,20 @@ class SqliteBackend:
 
     # -- producing ----------------------------------------------------------------------------
 
-    async def insert(self, jobs: Sequence[NewJob]) -> builtins.list[str]:
+    async def insert(self, jobs: Sequence[NewJob], *, batch: NewBatch | None = None) -> builtins.list[str]:
         if not jobs:
             return []
-        ids: builtins.list[str] = await self._call("insert", None, wakes_poller=True, rows=list(jobs))
+        ids: builtins.list[str]
+        if batch is not None:  # the record and the jobs in one command of their own
+            rows = list(jobs)
+
+            def write(conn: sqlite3.Connection, now: str) -> builtins.list[str]:
+                workflows.insert_batch(conn, batch)
+                return store.insert_jobs(conn, rows)
+
+            ids = await self._call("insert_batch", write, wakes_poller=True)
+        else:
+            ids = await self._call("insert", None, wakes_poller=True, rows=list(jobs))
         return ids
 
     async def bulk_insert(
@@ -150,13 +163,17 @@ class SqliteBackend:
 
         return await self._call("bury_unknown", write)
 
+    async def rescue_waiting(self, *, limit: int = 500) -> int:
+        # (the jobs it wakes wake the Poller: see workflows.WOKEN)
+        return await self._call("rescue_waiting", lambda conn, now: workflows.rescue_waiting(conn, limit=limit, now=now))
+
     def lease_renewer(self) -> SqliteLeaseRenewer:
         return SqliteLeaseRenewer(self._db.path, busy_timeout_ms=self._db.busy_timeout_ms, synchronous=self._db.synchronous)
 
     # -- operators ------------------------------------------------------------------------------
 
     async def get(self, job_id: str) -> JobRecord | None:
-        return await self._db.read(queries.get_job, job_id)
+        return await self._db.read(queries.get_job_linked, job_id)
 
     async def list(
         self, *, status: str | None = None, job_type: str | None = None, limit: int = 50, offset: int = 0,
@@ -172,6 +189,17 @@ class SqliteBackend:
 
     async def revive(self, job_id: str) -> JobRecord:
         return await self._call("revive", lambda conn, now: queries.revive(conn, job_id, now=now), wakes_poller=True)
+
+    # -- workflows (issue 24): reads on the read connections (see workflows.py)
+
+    async def parent_results(self, job_id: str) -> dict[str, str | None]:
+        return await self._db.read(workflows.parent_results, job_id)
+
+    async def batch(self, batch_id: str) -> BatchRecord | None:
+        return await self._db.read(_in_one_read, workflows.batch, batch_id)
+
+    async def batch_jobs(self, batch_id: str, *, limit: int | None = None, offset: int = 0) -> builtins.list[BatchMember]:
+        return await self._db.read(_in_one_read, functools.partial(workflows.batch_jobs, limit=limit, offset=offset), batch_id)
 
     # -- control (issue 23): writes through the Ledger like revive, reads on the read connections
 
@@ -196,7 +224,7 @@ class SqliteBackend:
         return await self._db.read(queries.paused_types)
 
     async def delete(self, job_id: str) -> None:
-        await self._call("delete", lambda conn, now: queries.delete_job(conn, job_id))
+        await self._call("delete", lambda conn, now: queries.delete_job(conn, job_id, now=now))
 
     async def cleanup(self, *, statuses: Sequence[str] = ("completed", "dead"), older_than_seconds: float | None = None) -> int:
         statuses = tuple(statuses)
@@ -271,6 +299,16 @@ class SqliteBackend:
         """A graceful stop began: a database locked by someone else holds it up for at most
         ``grace`` seconds more."""
         self._stats.give_up_at = trio.current_time() + grace
+
+
+def _in_one_read(conn: sqlite3.Connection, fn: Any, *args: Any) -> Any:
+    """``fn(conn, *args)`` in one read transaction: its statements read one snapshot."""
+    conn.execute("BEGIN")
+    try:
+        return fn(conn, *args)
+    finally:
+        if conn.in_transaction:
+            conn.execute("COMMIT")
 
 
 def _bulk_load(path: Path, busy_timeout_ms: int, synchronous: str, jobs: Iterable[NewJob], commit_every: int | None,

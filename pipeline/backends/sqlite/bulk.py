@@ -11,6 +11,7 @@ from typing import Any
 from ...errors import StoreError
 from ..base import NewJob
 from .store import insert_jobs
+from .workflows import linked
 
 # One statement for a whole chunk of rows, read from a JSON array of NewJob arrays:
 # SQLite runs it without taking the GIL back, so a thread inserts one chunk while Python
@@ -90,9 +91,10 @@ class BulkInsert:
         if not self._begun:
             self._conn.execute("BEGIN IMMEDIATE")
             self._begun = True
-        if any(r.unique_key is not None or r.trace is not None for r in rows):
+        if any(r.unique_key is not None or r.trace is not None or linked(r) for r in rows):
             # a row may find its key held: this chunk goes through insert_jobs, which says so
-            # (and which writes a trace context, which _INSERT_JSON leaves out)
+            # (and which writes a trace context, and a workflow's rows and edges, which _INSERT_JSON
+            # leaves out; a row's parents may be in the chunks before: inserted already)
             self._pending.append(self._pool.submit(self._guarded, self._insert_keyed, rows))
         elif any("\x00" in r.payload or "\x00" in r.job_type for r in rows):
             # SQLite's JSON functions end text at a NUL character: this chunk goes row by row

@@ -33,7 +33,7 @@ from .. import batches
 from ..base import Claimed, ClaimOffer, NewJob, Nudge, nudge
 from ..batches import BATCH_LIMIT, answer, fail_in_hand, gather, take_offer
 from ..trays import Tray
-from . import store
+from . import store, workflows
 from .db import Database, begin_immediate, describe
 from .watch import Lookout
 
@@ -63,11 +63,22 @@ class Command:
         return self.wakes_poller or (self.tray is not None and self.tray.wakes_poller)
 
 
-def _apply_batch(conn: sqlite3.Connection, batch: list[Command], wait_ms: int) -> tuple[list[tuple[bool, Any]], int]:
+def _apply_batch(conn: sqlite3.Connection, batch: list[Command], wait_ms: int) -> tuple[list[tuple[bool, Any]], int, bool]:
     """Runs in the database thread: one transaction; all outcomes in one executemany per
     kind, all inserted rows in one executemany; every other command under a savepoint of
     its own. ``BEGIN IMMEDIATE`` waits at most ``wait_ms`` for another writer's lock.
-    Returns the results and ``PRAGMA data_version`` as the transaction began (see Lookout)."""
+    Returns the results, ``PRAGMA data_version`` as the transaction began (see Lookout), and
+    whether the batch woke waiting jobs (a parent's end made them pending: see workflows.WOKEN)."""
+    woken: list[str] = []
+    token = workflows.WOKEN.set(woken)  # (this thread's context, for this call)
+    try:
+        results, version = _apply(conn, batch, wait_ms)
+    finally:
+        workflows.WOKEN.reset(token)
+    return results, version, bool(woken)
+
+
+def _apply(conn: sqlite3.Connection, batch: list[Command], wait_ms: int) -> tuple[list[tuple[bool, Any]], int]:
     results: list[tuple[bool, Any]] = [(False, None)] * len(batch)
     begin_immediate(conn, wait_ms)
     version = int(conn.execute("PRAGMA data_version").fetchone()[0])
@@ -162,7 +173,7 @@ def _alone(conn: sqlite3.Connection, fn: Callable[[], Any]) -> tuple[bool, Any]:
 LOCK_PATIENCE = 30.0  # seconds a batch waits, in all, while another process holds the write lock
 
 
-async def _write_patiently(db: Database, batch: list[Command], stats: LedgerStats) -> tuple[list[tuple[bool, Any]], int]:
+async def _write_patiently(db: Database, batch: list[Command], stats: LedgerStats) -> tuple[list[tuple[bool, Any]], int, bool]:
     """Run the batch; while another process holds the write lock, wait for it (SQLite's
     busy handler) and try again, until LOCK_PATIENCE has passed on the clock since the
     first try: one deadline, whatever busy_timeout is, so that nobody waits longer than that
@@ -260,7 +271,7 @@ async def _serve(
                                                             key_limits=offer.key_limits), Reply()))
         handed = lookout.hand()
         try:
-            results, version = await _write_patiently(db, batch, stats)
+            results, version, woke = await _write_patiently(db, batch, stats)
         except sqlite3.Error as exc:
             # the transaction as a whole failed (locked past busy_timeout, disk full at
             # COMMIT, I/O error): nothing of it was written; every caller hears so and
@@ -278,8 +289,9 @@ async def _serve(
         finally:
             lookout.finish()  # (a batch that failed did not look: the watch waiting for it looks itself)
         # another process committed before this batch began: tell the Poller (the WAL watch
-        # leaves it to a busy Ledger, see watch.py)
-        wake = lookout.saw(version)
+        # leaves it to a busy Ledger, see watch.py); or the batch woke waiting jobs (a parent
+        # ended): their Poller is told as an insert's is
+        wake = lookout.saw(version) or woke
         lookout.looked = handed  # (before the watch woken by finish() runs: no checkpoint in between)
         stats.batches += 1
         stats.commands += len(batch) + outcomes  # each outcome counts as one

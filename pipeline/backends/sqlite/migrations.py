@@ -220,6 +220,7 @@ MIGRATIONS: Final[list[Migration]] = [
         CREATE INDEX IF NOT EXISTS idx_rate_claims ON rate_claims(job_type, at);
         """,
     ),
+    (15, "workflows", lambda conn: _workflows(conn)),  # a schema edit as version 13's: see _workflows
 ]
 
 # Issue 23's control: a final status "cancelled", what a handler reports and returns, snoozes,
@@ -270,33 +271,94 @@ _STATUS_CHECK_CANCELLED = (
 
 def _control(conn: sqlite3.Connection) -> None:
     """Version 13: the status check takes "cancelled" (and is written as ORs, see
-    :data:`_STATUS_CHECK_CANCELLED`), then :data:`CONTROL`.
+    :data:`_STATUS_CHECK_CANCELLED`; in place: see :func:`_edit_status_check`), then :data:`CONTROL`."""
+    _edit_status_check(conn, _STATUS_CHECK, _STATUS_CHECK_CANCELLED, 13)
+    run_statements(conn, CONTROL)
+
+
+# Issue 24's workflows: jobs that wait for other jobs (status "waiting"), and batches with a callback.
+WORKFLOWS = """
+-- A job enqueued with after=[...]: its parents not yet ended (edges not yet counted; 0 for every other
+-- job), what a parent's failure does to it (NULL: "cancel", the default; 'run'), and its batch (a member
+-- or the callback). has_children is 1 once a job was named as a parent: the success of a job without
+-- children (the hot path) is fenced by has_children = 0 and reads nothing else (see store.settle).
+ALTER TABLE jobs ADD COLUMN waiting_for INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN on_parent_failure TEXT;
+ALTER TABLE jobs ADD COLUMN batch_id TEXT;
+ALTER TABLE jobs ADD COLUMN has_children INTEGER NOT NULL DEFAULT 0;
+-- One edge per (parent, child), its child's place in its after (position), counted = 1 once the parent
+-- ended and the edge was applied to the child (exactly once: workflows.apply_edges). Kept after that, for
+-- the reads (a job's parents and children, ctx.parent_results()), until retention removes either job.
+CREATE TABLE IF NOT EXISTS edges (
+    parent_id TEXT NOT NULL,
+    child_id  TEXT NOT NULL,
+    position  INTEGER NOT NULL,
+    counted   INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (parent_id, child_id)
+) WITHOUT ROWID;
+-- a job's parents in the order of its after
+CREATE INDEX IF NOT EXISTS idx_edges_child ON edges(child_id, position);
+-- the edges not yet counted, by parent: what a parent that ends looks for, and the sweep's
+-- (rescue_waiting) whole read; as many entries as there are waiting edges, none for plain jobs
+CREATE INDEX IF NOT EXISTS idx_edges_uncounted ON edges(parent_id) WHERE counted = 0;
+-- A batch (enqueue_batch): its members are the jobs with its id in batch_id, but its callback.
+CREATE TABLE IF NOT EXISTS batches (
+    id          TEXT PRIMARY KEY,
+    callback_id TEXT,
+    created_at  TEXT NOT NULL
+);
+-- a batch's jobs, in insertion order (the rowid); jobs without a batch are not in it
+CREATE INDEX IF NOT EXISTS idx_jobs_batch ON jobs(batch_id) WHERE batch_id IS NOT NULL;
+-- A waiting job holds its unique key as a pending one does: idx_jobs_unique with "waiting" (store.HOLDS,
+-- which the inserts' ON CONFLICT names; ORs, not an IN of three, see _STATUS_CHECK). No job is waiting
+-- yet, so the new index holds the old one's entries and cannot fail. (A process of version 14 still
+-- running finds no index matching its ON CONFLICT: its keyed inserts fail until it is upgraded too.)
+DROP INDEX IF EXISTS idx_jobs_unique;
+CREATE UNIQUE INDEX IF NOT EXISTS idx_jobs_unique ON jobs(job_type, unique_key)
+    WHERE unique_key IS NOT NULL AND (status = 'pending' OR status = 'running' OR status = 'waiting')
+      AND (unique_token IS NULL OR unique_token = lease_token);
+"""
+
+# The status check from version 15 on: "waiting" last, so that the other statuses compare as before
+_STATUS_CHECK_WAITING = (
+    "CHECK (status = 'pending' OR status = 'running' OR status = 'completed' OR status = 'dead' OR status = 'cancelled' "
+    "OR status = 'waiting')"
+)
+
+
+def _edit_status_check(conn: sqlite3.Connection, old: str, new: str, version: int) -> None:
+    """Replace the jobs table's status check ``old`` with ``new`` in the schema, in place.
 
     SQLite cannot alter a check. Rebuilding the table (copy, drop, rename) would copy every
     row, and, in a file the application shares, drop the triggers on it and fire the ON DELETE
     actions of any foreign key to it. A check that accepts one more value changes nothing
     stored (every row satisfies it still), so it is written into the schema in place, the way
     SQLite documents for removing a check (lang_altertable.html, "other kinds of table schema
-    changes"): in this transaction, ``writable_schema`` for the edit, the schema's version
-    bumped so that every connection reads the table's definition again."""
+    changes"): in the migration's transaction, ``writable_schema`` for the edit, the schema's
+    version bumped so that every connection reads the table's definition again."""
     (sql,) = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'jobs'").fetchone()
-    if sql.count(_STATUS_CHECK) != 1:
+    if sql.count(old) != 1:
         raise StoreError(
-            f"cannot upgrade the jobs table to schema version 13: its status check is not {_STATUS_CHECK}, "
+            f"cannot upgrade the jobs table to schema version {version}: its status check is not {old}, "
             "as this package created it (was the table changed by hand?)"
         )
-    (version,) = conn.execute("PRAGMA schema_version").fetchone()
+    (schema_version,) = conn.execute("PRAGMA schema_version").fetchone()
     conn.execute("PRAGMA writable_schema = ON")
     try:
-        conn.execute("UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = 'jobs'",
-                     (sql.replace(_STATUS_CHECK, _STATUS_CHECK_CANCELLED),))
-        conn.execute(f"PRAGMA schema_version = {int(version) + 1}")
+        conn.execute("UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = 'jobs'", (sql.replace(old, new),))
+        conn.execute(f"PRAGMA schema_version = {int(schema_version) + 1}")
     except sqlite3.DatabaseError as exc:  # SQLITE_DBCONFIG_DEFENSIVE refuses writable_schema
-        raise StoreError(f"cannot upgrade the jobs table to schema version 13 (its status check): {exc}") from None
+        raise StoreError(f"cannot upgrade the jobs table to schema version {version} (its status check): {exc}") from None
     finally:
         conn.execute("PRAGMA writable_schema = OFF")
     conn.execute("SELECT status FROM jobs LIMIT 0").fetchall()  # the new definition parses (else: rolled back)
-    run_statements(conn, CONTROL)
+
+
+def _workflows(conn: sqlite3.Connection) -> None:
+    """Version 15: the status check takes "waiting" (written in place, as version 13's took
+    "cancelled": see :func:`_edit_status_check`), then :data:`WORKFLOWS`."""
+    _edit_status_check(conn, _STATUS_CHECK_CANCELLED, _STATUS_CHECK_WAITING, 15)
+    run_statements(conn, WORKFLOWS)
 
 
 RETIRED: Final = (2, 4)  # the site's, once: known here, no longer applied

@@ -9,26 +9,31 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
+
 from ... import states
 from ...clock import format_ts, to_epoch
 from ...errors import UsageError
 from ...states import Status
 from ..base import CANCELLING, JobRecord, WorkerRecord, cancelled_error, check_list_order, unique_key_held
-from . import store
+from . import store, workflows
 from .retention import FINISHED
 
-# JobRecord's fields in order. A cancel request is shown only while the job runs: SUCCEED's
-# statement, the hot path's, leaves the column as it was (see store._SUCCEED), and a request
-# means nothing once the run has ended.
+# JobRecord's fields in order, then a workflow's columns (the job's parents and children are read
+# apart, by get: see workflows.relatives). A cancel request is shown only while the job runs:
+# SUCCEED's statement, the hot path's, leaves the column as it was (see store._SUCCEED), and a
+# request means nothing once the run has ended.
 COLUMNS = (
     "id, job_type, payload, status, attempts, max_attempts, run_after, error, "
     "created_at, updated_at, priority, lease_owner, lease_expires_at, unique_key, "
-    "result, progress, progress_message, snoozes, expires_at, status = 'running' AND cancel_requested = 1, limit_key"
+    "result, progress, progress_message, snoozes, expires_at, status = 'running' AND cancel_requested = 1, limit_key, "
+    "waiting_for, batch_id, on_parent_failure"
 )
 
 
 def _record(row: tuple[Any, ...]) -> JobRecord:
-    return JobRecord(*row[:19], bool(row[19]), row[20])  # type: ignore[call-arg]
+    return JobRecord(*row[:19], bool(row[19]), row[20],  # type: ignore[call-arg,misc]
+                     waiting_for=row[21], batch_id=row[22], on_parent_failure=row[23])
 
 
 # -- operator actions -----------------------------------------------------------------------
@@ -66,18 +71,20 @@ def _pending_only(conn: sqlite3.Connection, job_id: str) -> bool:
 
 
 def cancel(conn: sqlite3.Connection, job_ids: Sequence[str], *, reason: str, now: str) -> list[str | None]:
-    """Per id in order, what the job is after it: a pending one cancelled at once ("cancelled",
-    its unique key freed: idx_jobs_unique holds pending and running rows only); a running one
-    asked to stop (``CANCELLING``: its worker reads cancel_requests); a final one's status,
+    """Per id in order, what the job is after it: a pending or waiting one cancelled at once
+    ("cancelled", its unique key freed: idx_jobs_unique holds no cancelled row; its edges applied
+    at once: a job after it in ``job_ids`` that it cancelled answers "cancelled" too); a running
+    one asked to stop (``CANCELLING``: its worker reads cancel_requests); a final one's status,
     unchanged; None for an unknown id. In the Ledger's transaction: nothing moves in between."""
     error = cancelled_error(reason)
     answers: list[str | None] = []
     for job_id in job_ids:
         row = conn.execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
         status = None if row is None else row[0]
-        if status == Status.PENDING:
-            conn.execute("UPDATE jobs SET status = 'cancelled', error = ?, updated_at = ? WHERE id = ? AND status = 'pending'",
-                         (error, now, job_id))
+        if status in (Status.PENDING, Status.WAITING):
+            conn.execute("UPDATE jobs SET status = 'cancelled', error = ?, updated_at = ? "
+                         "WHERE id = ? AND (status = 'pending' OR status = 'waiting')", (error, now, job_id))
+            workflows.apply_edges(conn, [(job_id, "cancelled")], now=now)
             status = Status.CANCELLED.value
         elif status == Status.RUNNING:
             conn.execute("UPDATE jobs SET cancel_requested = 1 WHERE id = ? AND status = 'running'", (job_id,))
@@ -108,34 +115,59 @@ def paused_types(conn: sqlite3.Connection) -> set[str]:
     return {job_type for (job_type,) in conn.execute("SELECT job_type FROM paused_types")}
 
 
-def delete_job(conn: sqlite3.Connection, job_id: str) -> None:
-    """Delete a job record; LookupError if unknown, UsageError if it is running."""
-    job = get_job(conn, job_id)
-    if job is None:
+def delete_job(conn: sqlite3.Connection, job_id: str, *, now: str) -> None:
+    """Delete a job record; LookupError if unknown, UsageError if it is running. A job whose edges
+    have not counted (pending, waiting) applies them first as a parent "deleted"; its edges, both
+    ways, and its batch if no other job of it is left, go with it."""
+    row = conn.execute("SELECT status, batch_id FROM jobs WHERE id = ?", (job_id,)).fetchone()
+    if row is None:
         raise LookupError(f"no job with id {job_id!r}")
-    if job.status == Status.RUNNING:
+    status, batch_id = row
+    if status == Status.RUNNING:
         raise UsageError(f"job {job_id} is running; wait for it to finish before deleting it")
+    workflows.apply_edges(conn, [(job_id, status if status in workflows.FINAL else "deleted")], now=now)
     conn.execute("DELETE FROM jobs WHERE id = ? AND status != 'running'", (job_id,))
+    workflows.forget(conn, [(job_id, batch_id)])
 
 
 def cleanup(conn: sqlite3.Connection, *, statuses: Sequence[str] = ("completed", "dead"), older_than: str | None = None) -> int:
     """Delete finished records (completed, dead, cancelled: ``statuses``), optionally only those last
-    updated before ``older_than``."""
+    updated before ``older_than``; their edges and emptied batches with them (workflows.forget)."""
     states.check_finished(statuses, "cleanup deletes")
     marks = ",".join("?" for _ in statuses)
-    if older_than is None:
-        return conn.execute(f"DELETE FROM jobs WHERE status IN ({marks})", tuple(statuses)).rowcount
-    return conn.execute(
-        f"DELETE FROM jobs WHERE status IN ({marks}) AND updated_at < ?", (*statuses, older_than)
-    ).rowcount
+    where, params = f"status IN ({marks})", tuple(statuses)
+    if older_than is not None:
+        where, params = f"{where} AND updated_at < ?", (*params, older_than)
+    if not workflows.in_use(conn):
+        return conn.execute(f"DELETE FROM jobs WHERE {where}", params).rowcount
+    removed = conn.execute(f"DELETE FROM jobs WHERE {where} RETURNING id, batch_id", params).fetchall()
+    workflows.forget(conn, removed)
+    return len(removed)
 
 
 # -- reads ------------------------------------------------------------------------------------
 
 
 def get_job(conn: sqlite3.Connection, job_id: str) -> JobRecord | None:
+    """The job without its parents and children (see :func:`get_job_linked`)."""
     row = conn.execute(f"SELECT {COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
     return _record(row) if row else None
+
+
+def get_job_linked(conn: sqlite3.Connection, job_id: str) -> JobRecord | None:
+    """The job with its parents and children (Backend.get), read in one read transaction."""
+    own = not conn.in_transaction
+    if own:
+        conn.execute("BEGIN")
+    try:
+        job = get_job(conn, job_id)
+        if job is None:
+            return None
+        parents, parent_count, children, child_count = workflows.relatives(conn, job_id)
+    finally:
+        if own and conn.in_transaction:
+            conn.execute("COMMIT")
+    return attrs.evolve(job, parents=parents, parent_count=parent_count, children=children, child_count=child_count)
 
 
 def list_jobs(

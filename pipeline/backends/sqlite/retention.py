@@ -7,6 +7,7 @@ import sqlite3
 
 from ...clock import format_ts, to_epoch
 from ...states import check_finished
+from . import workflows
 
 TURN = "retention"
 
@@ -23,10 +24,15 @@ def take_turn(conn: sqlite3.Connection, *, now: str, interval_seconds: float) ->
 
 def prune(conn: sqlite3.Connection, status: str, *, now: str, older_than_seconds: float, limit: int) -> int:
     """Up to ``limit`` jobs of the final ``status`` last updated before now − ``older_than_seconds``,
-    oldest first (the partial index idx_jobs_finished: a look that finds none reads nothing)."""
+    oldest first (the partial index idx_jobs_finished: a look that finds none reads nothing); their
+    edges and emptied batches with them (workflows.forget), when the store has any."""
     check_finished([status], "retention removes")
     before = format_ts(to_epoch(now) - older_than_seconds)
-    return conn.execute(PRUNE, (status, before, limit)).rowcount
+    if not workflows.in_use(conn):
+        return conn.execute(PRUNE, (status, before, limit)).rowcount
+    removed = conn.execute(f"{PRUNE} RETURNING id, batch_id", (status, before, limit)).fetchall()
+    workflows.forget(conn, removed)
+    return len(removed)
 
 
 # The partial index's own condition is written out as it is, or the planner cannot use it (it

@@ -24,6 +24,7 @@ from ...clock import format_ts, to_epoch
 from ...sqlite_files import connect, write_transaction  # noqa: F401 - re-exported: store.connect, store.write_transaction
 from ..base import Lease, NewJob, Settlement, cancelled_running_error, expired_error
 from . import limits as limits_
+from . import workflows
 
 # -- records --------------------------------------------------------------------------------
 
@@ -53,11 +54,15 @@ _INSERT = (
     "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, "
     "created_at, updated_at, priority) VALUES (?1, ?2, ?3, 'pending', 0, ?4, ?5, ?7, ?7, ?6)"
 )
-# When a row holds its unique key: idx_jobs_unique's condition, as migration 14 wrote it (an ON
+# When a row holds its unique key: idx_jobs_unique's condition, as migration 15 wrote it (an ON
 # CONFLICT names a partial index by its columns and this very condition). A default job (unique_token
-# NULL) holds it while pending or running; a job holding it only while pending (unique_while
-# "pending"), under one lease token: a claim moves the token on, which frees it.
-HOLDS = "unique_key IS NOT NULL AND status IN ('pending', 'running') AND (unique_token IS NULL OR unique_token = lease_token)"
+# NULL) holds it while waiting, pending or running; a job holding it only while pending (unique_while
+# "pending"), under one lease token: a claim moves the token on, which frees it (a waiting one holds it
+# as a pending one does: it is inserted with the token it holds it under).
+HOLDS = (
+    "unique_key IS NOT NULL AND (status = 'pending' OR status = 'running' OR status = 'waiting') "
+    "AND (unique_token IS NULL OR unique_token = lease_token)"
+)
 # a row with a unique key: nothing is inserted while a job holding its type and key is pending or
 # running (the partial index idx_jobs_unique); a duplicate id still fails, as in _INSERT
 _INSERT_UNIQUE = (
@@ -82,16 +87,30 @@ _INSERT_LIMITED = (
     f"ON CONFLICT (job_type, unique_key) WHERE {HOLDS} DO NOTHING"
 )
 PENDING_ONLY = 0  # a new row's unique_token when its key is held only while pending (its lease_token)
+# a row of a workflow (workflows.linked: parents, a policy, a batch): every column, its status as
+# workflows.plan says (?13: waiting, pending, or cancelled with its error ?17), and has_children (?18)
+# set when a later row of the call names it as a parent
+_INSERT_LINKED = (
+    "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, created_at, updated_at, "
+    "priority, unique_key, trace, expires_at, limit_key, unique_token, waiting_for, on_parent_failure, batch_id, error, "
+    "has_children) VALUES (?1, ?2, ?3, ?13, 0, ?4, ?5, ?7, ?7, ?6, ?8, ?9, ?10, ?11, ?12, ?14, ?15, ?16, ?17, ?18) "
+    f"ON CONFLICT (job_type, unique_key) WHERE {HOLDS} DO NOTHING"
+)
 # the holder of a type and key: through idx_jobs_unique (the condition implies its own)
 _HOLDER = f"SELECT id FROM jobs WHERE job_type = ? AND unique_key = ? AND {HOLDS}"
 
 
 def insert_jobs(conn: sqlite3.Connection, rows: Sequence[NewJob]) -> list[str]:
-    """Insert the rows; per row, the id stored for it: its own, or that of the pending or
-    running job holding its type and unique key (then nothing is inserted for it). The
-    caller holds the write transaction, so nothing changes between the insert and the look-up."""
+    """Insert the rows; per row, the id stored for it: its own, or that of the waiting, pending
+    or running job holding its type and unique key (then nothing is inserted for it). The
+    caller holds the write transaction, so nothing changes between the insert and the look-up.
+
+    Rows of a workflow (with parents, a policy or a batch) are inserted after the others, in
+    their order, each waiting, pending or cancelled as its parents say (workflows.plan), with
+    their edges; the call is checked first (:func:`~pipeline.backends.base.check_after`, every
+    parent in the store or earlier in the call): a UsageError then writes nothing."""
     special = [row for row in rows if row.unique_key is not None or row.trace is not None or row.expires_at is not None
-               or row.limit_key is not None]
+               or row.limit_key is not None or row.after or row.batch_id is not None or row.on_parent_failure is not None]
     # Rows without a key, a trace, an expiry or a limit key: one executemany of _INSERT, as before
     # unique keys, given plain 7-tuples (row[:7]): binding an eighth parameter, NULL, cost 7 % of an
     # insert, and sqlite3 binds an exact tuple faster than a NamedTuple (measured: 20,000 rows
@@ -99,9 +118,13 @@ def insert_jobs(conn: sqlite3.Connection, rows: Sequence[NewJob]) -> list[str]:
     if not special:  # the common case
         conn.executemany(_INSERT, [row[:7] for row in rows])
         return [row.id for row in rows]
-    if len(special) < len(rows):
+    linked = [row for row in special if workflows.linked(row)]
+    statuses = workflows.parent_statuses(conn, rows) if linked else {}  # (raises before anything is written)
+    if linked:
+        special = [row for row in special if not workflows.linked(row)]
+    if len(special) + len(linked) < len(rows):
         conn.executemany(_INSERT, [row[:7] for row in rows if row.unique_key is None and row.trace is None
-                                   and row.expires_at is None and row.limit_key is None])
+                                   and row.expires_at is None and row.limit_key is None and not workflows.linked(row)])
     more = [(*row[:7], row.trace, row.expires_at) for row in special if row.unique_key is None and row.limit_key is None]
     if more:
         conn.executemany(_INSERT_MORE, more)
@@ -122,7 +145,38 @@ def insert_jobs(conn: sqlite3.Connection, rows: Sequence[NewJob]) -> list[str]:
         if conn.execute(sql, params).rowcount == 0:
             (holder,) = conn.execute(_HOLDER, (row.job_type, row.unique_key)).fetchone()
             held[row.id] = holder
+    if linked:
+        held.update(_insert_linked(conn, linked, statuses))
     return [held.get(row.id, row.id) for row in rows]
+
+
+def _insert_linked(conn: sqlite3.Connection, rows: Sequence[NewJob], statuses: dict[str, str]) -> dict[str, str]:
+    """Insert the rows of a workflow, in order, with their edges (see insert_jobs); {row id: the
+    holder's id} for those whose unique key was held (nothing inserted for them, nor edges)."""
+    named = {parent for row in rows for parent in row.after}
+    held: dict[str, str] = {}
+    edges: list[tuple[str, str, int, int]] = []
+    plain: list[tuple[Any, ...]] = []
+    for row in rows:
+        status, waiting_for, error, row_edges = workflows.plan(row, statuses)
+        token = PENDING_ONLY if row.unique_while == "pending" else None
+        params = (*row[:11], token, status, waiting_for, row.on_parent_failure, row.batch_id, error, int(row.id in named))
+        if row.unique_key is None:
+            plain.append(params)
+        else:
+            # in order, as other keyed rows (no row of the call waits for a keyed one: check_after); one
+            # cancelled at once holds no key, so the holder is looked for first
+            holder = holder_of(conn, row.job_type, row.unique_key) if status == "cancelled" else None
+            if holder is None and conn.execute(_INSERT_LINKED, params).rowcount == 0:
+                holder = holder_of(conn, row.job_type, row.unique_key)
+            if holder is not None:
+                held[row.id] = holder
+                continue
+        edges.extend(row_edges)
+    if plain:
+        conn.executemany(_INSERT_LINKED, plain)
+    workflows.write_edges(conn, edges, flagged=(row.id for row in rows if row.id in named))
+    return held
 
 
 def holder_of(conn: sqlite3.Connection, job_type: str, unique_key: str) -> str | None:
@@ -230,9 +284,12 @@ def _expire_sql(types: int | None) -> str:
 
 def expire_pending(conn: sqlite3.Connection, now: str, job_types: Sequence[str] | None = None) -> list[str]:
     """Pending jobs of ``job_types`` (None: of any type) whose ``expires_at`` is at or before
-    ``now`` → cancelled, with :func:`~pipeline.backends.base.expired_error`; their ids."""
+    ``now`` → cancelled, with :func:`~pipeline.backends.base.expired_error`, their edges applied;
+    their ids. (A waiting job does not expire: it is not pending.)"""
     sql = _expire_sql(None if job_types is None else len(job_types))
-    return [job_id for (job_id,) in conn.execute(sql, (now, *_EXPIRED_TEXT, *(job_types or ())))]
+    expired = [job_id for (job_id,) in conn.execute(sql, (now, *_EXPIRED_TEXT, *(job_types or ())))]
+    workflows.after_ended(conn, expired, now=now)
+    return expired
 
 
 def claim_leases(
@@ -320,7 +377,7 @@ def claim_picked(
 _FENCE = "WHERE id = ? AND status = 'running' AND lease_token = ?"
 # Every statement that sends a job back to pending sets this (the job's other columns are as they
 # were): a job holding its unique key only while pending, whose claim freed it, holds it again
-# (unique_token = its lease token, see HOLDS) if no pending or running job holds it now, and goes on
+# (unique_token = its lease token, see HOLDS) if no waiting, pending or running job holds it now, and goes on
 # without it (one less: never its token, which only grows) otherwise, never failing for it. A
 # default job's NULL stays NULL: its first test, and nothing else is read (measured: 20,000
 # retries cost what they did). The subquery seeks idx_jobs_unique; the row itself, running under
@@ -328,17 +385,27 @@ _FENCE = "WHERE id = ? AND status = 'running' AND lease_token = ?"
 RETAKE = (
     "unique_token = CASE WHEN unique_token IS NULL THEN NULL WHEN EXISTS (SELECT 1 FROM jobs AS h "
     "WHERE h.job_type = jobs.job_type AND h.unique_key = jobs.unique_key AND h.unique_key IS NOT NULL "
-    "AND h.status IN ('pending', 'running') AND (h.unique_token IS NULL OR h.unique_token = h.lease_token)) "
+    "AND (h.status = 'pending' OR h.status = 'running' OR h.status = 'waiting') "
+    "AND (h.unique_token IS NULL OR h.unique_token = h.lease_token)) "
     "THEN lease_token - 1 ELSE lease_token END"
 )
 # The outcomes that send a job back to pending (RETRY, RELEASE, SNOOZE) are fenced by no cancel
 # request as well: one whose cancel was requested ends cancelled instead (_STOPPED, see settle).
 _FENCE_BACK = f"{_FENCE} AND cancel_requested = 0"
-_SUCCEED = f"UPDATE jobs SET status = 'completed', updated_at = ?, lease_owner = NULL, lease_expires_at = NULL {_FENCE}"
+# The outcomes that end a job are written for jobs without children (workflows: has_children = 0)
+# first: the column is read from the row the statement reads anyway, so that a plain job's outcome
+# costs no look for children. Only when such a statement writes fewer rows than it was given (a
+# stale lease, or a job with children) does its twin for jobs with children (_WITH_CHILDREN) run,
+# and the edges of those it ended are applied (see settle).
+_CHILDLESS = " AND has_children = 0"
+_SUCCEED = (
+    "UPDATE jobs SET status = 'completed', updated_at = ?, lease_owner = NULL, lease_expires_at = NULL "
+    f"{_FENCE}{_CHILDLESS}"
+)
 # a handler's return value stored too (_SUCCEED, the hot path's, binds what it did before results)
 _SUCCEED_RESULT = (
     "UPDATE jobs SET status = 'completed', result = ?, updated_at = ?, lease_owner = NULL, lease_expires_at = NULL "
-    f"{_FENCE}"
+    f"{_FENCE}{_CHILDLESS}"
 )
 _RETRY = (
     "UPDATE jobs SET status = 'pending', run_after = ?, error = ?, updated_at = ?, progress = NULL, progress_message = NULL, "
@@ -384,6 +451,14 @@ _STOPPED = (
 )
 STOPPED = "cancelled while running (cancel requested); its attempt ended: {}"  # the outcome's error, or 'released'
 _BACK = (states.Transition.RETRY, states.Transition.RELEASE, states.Transition.SNOOZE)
+# settle's statements for the other outcomes that end a job (or may: a snooze past its limit), for jobs
+# without children (_BURY and _CANCEL as they are: the rescue's, for any job, which looks for children after)
+_ALONE = {sql: f"{sql.rstrip()}{_CHILDLESS}" for sql in (_BURY, _CANCEL, _SNOOZE, _STOPPED)}
+# each one's twin for jobs with children (same parameters)
+_WITH_CHILDREN = {
+    **{sql: sql.replace(_CHILDLESS, " AND has_children = 1") for sql in (_SUCCEED, _SUCCEED_RESULT)},
+    **{sql: f"{sql.rstrip()} AND has_children = 1" for sql in (_BURY, _CANCEL, _SNOOZE, _STOPPED)},
+}
 
 
 def settle(conn: sqlite3.Connection, items: Sequence[Settlement], *, now: str) -> int:
@@ -392,7 +467,12 @@ def settle(conn: sqlite3.Connection, items: Sequence[Settlement], *, now: str) -
 
     The statements that send a job back to pending change nothing if its cancel was requested;
     only when one of them changed fewer rows than it was given (a stale lease, or a cancel
-    request: both rare) does :data:`_STOPPED` end those with a request cancelled."""
+    request: both rare) does :data:`_STOPPED` end those with a request cancelled.
+
+    Every job with children ended here has its edges applied (workflows.after_ended) in the same
+    transaction: the statements that end a job are written for jobs without children first, and
+    for the others (:data:`_WITH_CHILDREN`) only when those wrote fewer rows than they were given.
+    A batch of plain jobs' outcomes runs no statement more than it did before workflows."""
     by_sql: dict[str, list[tuple[Any, ...]]] = {}
     now_epoch: float | None = None
     params: tuple[Any, ...]
@@ -423,14 +503,32 @@ def settle(conn: sqlite3.Connection, items: Sequence[Settlement], *, now: str) -
             raise ValueError(f"{transition!r} is not an outcome")
         by_sql.setdefault(sql, []).append(params)
     changed = 0
+    ended: list[str] = []  # ids of jobs with children written (each statement's last parameter but one)
     for sql, params_list in by_sql.items():
-        n = conn.executemany(sql, params_list).rowcount
+        n = _write(conn, sql, params_list, ended)
         if n < len(params_list) and sql in (_RETRY, _RELEASE, _SNOOZE):
             kind = _BACK[(_RETRY, _RELEASE, _SNOOZE).index(sql)]
-            n += conn.executemany(_STOPPED, [(STOPPED.format(s.error if s.error is not None else "released"), now, s.id,
-                                              s.token) for s in items if s.transition is kind]).rowcount
+            stopped = [(STOPPED.format(s.error if s.error is not None else "released"), now, s.id, s.token)
+                       for s in items if s.transition is kind]
+            n += _write(conn, _STOPPED, stopped, ended, expected=len(params_list) - n)
         changed += n
+    if ended:
+        workflows.after_ended(conn, ended, now=now)
     return changed
+
+
+def _write(conn: sqlite3.Connection, sql: str, params_list: list[tuple[Any, ...]], ended: list[str], *,
+           expected: int | None = None) -> int:
+    """One statement of settle's for every item of its kind; for those that end a job, the twin for
+    jobs with children too when fewer than ``expected`` (all of them) were written, their ids added
+    to ``ended``. Returns how many rows changed."""
+    n = conn.executemany(_ALONE.get(sql, sql), params_list).rowcount
+    if n < (len(params_list) if expected is None else expected) and sql in _WITH_CHILDREN:
+        parents = conn.executemany(_WITH_CHILDREN[sql], params_list).rowcount
+        if parents:
+            ended.extend(params[-2] for params in params_list)
+        n += parents
+    return n
 
 
 def settle_each(conn: sqlite3.Connection, items: Sequence[Settlement], *, now: str) -> list[bool]:
@@ -477,6 +575,8 @@ def rescue_expired(
     lease, they are still running here and its heartbeat renews them once it can); every
     other expired lease is rescued, the caller's own included (a row left running that no
     worker of it holds would otherwise stay running for as long as the process lives).
+
+    Every job it ends (dead, cancelled) has its edges applied, in the caller's transaction.
     """
     done = []
     now_epoch = to_epoch(now)
@@ -498,8 +598,12 @@ def rescue_expired(
         else:
             conn.execute(_BURY, (error, now, job_id, token))
         done.append((job_id, decision.transition))
+    workflows.after_ended(conn, [job_id for job_id, how in done if how in _RESCUE_ENDS], now=now)
     done.extend((job_id, states.Transition.EXPIRE) for job_id in expire_pending(conn, now))
     return done
+
+
+_RESCUE_ENDS = (states.Transition.RESCUE_CANCEL, states.Transition.RESCUE_BURY)
 
 
 def pending_job_types(conn: sqlite3.Connection) -> list[str]:
@@ -519,22 +623,24 @@ def pending_job_types(conn: sqlite3.Connection) -> list[str]:
 def bury_unknown_types(conn: sqlite3.Connection, job_types: Iterable[str], *, now: str, due_before: str) -> int:
     """Pending jobs of types no code here knows, due since before ``due_before`` (nobody
     claimed them meanwhile) → dead, with an error that says why; but not the types a
-    worker knows that was alive since ``due_before``, or is alive now (see :func:`live_job_types`)."""
+    worker knows that was alive since ``due_before``, or is alive now (see :func:`live_job_types`).
+    Their edges are applied."""
     live = live_job_types(conn, since=due_before, now=now)
-    n = 0
+    buried: list[str] = []
     for job_type in job_types:
         if job_type in live:
             continue
-        n += conn.execute(
+        buried.extend(job_id for (job_id,) in conn.execute(
             "UPDATE jobs SET status = 'dead', error = ?, updated_at = ? "
-            "WHERE status = 'pending' AND job_type = ? AND run_after <= ?",
+            "WHERE status = 'pending' AND job_type = ? AND run_after <= ? RETURNING id",
             (
                 f"no worker handles job type {job_type!r}: no live process registers a handler for it "
                 "(it may be registered without one, or not at all); add a handler, then retry the job",
                 now, job_type, due_before,
             ),
-        ).rowcount
-    return n
+        ))
+    workflows.after_ended(conn, buried, now=now)
+    return len(buried)
 
 
 # -- worker processes ---------------------------------------------------------------------------
