@@ -363,7 +363,7 @@ local function insert_rows(rows, first, n, width, flow)
   local held = {}  -- row index -> holder id
   local taken = {}  -- type NUL key -> id, for the keys this call takes
   local dups = {}
-  local state = {}  -- id -> status, of each row to be inserted that has parents (or is one)
+  local state = {}  -- id -> status of each row to be inserted, when the call has a workflow part
   local missing = {}
   for i = 0, n - 1 do
     local b = first + i * width
@@ -383,8 +383,8 @@ local function insert_rows(rows, first, n, width, flow)
         dups[#dups + 1] = holder
       end
     end
-    local wf = flow and flow.rows[id]
-    if not held[i] then
+    if flow and not held[i] then
+      local wf = flow.rows[id]
       local status = 'pending'
       if wf and #wf.after > 0 then
         local waits = {}
@@ -403,6 +403,8 @@ local function insert_rows(rows, first, n, width, flow)
       end
       state[id] = status
       if tk and status ~= 'cancelled' then taken[tk] = id end
+    elseif tk and not held[i] then
+      taken[tk] = id
     end
   end
   if #missing > 0 then return nil, 'UNKNOWN ' .. cjson.encode(missing) end
@@ -423,7 +425,7 @@ local function insert_rows(rows, first, n, width, flow)
     if not held[i] then
       inserted = inserted + 1
       local key = jkey(id)
-      local status = state[id]
+      local status = state[id] or 'pending'
       redis.call('HSET', key, 'type', t, 'payload', rows[b + 2], 'status', status, 'attempts', 0,
                  'max', rows[b + 3], 'run', run, 'prio', p, 'created', rows[b + 6], 'updated', rows[b + 6], 'token', 0)
       if k ~= '' then

@@ -2,7 +2,8 @@
 -- waiting jobs (status:waiting, by id), from where the last sweep stopped (wsweep: the last id
 -- visited; from the first again once the end is reached). Per job, each parent whose edge has not
 -- counted (the job in down:<parent>) although the parent ended, or is gone: that parent's edges
--- are applied now (release_children, a gone parent as "deleted"); then a job still waiting has
+-- are applied now (release_children, a gone parent as "deleted", its keys then dropped as its
+-- delete drops them); then a job still waiting has
 -- its count set to the edges still waiting, and is woken at 0. Stops once ``limit`` parents were
 -- applied. Returns how many jobs it woke or cancelled. With no waiting job: one GET and one ZRANGE.
 local limit, visits = tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -26,6 +27,7 @@ for _, c in ipairs(ids) do
         local ps = redis.call('HGET', jkey(p), 'status')
         if not ps or is_final(ps) then
           moved = moved + release_children(p, ps or 'deleted', now)
+          if not ps then drop_edges(p, false, true, nil) end  -- (its keys, as its delete drops them)
           applied = applied + 1
         else
           waits = waits + 1
