@@ -5,7 +5,7 @@
 -- id that exists fails it too (DUPLICATE). Each job is inserted waiting, pending or cancelled as its
 -- parents are now (insert_rows), its edges with it, and the batch record in the same step.
 local n = tonumber(ARGV[2])
-local flow = read_flow(ARGV, 3 + n * 12)
+local flow = read_flow(ARGV, 3 + n * 12, true)
 local inserted, err, held = insert_rows(ARGV, 3, n, 12, flow)
 if not inserted then return redis.error_reply(err) end
 if #held == 0 then return inserted end

@@ -16,8 +16,8 @@ end
 local rows = redis.call('LRANGE', ARGV[2], 0, -1)
 redis.call('DEL', ARGV[2])
 local flow
-if ARGV[4] then  -- the workflow part of the rows (read_flow's), staged in a list of its own
-  flow = read_flow(redis.call('LRANGE', ARGV[4], 0, -1), 1)
+if ARGV[4] then  -- the workflow part of the rows (read_flow's entries, uncounted), staged in a list of its own
+  flow = read_flow(redis.call('LRANGE', ARGV[4], 0, -1), 1, false)
   redis.call('DEL', ARGV[4])
 end
 local n, err, held = insert_rows(rows, 1, #rows / 12, 12, flow)

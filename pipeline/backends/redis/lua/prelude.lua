@@ -282,22 +282,29 @@ local function drop_edges(id, has_parents, kids, batch)
     end
   end
 end
--- The workflow part of an insert's arguments, from ``at`` in ``list``: m, then per job that has
--- parents or a batch: id, '1' for on_parent_failure "run" ('' for the default), batch id ('' for
--- none), the number of parents and their ids in ``after`` order; then the batch record of the call,
--- if any: id, callback id ('' for none), created (ms).
-local function read_flow(list, at)
+-- The workflow part of an insert's arguments, from ``at`` in ``list``: m (nil: every entry to the
+-- end of the list, as a bulk load stages them), then per job that has parents or a batch: id, '1'
+-- for on_parent_failure "run" ('' for the default), batch id ('' for none), the number of parents
+-- and their ids in ``after`` order; then the batch record of the call, if any: id, callback id (''
+-- for none), created (ms).
+local function read_flow(list, at, counted)
   local flow = {rows = {}}
-  local m = tonumber(list[at])
-  at = at + 1
-  for _ = 1, m do
+  local m = math.huge
+  if counted then
+    m = tonumber(list[at])
+    at = at + 1
+  end
+  while m > 0 and list[at + 3] do
     local k = tonumber(list[at + 3])
     local row = {run = list[at + 1] == '1', batch = list[at + 2] ~= '' and list[at + 2] or nil, after = {}}
     for j = 1, k do row.after[j] = list[at + 3 + j] end
     flow.rows[list[at]] = row
     at = at + 4 + k
+    m = m - 1
   end
-  if list[at] then flow.batch = {id = list[at], cb = list[at + 1] ~= '' and list[at + 1] or nil, created = list[at + 2]} end
+  if counted and list[at] then
+    flow.batch = {id = list[at], cb = list[at + 1] ~= '' and list[at + 1] or nil, created = list[at + 2]}
+  end
   return flow
 end
 -- a pending job (its ready set and expiring:<t> already left) ends cancelled with ``err``, and
