@@ -7,7 +7,8 @@ script; rescue_waiting repairs what a defect left (a parent ended or gone withou
 counting); nothing is left once every job is removed. A plain job's settle runs the same commands
 as before workflows, none on a workflow key, and an empty sweep two reads (counted as the server's
 own calls, on a redis-server of the test's own). A WAKE of a due job PUBLISHes wake; of a job not due,
-nothing. A store of layout 4 is upgraded to 5, which older code refuses."""
+nothing. A bulk load stages the edges of every chunk and part. A store of layout 4 is upgraded to 5,
+which older code refuses."""
 
 from __future__ import annotations
 
@@ -152,6 +153,7 @@ async def test_every_script_keeps_the_edges_in_step_and_a_woken_job_in_its_index
         assert (await backend.stats())["by_type"]["c"]["cancelled"] == 321
         assert (await record(backend, fan[0].id)).error == parent_failed(chain[-1].id, "cancelled")
         check()
+        assert await backend.cleanup(statuses=("cancelled",)) == 322  # (and d)
 
         # the repair: a parent that ended, and one that is gone, without their edges counting (their
         # kids flag dropped by hand: the defect), found by the sweep; then it has nothing to do
@@ -191,6 +193,24 @@ async def test_every_script_keeps_the_edges_in_step_and_a_woken_job_in_its_index
         await backend.delete(f.id)
         left = {k.decode() for k in db.client.scan_iter(match=f"{db.prefix}*")}
         assert left <= {f"{db.prefix}{name}" for name in ("schema", "types", "workers")}, left
+
+
+async def test_a_bulk_load_stages_the_edges_of_every_chunk_and_part(tmp_path: Path) -> None:
+    """A load stages its rows 1,000 at a time (and their workflow part in a list of its own): a chain of
+    1,200 in one part has its parents in both chunks; with commit_every, a parent in an earlier part."""
+    async with redis_store(tmp_path) as config, open_backend(config) as backend:
+        chain = [job("c")]
+        for _ in range(1199):
+            chain.append(flow_job("c", after=[chain[-1].id]))
+        assert await backend.bulk_insert(iter(chain)) == 1200
+        head, parent = job("p"), job("p")
+        parts = [head, flow_job("p", after=[head.id]), parent, flow_job("p", after=[head.id, parent.id])]
+        assert await backend.bulk_insert(iter(parts), commit_every=2) == 4
+        assert (await backend.stats())["by_status"]["waiting"] == 1199 + 2
+        got = await record(backend, parts[3].id)
+        assert (got.status, got.parents, got.waiting_for) == ("waiting", (head.id, parent.id), 2)
+        got = await record(backend, chain[1000].id)
+        assert (got.parents, got.children) == ((chain[999].id,), (chain[1001].id,))
 
 
 @needs_server_binary
@@ -237,11 +257,12 @@ async def test_a_wake_of_a_due_job_publishes_and_of_a_job_not_due_does_not(tmp_p
             pubsub.subscribe(f"{db.prefix}wake")
             pubsub.get_message(timeout=1.0)  # the subscription's confirmation (read, not returned)
 
-            def heard() -> bool:
-                found = False
-                while pubsub.get_message(timeout=0.2) is not None:
-                    found = True
-                return found
+            def heard() -> bool:  # a message within 0.2 s (the ones behind it read too)
+                if pubsub.get_message(timeout=0.2) is None:
+                    return False
+                while pubsub.get_message(timeout=0.0) is not None:
+                    pass
+                return True
 
             later, now = job("p", priority=1), job("p", priority=2)
             await insert(backend, later, now, flow_job("w", after=[later.id], delay=FUTURE), flow_job("w", after=[now.id]))
