@@ -18,6 +18,24 @@ killed after the run started, before its outcome was committed (the handler's ``
 line is not the end: a kill between it and the commit repeats the job too), and before
 the job's next run started. Prints a one-line summary; exit 0 when the books balance, 1
 when they do not.
+
+    python benchmarks/chaos.py --workflows [--backend B] [--fan-out 1000] [--chains 100] [--duration 30] [--kill-every 2]
+
+Workflows (docs/workflows.md) under the same kills: a producer (a pipeline that runs no jobs)
+enqueues one batch of ``--fan-out`` jobs with a callback (``enqueue_batch(jobs, then=...)``) at
+the start, and ``--chains`` three-step chains spread over the run (``enqueue_many(pipeline.chain(a,
+b, c))``, and every other one ``enqueue_many([pipeline.chain(a, b, c)])``). The batch's jobs sleep long enough to spread over about a third of the run; the
+callback reads its batch (``ctx.batch()``) and each chain step after the first its parent's
+result (``ctx.parent_results()``), both noted in the side file; the callback's first run is
+killed on purpose (the driver watches the side file for its start), so that its repeat is
+always exercised. The books, from the side file and the stored records: the plain books above
+for every job; every chain in order (a step's first start after the end of the run of its
+parent that completed it: the last run of the parent's that reached its handler's end), each
+stored with its one parent, every run of a step having read its parent's result; the callback
+stored waiting for every member, its first start after the last member's completing run ended,
+every run of it having read a batch whose every member was final (completed), its repeats all
+explained by kills; the batch's record all completed; nothing left waiting, pending or running.
+The completing run of each job is also checked against the attempt the store recorded.
 """
 
 from __future__ import annotations
@@ -25,13 +43,16 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import logging
 import os
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +61,7 @@ import trio
 
 import pipeline
 from pipeline.backends import Backend, open_backend
+from pipeline.backends.base import BatchRecord
 from pipeline.requests import JobRequest, prepare_rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -49,9 +71,42 @@ LEASE_SECONDS = 2.0
 MAX_ATTEMPTS = 10  # a job can be hit by several kills in a row; dead would be correct, just not what we test
 
 
+FINAL = ("completed", "dead", "cancelled")
+MEMBER_CONCURRENCY = 16  # per worker process, for the batch's jobs
+CALLBACK_SECONDS = 0.5  # the callback's run: long enough for the driver's kill of its first run to land in it
+
+
 @attrs.frozen
 class Chaos:
     n: int
+
+
+@attrs.frozen
+class Member:
+    """One job of the batch (the fan-out)."""
+
+    n: int
+
+
+@attrs.frozen
+class Step:
+    """Step ``step`` (1, 2, 3) of chain ``chain``."""
+
+    chain: int
+    step: int
+
+
+@attrs.frozen
+class FanIn:
+    """The batch's callback."""
+
+    size: int
+
+
+def note(ctx: pipeline.JobContext, kind: str, *figures: int) -> None:
+    """One short O_APPEND line of the side file: kind, id, attempt, pid, time, then any figures."""
+    with open(os.environ["CHAOS_LOG"], "a") as f:  # noqa: ASYNC230 - on purpose synchronous
+        f.write(" ".join([kind, ctx.id, str(ctx.attempt), str(os.getpid()), f"{time.time():.6f}", *map(str, figures)]) + "\n")
 
 
 def registry() -> pipeline.Registry:
@@ -63,8 +118,33 @@ def registry() -> pipeline.Registry:
         with open(log, "a") as f:  # noqa: ASYNC230 - as above
             f.write(f"end {ctx.id} {ctx.attempt} {os.getpid()} {time.time():.6f}\n")
 
+    async def member(job: Member, ctx: pipeline.JobContext) -> Any:  # a result (Registry's Handler type says None)
+        note(ctx, "start")
+        await trio.sleep(random.uniform(0.5, 1.5) * float(os.environ.get("CHAOS_MEMBER_SLEEP", "0.05")))
+        note(ctx, "end")
+        return {"n": job.n}
+
+    async def step(job: Step, ctx: pipeline.JobContext) -> Any:  # as above
+        note(ctx, "start")
+        if job.step > 1:  # its parent's result is its parent's id: read, and counted right
+            parents = await ctx.parent_results()
+            note(ctx, "parents", sum(isinstance(r, dict) and r.get("id") == p for p, r in parents.items()), len(parents))
+        await trio.sleep(random.uniform(0.01, 0.1))
+        note(ctx, "end")
+        return {"id": ctx.id, "step": job.step}
+
+    async def fan_in(job: FanIn, ctx: pipeline.JobContext) -> None:
+        note(ctx, "start")
+        outcome = await ctx.batch()
+        note(ctx, "batch", len(outcome.jobs), sum(j.status in FINAL for j in outcome.jobs), len(outcome.results))
+        await trio.sleep(CALLBACK_SECONDS)
+        note(ctx, "end")
+
     reg = pipeline.Registry()
     reg.register("chaos", Chaos, run, concurrency=16, max_attempts=MAX_ATTEMPTS)
+    reg.register("member", Member, member, concurrency=MEMBER_CONCURRENCY, max_attempts=MAX_ATTEMPTS)
+    reg.register("step", Step, step, concurrency=16, max_attempts=MAX_ATTEMPTS)
+    reg.register("fan_in", FanIn, fan_in, concurrency=1, max_attempts=MAX_ATTEMPTS)
     return reg
 
 
@@ -89,10 +169,11 @@ def worker_main(url: str) -> None:
     trio.run(functools.partial(pipeline.serve, config, registry(), ready=ready))
 
 
-def start_worker(url: str, log: Path, settings: dict[str, str]) -> subprocess.Popen[str]:
+def start_worker(url: str, log: Path, settings: dict[str, str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
         [sys.executable, __file__, "--role", "worker", "--url", url],
-        env={**os.environ, "CHAOS_LOG": str(log), "CHAOS_SETTINGS": json.dumps(settings)}, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "CHAOS_LOG": str(log), "CHAOS_SETTINGS": json.dumps(settings), **(env or {})},
+        stdout=subprocess.PIPE, text=True,
     )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     return proc
@@ -150,12 +231,7 @@ async def _drive(url: str, settings: dict[str, str], jobs: int, workers: int, du
                 if len(ids) < due:
                     await produce(store, ids, due - len(ids), reg)
                 if time.monotonic() >= next_kill:
-                    i = rng.randrange(len(procs))
-                    sent = time.time()
-                    procs[i].send_signal(signal.SIGKILL)
-                    await trio.to_thread.run_sync(procs[i].wait)
-                    killed.append((procs[i].pid, sent, time.time()))
-                    procs[i] = await trio.to_thread.run_sync(start)
+                    await kill_worker(procs, rng.randrange(len(procs)), killed, start)
                     next_kill += kill_every * rng.uniform(0.5, 1.5)
                 await trio.sleep(0.05)
             if len(ids) < jobs:
@@ -169,14 +245,28 @@ async def _drive(url: str, settings: dict[str, str], jobs: int, workers: int, du
                 await trio.sleep(0.2)
             found = await statuses(store)
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                await trio.to_thread.run_sync(p.wait, 15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        await stop_workers(procs)
     return check(found, log, ids, killed, time.monotonic() - started, out, backend=backend)
+
+
+async def kill_worker(procs: list[subprocess.Popen[str]], i: int, killed: list[tuple[int, float, float]],
+                      start: Callable[[], subprocess.Popen[str]]) -> None:
+    """SIGKILL worker ``i``, note (pid, signal sent at, process reaped at), start another in its place."""
+    sent = time.time()
+    procs[i].send_signal(signal.SIGKILL)
+    await trio.to_thread.run_sync(procs[i].wait)
+    killed.append((procs[i].pid, sent, time.time()))
+    procs[i] = await trio.to_thread.run_sync(start)
+
+
+async def stop_workers(procs: list[subprocess.Popen[str]]) -> None:
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            await trio.to_thread.run_sync(p.wait, 15)
+        except subprocess.TimeoutExpired:
+            p.kill()
 
 
 @attrs.define
@@ -188,12 +278,13 @@ class Run:
     started: float
     ended: float | None = None  # the handler's last line
     settled: float | None = None  # its outcome committed (or found stale): the run is over
+    notes: dict[str, list[int]] = attrs.Factory(dict)  # what the handler noted (--workflows): kind -> figures
 
 
 def read_runs(log: Path) -> dict[str, list[Run]]:
     runs: dict[str, list[Run]] = {}  # id -> runs, in start order
     for line in log.read_text().splitlines():
-        kind, job_id, attempt_text, pid_text, when_text = line.split()
+        kind, job_id, attempt_text, pid_text, when_text, *figures = line.split()
         attempt, pid, when = int(attempt_text), int(pid_text), float(when_text)
         if kind == "start":
             runs.setdefault(job_id, []).append(Run(pid, attempt, when))
@@ -203,8 +294,10 @@ def read_runs(log: Path) -> dict[str, list[Run]]:
             continue  # settled without starting here: released at shutdown, or lost before it started
         if kind == "end":
             run.ended = when
-        else:
+        elif kind == "settled":
             run.settled = when
+        else:
+            run.notes[kind] = [int(f) for f in figures]
     for entries in runs.values():
         entries.sort(key=lambda r: r.started)
     return runs
@@ -221,15 +314,19 @@ def explained(run: Run, next_start: float, kills: list[tuple[float, float]]) -> 
     return False, False
 
 
-def check(rows: dict[str, str], log: Path, ids: list[str], killed: list[tuple[int, float, float]], elapsed: float,
-          out: Any, *, backend: str = "sqlite") -> dict[str, int]:
-    """The books: ``rows`` is every job's status in the store, ``ids`` every job enqueued."""
-    lost = [i for i in ids if i not in rows]
-    not_done = {i: s for i, s in rows.items() if s != "completed"}
-    runs = read_runs(log)
+def kills_by_pid(killed: list[tuple[int, float, float]]) -> dict[int, list[tuple[float, float]]]:
     kills: dict[int, list[tuple[float, float]]] = {}
     for pid, sent, reaped in killed:
         kills.setdefault(pid, []).append((sent, reaped))
+    return kills
+
+
+def books(rows: dict[str, str], runs: dict[str, list[Run]], ids: list[str],
+          killed: list[tuple[int, float, float]]) -> dict[str, int]:
+    """Lost, not completed, never ran, and the duplicate executions with how many a kill explains."""
+    lost = [i for i in ids if i not in rows]
+    not_done = {i: s for i, s in rows.items() if s != "completed"}
+    kills = kills_by_pid(killed)
     duplicates = unexplained = after_end = 0
     for entries in runs.values():
         for run, following in zip(entries, entries[1:]):  # every run but the last was repeated
@@ -238,16 +335,284 @@ def check(rows: dict[str, str], log: Path, ids: list[str], killed: list[tuple[in
             unexplained += not ok
             after_end += late
     never_ran = [i for i in ids if i not in runs]
-    result = {
+    return {
         "jobs": len(ids), "kills": len(killed), "lost": len(lost), "not_completed": len(not_done),
         "never_ran": len(never_ran), "duplicates": duplicates, "unexplained_duplicates": unexplained,
         "killed_between_end_and_commit": after_end,
     }
+
+
+def check(rows: dict[str, str], log: Path, ids: list[str], killed: list[tuple[int, float, float]], elapsed: float,
+          out: Any, *, backend: str = "sqlite") -> dict[str, int]:
+    """The books: ``rows`` is every job's status in the store, ``ids`` every job enqueued."""
+    result = books(rows, read_runs(log), ids, killed)
     print(
         f"chaos ({backend}): {result['jobs']} jobs, {len(killed)} SIGKILLs in {elapsed:.0f} s: "
         f"{result['lost']} lost, {result['not_completed']} not completed, {result['never_ran']} never ran, "
-        f"{duplicates} duplicate executions ({after_end} killed between the handler's end and the commit), "
-        f"all from workers killed mid-run: {'yes' if unexplained == 0 else f'NO ({unexplained} not)'}",
+        f"{duplicate_line(result)}",
+        file=out,
+    )
+    return result
+
+
+def duplicate_line(result: dict[str, int]) -> str:
+    unexplained = result["unexplained_duplicates"]
+    return (f"{result['duplicates']} duplicate executions ({result['killed_between_end_and_commit']} killed between the "
+            f"handler's end and the commit), all from workers killed mid-run: {'yes' if unexplained == 0 else f'NO ({unexplained} not)'}")
+
+
+# -- workflows (--workflows) -------------------------------------------------------------------
+
+
+@attrs.frozen
+class Flows:
+    """What the producer enqueued: the batch (its members and callback) and the chains, in order."""
+
+    batch: pipeline.Batch
+    chains: list[list[str]]
+
+    @property
+    def ids(self) -> list[str]:
+        assert self.batch.callback_id is not None
+        return [*self.batch.job_ids, self.batch.callback_id, *(i for ids in self.chains for i in ids)]
+
+
+class Tail:
+    """The side file's lines as they are written (the driver watches for the callback's start)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.rest = b""
+
+    def lines(self) -> list[str]:
+        with self.path.open("rb") as f:
+            f.seek(self.offset)
+            data = self.rest + f.read()
+            self.offset = f.tell()
+        *lines, self.rest = data.split(b"\n")
+        return [line.decode() for line in lines]
+
+
+def run_workflows(fan_out: int, chains: int, workers: int, duration: float, kill_every: float, folder: Path,
+                  out: Any = sys.stdout, *, backend: str = "sqlite", postgres_url: str = POSTGRES_URL,
+                  redis_url: str = REDIS_URL) -> dict[str, int]:
+    """The --workflows run on a fresh store: its books (``check_workflows``), printed on ``out``."""
+    stores = open_stores(backend, folder, postgres_url=postgres_url, redis_url=redis_url)
+    try:
+        url = stores.fresh("chaos_flows")
+        stores.migrate(url)
+        return trio.run(functools.partial(_drive_workflows, url, stores.settings, fan_out, chains, workers, duration,
+                                          kill_every, folder, out, backend))
+    finally:
+        stores.close()
+
+
+class Workers:
+    """The worker processes of a --workflows run: killed and replaced without holding up the driver
+    (each kill and restart in its own task, shielded so that no process is left behind)."""
+
+    def __init__(self, start: Callable[[], subprocess.Popen[str]]) -> None:
+        self.start = start
+        self.procs: list[subprocess.Popen[str]] = []
+        self.killed: list[tuple[int, float, float]] = []  # (pid, signal sent at, process reaped at)
+        self.last_kill = 0.0  # monotonic
+
+    async def add(self, n: int = 1) -> None:
+        async def one() -> None:
+            with trio.CancelScope(shield=True):
+                self.procs.append(await trio.to_thread.run_sync(self.start))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(n):
+                nursery.start_soon(one)
+
+    async def kill(self, proc: subprocess.Popen[str]) -> None:
+        """SIGKILL ``proc``, note the kill, start another worker in its place."""
+        self.procs.remove(proc)
+        with trio.CancelScope(shield=True):
+            sent = time.time()
+            proc.send_signal(signal.SIGKILL)
+            await trio.to_thread.run_sync(proc.wait)
+            self.killed.append((proc.pid, sent, time.time()))
+            self.last_kill = time.monotonic()
+        await self.add()
+
+    async def kill_at_random(self, until: float, every: float, rng: random.Random) -> None:
+        """A random worker about every ``every`` seconds (0.5 to 1.5 times), until ``until``."""
+        next_kill = time.monotonic() + every
+        while next_kill < until:
+            await trio.sleep_until(next_kill)
+            if self.procs:
+                await self.kill(rng.choice(self.procs))
+            next_kill += every * rng.uniform(0.5, 1.5)
+
+    async def kill_first_run(self, log: Path, job_id: str) -> tuple[int, float, float] | None:
+        """Watch the side file for ``job_id``'s first start and kill the worker running it: that kill
+        (None if its worker was killed already, at random)."""
+        tail = Tail(log)
+        while True:
+            for line in tail.lines():
+                if line.startswith(f"start {job_id} "):
+                    pid = int(line.split()[3])
+                    proc = next((p for p in self.procs if p.pid == pid), None)
+                    if proc is None:
+                        return None
+                    await self.kill(proc)
+                    return next(k for k in self.killed if k[0] == pid)
+            await trio.sleep(0.02)
+
+
+async def _drive_workflows(url: str, settings: dict[str, str], fan_out: int, chains: int, workers: int, duration: float,
+                           kill_every: float, folder: Path, out: Any, backend: str) -> dict[str, int]:
+    log = folder / "runs.log"
+    log.touch()
+    # the batch's jobs take about a third of the run at the workers' concurrency (kills land among them), and
+    # the callback's run (killed once, so that it runs again after its lease expires) comes well before the end
+    member_sleep = min(2.0, duration / 3 * workers * MEMBER_CONCURRENCY / fan_out)
+    pool = Workers(functools.partial(start_worker, url, log, settings, {"CHAOS_MEMBER_SLEEP": f"{member_sleep:.4f}"}))
+    producer = pipeline.Config.from_env({
+        **settings, "DATABASE_URL": url, "LOG_LEVEL": "error", "SQLITE_SYNCHRONOUS": "full", "WORKER_ENABLED": "false",
+        "ADMIN_ENABLED": "false",
+    }, env_file=None)
+    callback_kill: list[tuple[int, float, float] | None] = []  # once the callback's first run was seen (and killed)
+    quiet, logging.getLogger("pipeline").level = logging.getLogger("pipeline").level, logging.ERROR  # its rescues
+    try:
+        await pool.add(workers)
+        async with pipeline.open_pipeline(producer, registry()) as p:
+            started, started_at = time.monotonic(), time.time()
+            flows = Flows(await p.enqueue_batch([Member(i) for i in range(fan_out)], then=FanIn(fan_out)), [])
+            callback = flows.batch.callback_id
+            assert callback is not None
+
+            async def watch_callback() -> None:
+                callback_kill.append(await pool.kill_first_run(log, callback))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(watch_callback)
+                nursery.start_soon(pool.kill_at_random, started + duration, kill_every, random.Random())
+                # the chains spread over the first 90% of the run, each one enqueue_many call: the chain
+                # itself, or (every other one) a list holding it
+                for k in range(chains):
+                    await trio.sleep_until(started + duration * 0.9 * k / chains)
+                    steps = pipeline.chain(Step(k, 1), Step(k, 2), Step(k, 3))
+                    flows.chains.append(await p.enqueue_many(steps if k % 2 == 0 else [steps]))
+                await trio.sleep_until(started + duration)
+                with trio.move_on_after(120):  # no more kills: wait for leases to expire and the rest to run
+                    while True:
+                        counts = (await p.backend.stats())["by_status"]
+                        if callback_kill and not any(counts.get(status) for status in ("waiting", "pending", "running")):
+                            break
+                        await trio.sleep(0.05)
+                ended = time.monotonic()
+                nursery.cancel_scope.cancel()
+            records = await listed(p.backend)
+            details = {i: await p.backend.get(i) for i in [callback, *(i for ids in flows.chains for i in ids)]}
+            batch = await p.batch(flows.batch.id)
+    finally:
+        logging.getLogger("pipeline").setLevel(quiet)
+        await stop_workers(pool.procs)
+    figures = {"elapsed": ended - started, "drain": ended - max(pool.last_kill, started + duration), "started_at": started_at}
+    return check_workflows(records, details, batch, read_runs(log), flows, pool.killed,
+                           callback_kill[0] if callback_kill else None, figures, out, backend=backend)
+
+
+async def listed(backend: Backend) -> dict[str, pipeline.JobRecord]:
+    """Every job as the operators' listing shows it (newest first, page by page)."""
+    found: dict[str, pipeline.JobRecord] = {}
+    offset = 0
+    while True:
+        page, total = await backend.list(limit=1000, offset=offset)
+        found.update((job.id, job) for job in page)
+        offset += len(page)
+        if not page or offset >= total:
+            return found
+
+
+def completing(entries: list[Run]) -> Run | None:
+    """The run that completed a job: the last to start that reached its handler's end. (A later run
+    of a completed job cannot have started; an earlier run that ended was repeated, so its outcome
+    was not the success: it was killed between its end and the commit.)"""
+    return next((run for run in reversed(entries) if run.ended is not None), None)
+
+
+def check_workflows(records: dict[str, pipeline.JobRecord], details: dict[str, pipeline.JobRecord | None],
+                    batch: BatchRecord | None, runs: dict[str, list[Run]], flows: Flows,
+                    killed: list[tuple[int, float, float]], callback_kill: tuple[int, float, float] | None,
+                    figures: dict[str, float], out: Any, *, backend: str = "sqlite") -> dict[str, int]:
+    """The workflow books (see the module's docstring): ``records`` every job as listed, ``details``
+    the chain steps and the callback as ``get`` reads them (parents), ``runs`` the side file."""
+    ids = flows.ids
+    result = books({i: r.status for i, r in records.items()}, runs, ids, killed)
+    result["left_waiting_pending_or_running"] = sum(r.status in ("waiting", "pending", "running") for r in records.values())
+    # the run that completed each job is the one whose attempt the store recorded
+    result["completing_run_not_the_recorded_attempt"] = sum(
+        1 for i in ids if i in records and records[i].status == "completed"
+        and ((done := completing(runs.get(i, []))) is None or done.attempt != records[i].attempts)
+    )
+    # chains: in order, stored with their parent, each run read its parent's result
+    links = out_of_order = wrong_parents = misread = 0
+    gaps: list[float] = []  # parent's completing end -> child's first start
+    for chain_ids in flows.chains:
+        for parent, child in zip(chain_ids, chain_ids[1:]):
+            links += 1
+            record = details.get(child)
+            wrong_parents += record is None or record.parents != (parent,)
+            done, child_runs = completing(runs.get(parent, [])), runs.get(child, [])
+            if not child_runs:
+                continue  # counted as never ran
+            if done is None or done.ended is None or child_runs[0].started <= done.ended:
+                out_of_order += 1
+            else:
+                gaps.append(child_runs[0].started - done.ended)
+            misread += sum(run.notes.get("parents", [1, 1]) != [1, 1] for run in child_runs)
+            last = completing(child_runs)
+            misread += last is not None and "parents" not in last.notes
+    result.update(chain_links=links, chains_out_of_order=out_of_order, chain_parents_not_stored=wrong_parents,
+                  parents_results_misread=misread)
+    # the callback: stored waiting for every member, started after the last member's completing end, read a
+    # final batch in every run, repeated only by kills
+    callback = flows.batch.callback_id
+    assert callback is not None
+    size = len(flows.batch.job_ids)
+    record = details.get(callback)
+    callback_runs = runs.get(callback, [])
+    member_ends = [done.ended for m in flows.batch.job_ids if (done := completing(runs.get(m, []))) and done.ended]
+    last_member_end = max(member_ends) if len(member_ends) == size else None
+    early = bool(callback_runs) and (last_member_end is None or callback_runs[0].started <= last_member_end)
+    reads = [run.notes.get("batch") for run in callback_runs]
+    kills = kills_by_pid(killed)
+    result.update(
+        callback_runs=len(callback_runs),
+        callback_repeats_unexplained=sum(not explained(run, following.started, kills.get(run.pid, []))[0]
+                                         for run, following in zip(callback_runs, callback_runs[1:])),
+        callback_not_stored_waiting_for_the_batch=int(record is None or record.parent_count != size
+                                                      or record.batch_id != flows.batch.id),
+        callback_started_early=int(early),
+        callback_read_unfinished_batch=sum(read is not None and read != [size, size, size] for read in reads)
+        + int(not callback_runs or reads[-1] is None),
+        batch_record_wrong=int(batch is None or batch.total != size or dict(batch.counts) != {"completed": size}
+                               or batch.callback_status != "completed"),
+    )
+    failures = ("lost", "not_completed", "never_ran", "unexplained_duplicates", "left_waiting_pending_or_running",
+                "completing_run_not_the_recorded_attempt", "chains_out_of_order", "chain_parents_not_stored",
+                "parents_results_misread", "callback_repeats_unexplained", "callback_not_stored_waiting_for_the_batch",
+                "callback_started_early", "callback_read_unfinished_batch", "batch_record_wrong")
+    result["failures"] = sum(result[name] for name in failures)
+    wrong = [f"{name.replace('_', ' ')}: {result[name]}" for name in failures[4:] if result[name]]
+    after_member = "" if early or not callback_runs or last_member_end is None \
+        else (f", first start {callback_runs[0].started - last_member_end:.2f} s after the last member's completing end "
+              f"({callback_runs[0].started - figures.get('started_at', 0.0):.1f} s into the run)")
+    gap = f", parent's end to child's start median {statistics.median(gaps) * 1000:.0f} ms" if gaps else ""
+    print(
+        f"chaos --workflows ({backend}): {result['jobs']} jobs (a batch of {size} with its callback, "
+        f"{len(flows.chains)} chains of 3), {len(killed)} SIGKILLs ({int(callback_kill is not None)} of them the callback's "
+        f"first run) in {figures['elapsed']:.0f} s (drained {figures['drain']:.1f} s after the last): "
+        f"{result['lost']} lost, {result['not_completed']} not completed, {result['never_ran']} never ran, "
+        f"{duplicate_line(result)}; chains in order: {links - out_of_order} of {links} links{gap}; callback: "
+        f"{len(callback_runs)} run(s), {result['callback_repeats_unexplained']} repeat(s) not from a kill{after_member}, "
+        f"read {reads[-1][1] if callback_runs and reads[-1] else 0} of {size} final; "
+        f"books balance: {'yes' if not result['failures'] else 'NO (' + '; '.join(wrong) + ')'}",
         file=out,
     )
     return result
@@ -262,12 +627,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--redis-url", default=REDIS_URL, help="the server for --backend redis")
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--workers", type=int, default=3)
-    parser.add_argument("--duration", type=float, default=60.0)
+    parser.add_argument("--duration", type=float, help="seconds of kills (default 60; 30 with --workflows)")
     parser.add_argument("--kill-every", type=float, default=2.0)
+    parser.add_argument("--workflows", action="store_true", help="a batch with a callback and chains instead of --jobs")
+    parser.add_argument("--fan-out", type=int, default=1000, help="--workflows: the batch's jobs (default 1000)")
+    parser.add_argument("--chains", type=int, default=100, help="--workflows: three-step chains (default 100)")
     args = parser.parse_args(argv)
     if args.role == "worker":
         worker_main(args.url)
         return 0
+    if args.workflows:
+        with tempfile.TemporaryDirectory() as tmp:
+            r = run_workflows(args.fan_out, args.chains, args.workers, args.duration or 30.0, args.kill_every, Path(tmp),
+                              backend=args.backend, postgres_url=args.postgres_url, redis_url=args.redis_url)
+        return 0 if r["failures"] == 0 else 1
+    args.duration = args.duration or 60.0
     with tempfile.TemporaryDirectory() as tmp:
         r = run_chaos(args.jobs, args.workers, args.duration, args.kill_every, Path(tmp), backend=args.backend,
                       postgres_url=args.postgres_url, redis_url=args.redis_url)
