@@ -118,7 +118,8 @@ def test_the_workflow_statements_seek_their_indexes(tmp_path: Path) -> None:
     ids = f'["{parent.id}", "{plain[0].id}"]'
     expected = {
         "_ENDED": ((ids,), "SEARCH e USING INDEX idx_edges_uncounted (parent_id=?)"),
-        "_UNCOUNTED": ((parent.id,), "SEARCH e USING INDEX idx_edges_uncounted (parent_id=?)"),
+        "_UNCOUNTED": ((ids,), "SEARCH e USING INDEX idx_edges_uncounted (parent_id=?)"),
+        "_COUNT": ((ids,), "SEARCH edges USING PRIMARY KEY (parent_id=?)"),
         "_STRANDED": ((10,), "SCAN e USING INDEX idx_edges_uncounted"),
         "_UNBLOCKED": ((10,), "SEARCH c USING INDEX idx_jobs_status (status=?)"),
         "_PARENTS": ((parent.id, 100), "SEARCH edges USING COVERING INDEX idx_edges_child (child_id=?)"),

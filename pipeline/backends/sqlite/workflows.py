@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections import deque
 from collections.abc import Iterable, Sequence
 from contextvars import ContextVar
 from typing import NamedTuple
+
+import attrs
 
 from ..base import MAX_LISTED_RELATIVES, BatchMember, BatchRecord, NewBatch, NewJob, check_after, parent_failed, unknown_parents
 
@@ -116,14 +117,16 @@ def insert_batch(conn: sqlite3.Connection, batch: NewBatch) -> None:
 
 # -- applying a parent's edges -------------------------------------------------------------------
 
-# A parent's edges not yet counted, with what their children are now (a child gone: NULLs)
+# The edges not yet counted of the parents given (a JSON array), with what their children are now (a
+# child gone: NULLs): a seek per parent in idx_edges_uncounted, then the child by its id
 _UNCOUNTED = (
-    "SELECT e.child_id, c.status, c.waiting_for, c.on_parent_failure FROM edges AS e INDEXED BY idx_edges_uncounted "
-    "LEFT JOIN jobs AS c ON c.id = e.child_id WHERE e.parent_id = ? AND e.counted = 0"
+    "SELECT e.parent_id, e.child_id, c.status, c.waiting_for, c.on_parent_failure FROM json_each(?) AS j "
+    "CROSS JOIN edges AS e INDEXED BY idx_edges_uncounted LEFT JOIN jobs AS c ON c.id = e.child_id "
+    "WHERE e.parent_id = j.value AND e.counted = 0"
 )
-_COUNT = "UPDATE edges SET counted = 1 WHERE parent_id = ? AND counted = 0"
-# a child that is not waiting (cancelled by an operator, revived), or waits for other parents too
-_MOVE = "UPDATE jobs SET waiting_for = max(waiting_for - 1, 0) WHERE id = ?"
+_COUNT = "UPDATE edges SET counted = 1 WHERE parent_id IN (SELECT value FROM json_each(?)) AND counted = 0"
+# a child that is not waiting (cancelled by an operator, revived), or waits for other parents still
+_MOVE = "UPDATE jobs SET waiting_for = max(waiting_for - ?, 0) WHERE id = ?"
 # WAKE: its own run_after holds; a past one means due now (so the oldest due job's age, the queue's
 # lateness, counts from the wake, not from the enqueue)
 _WAKE = (
@@ -132,9 +135,20 @@ _WAKE = (
 )
 # CANCEL_WAITING: finished now; its unique key freed (idx_jobs_unique holds no cancelled row)
 _CANCEL_WAITING = (
-    "UPDATE jobs SET status = 'cancelled', waiting_for = max(waiting_for - 1, 0), error = ?, updated_at = ? "
+    "UPDATE jobs SET status = 'cancelled', waiting_for = max(waiting_for - ?, 0), error = ?, updated_at = ? "
     "WHERE id = ? AND status = 'waiting'"
 )
+
+
+@attrs.define
+class _Child:
+    """A child of the parents of one generation of :func:`apply_edges`, as their edges count."""
+
+    waiting: bool  # still waiting (not woken nor cancelled by an edge before)
+    waiting_for: int  # its parents not yet ended, as stored
+    counted: int = 0  # its edges counted now
+    woken: bool = False
+    error: str | None = None  # cancelled: the parent's failure
 
 
 def apply_edges(conn: sqlite3.Connection, ended: Iterable[tuple[str, str]], *, now: str) -> int:
@@ -144,30 +158,42 @@ def apply_edges(conn: sqlite3.Connection, ended: Iterable[tuple[str, str]], *, n
     left → pending (WAKE); a parent failed under the default: a waiting child → cancelled
     (CANCEL_WAITING, :func:`~pipeline.backends.base.parent_failed`), whose own edges are applied
     next as a parent "cancelled", down the graph, in this transaction. A child that no longer waits
-    only has its count moved. Returns how many jobs it woke or cancelled."""
-    todo = deque(ended)
+    only has its count moved. Returns how many jobs it woke or cancelled.
+
+    The parents are taken together, a generation at a time (those given, then the children they
+    cancelled, ...): a few statements per generation, however many parents (the members of a batch
+    that end in one Ledger batch, for the callback waiting for them all)."""
+    generation = dict(ended)
     woken: list[str] = []
     cancelled = 0
-    while todo:
-        parent, how = todo.popleft()
-        children = conn.execute(_UNCOUNTED, (parent,)).fetchall()
-        if not children:
-            continue
-        conn.execute(_COUNT, (parent,))
-        move, wake, cancel = [], [], []
-        error = parent_failed(parent, how) if how != "completed" else None
-        for child, status, waiting_for, policy in children:
-            if status != "waiting":  # (None: the child is gone)
-                if status is not None:
-                    move.append((child,))
-            elif error is None or policy == "run":
-                if waiting_for > 1:
-                    move.append((child,))
-                else:
-                    wake.append((now, child))
+    while generation:
+        parents = json.dumps(list(generation))
+        edges = conn.execute(_UNCOUNTED, (parents,)).fetchall()
+        if not edges:
+            break
+        conn.execute(_COUNT, (parents,))
+        children: dict[str, _Child] = {}
+        for parent, child, status, waiting_for, policy in edges:
+            if status is None:  # the child is gone: its edge only counts
+                continue
+            state = children.setdefault(child, _Child(waiting=status == "waiting", waiting_for=waiting_for))
+            state.counted += 1
+            if not state.waiting:  # not waiting, or woken or cancelled by a parent before this one
+                continue
+            how = generation[parent]
+            if how == "completed" or policy == "run":
+                if state.counted >= state.waiting_for:
+                    state.waiting, state.woken = False, True
             else:
-                cancel.append((error, now, child))
-                todo.append((child, "cancelled"))
+                state.waiting, state.error = False, parent_failed(parent, how)
+        move, wake, cancel = [], [], []
+        for child, state in children.items():
+            if state.error is not None:
+                cancel.append((state.counted, state.error, now, child))
+            elif state.woken:
+                wake.append((now, child))
+            else:
+                move.append((state.counted, child))
         if move:
             conn.executemany(_MOVE, move)
         if wake:
@@ -176,6 +202,7 @@ def apply_edges(conn: sqlite3.Connection, ended: Iterable[tuple[str, str]], *, n
         if cancel:
             conn.executemany(_CANCEL_WAITING, cancel)
             cancelled += len(cancel)
+        generation = {child: "cancelled" for _, _, _, child in cancel}
     if woken:
         tally = WOKEN.get()
         if tally is not None:
