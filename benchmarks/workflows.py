@@ -1,6 +1,6 @@
 """What workflows cost: `python benchmarks/workflows.py [--backend sqlite|postgres|redis] [--jobs 10000] [--rounds 3]`.
 
-Three loads of ``--jobs`` no-op jobs, each on a fresh store, drained by the service as a user
+Four loads of ``--jobs`` no-op jobs, each on a fresh store, drained by the service as a user
 starts it (``python -m pipeline``, as benchmarks/service.py starts it: the default worker processes,
 one per core, WORKER_CONCURRENCY=32, default logging, a line per job, to a file), with an app of one
 no-op type (``--app flows_app:registry``, written to the run's folder):
@@ -8,7 +8,10 @@ no-op type (``--app flows_app:registry``, written to the run's folder):
 * plain: ``--jobs`` jobs, no graph (``enqueue_many``);
 * fan-in: one batch of ``--jobs`` jobs with a callback (``enqueue_batch(jobs, then=...)``), which
   runs once the last of them has ended: done when the callback is;
-* chain: ``--jobs`` jobs in one chain (``enqueue_many(pipeline.chain(...))``), each waiting for the
+* serial: ``--jobs`` plain jobs run one at a time (the service with WORKER_PROCESSES=1 and
+  WORKER_CONCURRENCY=1): each job its own claim and commit, as a chain's jobs are, which a plain
+  drain shares among the workers of a batch: the chain's other baseline;
+* chain: ``--jobs`` jobs in one chain (``enqueue_many([pipeline.chain(...)])``), each waiting for the
   one before: serial by nature, so its time per job is the latency of a link (the parent's outcome
   committed, the child woken, claimed and run). It is drained by the same service as the others
   (not in-process): what a user's chain costs, and the one CPU comparison with plain jobs.
@@ -19,11 +22,13 @@ last (the store read from outside every 20 ms), and the CPU of the service's pro
 system from /proc, the service and its worker processes) over the same window, per job; the whole
 tree's CPU, start and stop included (getrusage of the waited children), is printed too. The no-op
 handler notes its start and end times in memory and writes them at exit, in every load alike: the
-chain's latency from a parent's end to its child's start, and the callback's from the last job's
-end, are read from them. The three loads alternate within each round (their order turns), ``--rounds``
-rounds, medians. The store server's own CPU (Postgres, Redis) is not counted: only the tree's.
+chain's latency from a parent's end to its child's start (and that each started after its parent's
+end), and the callback's from the last job's end, are read from them. The four loads alternate
+within each round (their order turns), ``--rounds`` rounds, medians. The store server's own CPU (Postgres, Redis) is not counted: only the tree's.
 
-Issue 24's bound: a job of a fan-in or a chain costs at most 2× a plain job (CPU per job).
+Issue 24's bound: a job of a fan-in or a chain costs at most 2× a plain job (CPU per job). The
+chain's jobs cannot share commits (each waits for the one before), so it is also set against the
+serial load.
 """
 
 from __future__ import annotations
@@ -48,7 +53,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from stores import BACKENDS, Stores, open_stores  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-LOADS = ("plain", "fan-in", "chain")
+LOADS = ("plain", "fan-in", "chain", "serial")
+SERIAL = {"WORKER_PROCESSES": "1", "WORKER_CONCURRENCY": "1"}  # the serial load's service: one job at a time
 APP = '''
 import atexit
 import os
@@ -127,10 +133,10 @@ def enqueue(load: str, url: str, stores: Stores, jobs: int, folder: Path) -> tup
         async with pipeline.open_pipeline(config, flows_app.registry) as p:
             wall, cpu = time.perf_counter(), time.process_time()
             callback = None
-            if load == "plain":
+            if load in ("plain", "serial"):
                 ids = await p.enqueue_many([job(i) for i in range(jobs)])
             elif load == "chain":
-                ids = await p.enqueue_many(pipeline.chain(*(job(i) for i in range(jobs))))
+                ids = await p.enqueue_many([pipeline.chain(*(job(i) for i in range(jobs)))])
             else:
                 batch = await p.enqueue_batch([job(i) for i in range(jobs)], then=job(-1))
                 ids, callback = list(batch.job_ids), batch.callback_id
@@ -179,7 +185,8 @@ def read_times(folder: Path) -> dict[str, tuple[float, float]]:
     return times
 
 
-def one_load(load: str, stores: Stores, folder: Path, jobs: int, concurrency: int, timeout: float) -> dict[str, float]:
+def one_load(load: str, stores: Stores, folder: Path, jobs: int, concurrency: int, timeout: float,
+             processes: int | None = None) -> dict[str, float]:
     url = stores.fresh("flows")
     try:
         stores.migrate(url)
@@ -190,6 +197,10 @@ def one_load(load: str, stores: Stores, folder: Path, jobs: int, concurrency: in
                if not k.startswith(("ADMIN_", "WORKER_", "LOG_", "DATABASE_", "SQLITE_", "REDIS_", "PIPELINE_"))}
         env.update(stores.settings, DATABASE_URL=url, ADMIN_PORT="0", WORKER_CONCURRENCY=str(concurrency),
                    PYTHONPATH=os.pathsep.join([str(folder), str(ROOT)]), FLOWS_TIMES=str(times_dir))
+        if processes is not None:
+            env["WORKER_PROCESSES"] = str(processes)
+        if load == "serial":
+            env.update(SERIAL)
         total = jobs + (callback is not None)
         figures = drain([sys.executable, "-m", "pipeline", "--app", "flows_app:registry"], env, folder / f"{load}.log",
                         lambda: stores.completed(url), total, timeout)
@@ -198,6 +209,7 @@ def one_load(load: str, stores: Stores, folder: Path, jobs: int, concurrency: in
         if load == "chain":
             gaps = sorted(times[child][0] - times[parent][1] for parent, child in zip(ids, ids[1:])
                           if parent in times and child in times)
+            figures["chain_out_of_order"] = sum(gap <= 0 for gap in gaps) + len(ids) - 1 - len(gaps)
             if gaps:
                 figures.update(link_p50_ms=statistics.median(gaps) * 1000, link_p99_ms=gaps[int(len(gaps) * 0.99)] * 1000)
         if callback is not None and callback in times and all(i in times for i in ids):
@@ -219,6 +231,8 @@ def describe(load: str, f: dict[str, float], plain_cpu: float | None = None) -> 
             f"({f['enqueue_cpu_us']:5.1f} µs CPU)")
     if "link_p50_ms" in f:
         text += f"; parent's end to child's start p50 {f['link_p50_ms']:.2f} ms, p99 {f['link_p99_ms']:.2f} ms"
+    if f.get("chain_out_of_order"):
+        text += f"; {f['chain_out_of_order']:.0f} jobs of the chain did NOT start after their parent's end"
     if "callback_after_ms" in f:
         text += f"; callback started {f['callback_after_ms']:.1f} ms after the last job's end"
     if plain_cpu:
@@ -241,6 +255,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=32, help="WORKER_CONCURRENCY (default 32, as service.py)")
+    parser.add_argument("--processes", type=int, help="WORKER_PROCESSES of the plain, fan-in and chain loads "
+                        "(default: the service's, one per core)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds a drain may take before the run fails")
     options = parser.parse_args()
     results: dict[str, list[dict[str, float]]] = {load: [] for load in LOADS}
@@ -248,12 +264,13 @@ def main() -> None:
         stores = open_stores(options.backend, Path(tmp))
         try:
             for i in range(options.rounds):
-                order = LOADS[i % 3:] + LOADS[:i % 3]
+                order = LOADS[i % len(LOADS):] + LOADS[:i % len(LOADS)]
                 for load in order:
                     with tempfile.TemporaryDirectory(dir=tmp) as work:
                         (Path(work) / "flows_app.py").write_text(APP)
                         sys.modules.pop("flows_app", None)
-                        figures = one_load(load, stores, Path(work), options.jobs, options.concurrency, options.timeout)
+                        figures = one_load(load, stores, Path(work), options.jobs, options.concurrency, options.timeout,
+                                           options.processes)
                     results[load].append(figures)
                     print(f"round {i + 1} {describe(load, figures)}", flush=True)
         finally:
@@ -269,6 +286,8 @@ def main() -> None:
         if load != "plain":
             ratio = s["cpu_us"] / plain
             line += f": {ratio:.2f}× plain's CPU per job ({'within' if ratio <= 2 else 'OVER'} the 2× bound)"
+        if load == "chain":
+            line += f", {s['cpu_us'] / summary['serial']['cpu_us']:.2f}× serial's"
         if "link_p50_ms" in s:
             line += f"; parent's end to child's start p50 {s['link_p50_ms']:.2f} ms, p99 {s['link_p99_ms']:.2f} ms"
         if "callback_after_ms" in s:
