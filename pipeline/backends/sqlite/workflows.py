@@ -127,12 +127,8 @@ _UNCOUNTED = (
 _COUNT = "UPDATE edges SET counted = 1 WHERE parent_id IN (SELECT value FROM json_each(?)) AND counted = 0"
 # a child that is not waiting (cancelled by an operator, revived), or waits for other parents still
 _MOVE = "UPDATE jobs SET waiting_for = max(waiting_for - ?, 0) WHERE id = ?"
-# WAKE: its own run_after holds; a past one means due now (so the oldest due job's age, the queue's
-# lateness, counts from the wake, not from the enqueue)
-_WAKE = (
-    "UPDATE jobs SET status = 'pending', waiting_for = 0, run_after = max(run_after, ?1), updated_at = ?1 "
-    "WHERE id = ?2 AND status = 'waiting'"
-)
+# WAKE: its own run_after holds, as stored (a past one: due at once, in its place in the claim order)
+_WAKE = "UPDATE jobs SET status = 'pending', waiting_for = 0, updated_at = ?1 WHERE id = ?2 AND status = 'waiting'"
 # CANCEL_WAITING: finished now; its unique key freed (idx_jobs_unique holds no cancelled row)
 _CANCEL_WAITING = (
     "UPDATE jobs SET status = 'cancelled', waiting_for = max(waiting_for - ?, 0), error = ?, updated_at = ? "
