@@ -40,7 +40,8 @@ POLL_MS = 5  # how soon the engine finds a job drain() made due
 
 
 class TestPipeline:
-    """What :func:`open_test_pipeline` yields: the pipeline's ``enqueue`` and ``emit``, and ``drain``."""
+    """What :func:`open_test_pipeline` yields: the pipeline's ``enqueue``, ``enqueue_many``,
+    ``enqueue_batch`` and ``emit``, and ``drain``."""
 
     __test__ = False  # not a test class, whatever pytest thinks of its name
 
@@ -50,6 +51,7 @@ class TestPipeline:
         self.path = path
         self.enqueue = pipeline.enqueue
         self.enqueue_many = pipeline.enqueue_many
+        self.enqueue_batch = pipeline.enqueue_batch
         self.emit = pipeline.emit
 
     async def drain(self, *, timeout: float = 30.0) -> list[JobRecord]:

@@ -157,6 +157,8 @@ class Pipeline:
                  max_attempts: int | None = None, expires_at: Any = None, unique_while: str | None = None) -> list[NewJob]:
         """The rows of ``enqueue_many``'s jobs, in order: a :func:`pipeline.chain` among them is spread
         out, each of its jobs after the one before. ``unique_keys``: one per job once chains are spread."""
+        if isinstance(jobs, Chain):
+            jobs = [jobs]
         flat: list[tuple[Any, bool]] = []  # (job, waits for the one before)
         for item in jobs:
             if isinstance(item, Chain):
