@@ -180,7 +180,7 @@ def _insert_linked(conn: sqlite3.Connection, rows: Sequence[NewJob], statuses: d
 
 
 def holder_of(conn: sqlite3.Connection, job_type: str, unique_key: str) -> str | None:
-    """The id of the pending or running job holding this type and key, if any."""
+    """The id of the waiting, pending or running job holding this type and key, if any."""
     row = conn.execute(_HOLDER, (job_type, unique_key)).fetchone()
     return None if row is None else str(row[0])
 
