@@ -52,7 +52,7 @@ def revive(conn: sqlite3.Connection, job_id: str, *, now: str) -> JobRecord:
         if holder is not None:  # (the Ledger's transaction: nobody takes the key in between)
             raise UsageError(unique_key_held(job, holder))
     conn.execute(_REVIVE, (now, now, job_id))
-    return get_job(conn, job_id)  # type: ignore[return-value]
+    return get_job_linked(conn, job_id)  # type: ignore[return-value]  # (as get() reads it)
 
 
 # A job holding its key only while pending is revived whoever holds it, and takes it again only if
