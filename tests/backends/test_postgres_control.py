@@ -92,7 +92,7 @@ async def test_a_schema_of_version_5_is_upgraded_in_place_and_its_jobs_go_on(tmp
             assert (got.status, got.error, got.progress) == ("cancelled", REQUESTED + "boom", 0.5)
             revived = await backend.revive(DEAD)
             assert (revived.status, revived.attempts, revived.error) == ("pending", 0, "boom")
-            assert (await backend.stats())["by_status"] == {"pending": 1, "running": 0, "completed": 1, "dead": 0,
+            assert (await backend.stats())["by_status"] == {"waiting": 0, "pending": 1, "running": 0, "completed": 1, "dead": 0,
                                                              "cancelled": 2}
             await backend.set_type_paused("u", True)
             assert await backend.claim({"u": 1}, owner="w", lease_seconds=LONG) == []

@@ -14,6 +14,7 @@ import pytest
 from conftest import fast_config
 
 from pipeline.backends import Backend, open_backend
+from pipeline.backends.redis.db import SCHEMA_VERSION
 from pipeline.config import RedisSettings
 
 from .kit import FUTURE, LONG, SHORT, bury, claim_one, insert, job, outlive, release, retry, settle_one, succeed
@@ -138,7 +139,7 @@ async def test_a_store_of_layout_1_is_upgraded_and_claims_in_order(tmp_path: Pat
             db.client.delete(*index)
             db.client.set(f"{db.prefix}schema", "1")
         async with open_backend(config) as backend:
-            assert backend.database.client.get(f"{backend.database.prefix}schema") == b"4"  # type: ignore[attr-defined]
+            assert backend.database.client.get(f"{backend.database.prefix}schema") == SCHEMA_VERSION.encode()  # type: ignore[attr-defined]
             assert_index_in_step(backend)
             leases = await backend.claim({"t": 10, "other": 10}, owner="w", lease_seconds=LONG)
             assert [lease.id for lease in leases] == [rows[1].id, rows[0].id, rows[3].id]

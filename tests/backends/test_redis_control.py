@@ -289,7 +289,7 @@ async def test_a_store_of_layout_2_is_upgraded_and_older_code_refuses_it(tmp_pat
             db.client.set(f"{db.prefix}schema", "2")
         async with open_backend(config) as backend:
             db = backend.database  # type: ignore[attr-defined]
-            assert SCHEMA_VERSION == "4" and db.client.get(f"{db.prefix}schema") == b"4"
+            assert db.client.get(f"{db.prefix}schema") == SCHEMA_VERSION.encode()
             assert await backend.cancel([held.id], reason="upgrade") == [CANCELLING]
             assert await backend.cancel_requests("owner-a") == [(held.id, held.token)]
             assert await settle_one(backend, stop(held))
@@ -298,12 +298,12 @@ async def test_a_store_of_layout_2_is_upgraded_and_older_code_refuses_it(tmp_pat
             await backend.set_type_paused("t", False)
             assert len(await backend.claim({"t": 5}, owner="w", lease_seconds=LONG)) == 1
             assert_control_in_step(backend)
-            assert _text(run_script(db.client, ALL["schema"], [db.prefix, "2"])) == "4"  # older code's start
+            assert _text(run_script(db.client, ALL["schema"], [db.prefix, "2"])) == SCHEMA_VERSION  # older code's start
     async with redis_store(tmp_path) as config:
         async with open_backend(config) as backend:
             db = backend.database  # type: ignore[attr-defined]
-            db.client.set(f"{db.prefix}schema", "5")
-        with pytest.raises(SchemaTooNew, match="layout version 5; this pipeline knows version 4"):
+            db.client.set(f"{db.prefix}schema", str(int(SCHEMA_VERSION) + 1))
+        with pytest.raises(SchemaTooNew, match=f"layout version {int(SCHEMA_VERSION) + 1}; this pipeline knows version {SCHEMA_VERSION}"):
             async with open_backend(config):
                 pass
 

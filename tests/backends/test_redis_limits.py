@@ -466,17 +466,17 @@ async def test_a_store_of_layout_3_is_upgraded_and_older_code_refuses_it(tmp_pat
             db.client.set(f"{db.prefix}schema", "3")
         async with open_backend(config) as backend:
             db = backend.database  # type: ignore[attr-defined]
-            assert SCHEMA_VERSION == "4" and db.client.get(f"{db.prefix}schema") == b"4"
+            assert db.client.get(f"{db.prefix}schema") == SCHEMA_VERSION.encode()
             keyed = await add(backend, 2, limit_key="a")
             got = await backend.claim({"t": 5}, owner="w", lease_seconds=LONG, key_limits={"t": 1})
             assert len(got) == 2 and got[0].id != held.id and keyed[0] in _ids(got)  # the old pending one and one of a
             assert await settle_one(backend, succeed(held))
             assert_limits_in_step(backend)
-            assert run_script(db.client, ALL["schema"], [db.prefix, "3"]) == b"4"  # older code's start
+            assert run_script(db.client, ALL["schema"], [db.prefix, "3"]) == SCHEMA_VERSION.encode()  # older code's start
     async with redis_store(tmp_path) as config:
         async with open_backend(config) as backend:
             db = backend.database  # type: ignore[attr-defined]
-            db.client.set(f"{db.prefix}schema", "5")
-        with pytest.raises(SchemaTooNew, match="layout version 5; this pipeline knows version 4"):
+            db.client.set(f"{db.prefix}schema", str(int(SCHEMA_VERSION) + 1))
+        with pytest.raises(SchemaTooNew, match=f"layout version {int(SCHEMA_VERSION) + 1}; this pipeline knows version {SCHEMA_VERSION}"):
             async with open_backend(config):
                 pass
