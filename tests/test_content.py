@@ -136,7 +136,7 @@ async def test_an_application_of_its_own_gets_only_the_engines_tables(db_path: P
         assert p.resources == {}
     conn = store.connect(db_path)
     assert tables(conn) == {"jobs", "workers", "scheduled_jobs", "upkeep", "schema_migrations", "paused_types",
-                            "rate_claims", "key_cursors"}
+                            "rate_claims", "key_cursors", "edges", "batches"}
     conn.close()
 
 
@@ -267,7 +267,7 @@ async def test_scheduled_publish_that_finds_nothing_to_do_completes_and_emits_no
         for post_id in ("draft", "live", "later", "missing"):
             await p.enqueue(ScheduledPublish(post_id=post_id))
         stats = await settled(p)
-    assert stats["by_type"] == {"scheduled_publish": {"pending": 0, "running": 0, "completed": 4, "dead": 0,
+    assert stats["by_type"] == {"scheduled_publish": {"waiting": 0, "pending": 0, "running": 0, "completed": 4, "dead": 0,
                                                       "cancelled": 0}}  # no PostPublished jobs
     assert [post_row(conn, pid)[0] for pid in ("draft", "live", "later")] == ["draft", "published", "scheduled"]
     reasons = "\n".join(r.getMessage() for r in caplog.records)

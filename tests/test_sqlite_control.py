@@ -149,8 +149,9 @@ OLD_INSERT = (
     "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, "
     "created_at, updated_at, priority) VALUES (?1, ?2, ?3, 'pending', 0, ?4, ?5, ?7, ?7, ?6)"
 )
+# (fenced by has_children = 0 since workflows: a job with children ends through a twin statement)
 OLD_SUCCEED = ("UPDATE jobs SET status = 'completed', updated_at = ?, lease_owner = NULL, lease_expires_at = NULL "
-               "WHERE id = ? AND status = 'running' AND lease_token = ?")
+               "WHERE id = ? AND status = 'running' AND lease_token = ? AND has_children = 0")
 
 
 def traced(conn: sqlite3.Connection) -> list[str]:
