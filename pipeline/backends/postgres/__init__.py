@@ -30,9 +30,9 @@ import trio
 
 from ...clock import now_ts
 from ...errors import StoreError, UsageError
-from ..base import NUDGE_BUFFER, ClaimOffer, HealthReport, NewJob, Nudge, Topology
+from ..base import NUDGE_BUFFER, BatchMember, BatchRecord, ClaimOffer, HealthReport, NewBatch, NewJob, Nudge, Topology
 from ..batches import Command, LedgerStats, ServerBackend
-from . import queries, retention, schedules, schema, store, worker
+from . import graph, queries, retention, schedules, schema, store, worker
 from .db import Database, connect, describe
 from .ledger import run_ledger
 from .listener import run_listener
@@ -53,12 +53,34 @@ class PostgresBackend(ServerBackend[Database]):
     upkeep: ClassVar[Any] = retention
 
 
+    async def insert(self, jobs: Sequence[NewJob], *, batch: NewBatch | None = None) -> builtins.list[str]:
+        """Plain rows through the Ledger (batched with other inserts and outcomes); rows with
+        parents, or a batch's, in a transaction of their own (graph.insert_jobs), which wakes the
+        Pollers by its NOTIFY (this process's too, through its listener)."""
+        if batch is None and not any(graph.is_linked(row) for row in jobs):
+            return await super().insert(jobs)
+        if not jobs:
+            return []
+        return await self._db.run(graph.insert_jobs, list(jobs), batch)
+
     async def bulk_insert(
         self, jobs: Iterable[NewJob], *, commit_every: int | None = None,
         duplicates: builtins.list[tuple[str, str]] | None = None,
     ) -> int:
         """COPY on a connection of its own, in a thread: the iterable is consumed as the rows stream."""
         return await trio.to_thread.run_sync(_bulk_load, self._db.url, jobs, commit_every, duplicates)
+
+    async def rescue_waiting(self, *, limit: int = 500) -> int:
+        return await self._db.run(functools.partial(graph.rescue_waiting, limit=limit))
+
+    async def parent_results(self, job_id: str) -> dict[str, str | None]:
+        return await self._db.run(graph.parent_results, job_id)  # (a handler's: never behind operators' reads)
+
+    async def batch(self, batch_id: str) -> BatchRecord | None:
+        return await self._db.run(graph.batch, batch_id)
+
+    async def batch_jobs(self, batch_id: str, *, limit: int | None = None, offset: int = 0) -> builtins.list[BatchMember]:
+        return await self._db.run(functools.partial(graph.batch_jobs, limit=limit, offset=offset), batch_id)
 
     def lease_renewer(self) -> PostgresLeaseRenewer:
         return PostgresLeaseRenewer(self._db.url)
@@ -97,7 +119,8 @@ def _bulk_load(url: str, jobs: Iterable[NewJob], commit_every: int | None,
                     keyed: builtins.list[NewJob] = []
                     with conn.cursor().copy(store.COPY_COLUMNS) as copy:
                         for row in rows:
-                            if row.unique_key is None and row.trace is None and row.expires_at is None and row.limit_key is None:
+                            if (row.unique_key is None and row.trace is None and row.expires_at is None
+                                    and row.limit_key is None and not graph.is_linked(row)):
                                 copy.write_row((row.id, row.job_type, row.payload, row.max_attempts, row.run_after,
                                                 row.priority, row.created_at, row.created_at))
                             else:
@@ -112,7 +135,12 @@ def _bulk_load(url: str, jobs: Iterable[NewJob], commit_every: int | None,
                         else:
                             ended = True
                     if keyed:
-                        for job_id, holder in store.insert_special(conn, keyed).items():
+                        linked = [row for row in keyed if graph.is_linked(row)]
+                        stored = store.insert_special(conn, [row for row in keyed if not graph.is_linked(row)])
+                        if linked:  # (after the others: a parent may be one of them, or a row copied above)
+                            stored.update(zip((row.id for row in linked),
+                                              store.run_plan(conn, graph.insert_plan(linked))))
+                        for job_id, holder in stored.items():
                             if holder != job_id:
                                 skipped += 1
                                 if duplicates is not None:

@@ -50,9 +50,10 @@ def _is_outage(exc: BaseException, conn: psycopg.Connection[Any]) -> bool:
 
 
 def _apply_batch(conn: psycopg.Connection[Any], batch: list[Command], notify: bool,
-                 offer: ClaimOffer | None = None) -> tuple[list[tuple[bool, Any]], list[Lease] | None]:
+                 offer: ClaimOffer | None = None) -> tuple[list[tuple[bool, Any]], list[Lease] | None, bool]:
     """Runs in a worker thread: the batch, and with ``offer`` the claim after it in the same
-    transaction; the answers, and the leases claimed (None: no claim ran).
+    transaction; the answers, the leases claimed (None: no claim ran), and whether an outcome woke
+    a waiting job (its parent ended: store.settle_parents).
 
     Inserts with a unique key come last, in a transaction of their own, after the rest of the
     batch has committed, and the claim after them: such an insert waits while another
@@ -63,15 +64,18 @@ def _apply_batch(conn: psycopg.Connection[Any], batch: list[Command], notify: bo
     if not any(keyed):
         return _write_and_claim(conn, batch, notify, offer)
     results: list[tuple[bool, Any]] = [(True, None)] * len(batch)
+    woke = False
     first = [i for i, k in enumerate(keyed) if not k]
     if first:
         commands = [batch[i] for i in first]
-        for i, result in zip(first, _write(conn, commands, notify and makes_work_due(commands))):
+        answers, woke = _write(conn, commands, notify and makes_work_due(commands))
+        for i, result in zip(first, answers):
             results[i] = result
     last = [i for i, k in enumerate(keyed) if k]
     commands = [batch[i] for i in last]
     try:
-        answers = _write(conn, commands, notify and makes_work_due(commands))
+        answers, woke_too = _write(conn, commands, notify and makes_work_due(commands))
+        woke = woke or woke_too
     except (psycopg.Error, StoreError) as exc:
         if not first:
             raise
@@ -87,32 +91,37 @@ def _apply_batch(conn: psycopg.Connection[Any], batch: list[Command], notify: bo
                                  start=offer.start, limits=offer.limits, rates=offer.rates, key_limits=offer.key_limits)
         except psycopg.Error as exc:
             log.warning("the claim after a batch failed (%s); the Poller claims on its own", exc)
-    return results, leases
+    return results, leases, woke
 
 
 def _write_and_claim(conn: psycopg.Connection[Any], batch: list[Command], notify: bool,
-                     offer: ClaimOffer | None) -> tuple[list[tuple[bool, Any]], list[Lease] | None]:
+                     offer: ClaimOffer | None) -> tuple[list[tuple[bool, Any]], list[Lease] | None, bool]:
     """A batch without keyed inserts as one statement, and with ``offer`` the claim after it in
     the same transaction."""
     if offer is not None:
         try:
             with conn.transaction():
-                results = _write(conn, batch, notify, split=False)
+                results, woke = _write(conn, batch, notify, split=False)
                 leases = limits.claim(conn, offer.wants, owner=offer.owner, lease_seconds=offer.lease_seconds,
                                      start=offer.start, limits=offer.limits, rates=offer.rates,
                                      key_limits=offer.key_limits)
-            return results, leases
+            return results, leases, woke
         except psycopg.Error as exc:
             if _is_outage(exc, conn):
                 raise
             # refused for one caller's sake (rolled back whole): written split below, without the
             # claim (the Poller claims on its own)
-    return _write(conn, batch, notify), None
+    results, woke = _write(conn, batch, notify)
+    return results, None, woke
 
 
-def _write(conn: psycopg.Connection[Any], batch: list[Command], notify: bool, *, split: bool = True) -> list[tuple[bool, Any]]:
+def _write(conn: psycopg.Connection[Any], batch: list[Command], notify: bool,
+           *, split: bool = True) -> tuple[list[tuple[bool, Any]], bool]:
     """The batch as one statement; split if the database refused it (or, with ``split``
-    False, raise)."""
+    False, raise). Then the outcomes it left (jobs with children, stale ones) in a transaction
+    of their own that applies the edges of the jobs they end (store.settle_parents): if that
+    fails, only the trays of outcomes fail (the inserts have committed; an outcome written already
+    answers False when its worker writes it again). Whether one of them woke a waiting job."""
     items = [item for command in batch if command.tray is not None for item in command.tray.items]
     inserts = [(i, command.rows) for i, command in enumerate(batch) if command.rows is not None]
     rows = [row for _, command_rows in inserts for row in command_rows]
@@ -122,7 +131,7 @@ def _write(conn: psycopg.Connection[Any], batch: list[Command], notify: bool, *,
         if any(row.unique_key is not None for row in rows):
             held, stored = _write_keyed(conn, items, rows, notify)
         else:  # the common case: the one statement, as before unique keys
-            held = store.write_batch(conn, items, rows, notify=notify)
+            held = store.write_batch(conn, items, rows, notify=notify, parents=False)
     except psycopg.Error as exc:
         if _is_outage(exc, conn) or not split:
             raise
@@ -140,13 +149,29 @@ def _write(conn: psycopg.Connection[Any], batch: list[Command], notify: bool, *,
         for i, command_rows in inserts:
             results[i] = (True, [stored.get(row.id, row.id) for row in command_rows] if stored
                           else [row.id for row in command_rows])
+    woke = False
+    rest = [n for n, written in enumerate(held) if not written]
+    failed: BaseException | None = None
+    if rest:  # (none in a batch of plain jobs whose leases held)
+        try:
+            answers, woken = store.settle_parents(conn, [items[n] for n in rest])
+        except psycopg.Error as exc:
+            if _is_outage(exc, conn):
+                raise
+            log.warning("%d outcomes of jobs with children were not written (%s); their workers write them again",
+                        len(rest), exc)
+            failed = exc
+        else:
+            woke = woken > 0
+            for n, written in zip(rest, answers):
+                held[n] = written
     start = 0
     for i, command in enumerate(batch):
         if command.tray is not None:
             n = len(command.tray.items)
-            results[i] = (True, held[start : start + n])
+            results[i] = (False, failed) if failed is not None else (True, held[start : start + n])
             start += n
-    return results
+    return results, woke
 
 
 def _write_keyed(conn: psycopg.Connection[Any], items: list[Settlement], rows: list[NewJob],
@@ -155,7 +180,8 @@ def _write_keyed(conn: psycopg.Connection[Any], items: list[Settlement], rows: l
     rows as one statement, then the keyed rows (store.insert_unique). The outcomes' answers,
     and the id stored for each keyed row."""
     with conn.transaction():
-        held = store.write_batch(conn, items, [row for row in rows if row.unique_key is None], notify=False)
+        held = store.write_batch(conn, items, [row for row in rows if row.unique_key is None], notify=False,
+                                 parents=False)
         stored = store.insert_unique(conn, [row for row in rows if row.unique_key is not None])
         if notify:
             conn.execute(store.NOTIFY)
@@ -168,14 +194,14 @@ def _outcomes_alone(conn: psycopg.Connection[Any], items: list[Settlement], *, n
     if not items:
         return []
     try:
-        return store.write_batch(conn, items, [], notify=notify)
+        return store.write_batch(conn, items, [], notify=notify, parents=False)
     except psycopg.Error as exc:
         if _is_outage(exc, conn):
             raise
     held = []
     for item in items:
         try:
-            held.extend(store.write_batch(conn, [item], [], notify=notify))
+            held.extend(store.write_batch(conn, [item], [], notify=notify, parents=False))
         except psycopg.Error as exc:
             if _is_outage(exc, conn):
                 raise
@@ -208,7 +234,7 @@ async def run_ledger(
                 wakes = makes_work_due(batch)
                 offer = take_offer(offers_recv) if wakes else None
                 try:
-                    results, leases = await db.write(_apply_batch, batch, wakes, offer)
+                    results, leases, woke = await db.write(_apply_batch, batch, wakes, offer)
                 except StoreError as exc:
                     stats.failed_batches += 1
                     stats.trouble = f"the Ledger could not commit: {exc}"
@@ -230,7 +256,7 @@ async def run_ledger(
                 if offer is not None:
                     answer(nudge_send, Claimed(offer, leases or []))
                     offer = None
-                if leases is None and wakes:  # (an answered claim is the nudge: it saw everything this batch made due)
+                if leases is None and (wakes or woke):  # (an answered claim is the nudge: it saw everything this batch made due)
                     nudge(nudge_send)  # this process's Poller: at once, before the NOTIFY comes back
         finally:
             fail_in_hand(batch, inbox_recv)

@@ -44,7 +44,7 @@ import psycopg
 
 from ..base import Lease
 from . import store
-from .store import _CLAIM, _COUNTED, _EXPIRE, _EXPIRED_OF, _RUNNING_OF_TYPE, MS, seconds_after
+from .store import _CLAIM, _COUNTED, _EXPIRING, _PARKED, _RUNNING_OF_TYPE, MS, seconds_after
 
 KEY_WALK_CAP = 1000  # keys a keyed claim visits at most (each one seek), full ones included
 KEYS_PER_JOB = 4  # keys with room a keyed claim looks for, per job it wants
@@ -113,11 +113,7 @@ WITH RECURSIVE w AS MATERIALIZED (
     SELECT * FROM (VALUES (%(job_type)s::text, %(n)s::int, %(k)s::int)) AS w(job_type, n, k)
      WHERE NOT EXISTS (SELECT 1 FROM paused_types p WHERE p.job_type = w.job_type)
 ),
-expired AS (
-    UPDATE jobs j SET {_EXPIRE}
-     WHERE j.id = ANY(ARRAY({_EXPIRED_OF})) AND j.status = 'pending'
-    RETURNING 1
-),
+{_EXPIRING},
 -- the type's running jobs by key, whoever holds them: a read of the running rows only (the type in
 -- the aggregate's FILTER, as store._RUNNING_OF_TYPE says why)
 busy AS MATERIALIZED (
@@ -294,7 +290,8 @@ moved AS (
     ON CONFLICT (job_type) DO UPDATE
        SET limit_key = EXCLUDED.limit_key, priority = EXCLUDED.priority, run_after = EXCLUDED.run_after,
            id = EXCLUDED.id
-)
+),
+leased AS (
 UPDATE jobs j
    SET status = 'running', lease_token = j.lease_token + 1,
        attempts = j.attempts + ({_COUNTED})::int,
@@ -302,7 +299,8 @@ UPDATE jobs j
        lease_owner = %(owner)s, lease_expires_at = {seconds_after('%(lease)s::float8')}, updated_at = {MS}
  WHERE j.id = ANY(ARRAY(SELECT id FROM locked))
 RETURNING j.id, j.job_type, j.payload, j.attempts + (j.started_at IS NULL)::int, j.max_attempts, j.lease_token,
-          j.created_at, j.run_after, j.priority, j.started_at IS NOT NULL, j.trace
+          j.created_at, j.run_after, j.priority, j.started_at IS NOT NULL, j.trace)
+SELECT * FROM leased UNION ALL {_PARKED}
 """)
 # A type with a rate limit and no per-key limit: store._CLAIM, dated from the claim's instant.
 _CLAIM_AT = _at_instant(_CLAIM)
@@ -336,8 +334,9 @@ def claim_type(
     else:
         params.update(types=[job_type], limits=[n], starts=[k])
         rows = conn.execute(_CLAIM_AT, params).fetchall()
-    if rate is not None and rows:
-        conn.execute(_RATE_RECORD, {"job_type": job_type, "now": now, "n": len(rows)})
+    claimed = sum(row[0] is not None for row in rows)  # (not the row of NULLs of store._PARKED)
+    if rate is not None and claimed:
+        conn.execute(_RATE_RECORD, {"job_type": job_type, "now": now, "n": claimed})
     return rows
 
 def claim(
@@ -376,6 +375,11 @@ def claim(
                 rows += store._claim_rows(conn, [(job_type, n)], owner, lease_seconds, start)
     else:
         rows = store._claim_rows(conn, wanted, owner, lease_seconds, start)
+    if any(row[0] is None for row in rows):
+        # a row of NULLs (store._PARKED): an expired job with children, which the claim's statement
+        # left pending; ended now, its edges applied, in a transaction of its own
+        rows = [row for row in rows if row[0] is not None]
+        store.expire_parents(conn, [t for t, _ in wanted])
     # RETURNING's order is unspecified: by type as asked, started ones first, each in claim order
     order = {t: i for i, (t, _) in enumerate(wanted)}
     rows.sort(key=lambda r: (order[r[1]], not r[9], r[8], r[7], r[0]))

@@ -17,7 +17,7 @@ from psycopg.pq import TransactionStatus
 
 from ...errors import UsageError
 from ..base import NewJob
-from . import store
+from . import graph, store
 
 IDENTITY = "SELECT current_database(), current_schema()"
 
@@ -49,7 +49,12 @@ def check_joinable(info: Any, autocommit: bool) -> None:
 
 def statements(rows: Sequence[NewJob]) -> store.Plan[list[str]]:
     """The plan of an insert in the caller's transaction; returns, per row, the id stored for it
-    (store.unique_rounds decides it for the rows with a unique key)."""
+    (store.unique_rounds decides it for the rows with a unique key). Rows with ``after`` take the
+    workflow insert (graph.insert_plan), whose parents must be rows of the same call (a chain):
+    UsageError, before anything is written, for one that names an existing job, which would stay
+    locked until the caller commits."""
+    if any(graph.is_linked(row) for row in rows):
+        return (yield from graph.insert_plan(rows, external=False))
     plain = [row for row in rows if row.unique_key is None]
     if plain:
         yield store.insert_statement(plain), store.insert_params(plain)

@@ -8,25 +8,65 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 import psycopg
 
 from ... import states
 from ...clock import format_ts, to_epoch
 from ...errors import StoreError, UsageError
 from ...states import Status
-from ..base import CANCELLING, JobRecord, WorkerRecord, cancelled_error, check_list_order, unique_key_held
+from ..base import (
+    CANCELLING,
+    MAX_LISTED_RELATIVES,
+    JobRecord,
+    WorkerRecord,
+    cancelled_error,
+    check_list_order,
+    unique_key_held,
+)
+from . import graph, store
 from .store import HOLDS, MS, retake
 
-_RECORD = (
-    "SELECT id, job_type, payload, status, attempts, max_attempts, run_after, error, created_at, updated_at, priority, "
+_COLUMNS = (
+    "id, job_type, payload, status, attempts, max_attempts, run_after, error, created_at, updated_at, priority, "
     "lease_owner, lease_expires_at, unique_key, result, progress, progress_message, snoozes, expires_at, "
-    "cancel_requested, limit_key FROM jobs"
+    "cancel_requested, limit_key, coalesce(waiting_for, 0), batch_id, "
+    "CASE WHEN runs_on_parent_failure THEN 'run' END"
 )
+_RECORD = f"SELECT {_COLUMNS} FROM jobs"
+
+
+_FIELDS = (*(field.name for field in attrs.fields(JobRecord)[:21]), "waiting_for", "batch_id", "on_parent_failure")
+_RELATIVES = ("parents", "parent_count", "children", "child_count")
+
+
+def _record(row: Sequence[Any]) -> JobRecord:
+    """A row of :data:`_COLUMNS` (and, from :data:`_GET`, the job's relatives)."""
+    fields = dict(zip(_FIELDS, row))
+    fields.update(zip(_RELATIVES, row[len(_FIELDS):]))
+    for name in ("parents", "children"):
+        fields[name] = tuple(fields.get(name) or ())
+    return JobRecord(**fields)
+
+
+# One job and its relatives: its parents in its after's order and its children oldest first (at
+# most MAX_LISTED_RELATIVES of each), and how many of each; read only for a job that has them
+# (inserted with parents: waiting_for not NULL; named as a parent: has_children).
+_GET = f"""
+SELECT {_COLUMNS},
+       CASE WHEN waiting_for IS NOT NULL THEN ARRAY(
+            SELECT parent_id FROM job_edges WHERE child_id = j.id ORDER BY position LIMIT {MAX_LISTED_RELATIVES}) END,
+       CASE WHEN waiting_for IS NOT NULL THEN (SELECT count(*) FROM job_edges WHERE child_id = j.id) ELSE 0 END,
+       CASE WHEN has_children THEN ARRAY(
+            SELECT child_id FROM job_edges WHERE parent_id = j.id ORDER BY child_id LIMIT {MAX_LISTED_RELATIVES}) END,
+       CASE WHEN has_children THEN (SELECT count(*) FROM job_edges WHERE parent_id = j.id) ELSE 0 END
+  FROM jobs j WHERE j.id = %s
+"""
 
 
 def get_job(conn: psycopg.Connection[Any], job_id: str) -> JobRecord | None:
-    row = conn.execute(f"{_RECORD} WHERE id = %s", (job_id,)).fetchone()
-    return JobRecord(*row) if row else None
+    row = conn.execute(_GET, (job_id,)).fetchone()
+    return _record(row) if row else None
 
 
 # A fixed form for each set of filters given and each order, made once here: no statement text
@@ -65,7 +105,7 @@ def list_jobs(
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
         row = conn.execute(count_sql, params).fetchone()
         rows = conn.execute(rows_sql, params).fetchall()
-    return [JobRecord(*r) for r in rows], int(row[0]) if row else 0
+    return [_record(r) for r in rows], int(row[0]) if row else 0
 
 
 def revive(conn: psycopg.Connection[Any], job_id: str) -> JobRecord:
@@ -112,11 +152,15 @@ def _revive(conn: psycopg.Connection[Any], job_id: str) -> JobRecord:
 
 # The jobs not final yet, locked in id order (the order every multi-row update of the store locks
 # in, store.by_id): each one's status is then ours to change until the commit.
-_LOCK_LIVE = ("SELECT id, status FROM jobs WHERE id = ANY(%(ids)s) AND status IN ('pending', 'running') "
+_LOCK_LIVE = ("SELECT id, status FROM jobs WHERE id = ANY(%(ids)s) AND status IN ('waiting', 'pending', 'running') "
               "ORDER BY id FOR UPDATE")
+# pending or waiting → cancelled; the ones with children, whose edges are applied next
 _CANCEL_PENDING = f"""
+WITH gone AS (
 UPDATE jobs SET status = 'cancelled', error = %(error)s, updated_at = {MS}, started_at = NULL
- WHERE id = ANY(%(ids)s) AND status = 'pending'
+ WHERE id = ANY(%(ids)s) AND status IN ('waiting', 'pending')
+RETURNING id, has_children)
+SELECT coalesce(array_agg(id) FILTER (WHERE has_children), '{{}}') FROM gone
 """
 _REQUEST_CANCEL = "UPDATE jobs SET cancel_requested = true WHERE id = ANY(%(ids)s) AND status = 'running'"
 _STATUSES = "SELECT id, status FROM jobs WHERE id = ANY(%(ids)s)"
@@ -124,40 +168,45 @@ CANCEL_ROUNDS = 5  # (a job revived between the lock and the read of the final o
 
 
 def cancel(conn: psycopg.Connection[Any], job_ids: Sequence[str], *, reason: str) -> list[str | None]:
-    """In one transaction: pending → cancelled (states.cancelled_error), running → its cancel
-    requested (CANCELLING); a final job's status as it is, None for an unknown id. Only the rows
-    it changes are locked."""
+    """In one transaction: pending or waiting → cancelled (states.cancelled_error), its edges
+    applied (store.apply_edges), running → its cancel requested (CANCELLING); a final job's status
+    as it is, None for an unknown id. Only the rows it changes are locked (and the children of
+    those it cancels)."""
+    return store.deadlocks_retried(conn, lambda: _cancel(conn, job_ids, reason=reason))
+
+
+def _cancel(conn: psycopg.Connection[Any], job_ids: Sequence[str], *, reason: str) -> list[str | None]:
     error = cancelled_error(reason).replace("\x00", "\\x00")
     answers: dict[str, str | None] = {}
     todo = sorted(set(job_ids))
-    with conn.transaction():
-        for _ in range(CANCEL_ROUNDS):
-            live = conn.execute(_LOCK_LIVE, {"ids": todo}).fetchall()
-            pending = [job_id for job_id, status in live if status == Status.PENDING]
-            running = [job_id for job_id, status in live if status == Status.RUNNING]
-            if pending:
-                conn.execute(_CANCEL_PENDING, {"ids": pending, "error": error})
-            if running:
-                conn.execute(_REQUEST_CANCEL, {"ids": running})
-            answers.update((job_id, Status.CANCELLED.value) for job_id in pending)
-            answers.update((job_id, CANCELLING) for job_id in running)
-            rest = [job_id for job_id in todo if job_id not in answers]
-            if not rest:
-                break
-            # READ COMMITTED: the latest commit of each, final (or gone) when it was not locked above,
-            # unless it was revived meanwhile: then it is locked in the next round
-            found = dict(conn.execute(_STATUSES, {"ids": rest}).fetchall())
-            todo = []
-            for job_id in rest:
-                status = found.get(job_id)
-                if status in (Status.PENDING, Status.RUNNING):
-                    todo.append(job_id)
-                else:
-                    answers[job_id] = status
-            if not todo:
-                break
-        else:
-            raise StoreError(f"{len(todo)} jobs changed status {CANCEL_ROUNDS} times while being cancelled; try again")
+    for _ in range(CANCEL_ROUNDS):
+        live = conn.execute(_LOCK_LIVE, {"ids": todo}).fetchall()
+        pending = [job_id for job_id, status in live if status in (Status.PENDING, Status.WAITING)]
+        running = [job_id for job_id, status in live if status == Status.RUNNING]
+        if pending:
+            row = conn.execute(_CANCEL_PENDING, {"ids": pending, "error": error}).fetchone()
+            store.apply_edges(conn, [(job_id, "cancelled") for job_id in (row[0] if row else [])])
+        if running:
+            conn.execute(_REQUEST_CANCEL, {"ids": running})
+        answers.update((job_id, Status.CANCELLED.value) for job_id in pending)
+        answers.update((job_id, CANCELLING) for job_id in running)
+        rest = [job_id for job_id in todo if job_id not in answers]
+        if not rest:
+            break
+        # READ COMMITTED: the latest commit of each, final (or gone) when it was not locked above,
+        # unless it was revived meanwhile: then it is locked in the next round
+        found = dict(conn.execute(_STATUSES, {"ids": rest}).fetchall())
+        todo = []
+        for job_id in rest:
+            status = found.get(job_id)
+            if status in (Status.WAITING, Status.PENDING, Status.RUNNING):
+                todo.append(job_id)
+            else:
+                answers[job_id] = status
+        if not todo:
+            break
+    else:
+        raise StoreError(f"{len(todo)} jobs changed status {CANCEL_ROUNDS} times while being cancelled; try again")
     return [answers[job_id] for job_id in job_ids]
 
 
@@ -175,30 +224,50 @@ def paused_types(conn: psycopg.Connection[Any]) -> set[str]:
     return {job_type for (job_type,) in conn.execute("SELECT job_type FROM paused_types")}
 
 
+_LOCK_ONE = "SELECT status, has_children IS TRUE, waiting_for IS NOT NULL, batch_id FROM jobs WHERE id = %s FOR UPDATE"
+
+
 def delete_job(conn: psycopg.Connection[Any], job_id: str) -> None:
-    """Delete a job record; LookupError if unknown, UsageError if it is running."""
-    row = conn.execute(
-        "WITH gone AS (DELETE FROM jobs WHERE id = %(id)s AND status <> 'running' RETURNING id) "
-        "SELECT (SELECT count(*) FROM gone), (SELECT status FROM jobs WHERE id = %(id)s)", {"id": job_id},
-    ).fetchone()
-    assert row is not None
-    deleted, status = row
-    if deleted:
-        return
-    if status is None:
-        raise LookupError(f"no job with id {job_id!r}")
-    raise UsageError(f"job {job_id} is running; wait for it to finish before deleting it")
+    """Delete a job record; LookupError if unknown, UsageError if it is running. In one
+    transaction: its edges that have not counted (it was pending or waiting) applied as a parent
+    "deleted" (store.apply_edges), then its edges (both directions) and its batch, if none of
+    the batch's jobs is left, removed with it."""
+    def remove() -> None:
+        row = conn.execute(_LOCK_ONE, (job_id,)).fetchone()
+        if row is None:
+            raise LookupError(f"no job with id {job_id!r}")
+        status, has_children, has_parents, batch_id = row
+        if status == Status.RUNNING:
+            raise UsageError(f"job {job_id} is running; wait for it to finish before deleting it")
+        if has_children:
+            store.apply_edges(conn, [(job_id, "deleted")])
+        conn.execute("DELETE FROM jobs WHERE id = %s", (job_id,))
+        graph.forget(conn, [job_id] if has_children or has_parents else [], [batch_id] if batch_id else [])
+
+    store.deadlocks_retried(conn, remove)
+
+
+# The finished jobs removed, and of them those with edges or a batch (graph.forget's to remove).
+_CLEANUP = """
+WITH gone AS (
+DELETE FROM jobs WHERE status = ANY(%(statuses)s::text[])
+   AND (%(age)s::float8 IS NULL OR updated_at < now() - %(age)s::float8 * interval '1 second')
+RETURNING id, batch_id, has_children IS TRUE OR waiting_for IS NOT NULL AS linked)
+SELECT count(*), coalesce(array_agg(id) FILTER (WHERE linked), '{}'),
+       coalesce(array_agg(DISTINCT batch_id) FILTER (WHERE batch_id IS NOT NULL), '{}') FROM gone
+"""
 
 
 def cleanup(conn: psycopg.Connection[Any], *, statuses: Sequence[str] = ("completed", "dead"), older_than_seconds: float | None = None) -> int:
     """Delete finished records (completed, dead, cancelled), optionally only those last updated more than
-    ``older_than_seconds`` ago (by the server's clock)."""
+    ``older_than_seconds`` ago (by the server's clock); their edges and emptied batches with them."""
     states.check_finished(statuses, "cleanup deletes")
-    return conn.execute(
-        "DELETE FROM jobs WHERE status = ANY(%(statuses)s::text[]) "
-        "AND (%(age)s::float8 IS NULL OR updated_at < now() - %(age)s::float8 * interval '1 second')",
-        {"statuses": list(statuses), "age": older_than_seconds},
-    ).rowcount
+    with conn.transaction():
+        row = conn.execute(_CLEANUP, {"statuses": list(statuses), "age": older_than_seconds}).fetchone()
+        assert row is not None
+        n, linked, batches = row
+        graph.forget(conn, linked, batches)
+    return int(n)
 
 
 # -- operator views ---------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""Retention on Postgres: whose turn it is, and the bounded deletes of finished jobs and of
-the worker-registry entries of processes long gone. Each ``fn(conn, ...)`` is one statement
-on a pooled connection (autocommit), by the server's clock."""
+"""Retention on Postgres: whose turn it is, and the bounded deletes of finished jobs (with their
+edges and emptied batches) and of the worker-registry entries of processes long gone. Each
+``fn(conn, ...)`` runs on a pooled connection, by the server's clock."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 import psycopg
 
 from ...states import check_finished
+from . import graph
 
 TURN = "retention"
 
@@ -25,18 +26,27 @@ def take_turn(conn: psycopg.Connection[Any], interval_seconds: float) -> bool:
 
 def prune(conn: psycopg.Connection[Any], status: str, older_than_seconds: float, limit: int) -> int:
     """Up to ``limit`` jobs of the final ``status`` last updated more than ``older_than_seconds``
-    ago, oldest first (the partial indexes jobs_finished and jobs_cancelled)."""
+    ago, oldest first (the partial indexes jobs_finished and jobs_cancelled); in the same
+    transaction, their edges and each batch none of whose jobs is left (graph.forget)."""
     check_finished([status], "retention removes")
-    return conn.execute(PRUNE, {"status": status, "age": older_than_seconds, "limit": limit}).rowcount
+    with conn.transaction():
+        row = conn.execute(PRUNE, {"status": status, "age": older_than_seconds, "limit": limit}).fetchone()
+        assert row is not None
+        n, linked, batches = row
+        graph.forget(conn, linked, batches)
+    return int(n)
 
 
 # By status and age: jobs_finished for completed and dead jobs, jobs_cancelled for cancelled ones;
 # then = ANY(ARRAY(...)), the rows by primary key (as IN (...), a hash join that read the whole
-# table to find the few it deletes).
+# table to find the few it deletes). Of the rows removed, those with edges (a parent, a child) and
+# their batches, for graph.forget: none for plain jobs.
 PRUNE = (
-    "DELETE FROM jobs WHERE id = ANY(ARRAY(SELECT id FROM jobs WHERE status = %(status)s "
+    "WITH gone AS (DELETE FROM jobs WHERE id = ANY(ARRAY(SELECT id FROM jobs WHERE status = %(status)s "
     "AND updated_at < now() - %(age)s::float8 * interval '1 second' ORDER BY updated_at LIMIT %(limit)s "
-    "FOR UPDATE SKIP LOCKED))"
+    "FOR UPDATE SKIP LOCKED)) RETURNING id, batch_id, has_children IS TRUE OR waiting_for IS NOT NULL AS linked) "
+    "SELECT count(*), coalesce(array_agg(id) FILTER (WHERE linked), '{}'), "
+    "coalesce(array_agg(DISTINCT batch_id) FILTER (WHERE batch_id IS NOT NULL), '{}') FROM gone"
 )
 
 

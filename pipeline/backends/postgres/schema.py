@@ -222,6 +222,68 @@ MIGRATIONS: Final[list[Migration]] = [
         );
         """,
     ),
+    (
+        8,
+        "workflows",
+        """
+        -- Issue 24 (graph.py). A status waiting: a job enqueued with after=[...] until its parents
+        -- ended. The new check is looser than the old one: validating it cannot fail.
+        ALTER TABLE jobs DROP CONSTRAINT IF EXISTS jobs_status_check;
+        ALTER TABLE jobs ADD CONSTRAINT jobs_status_check
+            CHECK (status IN ('waiting', 'pending', 'running', 'completed', 'dead', 'cancelled')) NOT VALID;
+        ALTER TABLE jobs VALIDATE CONSTRAINT jobs_status_check;
+        -- Each ADD COLUMN changes the catalog only; a plain job leaves them NULL (no byte of its row).
+        -- waiting_for: a job with parents, the edges to it that have not counted yet (NULL: no parents).
+        -- has_children: true once a job is named in another's after (set by that insert, under the
+        -- parent's row lock): the statements that end a job return it, and only a job with children
+        -- has edges to apply. runs_on_parent_failure: true for on_parent_failure="run" (NULL: the
+        -- default, "cancel"; a flag rather than text: with two text columns more, the planner's guess
+        -- of a row's width on a table without statistics made the keyed claim read its locked rows
+        -- through jobs_due, every pending row, measured). batch_id: NewJob.batch_id; batch_position:
+        -- its place in the call that inserted the batch (batch_jobs lists the members in that order).
+        ALTER TABLE jobs ADD COLUMN IF NOT EXISTS waiting_for integer;
+        ALTER TABLE jobs ADD COLUMN IF NOT EXISTS has_children boolean;
+        ALTER TABLE jobs ADD COLUMN IF NOT EXISTS runs_on_parent_failure boolean;
+        ALTER TABLE jobs ADD COLUMN IF NOT EXISTS batch_id text;
+        ALTER TABLE jobs ADD COLUMN IF NOT EXISTS batch_position integer;
+        -- A waiting job holds its unique key as a pending one: jobs_unique made again with 'waiting'
+        -- in its predicate. No row is waiting yet, so it holds the old index's keys and cannot fail.
+        -- The ON CONFLICT of a process of version 7 (status IN ('pending', 'running')) still implies
+        -- this predicate, so its keyed inserts go on during a rolling upgrade.
+        CREATE UNIQUE INDEX IF NOT EXISTS jobs_unique_8 ON jobs (job_type, unique_key)
+            WHERE unique_key IS NOT NULL AND status IN ('waiting', 'pending', 'running')
+              AND (unique_token IS NULL OR unique_token = lease_token);
+        DROP INDEX IF EXISTS jobs_unique;
+        ALTER INDEX jobs_unique_8 RENAME TO jobs_unique;
+        -- batch(id) counts a batch's jobs by status, batch_jobs lists them in order: the jobs of
+        -- batches only.
+        CREATE INDEX IF NOT EXISTS jobs_batch ON jobs (batch_id, batch_position) WHERE batch_id IS NOT NULL;
+
+        -- One edge per (parent, child): counted once, by the transaction that ends the parent (or
+        -- the insert, when the parent had ended already). position: the parent's place in the
+        -- child's after. No foreign keys: an edge outlives neither job (delete and retention
+        -- remove both directions), and a parent removed by other means is the sweep's
+        -- (rescue_waiting: applied as deleted).
+        CREATE TABLE IF NOT EXISTS job_edges (
+            parent_id text NOT NULL,
+            child_id  text NOT NULL,
+            position  integer NOT NULL,
+            counted   boolean NOT NULL DEFAULT false,
+            PRIMARY KEY (parent_id, child_id)
+        );
+        -- a child's parents in its after's order (get, parent_results, delete)
+        CREATE INDEX IF NOT EXISTS job_edges_child ON job_edges (child_id, position);
+        -- the edges still to count: what ending a parent applies, and the sweep's read
+        CREATE INDEX IF NOT EXISTS job_edges_uncounted ON job_edges (parent_id, child_id) WHERE NOT counted;
+
+        -- A batch (NewBatch): written with its jobs; removed with the last of them.
+        CREATE TABLE IF NOT EXISTS batches (
+            id          text PRIMARY KEY,
+            callback_id text,
+            created_at  timestamptz NOT NULL
+        );
+        """,
+    ),
 ]
 LATEST: Final = max(v for v, _, _ in MIGRATIONS)
 TABLE: Final = "pipeline_migrations"

@@ -20,14 +20,14 @@ from __future__ import annotations
 import contextlib
 import json
 import random
-from collections.abc import Collection, Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Generator, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import psycopg
 
 from ... import states
 from ...errors import StoreError
-from ..base import NewJob, Settlement, cancelled_running_error, expired_error
+from ..base import NewJob, Settlement, cancelled_running_error, expired_error, parent_failed
 
 # the statement's "now", as stored: rounded to the nearest millisecond, as clock.format_ts rounds
 MS = "date_trunc('milliseconds', now() + interval '500 microseconds')"
@@ -87,10 +87,11 @@ def insert_statement(rows: Sequence[NewJob]) -> str:
     return _INSERT_TRACED if traced(rows) else _INSERT
 
 
-# Which rows hold their unique key: jobs_unique's predicate (schema.py, version 7). A job whose key
-# is held only while pending holds it under one lease token (unique_token): a claim moves the token
-# on and frees it; a default job (unique_token NULL) holds it while pending or running.
-HOLDS = ("unique_key IS NOT NULL AND status IN ('pending', 'running') "
+# Which rows hold their unique key: jobs_unique's predicate (schema.py, versions 7 and 8). A job whose
+# key is held only while pending (or waiting) holds it under one lease token (unique_token): a claim
+# moves the token on and frees it; a default job (unique_token NULL) holds it while waiting, pending
+# or running.
+HOLDS = ("unique_key IS NOT NULL AND status IN ('waiting', 'pending', 'running') "
          "AND (unique_token IS NULL OR unique_token = lease_token)")
 # Rows with a unique key: _INSERT's rows and their keys, none inserted while a job holds its type
 # and key (the partial unique index jobs_unique, named by its columns and WHERE); a duplicate id
@@ -111,7 +112,7 @@ _HOLDERS = """
 SELECT j.job_type, j.unique_key, j.id FROM jobs j
   JOIN unnest(%(types)s::text[], %(keys)s::text[]) AS k(job_type, unique_key)
     ON j.job_type = k.job_type AND j.unique_key = k.unique_key
- WHERE j.unique_key IS NOT NULL AND j.status IN ('pending', 'running')
+ WHERE j.unique_key IS NOT NULL AND j.status IN ('waiting', 'pending', 'running')
    AND (j.unique_token IS NULL OR j.unique_token = j.lease_token)
 """
 T = TypeVar("T")
@@ -182,7 +183,7 @@ UPDATE jobs j SET unique_token = j.lease_token
         SELECT DISTINCT ON (c.job_type, c.unique_key) c.id FROM jobs c
          WHERE c.id = ANY(%(ids)s::text[]) AND c.status = 'pending' AND c.unique_token <> c.lease_token
            AND NOT EXISTS (SELECT 1 FROM jobs h WHERE h.job_type = c.job_type AND h.unique_key = c.unique_key
-                              AND h.status IN ('pending', 'running')
+                              AND h.status IN ('waiting', 'pending', 'running')
                               AND (h.unique_token IS NULL OR h.unique_token = h.lease_token))
          ORDER BY c.job_type, c.unique_key, c.priority, c.run_after, c.id))
    AND j.status = 'pending' AND j.unique_token <> j.lease_token
@@ -283,7 +284,16 @@ _PENDING = f"({_BACK} AND NOT j.cancel_requested)"
 _STOPPED = f"({_BACK} AND j.cancel_requested)"
 
 
-def _settle(outcomes: str) -> str:
+# A job with children (has_children, schema version 8) is left alone by the Ledger's one statement
+# (answered as not written): its outcome is written by graph.settle_parents, in a transaction that
+# applies its edges when it ends it. So a batch of plain jobs is the one statement of before, with
+# one more condition on rows it reads anyway.
+_PLAIN = " AND j.has_children IS NOT TRUE"
+# what graph.settle_parents learns of each row it wrote: its new status, and whether it has children
+_PARENT_RETURNING = "RETURNING j.id, o.token, j.status, j.has_children IS TRUE"
+
+
+def _settle(outcomes: str, *, only: str = _PLAIN, returning: str = "RETURNING j.id, o.token") -> str:
     return f"""
 UPDATE jobs j
    SET status = CASE WHEN {_PENDING} THEN 'pending' WHEN o.kind = 'cancel' OR {_STOPPED} THEN 'cancelled'
@@ -309,13 +319,15 @@ UPDATE jobs j
        lease_owner = CASE WHEN o.kind = 'start' THEN j.lease_owner END,
        lease_expires_at = CASE WHEN o.kind = 'start' THEN j.lease_expires_at END
   FROM ({outcomes}) o
- WHERE j.id = ANY(ARRAY(SELECT unnest(%(o_ids)s::text[]))) AND j.id = o.id AND j.status = o.running AND j.lease_token = o.token
-RETURNING j.id, o.token
+ WHERE j.id = ANY(ARRAY(SELECT unnest(%(o_ids)s::text[]))) AND j.id = o.id AND j.status = o.running AND j.lease_token = o.token{only}
+{returning}
 """
 
 
 _SETTLE = _settle(_OUTCOMES)
 _SETTLE_FULL = _settle(_OUTCOMES_FULL)
+SETTLE_PARENTS = _settle(_OUTCOMES, only="", returning=_PARENT_RETURNING)
+SETTLE_PARENTS_FULL = _settle(_OUTCOMES_FULL, only="", returning=_PARENT_RETURNING)
 
 _KINDS = {
     states.Transition.SUCCEED: "succeed",
@@ -409,11 +421,15 @@ def rounds(items: Sequence[Settlement]) -> list[list[int]]:
 
 
 def write_batch(
-    conn: psycopg.Connection[Any], items: Sequence[Settlement], rows: Sequence[NewJob], *, notify: bool
+    conn: psycopg.Connection[Any], items: Sequence[Settlement], rows: Sequence[NewJob], *, notify: bool,
+    parents: bool = True,
 ) -> list[bool]:
     """Outcomes and inserted rows in one statement (one transaction, one round trip); one bool
-    per outcome: whether its lease held. Raises whatever the statement raised (a duplicate
-    id among the rows: the caller splits the batch)."""
+    per outcome: whether it was written (its lease held). The outcomes of jobs with children are
+    left out of that statement: with ``parents`` they are written after it by
+    :func:`settle_parents` (a transaction of its own, which applies their edges); without, they
+    are answered False, as stale ones are, for the caller to hand to settle_parents. Raises
+    whatever a statement raised (a duplicate id among the rows: the caller splits the batch)."""
     parts = rounds(items)
     if len(parts) <= 1:
         held = _execute_batch(conn, items, rows, notify=notify)
@@ -430,6 +446,10 @@ def write_batch(
     # jobs back in pending whose key is held only while pending take it again if free (a statement
     # more only for a batch with such outcomes: SUCCEED's, the hot path's, is the one above alone)
     retake(conn, [s.id for s, written in zip(items, answers) if written and s.transition in _BACK_TO_PENDING])
+    rest = [n for n, written in enumerate(answers) if not written]
+    if parents and rest:  # (none in a batch of plain jobs whose leases held)
+        for n, written in zip(rest, settle_parents(conn, [items[n] for n in rest])[0]):
+            answers[n] = written
     return answers
 
 
@@ -449,6 +469,133 @@ def _execute_batch(conn: psycopg.Connection[Any], items: Sequence[Settlement], r
     assert row is not None
     ids, tokens = row[0] or [], row[1] or []
     return set(zip(ids, tokens))
+
+
+# -- workflows (issue 24): a parent's edges, applied by whatever ends it -----------------------------
+
+ENDED = ("completed", "dead", "cancelled")  # the final statuses: a job's edges count when it reaches one
+DEADLOCK_ROUNDS = 5  # a transaction that applies edges, tried again when Postgres broke a deadlock with it
+
+# The edges of parents that have just ended and have not counted yet, counted now. Exactly once: the
+# flag is flipped under the edge's row lock, and any other transaction applying the same edge (the
+# sweep, a delete) waits for it and then finds the flag set (READ COMMITTED reads the row again).
+_COUNT_EDGES = """
+UPDATE job_edges e SET counted = true
+  FROM unnest(%(parents)s::text[], %(hows)s::text[]) AS p(id, how)
+ WHERE e.parent_id = ANY(%(parents)s::text[]) AND e.parent_id = p.id AND NOT e.counted
+RETURNING e.child_id, e.position, e.parent_id, p.how
+"""
+# the same, of the given edges only (the sweep's: those it locked)
+_COUNT_THESE = """
+UPDATE job_edges e SET counted = true
+  FROM unnest(%(parents)s::text[], %(children)s::text[], %(hows)s::text[]) AS p(parent_id, child_id, how)
+ WHERE e.parent_id = ANY(%(parents)s::text[]) AND e.parent_id = p.parent_id AND e.child_id = p.child_id
+   AND NOT e.counted
+RETURNING e.child_id, e.position, e.parent_id, p.how
+"""
+# Their children, locked in id order, after the parents (which the statement that ended them
+# locked): the order every path takes, parents first, then children in id order, a level at a
+# time. The count is moved under the child's lock, so parents ended by K transactions at once
+# bring it to zero once, and wake the child once.
+_LOCK_CHILDREN = ("SELECT id, status, runs_on_parent_failure IS TRUE, coalesce(waiting_for, 0), has_children IS TRUE FROM jobs "
+                  "WHERE id = ANY(%(ids)s::text[]) ORDER BY id FOR UPDATE")
+# A woken job keeps its run_after (a past one: due at once); a cancelled one is finished now.
+_MOVE_CHILDREN = f"""
+UPDATE jobs j SET status = c.status, waiting_for = c.waiting_for, error = coalesce(c.error, j.error),
+       updated_at = CASE WHEN c.status = j.status THEN j.updated_at ELSE {MS} END
+  FROM unnest(%(ids)s::text[], %(statuses)s::text[], %(waiting)s::int[], %(errors)s::text[])
+       AS c(id, status, waiting_for, error)
+ WHERE j.id = ANY(%(ids)s::text[]) AND j.id = c.id
+"""
+
+
+def apply_edges(conn: psycopg.Connection[Any], ended: Iterable[tuple[str, str]],
+                edges: Sequence[tuple[str, str, str]] = ()) -> tuple[int, int]:
+    """In the caller's transaction, which has ended the jobs ``ended`` ((id, how): "completed",
+    "dead", "cancelled", "deleted") under their row locks: each of their edges that has not counted
+    yet counts now (``edges``: (parent, child, how) to count besides, the sweep's). Per child, under
+    its row lock: the count of edges not yet counted goes down; a child still waiting is cancelled
+    (:func:`~pipeline.backends.base.parent_failed`, naming the first such parent in its ``after``)
+    when a parent ended other than completed and it follows the default on_parent_failure, woken
+    (pending, Transition.WAKE) when nothing is left to count; a child no longer waiting only has
+    its count moved. A cancelled child's own edges are applied the same way, down the graph. With a
+    child woken, NOTIFY (delivered at the commit). Returns (woken, cancelled)."""
+    parents = sorted(set(ended))
+    found: list[Any] = []
+    if edges:
+        found += conn.execute(_COUNT_THESE, {"parents": [e[0] for e in edges], "children": [e[1] for e in edges],
+                                             "hows": [e[2] for e in edges]}).fetchall()
+    if parents:
+        found += conn.execute(_COUNT_EDGES, {"parents": [p for p, _ in parents], "hows": [h for _, h in parents]}).fetchall()
+    woken = cancelled = 0
+    while found:
+        counted: dict[str, list[tuple[int, str, str]]] = {}
+        for child, position, parent, how in found:
+            counted.setdefault(child, []).append((position, parent, how))
+        ids, statuses, waiting, errors = [], [], [], []
+        failed_parents: list[tuple[str, str]] = []
+        for child, status, runs, left, has_children in conn.execute(_LOCK_CHILDREN, {"ids": sorted(counted)}):
+            mine = sorted(counted[child])
+            left = max(left - len(mine), 0)
+            error = None
+            if status == states.Status.WAITING:
+                failed = [] if runs else [(parent, how) for _, parent, how in mine if how != "completed"]
+                if failed:
+                    status, error = states.Status.CANCELLED.value, _text(parent_failed(*failed[0]))
+                    cancelled += 1
+                    if has_children:
+                        failed_parents.append((child, "cancelled"))
+                elif left == 0:
+                    status = states.Status.PENDING.value
+                    woken += 1
+            ids.append(child)
+            statuses.append(status)
+            waiting.append(left)
+            errors.append(error)
+        if ids:
+            conn.execute(_MOVE_CHILDREN, {"ids": ids, "statuses": statuses, "waiting": waiting, "errors": errors})
+        found = conn.execute(_COUNT_EDGES, {"parents": [p for p, _ in failed_parents],
+                                            "hows": [h for _, h in failed_parents]}).fetchall() if failed_parents else []
+    if woken:
+        conn.execute(NOTIFY)
+    return woken, cancelled
+
+
+def deadlocks_retried(conn: psycopg.Connection[Any], fn: Callable[[], T]) -> T:
+    """``fn()`` in a transaction (a savepoint of the caller's, if one is open), run again when
+    Postgres ended it to break a deadlock: a transaction that applies edges locks a parent, then
+    its children, then theirs, which is id order within a level only (a job can be a child here
+    and, further down, a parent of a row locked earlier), and an insert that names several
+    parents locks them in id order; a rare graph makes two of these wait on each other."""
+    for attempt in range(DEADLOCK_ROUNDS):
+        try:
+            with conn.transaction():
+                return fn()
+        except psycopg.errors.DeadlockDetected:
+            if attempt == DEADLOCK_ROUNDS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def settle_parents(conn: psycopg.Connection[Any], items: Sequence[Settlement]) -> tuple[list[bool], int]:
+    """Outcomes the batch's statement left (jobs with children, and stale ones), in a transaction
+    that applies the edges of the jobs they end (:func:`apply_edges`); per outcome, whether it was
+    written; and how many children woke."""
+    def write() -> tuple[list[bool], int]:
+        answers = [False] * len(items)
+        ended: list[tuple[str, str]] = []
+        for part in rounds(items):
+            chosen = [items[n] for n in part]
+            found = conn.execute(SETTLE_PARENTS_FULL if full(chosen) else SETTLE_PARENTS, outcome_params(chosen)).fetchall()
+            held = {(job_id, token) for job_id, token, _, _ in found}
+            for n, s in zip(part, chosen):
+                answers[n] = (s.id, s.token) in held
+            ended += [(job_id, status) for job_id, _, status, children in found if children and status in ENDED]
+        woken, _ = apply_edges(conn, ended)
+        retake(conn, [s.id for s, written in zip(items, answers) if written and s.transition in _BACK_TO_PENDING])
+        return answers, woken
+
+    return deadlocks_retried(conn, write)
 
 
 # -- expiry ---------------------------------------------------------------------------------------
@@ -472,6 +619,25 @@ SELECT e.id FROM w CROSS JOIN LATERAL (
     SELECT id FROM jobs WHERE status = 'pending' AND job_type = w.job_type AND expires_at <= now()
      LIMIT {EXPIRE_CHUNK}
        FOR UPDATE SKIP LOCKED) e"""
+# The claims' expiry, in a statement that commits alone: the expired jobs of the types in w (locked,
+# as _EXPIRED_OF locks them), of which it ends those without children (schema version 8). An
+# expired job with children is only seen, as a row of NULLs among the claim's rows (_PARKED), and
+# the claim ends it at once in a transaction that applies its edges (graph.expire_parents). None
+# is picked either way: its expires_at has passed.
+_EXPIRING = f"""expiring AS MATERIALIZED (
+    SELECT e.id, e.has_children FROM w CROSS JOIN LATERAL (
+        SELECT id, has_children FROM jobs WHERE status = 'pending' AND job_type = w.job_type AND expires_at <= now()
+         LIMIT {EXPIRE_CHUNK}
+           FOR UPDATE SKIP LOCKED) e
+),
+expired AS (
+    UPDATE jobs j SET {_EXPIRE}
+     WHERE j.id = ANY(ARRAY(SELECT id FROM expiring WHERE has_children IS NOT TRUE)) AND j.status = 'pending'
+    RETURNING 1
+)"""
+_PARKED = "(SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM expiring WHERE has_children LIMIT 1)"
+
+
 # Every type that has an expiring pending job, one seek each (a loose index scan of jobs_expiring):
 # the rescue's, for the jobs of the types nobody claims
 _EXPIRE_ALL = f"""
@@ -482,15 +648,47 @@ WITH RECURSIVE w(job_type) AS (
              WHERE j.status = 'pending' AND j.expires_at IS NOT NULL AND j.job_type > w.job_type
              ORDER BY j.job_type LIMIT 1)
       FROM w WHERE w.job_type IS NOT NULL
-)
+),
+gone AS (
 UPDATE jobs j SET {_EXPIRE}
  WHERE j.id = ANY(ARRAY({_EXPIRED_OF})) AND j.status = 'pending'
+RETURNING j.id, j.has_children)
+SELECT count(*), coalesce(array_agg(id) FILTER (WHERE has_children), '{{}}') FROM gone
 """
 
 
 def expire(conn: psycopg.Connection[Any]) -> int:
-    """Pending jobs of every type whose expires_at passed → cancelled (base.expired_error)."""
-    return conn.execute(_EXPIRE_ALL).rowcount
+    """In the caller's transaction: pending jobs of every type whose expires_at passed → cancelled
+    (base.expired_error), their edges applied."""
+    row = conn.execute(_EXPIRE_ALL).fetchone()
+    assert row is not None
+    n, parents = row
+    apply_edges(conn, [(job_id, "cancelled") for job_id in parents])
+    return int(n)
+
+
+# An expired pending job with children of the given types (what a claim left: _PARKED), ended in a
+# transaction that applies its edges; locked as the claim locks, SKIP LOCKED.
+_EXPIRE_PARENTS = f"""
+WITH gone AS (
+UPDATE jobs j SET {_EXPIRE}
+ WHERE j.id = ANY(ARRAY(SELECT id FROM jobs WHERE status = 'pending' AND job_type = ANY(%(types)s::text[])
+                           AND expires_at <= now() AND has_children
+                         ORDER BY id LIMIT {EXPIRE_CHUNK} FOR UPDATE SKIP LOCKED))
+   AND j.status = 'pending'
+RETURNING j.id)
+SELECT coalesce(array_agg(id), '{{}}') FROM gone
+"""
+
+
+def expire_parents(conn: psycopg.Connection[Any], job_types: Sequence[str]) -> None:
+    """The expired pending jobs with children of ``job_types`` → cancelled, their edges applied,
+    in one transaction (a claim's statement saw them: it ends only jobs without children)."""
+    def end() -> None:
+        row = conn.execute(_EXPIRE_PARENTS, {"types": list(job_types)}).fetchone()
+        apply_edges(conn, [(job_id, "cancelled") for job_id in (row[0] if row else [])])
+
+    deadlocks_retried(conn, end)
 
 
 # -- claim ----------------------------------------------------------------------------------------
@@ -510,11 +708,7 @@ WITH w AS MATERIALIZED (
     SELECT * FROM unnest(%(types)s::text[], %(limits)s::int[], %(starts)s::int[]) AS w(job_type, n, k)
      WHERE NOT EXISTS (SELECT 1 FROM paused_types p WHERE p.job_type = w.job_type)
 ),
-expired AS (
-    UPDATE jobs j SET {_EXPIRE}
-     WHERE j.id = ANY(ARRAY({_EXPIRED_OF})) AND j.status = 'pending'
-    RETURNING 1
-),
+{_EXPIRING},
 picked AS MATERIALIZED (
     SELECT p.id, w.job_type, p.priority, p.run_after,
            row_number() OVER (PARTITION BY w.job_type ORDER BY p.priority, p.run_after, p.id) <= w.k AS counted
@@ -530,7 +724,8 @@ picked AS MATERIALIZED (
 -- per type, the last picked row that starts at once (fewer than k may have been picked)
 cut AS MATERIALIZED (
     SELECT DISTINCT ON (job_type) job_type, priority, run_after, id FROM picked WHERE counted
-     ORDER BY job_type, priority DESC, run_after DESC, id DESC)
+     ORDER BY job_type, priority DESC, run_after DESC, id DESC),
+leased AS (
 UPDATE jobs j
    SET status = 'running', lease_token = j.lease_token + 1,
        attempts = j.attempts + ({_COUNTED})::int,
@@ -542,8 +737,8 @@ UPDATE jobs j
 -- claim; guessing 4000 rows from the lateral join, it hashed the whole table.)
  WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING j.id, j.job_type, j.payload, j.attempts + (j.started_at IS NULL)::int, j.max_attempts, j.lease_token,
-          j.created_at, j.run_after, j.priority, j.started_at IS NOT NULL, j.trace
-"""
+          j.created_at, j.run_after, j.priority, j.started_at IS NOT NULL, j.trace)
+SELECT * FROM leased UNION ALL {_PARKED}"""
 
 
 # A claim of a globally limited type runs in a transaction of its own that first takes this
@@ -617,6 +812,7 @@ SELECT id, lease_token, attempts, max_attempts, lease_owner, started_at IS NOT N
    FOR UPDATE SKIP LOCKED
 """
 _RESCUE = f"""
+WITH moved AS (
 UPDATE jobs j
    SET status = r.status,
        run_after = CASE WHEN r.status = 'pending' AND r.started THEN {seconds_after('r.delay')} ELSE j.run_after END,
@@ -628,6 +824,9 @@ UPDATE jobs j
           FROM unnest(%(ids)s::text[], %(tokens)s::bigint[], %(statuses)s::text[], %(delays)s::float8[],
                       %(errors)s::text[], %(started)s::bool[]) AS r(id, token, status, delay, error, started) OFFSET 0) r
  WHERE j.id = ANY(ARRAY(SELECT unnest(%(ids)s::text[]))) AND j.id = r.id AND j.status = r.running AND j.lease_token = r.token
+RETURNING j.id, j.status, j.has_children)
+SELECT count(*), coalesce(array_agg(id) FILTER (WHERE has_children AND status = 'dead'), '{{}}'),
+       coalesce(array_agg(id) FILTER (WHERE has_children AND status = 'cancelled'), '{{}}') FROM moved
 """
 RESCUED_CANCEL = cancelled_running_error("its cancel was requested")
 
@@ -640,35 +839,43 @@ def rescue_expired(
     backoff, or dead when out of attempts, or cancelled if their cancel was requested; the
     leases ``spare`` (the caller still holds them) are left alone. Rescuers running at once
     take disjoint rows (SKIP LOCKED), and the fence moves each job once. Then the pending jobs
-    of every type whose expires_at passed → cancelled (:func:`expire`)."""
-    with conn.transaction():
-        expired = [row for row in conn.execute(_EXPIRED).fetchall() if (row[0], row[1]) not in spare]
-        rescued = 0
-        if expired:
-            ids, tokens, statuses, delays, errors, started = [], [], [], [], [], []
-            for job_id, token, attempts, max_attempts, owner, has_started, cancelling in by_id(expired):
-                status, delay, error = "pending", 0.0, None
-                if cancelling:  # its worker died before it stopped the job: never retried
-                    status, error = "cancelled", RESCUED_CANCEL
-                elif has_started:
-                    decision = states.rescue(attempts=attempts, max_attempts=max_attempts, base_seconds=base_seconds,
-                                             rng=rng)
-                    if decision.transition is states.Transition.RESCUE:
-                        delay = decision.delay
-                    else:
-                        status = "dead"
-                    error = f"lease expired: worker {owner or '?'} stopped renewing it during attempt {attempts}"
-                # else: claimed ahead, never started: back in its place in line, its attempt never counted
-                ids.append(job_id)
-                tokens.append(token)
-                statuses.append(status)
-                delays.append(delay)
-                errors.append(error)
-                started.append(has_started)
-            rescued = conn.execute(_RESCUE, {"ids": ids, "tokens": tokens, "statuses": statuses, "delays": delays,
-                                             "errors": errors, "started": started}).rowcount
-            retake(conn, [job_id for job_id, status in zip(ids, statuses) if status == "pending"])
-    return rescued + expire(conn)
+    of every type whose expires_at passed → cancelled (:func:`expire`). One transaction, which
+    applies the edges of every job it ends."""
+    return deadlocks_retried(conn, lambda: _rescue(conn, base_seconds=base_seconds, rng=rng, spare=spare))
+
+
+def _rescue(conn: psycopg.Connection[Any], *, base_seconds: float, rng: random.Random | None,
+            spare: Collection[tuple[str, int]]) -> int:
+    expired = [row for row in conn.execute(_EXPIRED).fetchall() if (row[0], row[1]) not in spare]
+    rescued = 0
+    if expired:
+        ids, tokens, statuses, delays, errors, started = [], [], [], [], [], []
+        for job_id, token, attempts, max_attempts, owner, has_started, cancelling in by_id(expired):
+            status, delay, error = "pending", 0.0, None
+            if cancelling:  # its worker died before it stopped the job: never retried
+                status, error = "cancelled", RESCUED_CANCEL
+            elif has_started:
+                decision = states.rescue(attempts=attempts, max_attempts=max_attempts, base_seconds=base_seconds,
+                                         rng=rng)
+                if decision.transition is states.Transition.RESCUE:
+                    delay = decision.delay
+                else:
+                    status = "dead"
+                error = f"lease expired: worker {owner or '?'} stopped renewing it during attempt {attempts}"
+            # else: claimed ahead, never started: back in its place in line, its attempt never counted
+            ids.append(job_id)
+            tokens.append(token)
+            statuses.append(status)
+            delays.append(delay)
+            errors.append(error)
+            started.append(has_started)
+        row = conn.execute(_RESCUE, {"ids": ids, "tokens": tokens, "statuses": statuses, "delays": delays,
+                                     "errors": errors, "started": started}).fetchone()
+        assert row is not None
+        rescued, dead, cancelled = row
+        retake(conn, [job_id for job_id, status in zip(ids, statuses) if status == "pending"])
+        apply_edges(conn, [*((job_id, "dead") for job_id in dead), *((job_id, "cancelled") for job_id in cancelled)])
+    return int(rescued) + expire(conn)
 
 
 # -- control (issue 23): the worker side's ------------------------------------------------------
@@ -716,32 +923,42 @@ SELECT job_types FROM workers
     OR heartbeat_at + lease_seconds * interval '1 second' >= now()
 """
 _BURY_TYPE = f"""
+WITH gone AS (
 UPDATE jobs SET status = 'dead', error = %(error)s, updated_at = {MS}, started_at = NULL
  WHERE status = 'pending' AND job_type = %(job_type)s AND run_after <= now() - %(grace)s::float8 * interval '1 second'
+RETURNING id, has_children)
+SELECT count(*), coalesce(array_agg(id) FILTER (WHERE has_children), '{{}}') FROM gone
 """
 
 
 def bury_unknown_types(conn: psycopg.Connection[Any], known: set[str], *, grace_seconds: float) -> int:
     """Pending jobs of types neither ``known`` nor known to a worker alive within the grace
-    (or by its own lease), due for longer than the grace → dead, with an error saying why."""
-    with conn.transaction():
-        unknown = [t for (t,) in conn.execute(_PENDING_TYPES) if t not in known]
-        if not unknown:
-            return 0
-        live: set[str] = set()
-        for (text,) in conn.execute(_LIVE, {"grace": float(grace_seconds)}):
-            try:
-                live.update(json.loads(text))
-            except (ValueError, TypeError):
-                continue
-        n = 0
-        for job_type in unknown:
-            if job_type in live:
-                continue
-            error = (f"no worker handles job type {job_type!r}: no live process registers a handler for it "
-                     "(it may be registered without one, or not at all); add a handler, then retry the job")
-            n += conn.execute(_BURY_TYPE, {"error": error, "job_type": job_type, "grace": float(grace_seconds)}).rowcount
-        return n
+    (or by its own lease), due for longer than the grace → dead, with an error saying why; their
+    edges applied in the same transaction."""
+    return deadlocks_retried(conn, lambda: _bury(conn, known, grace_seconds=grace_seconds))
+
+
+def _bury(conn: psycopg.Connection[Any], known: set[str], *, grace_seconds: float) -> int:
+    unknown = [t for (t,) in conn.execute(_PENDING_TYPES) if t not in known]
+    if not unknown:
+        return 0
+    live: set[str] = set()
+    for (text,) in conn.execute(_LIVE, {"grace": float(grace_seconds)}):
+        try:
+            live.update(json.loads(text))
+        except (ValueError, TypeError):
+            continue
+    n = 0
+    for job_type in unknown:
+        if job_type in live:
+            continue
+        error = (f"no worker handles job type {job_type!r}: no live process registers a handler for it "
+                 "(it may be registered without one, or not at all); add a handler, then retry the job")
+        row = conn.execute(_BURY_TYPE, {"error": error, "job_type": job_type, "grace": float(grace_seconds)}).fetchone()
+        assert row is not None
+        n += row[0]
+        apply_edges(conn, [(job_id, "dead") for job_id in row[1]])
+    return n
 
 
 def bound_lock_waits(conn: psycopg.Connection[Any], *, seconds: float) -> None:

@@ -1,0 +1,286 @@
+"""Workflows on Postgres (issue 24, docs/workflows.md): inserts with ``after``, the sweep for waiting
+jobs left behind, a batch's record, and what removing jobs removes with them. What ending a parent
+does to its children is the store's (store.apply_edges: every path to a final status calls it in
+the transaction that ends the job).
+
+The graph is a table of edges (parent, child, position in the child's ``after``, counted), the
+child's ``waiting_for`` (its edges not yet counted) and the parent's ``has_children`` flag
+(schema.py, version 8). Locks, in the one order every path takes: a parent's row, then its
+children's rows in id order (a level at a time). An insert locks the parents it names that are
+not in its call (FOR UPDATE, in id order) only after its keyed rows, whose insert may wait for
+another transaction's key, and holds them for the few statements left: a parent's outcome waits for
+the insert's commit at most that long, or the insert for the outcome's; either way one of the two
+sees the other, so the edge counts once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import psycopg
+
+from ...errors import UsageError
+from ..base import BatchMember, BatchRecord, NewBatch, NewJob, check_after, parent_failed, unknown_parents
+from .store import ENDED, MS, NOTIFY, Plan, _text, apply_edges, deadlocks_retried, run_plan, unique_rounds
+
+
+def is_linked(row: NewJob) -> bool:
+    """Whether a row takes the workflow insert (:func:`insert_plan`) rather than the plain one."""
+    return bool(row.after) or row.batch_id is not None or row.on_parent_failure is not None
+
+
+# -- inserts -------------------------------------------------------------------------------------------
+
+# The parents an insert names that are not in its call, locked in id order (the order of every
+# multi-row lock of the store): until the insert commits, no outcome changes them, and an outcome
+# that changed one first has committed (READ COMMITTED reads the row as it left it). They are
+# flagged has_children (once): the statement that ends one hands it to apply_edges, and reading or
+# removing one looks for its edges.
+_LOCK_PARENTS = """
+WITH locked AS MATERIALIZED (
+    SELECT id, status, has_children FROM jobs WHERE id = ANY(%(ids)s::text[]) ORDER BY id FOR UPDATE),
+flagged AS (
+    UPDATE jobs j SET has_children = true FROM locked l
+     WHERE j.id = ANY(%(ids)s::text[]) AND j.id = l.id AND l.has_children IS NOT TRUE)
+SELECT id, status FROM locked
+"""
+# Rows without a unique key, placed (status, waiting_for, ...) by :func:`insert_plan`; a row
+# cancelled at insert (a parent had failed) is finished now.
+_INSERT_LINKED = f"""
+INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, created_at, updated_at, priority,
+                  trace, expires_at, limit_key, error, waiting_for, has_children, runs_on_parent_failure, batch_id,
+                  batch_position)
+SELECT id, job_type, payload, status, 0, max_attempts, run_after::timestamptz, created_at::timestamptz,
+       CASE WHEN status = 'cancelled' THEN {MS} ELSE created_at::timestamptz END, priority, trace,
+       expires_at::timestamptz, limit_key, error, waiting_for, has_children, runs, batch_id, batch_position
+  FROM unnest(%(ids)s::text[], %(types)s::text[], %(payloads)s::text[], %(max_attempts)s::bigint[],
+              %(run_after)s::text[], %(priorities)s::bigint[], %(created)s::text[], %(traces)s::text[],
+              %(expires)s::text[], %(limit_keys)s::text[], %(statuses)s::text[], %(errors)s::text[],
+              %(waiting)s::int[], %(children)s::bool[], %(runs)s::bool[], %(batches)s::text[],
+              %(places)s::int[])
+       AS r(id, job_type, payload, max_attempts, run_after, priority, created_at, trace, expires_at, limit_key,
+            status, error, waiting_for, has_children, runs, batch_id, batch_position)
+"""
+# Rows with a unique key and parents: inserted by store.unique_rounds (pending, as any keyed row,
+# holding the key as a waiting row would), then placed here once the parents are read; rows of
+# this transaction, which nobody else sees yet.
+_PLACE_KEYED = f"""
+UPDATE jobs j SET status = r.status, error = r.error, waiting_for = r.waiting_for, runs_on_parent_failure = r.runs,
+       updated_at = CASE WHEN r.status = 'cancelled' THEN {MS} ELSE j.updated_at END
+  FROM unnest(%(ids)s::text[], %(statuses)s::text[], %(errors)s::text[], %(waiting)s::int[], %(runs)s::bool[])
+       AS r(id, status, error, waiting_for, runs)
+ WHERE j.id = ANY(%(ids)s::text[]) AND j.id = r.id
+"""
+_INSERT_EDGES = """
+INSERT INTO job_edges (parent_id, child_id, position, counted)
+SELECT * FROM unnest(%(parents)s::text[], %(children)s::text[], %(positions)s::int[], %(counted)s::bool[])
+"""
+_INSERT_BATCH = "INSERT INTO batches (id, callback_id, created_at) VALUES (%(id)s, %(callback)s, %(created)s::timestamptz)"
+
+
+def _runs(row: NewJob) -> bool | None:
+    """The row's runs_on_parent_failure: true for on_parent_failure="run", NULL for the default."""
+    return True if row.on_parent_failure == "run" else None
+
+
+def _placed(row: NewJob, status_of: Callable[[str], str]) -> tuple[str, int | None, str | None, list[tuple[str, int, bool]]]:
+    """Where a row starts, given its parents' statuses: (status, waiting_for, error, its edges as
+    (parent, position, counted)). A parent completed counts at once; one dead or cancelled counts
+    at once too and cancels the row under the default on_parent_failure (the error names the
+    first such parent in ``after``); any other edge waits."""
+    if not row.after:
+        return "pending", None, None, []
+    left = 0
+    failed: tuple[str, str] | None = None
+    edges = []
+    for position, parent in enumerate(row.after):
+        status = status_of(parent)
+        counted = status in ENDED
+        if not counted:
+            left += 1
+        elif status != "completed" and row.on_parent_failure != "run" and failed is None:
+            failed = (parent, status)
+        edges.append((parent, position, counted))
+    if failed is not None:
+        return "cancelled", left, _text(parent_failed(*failed)), edges
+    return ("pending" if left == 0 else "waiting"), left, None, edges
+
+
+def insert_plan(rows: Sequence[NewJob], batch: NewBatch | None = None, *, external: bool = True) -> Plan[list[str]]:
+    """The statements of an insert whose rows may have parents (``after``) or be a batch's, in the
+    caller's transaction (see store.Plan); per row, the id stored for it (Backend.insert). In order:
+    the batch's record; the rows with a unique key (their insert may wait for another transaction's
+    key, before any parent is locked); the parents not in the call, locked (:data:`_LOCK_PARENTS`:
+    UsageError :func:`unknown_parents` if some are not in the store, and nothing is kept); the other
+    rows, each placed as its parents' statuses say (:func:`_placed`); the edges. ``external``
+    False: UsageError, before any statement, if a parent is not in the call."""
+    if any(row.after for row in rows):
+        check_after(rows)
+    in_call = {row.id for row in rows}
+    outside = sorted({parent for row in rows for parent in row.after if parent not in in_call})
+    if outside and not external:
+        raise UsageError(
+            "in the caller's transaction, after= may name only jobs enqueued in the same call (a chain): waiting "
+            f"for an existing job ({outside[0]}) locks it until that transaction commits, and holds up its outcome "
+            "and every outcome written with it; enqueue the job with the client or the pipeline instead")
+    if batch is not None:
+        yield _INSERT_BATCH, {"id": batch.id, "callback": batch.callback_id, "created": batch.created_at}
+    keyed = [row for row in rows if row.unique_key is not None]
+    stored = (yield from unique_rounds(keyed)) if keyed else {}
+    found: dict[str, str] = {}
+    if outside:
+        found = dict((yield _LOCK_PARENTS, {"ids": outside}))
+        missing = [parent for parent in outside if parent not in found]
+        if missing:
+            raise unknown_parents(missing)
+    named = {parent for row in rows for parent in row.after if parent in in_call}
+    place = {row.id: n for n, row in enumerate(rows)}  # a batch's jobs in the order of the call
+    status_of: dict[str, str] = {}
+    plain: list[tuple[NewJob, str, int | None, str | None]] = []
+    placed: list[tuple[NewJob, str, int | None, str | None]] = []
+    edges: list[tuple[str, str, int, bool]] = []
+    for row in rows:
+        if stored.get(row.id, row.id) != row.id:
+            continue  # its unique key is held: not inserted, no edges
+        status, left, error, row_edges = _placed(row, lambda parent: status_of.get(parent) or found[parent])
+        status_of[row.id] = status
+        edges += [(parent, row.id, position, counted) for parent, position, counted in row_edges]
+        if row.unique_key is None:
+            plain.append((row, status, left, error))
+        elif row.after:
+            placed.append((row, status, left, error))
+    if plain:
+        params: dict[str, Any] = {
+            "ids": [r.id for r, *_ in plain], "types": [r.job_type for r, *_ in plain],
+            "payloads": [r.payload for r, *_ in plain], "max_attempts": [r.max_attempts for r, *_ in plain],
+            "run_after": [r.run_after for r, *_ in plain], "priorities": [r.priority for r, *_ in plain],
+            "created": [r.created_at for r, *_ in plain], "traces": [r.trace for r, *_ in plain],
+            "expires": [r.expires_at for r, *_ in plain], "limit_keys": [r.limit_key for r, *_ in plain],
+            "statuses": [status for _, status, _, _ in plain], "errors": [error for *_, error in plain],
+            "waiting": [left for _, _, left, _ in plain], "children": [True if r.id in named else None for r, *_ in plain],
+            "runs": [_runs(r) for r, *_ in plain], "batches": [r.batch_id for r, *_ in plain],
+            "places": [None if r.batch_id is None else place[r.id] for r, *_ in plain],
+        }
+        yield _INSERT_LINKED, params
+    if placed:
+        yield _PLACE_KEYED, {"ids": [r.id for r, *_ in placed], "statuses": [status for _, status, _, _ in placed],
+                             "errors": [error for *_, error in placed], "waiting": [left for _, _, left, _ in placed],
+                             "runs": [_runs(r) for r, *_ in placed]}
+    if edges:
+        yield _INSERT_EDGES, {"parents": [e[0] for e in edges], "children": [e[1] for e in edges],
+                              "positions": [e[2] for e in edges], "counted": [e[3] for e in edges]}
+    if any(status == "pending" for status in status_of.values()):
+        yield NOTIFY, {}  # delivered at the commit, with the rows
+    return [stored.get(row.id, row.id) for row in rows]
+
+
+def insert_jobs(conn: psycopg.Connection[Any], rows: Sequence[NewJob], batch: NewBatch | None = None) -> list[str]:
+    """:func:`insert_plan` in a transaction of its own (tried again if Postgres broke a deadlock
+    with it); every row or none."""
+    if not rows:
+        return []
+    return deadlocks_retried(conn, lambda: run_plan(conn, insert_plan(rows, batch)))
+
+
+# -- the sweep -----------------------------------------------------------------------------------------
+
+# Edges not counted although their parent is final or gone: what no transaction left, unless a row
+# was restored or removed by hand (every path to a final status applies them as it commits). The
+# partial index job_edges_uncounted holds only the edges still to count; locked SKIP LOCKED, so
+# sweeps from several processes take disjoint edges and never wait.
+_STRANDED = """
+SELECT e.parent_id, e.child_id, coalesce(p.status, 'deleted') FROM job_edges e LEFT JOIN jobs p ON p.id = e.parent_id
+ WHERE NOT e.counted AND (p.id IS NULL OR p.status IN ('completed', 'dead', 'cancelled'))
+ ORDER BY e.parent_id, e.child_id
+ LIMIT %(limit)s
+   FOR UPDATE OF e SKIP LOCKED
+"""
+# waiting jobs with nothing left to count, woken (through jobs_status's waiting range)
+_UNSTUCK = f"""
+UPDATE jobs SET status = 'pending', updated_at = {MS}
+ WHERE id = ANY(ARRAY(SELECT id FROM jobs WHERE status = 'waiting' AND waiting_for <= 0
+                       ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
+   AND status = 'waiting' AND waiting_for <= 0
+"""
+
+
+def rescue_waiting(conn: psycopg.Connection[Any], *, limit: int = 500) -> int:
+    """Up to ``limit`` edges whose parent is final (or gone: "deleted") and that have not counted,
+    applied (store.apply_edges); then up to ``limit`` waiting jobs with nothing left to count,
+    woken; in one transaction. How many jobs it woke or cancelled."""
+    def sweep() -> int:
+        stranded = conn.execute(_STRANDED, {"limit": limit}).fetchall()
+        woken, cancelled = apply_edges(conn, (), [(parent, child, how) for parent, child, how in stranded]) if stranded else (0, 0)
+        unstuck = conn.execute(_UNSTUCK, {"limit": limit}).rowcount
+        if unstuck:
+            conn.execute(NOTIFY)
+        return woken + cancelled + unstuck
+
+    return deadlocks_retried(conn, sweep)
+
+
+# -- removing jobs ---------------------------------------------------------------------------------------
+
+_FORGET_EDGES = "DELETE FROM job_edges WHERE parent_id = ANY(%(ids)s::text[]) OR child_id = ANY(%(ids)s::text[])"
+# A batch is removed with the last of its jobs. Its row is locked first: two transactions removing
+# its last jobs at once take turns, and the second, reading after the first committed, sees both gone.
+_LOCK_BATCHES = "SELECT id FROM batches WHERE id = ANY(%(ids)s::text[]) ORDER BY id FOR UPDATE"
+_FORGET_BATCHES = ("DELETE FROM batches b WHERE b.id = ANY(%(ids)s::text[]) "
+                   "AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.batch_id = b.id)")
+
+
+def forget(conn: psycopg.Connection[Any], linked: Sequence[str], batches: Sequence[str]) -> None:
+    """In the transaction that removed jobs: the edges of the ``linked`` ones (both directions),
+    and each of the ``batches`` none of whose jobs is left."""
+    if linked:
+        conn.execute(_FORGET_EDGES, {"ids": list(linked)})
+    if batches:
+        conn.execute(_LOCK_BATCHES, {"ids": sorted(set(batches))})
+        conn.execute(_FORGET_BATCHES, {"ids": sorted(set(batches))})
+
+
+# -- reading ------------------------------------------------------------------------------------------------
+
+_PARENT_RESULTS = """
+SELECT e.parent_id, p.result FROM job_edges e JOIN jobs p ON p.id = e.parent_id
+ WHERE e.child_id = %(id)s ORDER BY e.position
+"""
+
+
+def parent_results(conn: psycopg.Connection[Any], job_id: str) -> dict[str, str | None]:
+    """{parent id: its result} of the job's parents still in the store, in ``after`` order."""
+    return {parent: result for parent, result in conn.execute(_PARENT_RESULTS, {"id": job_id})}
+
+
+# The members counted by status (one grouped read through jobs_batch), and the callback's status.
+_BATCH = """
+SELECT b.id, b.callback_id, b.created_at, c.statuses, c.counts, (SELECT status FROM jobs WHERE id = b.callback_id)
+  FROM batches b
+  LEFT JOIN LATERAL (
+    SELECT array_agg(status) AS statuses, array_agg(n) AS counts FROM (
+        SELECT status, count(*) AS n FROM jobs WHERE batch_id = b.id AND id IS DISTINCT FROM b.callback_id
+         GROUP BY status) s) c ON true
+ WHERE b.id = %(id)s
+"""
+
+
+def batch(conn: psycopg.Connection[Any], batch_id: str) -> BatchRecord | None:
+    row = conn.execute(_BATCH, {"id": batch_id}).fetchone()
+    if row is None:
+        return None
+    found_id, callback_id, created_at, statuses, counts, callback_status = row
+    counted = dict(zip(statuses or [], (int(n) for n in counts or [])))
+    return BatchRecord(found_id, callback_id, created_at, sum(counted.values()), counted, callback_status)
+
+
+# the members in the order they were inserted (jobs_batch)
+_BATCH_JOBS = """
+SELECT j.id, j.job_type, j.status, j.result, j.error FROM batches b JOIN jobs j ON j.batch_id = b.id
+ WHERE b.id = %(id)s AND j.id IS DISTINCT FROM b.callback_id
+ ORDER BY j.batch_position LIMIT %(limit)s::bigint OFFSET %(offset)s
+"""
+
+
+def batch_jobs(conn: psycopg.Connection[Any], batch_id: str, *, limit: int | None = None, offset: int = 0) -> list[BatchMember]:
+    return [BatchMember(*row) for row in conn.execute(_BATCH_JOBS, {"id": batch_id, "limit": limit, "offset": offset})]
