@@ -47,7 +47,6 @@ import logging
 import os
 import random
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -416,7 +415,7 @@ class Workers:
         self.start = start
         self.procs: list[subprocess.Popen[str]] = []
         self.killed: list[tuple[int, float, float]] = []  # (pid, signal sent at, process reaped at)
-        self.last_kill = 0.0  # monotonic
+        self.last_kill = 0.0  # trio's clock
 
     async def add(self, n: int = 1) -> None:
         async def one() -> None:
@@ -435,12 +434,12 @@ class Workers:
             proc.send_signal(signal.SIGKILL)
             await trio.to_thread.run_sync(proc.wait)
             self.killed.append((proc.pid, sent, time.time()))
-            self.last_kill = time.monotonic()
+            self.last_kill = trio.current_time()
         await self.add()
 
     async def kill_at_random(self, until: float, every: float, rng: random.Random) -> None:
         """A random worker about every ``every`` seconds (0.5 to 1.5 times), until ``until``."""
-        next_kill = time.monotonic() + every
+        next_kill = trio.current_time() + every
         while next_kill < until:
             await trio.sleep_until(next_kill)
             if self.procs:
@@ -480,7 +479,7 @@ async def _drive_workflows(url: str, settings: dict[str, str], fan_out: int, cha
     try:
         await pool.add(workers)
         async with pipeline.open_pipeline(producer, registry()) as p:
-            started, started_at = time.monotonic(), time.time()
+            started, started_at = trio.current_time(), time.time()
             flows = Flows(await p.enqueue_batch([Member(i) for i in range(fan_out)], then=FanIn(fan_out)), [])
             callback = flows.batch.callback_id
             assert callback is not None
@@ -504,7 +503,7 @@ async def _drive_workflows(url: str, settings: dict[str, str], fan_out: int, cha
                         if callback_kill and not any(counts.get(status) for status in ("waiting", "pending", "running")):
                             break
                         await trio.sleep(0.05)
-                ended = time.monotonic()
+                ended = trio.current_time()
                 nursery.cancel_scope.cancel()
             records = await listed(p.backend)
             details = {i: await p.backend.get(i) for i in [callback, *(i for ids in flows.chains for i in ids)]}
@@ -603,7 +602,9 @@ def check_workflows(records: dict[str, pipeline.JobRecord], details: dict[str, p
     after_member = "" if early or not callback_runs or last_member_end is None \
         else (f", first start {callback_runs[0].started - last_member_end:.2f} s after the last member's completing end "
               f"({callback_runs[0].started - figures.get('started_at', 0.0):.1f} s into the run)")
-    gap = f", parent's end to child's start median {statistics.median(gaps) * 1000:.0f} ms" if gaps else ""
+    gaps.sort()
+    gap = (f", parent's end to child's start p50 {gaps[len(gaps) // 2] * 1000:.0f} ms, p90 {gaps[len(gaps) * 9 // 10] * 1000:.0f} ms, "
+           f"max {gaps[-1] * 1000:.0f} ms") if gaps else ""
     print(
         f"chaos --workflows ({backend}): {result['jobs']} jobs (a batch of {size} with its callback, "
         f"{len(flows.chains)} chains of 3), {len(killed)} SIGKILLs ({int(callback_kill is not None)} of them the callback's "
