@@ -536,7 +536,7 @@ def apply_edges(conn: psycopg.Connection[Any], ended: Iterable[tuple[str, str]],
         failed_parents: list[tuple[str, str]] = []
         for child, status, runs, left, has_children in conn.execute(_LOCK_CHILDREN, {"ids": sorted(counted)}):
             mine = sorted(counted[child])
-            left = max(left - len(mine), 0)
+            left -= len(mine)
             error = None
             if status == states.Status.WAITING:
                 failed = [] if runs else [(parent, how) for _, parent, how in mine if how != "completed"]
