@@ -21,6 +21,7 @@ import attrs
 import pytest
 import trio
 
+import pipeline
 from pipeline import Config
 from pipeline.backends import Backend, Lease, NewJob, Nudge, open_backend
 from pipeline.backends.base import (
@@ -61,7 +62,6 @@ from .kit import (
     ts,
 )
 from .stores import BACKENDS, on_each_store
-from .workflow_settler import encoded
 
 REASON = "by an operator, from the test"
 
@@ -667,31 +667,36 @@ SETTLER = Path(__file__).parent / "workflow_settler.py"
 
 
 async def race(backend: Backend, config: Config, folder: Path, plans: list[list[list[Any]]], pace: float,
-               children: list[NewJob], dead: set[str]) -> None:
+               children: list[str], dead: set[str]) -> None:
     """Run one process per plan (:mod:`workflow_settler`), all at once, while this one claims the
-    children that become pending and completes them; then check each child against the model:
-    cancelled (by its first dead parent, under the default) or woken, claimed, exactly once, never
-    before each of its parents ended, and none left waiting."""
+    children (type "c") that become pending and completes them; then check every child, those of
+    ``children`` and those the processes inserted, against the model: cancelled by a dead parent
+    (under the default), or else woken and claimed exactly once, never before each of its parents
+    had ended; none left waiting. (A parent's status only moves on, so what the claimer reads just
+    after a claim is at least what it was at the claim.)"""
     commands = []
     for n, steps in enumerate(plans):
         path = folder / f"plan-{n}.json"
         path.write_text(json.dumps({"pace": pace, "steps": steps}))
         commands.append([sys.executable, str(SETTLER), config.database_url, str(path)])
-    env = {**os.environ, "REDIS_ALLOW_NON_DURABLE": "true", "LOG_LEVEL": "warning"}
-    rows = {child.id: child for child in children}
+    # the processes import the package this process imported (not one installed elsewhere)
+    package_root = str(Path(pipeline.__file__).parents[1])
+    env = {**os.environ, "REDIS_ALLOW_NON_DURABLE": "true", "LOG_LEVEL": "warning",
+           "PYTHONPATH": os.pathsep.join([package_root, *filter(None, [os.environ.get("PYTHONPATH")])])}
     claims: list[str] = []
     early: list[str] = []
     over = trio.Event()
 
     async def claim_children() -> None:
         while True:
-            last = over.is_set()  # once the processes are done: one more claim that finds all
+            last = over.is_set()  # once the processes are done: one more claim, which finds all
             leases = await backend.claim({"c": 20}, owner="main", lease_seconds=LONG)
             for lease in leases:
                 claims.append(lease.id)
-                for parent in rows[lease.id].after:  # a parent's status only moves on: this is what it was at the claim
+                child = await record(backend, lease.id)
+                for parent in child.parents:
                     status = (await record(backend, parent)).status
-                    if status != "completed" and not (status == "dead" and rows[lease.id].on_parent_failure == "run"):
+                    if status != "completed" and not (status == "dead" and child.on_parent_failure == "run"):
                         early.append(f"{lease.id} claimed while its parent {parent} was {status}")
             assert await backend.settle([succeed(lease) for lease in leases]) == [True] * len(leases)
             if last and not leases:
@@ -703,23 +708,27 @@ async def race(backend: Backend, config: Config, folder: Path, plans: list[list[
         outputs = await trio.to_thread.run_sync(released_together, commands, env)
         over.set()
     spans = []
+    children = list(children)
     for lines in outputs:
         assert [line for line in lines if line.startswith("stale")] == []
+        children += [line.split()[1] for line in lines if line.startswith("child")]
         (span,) = [line.split()[1:] for line in lines if line.startswith("span")]
         spans.append((float(span[0]), float(span[1])))
     assert max(first for first, _ in spans) < min(last for _, last in spans), f"the processes did not overlap: {spans}"
 
     assert early == []
     assert sorted(claims) == sorted(set(claims)), "a child was claimed twice: woken twice"
-    expected_woken = {child.id for child in children if child.on_parent_failure == "run" or not dead & set(child.after)}
-    assert set(claims) == expected_woken
-    for child in children:
-        got = await record(backend, child.id)
-        if child.id in expected_woken:
-            assert (got.status, got.waiting_for) == ("completed", 0), child.id
+    woken = set()
+    for child_id in children:
+        got = await record(backend, child_id)
+        failed = dead.intersection(got.parents)
+        if got.on_parent_failure == "run" or not failed:
+            woken.add(child_id)
+            assert (got.status, got.waiting_for) == ("completed", 0), (child_id, got.status, got.waiting_for)
         else:
-            assert got.status == "cancelled" and got.error in {parent_failed(p, "dead") for p in dead & set(child.after)}, (
-                child.id, got.status, got.error)
+            assert got.status == "cancelled" and got.error in {parent_failed(p, "dead") for p in failed}, (
+                child_id, got.status, got.error)
+    assert set(claims) == woken
     assert (await backend.list(status="waiting"))[1] == 0
     assert await backend.rescue_waiting() == 0
 
@@ -730,38 +739,45 @@ def settle_step(slot: int, lease: Lease, dead: set[str]) -> list[Any]:
 
 @pytest.mark.slow
 async def test_parents_ending_in_three_processes_at_once_count_once_for_each_child(tmp_path: Path) -> None:
-    """Two loads at once, each spread over the same three processes:
+    """Three loads, one after the other, spread over the same three processes each time:
 
     * fan-in: 30 children of three parents each; process k ends the k-th parent of every child, the
       three in step (child n's three parents at the same moment), some of them dead;
-    * insert against outcome: process 0 inserts 40 children, each naming two parents that processes 1
-      and 2 end around that moment: both before the insert, both after, or at the same moment (the
-      race), some of them dead. Each child is inserted pending (or cancelled) at once, or waits and is
-      woken: never left waiting, never woken twice, never before its parents ended."""
-    fan_in, raced, pace = 30, 40, 0.003
-    # (slot of the first parent's outcome, of the second's) relative to the child's insert
-    offsets = [(-2, -1), (1, 2), (0, 0), (-1, 0)]
+    * many parents: 3 children of 30 parents each; each process ends ten parents of each child, the
+      three processes on the same child at the same moments, its count moved by all three at once;
+    * inserts against outcomes: process 1 ends 40 parents one after the other, some of them dead,
+      while processes 0 and 2 insert children as fast as they can, each naming the next two parents
+      that process 1 is about to end: ended before the insert (counted at once), being ended as it
+      reads them, or ended after (the child waits, then wakes)."""
+    pace, fan_in, many, raced = 0.003, 30, 10, 40
 
     async def on(name: str, config: Config, folder: Path) -> None:
         async with open_backend(config) as backend:
-            parents = [[job(f"p{j}") for _ in range(fan_in)] for j in range(3)]
-            firsts, seconds = [job("pa") for _ in range(raced)], [job("pb") for _ in range(raced)]
-            await backend.insert([row for column in parents for row in column] + firsts + seconds)
-            fanned = [flow_job("c", after=[parents[j][i].id for j in range(3)],
+            parents = [[job(f"p{k}") for _ in range(fan_in)] for k in range(3)]
+            crowd = [[[job(f"q{k}") for _ in range(many)] for k in range(3)] for _ in range(3)]  # [child][process][n]
+            chased = [job("r") for _ in range(raced)]
+            await backend.insert([row for column in parents for row in column] + chased
+                                 + [row for child in crowd for column in child for row in column])
+            fanned = [flow_job("c", after=[parents[k][i].id for k in range(3)],
                                on_parent_failure="run" if i % 3 == 0 else None) for i in range(fan_in)]
-            await backend.insert(fanned)
-            wants = {f"p{j}": fan_in for j in range(3)} | {"pa": raced, "pb": raced}
+            crowded = [flow_job("c", after=[row.id for column in crowd[i] for row in column],
+                                on_parent_failure="run" if i == 0 else None) for i in range(3)]
+            await backend.insert(fanned + crowded)
+            wants = {f"p{k}": fan_in for k in range(3)} | {f"q{k}": 3 * many for k in range(3)} | {"r": raced}
             leases = {lease.id: lease for lease in await backend.claim(wants, owner="w", lease_seconds=LONG)}
-            inserted = [flow_job("c", after=[firsts[i].id, seconds[i].id], on_parent_failure="run" if i % 3 == 0 else None)
-                        for i in range(raced)]
-            dead = {parents[j][i].id for i in range(fan_in) for j in range(3) if (i * 3 + j) % 8 == 0}
-            dead |= {firsts[i].id for i in range(raced) if i % 5 == 0}
-            plans = [[settle_step(4 * i, leases[parents[j][i].id], dead) for i in range(fan_in)] for j in range(3)]
-            plans[0] += [[4 * i + 2, "insert", encoded(child)] for i, child in enumerate(inserted)]
-            for side, column in enumerate((firsts, seconds)):
-                plans[side + 1] += [settle_step(4 * i + 2 + offsets[i % 4][side], leases[column[i].id], dead)
-                                    for i in range(raced)]
-            await race(backend, config, folder, plans, pace, fanned + inserted, dead)
+            dead = {parents[k][i].id for i in range(fan_in) for k in range(3) if (i * 3 + k) % 8 == 0}
+            dead |= {crowd[1][2][many - 1].id, crowd[0][1][0].id}  # the last parent of one; the first of another
+            dead |= {row.id for n, row in enumerate(chased) if n % 5 == 2}
+            plans: list[list[list[Any]]] = [[settle_step(i, leases[parents[k][i].id], dead) for i in range(fan_in)]
+                                            for k in range(3)]
+            for k in range(3):
+                plans[k] += [settle_step(fan_in + 5 + 3 * n + i, leases[crowd[i][k][n].id], dead)
+                             for n in range(many) for i in range(3)]
+            later = fan_in + 3 * many + 10
+            plans[1] += [settle_step(later + 2 * n, leases[row.id], dead) for n, row in enumerate(chased)]
+            plans[0].append([later, "chase", "r", 3 * raced])
+            plans[2].append([later + 1, "chase", "r", 3 * raced])
+            await race(backend, config, folder, plans, pace, [c.id for c in fanned + crowded], dead)
 
     await on_each_store(tmp_path, on)
 

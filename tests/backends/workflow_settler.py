@@ -3,38 +3,51 @@ others doing the same at once (for test_workflows.py).
 
     python workflow_settler.py DATABASE_URL PLAN
 
-PLAN is a JSON file: ``{"pace": SECONDS, "steps": [STEP, ...]}``, each step ``[SLOT, "settle", ID,
-TOKEN, "completed" | "dead"]`` (a SUCCEED or a BURY outcome of that lease) or ``[SLOT, "insert",
-ROW]`` (one NewJob, :func:`encoded`). Opens the backend, prints "ready", waits for a line on stdin
-(so that every process starts at once), then makes the steps in the order of their slots, one call
-each, none before SLOT × pace seconds after the start (processes given the same pace keep in step);
-prints "span FIRST LAST" (the wall-clock times of its first and last call) and "stale ID" for an
-outcome that was not written, then "done".
+PLAN is a JSON file: ``{"pace": SECONDS, "steps": [STEP, ...]}``, each step one of
+
+* ``[SLOT, "settle", ID, TOKEN, "completed" | "dead"]``: a SUCCEED or a BURY outcome of that lease;
+* ``[SLOT, "chase", PARENT_TYPE, N]``: up to N times, as fast as it goes, insert a job of type "c"
+  naming the first two running jobs of PARENT_TYPE in claim order (the ones another process is about
+  to end), every third with on_parent_failure="run"; until none runs.
+
+Opens the backend, prints "ready", waits for a line on stdin, then starts at the next tenth of a
+second of the wall clock that is at least 50 ms away (so that processes told "go" a few milliseconds
+apart start together, but for one start in twenty or so), and makes the steps in the order of their
+slots, none before SLOT × pace seconds after that start. Prints "child ID" per job a chase inserted,
+"stale ID" per outcome that was not written, "span FIRST LAST" (the wall-clock times of its first and
+last step), then "done".
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import trio
 
 from pipeline import Config
-from pipeline.backends import NewJob, Settlement, open_backend
+from pipeline.backends import Backend, NewJob, Settlement, open_backend
+from pipeline.clock import now_ts
+from pipeline.ids import UUID7Factory
 from pipeline.states import Transition
 
-
-def encoded(row: NewJob) -> list[Any]:
-    return list(row)
+new_id = UUID7Factory()
 
 
-def decoded(fields: list[Any]) -> NewJob:
-    row = NewJob(*fields)
-    return row._replace(after=tuple(row.after))
+async def chase(backend: Backend, parent_type: str, n: int, lines: list[str]) -> None:
+    for i in range(n):
+        front, _ = await backend.list(status="running", job_type=parent_type, order="claim", limit=2)
+        if not front:
+            return
+        now = now_ts()
+        child = NewJob(id=new_id(), job_type="c", payload="{}", max_attempts=3, run_after=now, priority=5, created_at=now,
+                       after=tuple(job.id for job in front), on_parent_failure="run" if i % 3 == 0 else None)
+        await backend.insert([child])
+        lines.append(f"child {child.id}")
 
 
 async def main(url: str, plan_path: str) -> None:
@@ -42,13 +55,15 @@ async def main(url: str, plan_path: str) -> None:
     steps = sorted(plan["steps"], key=lambda step: step[0])
     # the environment's settings (REDIS_ALLOW_NON_DURABLE for the test server), this URL
     config = Config.from_env({**os.environ, "DATABASE_URL": url}, env_file=None)
-    lines = []
+    lines: list[str] = []
     async with open_backend(config) as backend:
         print("ready", flush=True)
         await trio.to_thread.run_sync(sys.stdin.readline)
-        start, first = trio.current_time(), time.time()
+        start = math.ceil((time.time() + 0.05) * 10) / 10
+        first = None
         for slot, kind, *args in steps:
-            await trio.sleep_until(start + slot * plan["pace"])
+            await trio.sleep(max(0.0, start + slot * plan["pace"] - time.time()))
+            first = first or time.time()
             if kind == "settle":
                 job_id, token, how = args
                 outcome = (Settlement(job_id, token, Transition.SUCCEED) if how == "completed"
@@ -56,7 +71,7 @@ async def main(url: str, plan_path: str) -> None:
                 if not (await backend.settle([outcome]))[0]:
                     lines.append(f"stale {job_id}")
             else:
-                await backend.insert([decoded(args[0])])
+                await chase(backend, args[0], args[1], lines)
         lines.append(f"span {first} {time.time()}")
     print("\n".join(lines), flush=True)
     print("done", flush=True)
