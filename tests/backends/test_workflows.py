@@ -125,6 +125,10 @@ async def test_insert_stores_the_edges_and_applies_the_parents_it_finds_final_at
         # cancelled at once although another parent has not ended: a failed parent is enough
         dead_and_pending := flow_job("c", after=[parent.id, dead]),
         keyed := flow_job("c", after=[parent.id], unique_key="ku", delay=FUTURE),
+        # parents earlier in the call that the call itself cancelled, or left waiting
+        below_cancelled := flow_job("c", after=[after_dead.id]),
+        runs_below_cancelled := flow_job("c", after=[after_dead.id, first.id], on_parent_failure="run"),
+        below_waiting := flow_job("c", after=[waits.id]),
     ]
     before = ts()
     assert await backend.insert(rows) == [row.id for row in rows]
@@ -140,6 +144,9 @@ async def test_insert_stores_the_edges_and_applies_the_parents_it_finds_final_at
         runs_after_all.id: ("pending", None, 0),
         dead_and_pending.id: ("cancelled", parent_failed(dead, "dead"), None),
         keyed.id: ("waiting", None, 1),
+        below_cancelled.id: ("cancelled", parent_failed(after_dead.id, "cancelled"), None),
+        runs_below_cancelled.id: ("waiting", None, 1),
+        below_waiting.id: ("waiting", None, 1),
     }
     for row in rows:
         got = await record(backend, row.id)
@@ -153,7 +160,8 @@ async def test_insert_stores_the_edges_and_applies_the_parents_it_finds_final_at
             assert near(got.updated_at, before, end), "a child cancelled at its insert is finished now"
         assert (got.run_after, got.attempts) == (row.run_after, 0)
     assert (await record(backend, waits.id)).to_json()["parents"] == [parent.id, first.id]
-    for parent_id, children in ((parent.id, [waits, dead_and_pending, keyed]), (first.id, [waits]),
+    for parent_id, children in ((parent.id, [waits, dead_and_pending, keyed]), (first.id, [waits, runs_below_cancelled]),
+                                (after_dead.id, [below_cancelled, runs_below_cancelled]), (waits.id, [below_waiting]),
                                 (done, [after_done, runs_after_all]),
                                 (dead, [after_dead, runs_after_dead, runs_after_all, dead_and_pending]),
                                 (cancelled.id, [after_cancelled, runs_after_cancelled, runs_after_all])):
@@ -166,6 +174,13 @@ async def test_insert_stores_the_edges_and_applies_the_parents_it_finds_final_at
     assert await backend.insert([flow_job("c", after=[parent.id], unique_key="ku"), job("c", unique_key="ku")]) == [
         keyed.id, keyed.id]
     assert (await record(backend, parent.id)).child_count == 3
+
+    # a parent's children beyond those a record lists: the oldest listed, all counted
+    fan = [flow_job("fan", after=[first.id]) for _ in range(MAX_LISTED_RELATIVES + 1)]
+    await insert(backend, *fan)
+    got = await record(backend, first.id)
+    assert (got.children, got.child_count) == (tuple(r.id for r in [waits, runs_below_cancelled, *fan][:MAX_LISTED_RELATIVES]),
+                                               MAX_LISTED_RELATIVES + 3)
 
     # bulk_insert: parents earlier in the iterable, committed already (commit_every) or not
     bulk_parent = job("p")
@@ -236,6 +251,10 @@ async def test_a_waiting_job_is_never_claimed_and_wakes_with_its_last_parent(bac
         "waiting", (one.id, two.id), 2, 2, (), 0)
     assert (got.batch_id, got.on_parent_failure, got.to_json()["on_parent_failure"]) == (None, None, "cancel")
     assert (await record(backend, one.id)).children == (due.id, later.id, expiring.id)
+    grandchild = flow_job("g", after=[due.id])  # waits for a waiting job
+    await insert(backend, grandchild)
+    with pytest.raises(UsageError):
+        await backend.revive(due.id)  # neither dead nor cancelled
 
     # never claimed though due; not expired while it waits (expiry applies once pending); its key held
     assert await claimed(backend, "w") == set()
@@ -247,12 +266,13 @@ async def test_a_waiting_job_is_never_claimed_and_wakes_with_its_last_parent(bac
 
     # seen by operators
     stats = await backend.stats()
-    assert stats["by_status"].get("waiting") == 4 and stats["by_type"]["w"].get("waiting") == 4
-    assert stats["total"] == 6 and stats["by_status"]["running"] == 2
+    assert stats["by_status"].get("waiting") == 5 and stats["by_type"]["w"].get("waiting") == 4
+    assert stats["total"] == 7 and stats["by_status"]["running"] == 2
     assert stats["oldest_due_pending_age_seconds"] is None  # waiting is not pending
     for order in ("newest", "claim"):
         records, total = await backend.list(status="waiting", order=order)
-        assert total == 4 and {r.id for r in records} == {r.id for r in rows} and {r.status for r in records} == {"waiting"}
+        assert total == 5 and {r.id for r in records} == {r.id for r in [*rows, grandchild]}
+        assert {r.status for r in records} == {"waiting"}
     records, total = await backend.list(status="waiting", job_type="p1")
     assert (records, total) == ([], 0)
 
@@ -268,13 +288,22 @@ async def test_a_waiting_job_is_never_claimed_and_wakes_with_its_last_parent(bac
     assert await statuses(backend, [due.id, expiring.id, keyed.id]) == ["pending"] * 3
     got = await record(backend, due.id)
     assert (got.waiting_for, got.run_after, got.parents) == (0, due.run_after, (one.id, two.id))
-    assert (await backend.stats())["by_status"].get("waiting", 0) == 0
-    assert await claimed(backend, "w") == {due.id, keyed.id}  # the expired one is ended by the claim instead
+    assert (await backend.stats())["by_status"].get("waiting", 0) == 1  # the grandchild
+    leases = await backend.claim({"w": 10}, owner="w", lease_seconds=LONG)
+    assert {lease.id for lease in leases} == {due.id, keyed.id}  # the expired one is ended by the claim instead
     got = await record(backend, expiring.id)
     assert (got.status, got.error) == ("cancelled", expired_error(expiring.expires_at))  # type: ignore[arg-type]
     assert await claimed(backend, "w") == set()
     # a unique_while="pending" key is freed by the claim, as for a job that never waited
     assert (await backend.insert([fresh := job("w", unique_key="kp", unique_while="pending")])) == [fresh.id]
+    # the chain goes on: the job that waited for a waiting job wakes when that one completes
+    assert (await record(backend, grandchild.id)).status == "waiting"
+    (lease,) = [lease for lease in leases if lease.id == due.id]
+    assert await settle_one(backend, succeed(lease, '"due"'))
+    got = await record(backend, grandchild.id)
+    assert (got.status, got.waiting_for, got.parents) == ("pending", 0, (due.id,))
+    assert await backend.parent_results(grandchild.id) == {due.id: '"due"'}
+    assert await claimed(backend, "g") == {grandchild.id}
 
 
 # -- every path to a final status applies the edges ------------------------------------------------------
