@@ -811,13 +811,49 @@ async def test_parents_ending_in_three_processes_at_once_count_once_for_each_chi
     await on_each_store(tmp_path, on)
 
 
-async def test_the_repair_sweep_applies_edges_left_uncounted_on_sqlite(tmp_path: Path) -> None:
-    """No call of the protocol leaves an edge uncounted (that is the promise); SQL written by hand can:
-    edges of final parents marked not counted, a parent row deleted under its edges, a job left
-    waiting with nothing to wait for. The sweep repairs each as the parent's end would have."""
-    import sqlite3
+# SQL that leaves a store as a defect would: the edges of two final parents marked not counted and
+# their children waiting again, a parent row deleted under its edge, a job waiting with nothing to wait
+# for. (The Redis store keeps the graph in keys of its own layout: tests/backends/test_redis_workflows.py.)
+BREAKS = {
+    "sqlite": ["UPDATE edges SET counted = 0 WHERE parent_id IN ({done}, {dead})",
+               "UPDATE jobs SET status = 'waiting', waiting_for = 1, error = NULL WHERE id IN ({children})",
+               "DELETE FROM jobs WHERE id = {gone}",
+               "UPDATE jobs SET waiting_for = 0 WHERE id = {unblocked}"],
+    "postgres": ["UPDATE job_edges SET counted = false WHERE parent_id IN ({done}, {dead})",
+                 "UPDATE jobs SET status = 'waiting', waiting_for = 1, error = NULL WHERE id IN ({children})",
+                 "DELETE FROM jobs WHERE id = {gone}",
+                 "UPDATE jobs SET waiting_for = 0 WHERE id = {unblocked}"],
+}
 
-    async with BACKENDS["sqlite"](tmp_path) as config, open_backend(config) as backend:
+
+def broken(name: str, url: str, **ids: str) -> None:
+    """Run the store's BREAKS in one transaction, the ids quoted in."""
+    quoted = {key: ", ".join(f"'{job_id}'" for job_id in value.split()) for key, value in ids.items()}
+    statements = [sql.format(**quoted) for sql in BREAKS[name]]
+    if name == "sqlite":
+        import sqlite3
+
+        conn = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for sql in statements:
+                conn.execute(sql)
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+    else:
+        import psycopg
+
+        with psycopg.connect(url) as pg, pg.transaction():
+            for sql in statements:
+                pg.execute(sql)  # type: ignore[call-overload]
+
+
+@pytest.mark.parametrize("name", sorted(BREAKS))
+async def test_the_repair_sweep_applies_edges_left_uncounted(name: str, tmp_path: Path) -> None:
+    """No call of the protocol leaves an edge uncounted (that is the promise); SQL written by hand can
+    (:data:`BREAKS`). The sweep repairs each case as the parent's end would have."""
+    async with BACKENDS[name](tmp_path) as config, open_backend(config) as backend:
         done = await ended(backend, "p", "completed", '"done"')
         dead = await ended(backend, "p", "dead")
         gone, waiting = job("g"), job("w")
@@ -831,17 +867,9 @@ async def test_the_repair_sweep_applies_edges_left_uncounted_on_sqlite(tmp_path:
         rows = [after_done, after_dead, runs_after_dead, after_gone, after_waiting]
         assert await statuses(backend, [r.id for r in rows]) == ["pending", "cancelled", "pending", "waiting", "waiting"]
 
-        conn = sqlite3.connect(config.database_url.removeprefix("sqlite:///"), isolation_level=None)
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute("UPDATE edges SET counted = 0 WHERE parent_id IN (?, ?)", (done, dead))
-            conn.execute("UPDATE jobs SET status = 'waiting', waiting_for = 1, error = NULL WHERE id IN (?, ?, ?)",
-                         (after_done.id, after_dead.id, runs_after_dead.id))
-            conn.execute("DELETE FROM jobs WHERE id = ?", (gone.id,))  # its edge left behind, not counted
-            conn.execute("UPDATE jobs SET waiting_for = 0 WHERE id = ?", (after_waiting.id,))  # as if counted
-            conn.execute("COMMIT")
-        finally:
-            conn.close()
+        await trio.to_thread.run_sync(lambda: broken(
+            name, config.database_url, done=done, dead=dead, gone=gone.id, unblocked=after_waiting.id,
+            children=" ".join([after_done.id, after_dead.id, runs_after_dead.id])))
         assert await statuses(backend, [r.id for r in rows]) == ["waiting"] * 5
 
         repaired = 0
