@@ -18,6 +18,7 @@ import psycopg
 import pytest
 import trio
 
+import pipeline.backends.postgres as postgres
 from pipeline import Config
 from pipeline.backends import Backend, Lease, open_backend
 from pipeline.backends.base import Settlement, expired_error, parent_failed
@@ -26,7 +27,7 @@ from pipeline.backends.postgres.db import connect
 from pipeline.errors import UsageError
 from pipeline.states import Transition
 
-from .kit import LONG, bury, flow_job, job, record, succeed, ts
+from .kit import LONG, bury, flow_job, job, record, settle_one, succeed, ts
 from .stores import BACKENDS, postgres_store
 from .test_postgres_control import _plan, connection
 from .test_postgres_limits import recording, rollback, waiting_for_a_lock
@@ -263,6 +264,45 @@ async def test_a_wake_and_only_a_wake_notifies(tmp_path: Path) -> None:
             notified()
             assert await backend.rescue_waiting() == 1
             assert len(notified()) == 1 and (await record(backend, stuck.id)).status == "pending"
+
+
+async def test_a_long_bulk_load_holds_no_lock_a_parents_outcome_waits_for(tmp_path: Path) -> None:
+    """A bulk load is one transaction however long its iterable takes: the parents its rows name are
+    read without a lock an outcome waits for, and locked only just before its commit. A parent that
+    ended meanwhile (its outcome written at once, under a lock_timeout) has its edge applied then."""
+    async with postgres_store(tmp_path) as config, open_backend(config) as backend:
+        early, late = await _running(backend, 2)
+        waits, done = flow_job("c", after=[early.id]), flow_job("c", after=[late.id])
+        more = threading.Event()
+
+        def rows() -> Iterator[Any]:
+            yield job()
+            yield waits
+            yield done
+            more.wait(10)  # the load stalls here, its two children inserted (a chunk of one: below)
+            yield job()
+
+        async with trio.open_nursery() as nursery:
+            loaded: list[int] = []
+            with mock.patch.object(postgres, "KEYED_CHUNK", 1):
+                nursery.start_soon(lambda: _load(backend, rows(), loaded))
+                with connection(config) as conn:
+                    with trio.fail_after(10):
+                        while conn.execute("SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                                           "WHERE a.wait_event = 'ClientRead' AND l.relation = 'job_edges'::regclass"
+                                           ).fetchone() == (0,):
+                            await trio.sleep(0.01)  # (the load has written edges, and waits for its next row)
+                    conn.execute("SET lock_timeout = '1s'")
+                    assert store.write_batch(conn, [succeed(late)], [], notify=False) == [True]
+                more.set()
+        assert loaded == [4]
+        assert [(await record(backend, r.id)).status for r in (waits, done)] == ["waiting", "pending"]
+        assert await settle_one(backend, succeed(early))
+        assert (await record(backend, waits.id)).status == "pending"
+
+
+async def _load(backend: Backend, rows: Iterator[Any], loaded: list[int]) -> None:
+    loaded.append(await backend.bulk_insert(rows))
 
 
 # -- what a claim's statement leaves -----------------------------------------------------------------------

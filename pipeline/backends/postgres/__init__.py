@@ -14,6 +14,10 @@ listener (listener.py) turns NOTIFY into the Poller's nudge. Times are the serve
 
 The Poller's claim offers (base.ClaimOffer) are taken by the Ledger: a batch that makes work
 due claims for the Poller in its own transaction (ledger.py).
+
+Workflows (issue 24): an insert with parents or a batch is a transaction of its own (graph.py),
+not the Ledger's: it locks the parents it names; ending a job applies its edges in the same
+transaction on every path (store.apply_edges).
 """
 
 from __future__ import annotations
@@ -104,7 +108,10 @@ def _bulk_load(url: str, jobs: Iterable[NewJob], commit_every: int | None,
     raised by the iterable, a duplicate id) keeps the parts committed before it and says so.
     Rows with a unique key cannot be copied (COPY has no ON CONFLICT): the COPY stops every
     KEYED_CHUNK of them, and they are inserted by store.insert_unique, in the same transaction
-    (rows with a trace context, an expiry or a limit key too, whose columns the COPY leaves out: store.insert_special)."""
+    (rows with a trace context, an expiry or a limit key too, whose columns the COPY leaves out: store.insert_special;
+    and rows with parents or a batch, after the others: graph.insert_plan, whose parents may be rows copied or
+    committed before them: read without a lock an outcome waits for, then locked just before the commit,
+    graph.confirm_parents)."""
     conn = connect(url)
     committed = 0
     try:
@@ -112,6 +119,7 @@ def _bulk_load(url: str, jobs: Iterable[NewJob], commit_every: int | None,
         while True:
             count = skipped = 0
             due = False
+            later: set[str] = set()  # parents named outside their chunk, locked at the end (graph.confirm_parents)
             now = now_ts()
             with conn.transaction():  # everything, or commit_every of it
                 ended = False
@@ -139,12 +147,14 @@ def _bulk_load(url: str, jobs: Iterable[NewJob], commit_every: int | None,
                         stored = store.insert_special(conn, [row for row in keyed if not graph.is_linked(row)])
                         if linked:  # (after the others: a parent may be one of them, or a row copied above)
                             stored.update(zip((row.id for row in linked),
-                                              store.run_plan(conn, graph.insert_plan(linked))))
+                                              store.run_plan(conn, graph.insert_plan(linked, later=later))))
                         for job_id, holder in stored.items():
                             if holder != job_id:
                                 skipped += 1
                                 if duplicates is not None:
                                     duplicates.append((job_id, holder))
+                if later:
+                    graph.confirm_parents(conn, later)
                 if due:
                     conn.execute(store.NOTIFY)
             committed += count - skipped

@@ -45,6 +45,10 @@ flagged AS (
      WHERE j.id = ANY(%(ids)s::text[]) AND j.id = l.id AND l.has_children IS NOT TRUE)
 SELECT id, status FROM locked
 """
+# A bulk load's read of the parents its rows name outside their chunk (see :func:`confirm_parents`):
+# FOR KEY SHARE, which no outcome's update waits for (an update that changes no key column takes
+# a lock it does not conflict with), and which keeps the rows from being deleted until the commit.
+_READ_PARENTS = "SELECT id, status FROM jobs WHERE id = ANY(%(ids)s::text[]) ORDER BY id FOR KEY SHARE"
 # Rows without a unique key, placed (status, waiting_for, ...) by :func:`insert_plan`; a row
 # cancelled at insert (a parent had failed) is finished now.
 _INSERT_LINKED = f"""
@@ -107,14 +111,17 @@ def _placed(row: NewJob, status_of: Callable[[str], str]) -> tuple[str, int | No
     return ("pending" if left == 0 else "waiting"), left, None, edges
 
 
-def insert_plan(rows: Sequence[NewJob], batch: NewBatch | None = None, *, external: bool = True) -> Plan[list[str]]:
+def insert_plan(rows: Sequence[NewJob], batch: NewBatch | None = None, *, external: bool = True,
+                later: set[str] | None = None) -> Plan[list[str]]:
     """The statements of an insert whose rows may have parents (``after``) or be a batch's, in the
     caller's transaction (see store.Plan); per row, the id stored for it (Backend.insert). In order:
     the batch's record; the rows with a unique key (their insert may wait for another transaction's
     key, before any parent is locked); the parents not in the call, locked (:data:`_LOCK_PARENTS`:
     UsageError :func:`unknown_parents` if some are not in the store, and nothing is kept); the other
     rows, each placed as its parents' statuses say (:func:`_placed`); the edges. ``external``
-    False: UsageError, before any statement, if a parent is not in the call."""
+    False: UsageError, before any statement, if a parent is not in the call. With ``later`` (a bulk
+    load's, whose transaction may be long), the parents are only read (:data:`_READ_PARENTS`) and
+    added to ``later``, for :func:`confirm_parents` before the commit."""
     if any(row.after for row in rows):
         check_after(rows)
     in_call = {row.id for row in rows}
@@ -130,7 +137,7 @@ def insert_plan(rows: Sequence[NewJob], batch: NewBatch | None = None, *, extern
     stored = (yield from unique_rounds(keyed)) if keyed else {}
     found: dict[str, str] = {}
     if outside:
-        found = dict((yield _LOCK_PARENTS, {"ids": outside}))
+        found = dict((yield _LOCK_PARENTS if later is None else _READ_PARENTS, {"ids": outside}))
         missing = [parent for parent in outside if parent not in found]
         if missing:
             raise unknown_parents(missing)
@@ -172,7 +179,24 @@ def insert_plan(rows: Sequence[NewJob], batch: NewBatch | None = None, *, extern
                               "positions": [e[2] for e in edges], "counted": [e[3] for e in edges]}
     if any(status == "pending" for status in status_of.values()):
         yield NOTIFY, {}  # delivered at the commit, with the rows
+    if later is not None:
+        later.update(found)
     return [stored.get(row.id, row.id) for row in rows]
+
+
+def confirm_parents(conn: psycopg.Connection[Any], parents: set[str]) -> None:
+    """Just before a bulk load's commit: the parents its rows named outside their chunk (``later``
+    of :func:`insert_plan`), locked now in id order and flagged has_children (:data:`_LOCK_PARENTS`),
+    as an insert locks them, for the few statements left. One that ended after its read applied
+    only the edges it saw, and the load's were not committed: they are applied now
+    (store.apply_edges; one final when read had its edges counted then, and has none left). So a
+    long load never holds a job its outcome must wait for, and each edge still counts once: before
+    this lock the outcome did not see it, after it the outcome does."""
+    def confirm() -> None:
+        found = conn.execute(_LOCK_PARENTS, {"ids": sorted(parents)}).fetchall()
+        apply_edges(conn, [(parent, status) for parent, status in found if status in ENDED])
+
+    deadlocks_retried(conn, confirm)
 
 
 def insert_jobs(conn: psycopg.Connection[Any], rows: Sequence[NewJob], batch: NewBatch | None = None) -> list[str]:

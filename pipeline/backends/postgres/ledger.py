@@ -21,6 +21,12 @@ transaction of their own, and the claim (when an offer was taken) after them: su
 waits while another transaction holds its key uncommitted, and the outcomes' rows stay
 unlocked meanwhile.
 
+The outcomes of jobs with children (workflows) are left out of the batch's statement and written
+after it by store.settle_parents, in a transaction that applies the edges of the jobs they end
+(waking or cancelling children); a batch of plain jobs is the one statement it was. A batch that
+woke a job nudges this process's Poller (the NOTIFY wakes the others). Inserts with parents or a
+batch do not come here: each is a transaction of its own (graph.insert_jobs).
+
 A batch whose statement the database refuses for one caller's sake (a duplicate id) is
 written again split: the outcomes together, then each caller's rows alone, so only that
 caller hears the error. A batch that fails as a whole (the server unreachable) fails every

@@ -312,7 +312,7 @@ def claim_type(
 ) -> list[Any]:
     """In the caller's transaction: up to ``n`` jobs of ``job_type``, within its global ``limit``,
     its ``rate`` (N, window seconds) and its ``key_limit``, whichever are given (at least one of
-    the last two); the rows of store._CLAIM's RETURNING."""
+    the last two); the rows of store._CLAIM's RETURNING (and its row of NULLs, store._PARKED)."""
     row = conn.execute(_LOCK_AT, {"job_type": job_type}).fetchone()
     assert row is not None
     now = row[0]

@@ -13,6 +13,13 @@ for every time the store makes: leases, retries, rescues, heartbeats. One clock 
 process, whatever each machine's clock says. Times it makes are rounded to the millisecond
 (:data:`MS`), the precision of the protocol's text, as
 clock.format_ts rounds.
+
+Workflows (issue 24; graph.py has the inserts and the sweep): every statement that ends a job
+tells which of the jobs it ended have children (the has_children flag, read from rows it reads
+anyway), and :func:`apply_edges` counts their edges in the same transaction. The Ledger's one
+statement leaves jobs with children out and :func:`settle_parents` writes their outcomes in a
+transaction of its own, so that a batch of plain jobs is the statement it was before; the
+rescue, the burial of unknown types and the claim's expiry (:func:`expire_parents`) do the same.
 """
 
 from __future__ import annotations
@@ -699,7 +706,8 @@ def expire_parents(conn: psycopg.Connection[Any], job_types: Sequence[str]) -> N
 # under one lease owner. The first k of each type start at once (their attempt counts now); the
 # rest are claimed ahead, counted by START. Its expired pending jobs are ended first (expired: a
 # seek into jobs_expiring per type), and none of them is picked: both parts read one snapshot, so
-# picked skips what expired ends, and the two change disjoint rows.
+# picked skips what expired ends, and the two change disjoint rows. An expired job with children
+# is not ended here but seen: a row of NULLs after the claimed rows (_EXPIRING, _PARKED).
 # whether a claimed row starts at once: at or before the last counted row of its type, in claim order
 _COUNTED = ("EXISTS (SELECT 1 FROM cut WHERE cut.job_type = j.job_type "
             "AND (j.priority, j.run_after, j.id) <= (cut.priority, cut.run_after, cut.id))")
@@ -757,6 +765,8 @@ _RUNNING_OF_TYPE = "SELECT count(*) FILTER (WHERE job_type = %(job_type)s) FROM 
 
 def _claim_rows(conn: psycopg.Connection[Any], wanted: Sequence[tuple[str, int]], owner: str, lease_seconds: float,
                 start: Mapping[str, int] | None) -> list[Any]:
+    """The rows of :data:`_CLAIM`: one per job claimed, and a row of NULLs if it saw an expired job
+    with children (limits.claim ends those: :func:`expire_parents`)."""
     wanted = [(t, n) for t, n in wanted if n > 0]
     if not wanted:
         return []
