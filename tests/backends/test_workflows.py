@@ -2,12 +2,7 @@
 edges applied exactly once by whatever ends a parent, batches with a callback, the repair sweep,
 retention of the graph, and parents' outcomes racing across processes. Written from the protocol's
 contract (pipeline/backends/base.py: Backend.insert and the docstrings it points to, and
-pipeline/states.py), not from any store's code.
-
-The failure semantics, as the tests model them (:func:`after_parent_ended`): a parent that ends
-completed counts for its child; one that ends dead, cancelled or deleted cancels a child still
-waiting under the default on_parent_failure (the error naming the parent, and so on down the
-graph), and counts as completed under "run". A child wakes (pending) when every parent counted."""
+pipeline/states.py), not from any store's code; the failure semantics as :data:`FAILURE_TABLE`."""
 
 from __future__ import annotations
 
@@ -82,10 +77,22 @@ async def ended(backend: Backend, job_type: str, how: str, result: str | None = 
     return lease.id
 
 
+# The failure semantics (docs/workflows.md's table): what a parent's end does to a child still waiting
+# for it, by (how the parent ended, the child's on_parent_failure): it "counts" (one parent less to wait
+# for; with none left the child is pending) or "cancels" (the child ends cancelled, its error
+# parent_failed(parent, how), and its own waiting children follow the same table as "cancelled").
+FAILURE_TABLE = {
+    ("completed", None): "counts", ("completed", "run"): "counts",
+    ("dead", None): "cancels", ("dead", "run"): "counts",
+    ("cancelled", None): "cancels", ("cancelled", "run"): "counts",
+    ("deleted", None): "cancels", ("deleted", "run"): "counts",
+}
+
+
 def after_parent_ended(how: str, on_parent_failure: str | None, parent_id: str) -> tuple[str, str | None]:
     """What becomes of a child that waited for one more parent than this one (so that it is still
-    waiting when the parent ends ``how``), as (status, error)."""
-    if how != "completed" and on_parent_failure is None:
+    waiting when the parent ends ``how``), as (status, error), by :data:`FAILURE_TABLE`."""
+    if FAILURE_TABLE[how, on_parent_failure] == "cancels":
         return "cancelled", parent_failed(parent_id, how)
     return "waiting", None
 
@@ -124,7 +131,7 @@ async def test_insert_stores_the_edges_and_applies_the_parents_it_finds_final_at
         runs_after_all := flow_job("c", after=[done, dead, cancelled.id], on_parent_failure="run"),
         # cancelled at once although another parent has not ended: a failed parent is enough
         dead_and_pending := flow_job("c", after=[parent.id, dead]),
-        keyed := flow_job("c", after=[parent.id], unique_key="ku", delay=FUTURE),
+        keyed := flow_job("c", after=[parent.id], unique_key="ku"),
         # parents earlier in the call that the call itself cancelled, or left waiting
         below_cancelled := flow_job("c", after=[after_dead.id]),
         runs_below_cancelled := flow_job("c", after=[after_dead.id, first.id], on_parent_failure="run"),
