@@ -34,7 +34,10 @@ parent that completed it: the last run of the parent's that reached its handler'
 stored with its one parent, every run of a step having read its parent's result; the callback
 stored waiting for every member, its first start after the last member's completing run ended,
 every run of it having read a batch whose every member was final (completed), its repeats all
-explained by kills; the batch's record all completed; nothing left waiting, pending or running.
+explained by kills; the batch's record all completed; nothing left waiting, pending or running;
+and, watched every half second during the run, no job seen waiting after every parent of it was
+seen final (a parent's end wakes or cancels its children in its own transaction or script: the
+repair sweep, once a minute, must find nothing to do).
 The completing run of each job is also checked against the attempt the store recorded.
 """
 
@@ -438,11 +441,12 @@ class Workers:
         await self.add()
 
     async def kill_at_random(self, until: float, every: float, rng: random.Random) -> None:
-        """A random worker about every ``every`` seconds (0.5 to 1.5 times), until ``until``."""
+        """A random worker about every ``every`` seconds (0.5 to 1.5 times), until ``until`` (a kill
+        comes no sooner than the restart of the one before is done, and none after ``until``)."""
         next_kill = trio.current_time() + every
         while next_kill < until:
             await trio.sleep_until(next_kill)
-            if self.procs:
+            if self.procs and trio.current_time() < until:
                 await self.kill(rng.choice(self.procs))
             next_kill += every * rng.uniform(0.5, 1.5)
 
@@ -462,6 +466,19 @@ class Workers:
             await trio.sleep(0.02)
 
 
+async def watch_waiting(backend: Backend, parents_of: dict[str, tuple[str, ...]], stuck: dict[str, float]) -> None:
+    """Every half second: the jobs listed final, then the jobs listed waiting; a job still waiting after
+    every parent of it was seen final is stuck (a parent's end wakes or cancels its children in the same
+    transaction or script): noted in ``stuck`` (id -> when first seen), for as long as the run lasts."""
+    while True:
+        final = {job_id for job_id, job in (await listed(backend)).items() if job.status in FINAL}
+        for job in (await backend.list(status="waiting", limit=10_000))[0]:
+            parents = parents_of.get(job.id)
+            if parents and all(parent in final for parent in parents):
+                stuck.setdefault(job.id, time.time())
+        await trio.sleep(0.5)
+
+
 async def _drive_workflows(url: str, settings: dict[str, str], fan_out: int, chains: int, workers: int, duration: float,
                            kill_every: float, folder: Path, out: Any, backend: str) -> dict[str, int]:
     log = folder / "runs.log"
@@ -475,6 +492,7 @@ async def _drive_workflows(url: str, settings: dict[str, str], fan_out: int, cha
         "ADMIN_ENABLED": "false",
     }, env_file=None)
     callback_kill: list[tuple[int, float, float] | None] = []  # once the callback's first run was seen (and killed)
+    stuck: dict[str, float] = {}  # jobs seen waiting after all their parents were seen final
     quiet, logging.getLogger("pipeline").level = logging.getLogger("pipeline").level, logging.ERROR  # its rescues
     try:
         await pool.add(workers)
@@ -487,8 +505,10 @@ async def _drive_workflows(url: str, settings: dict[str, str], fan_out: int, cha
             async def watch_callback() -> None:
                 callback_kill.append(await pool.kill_first_run(log, callback))
 
+            parents_of: dict[str, tuple[str, ...]] = {callback: flows.batch.job_ids}  # chains' added as enqueued
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(watch_callback)
+                nursery.start_soon(watch_waiting, p.backend, parents_of, stuck)
                 nursery.start_soon(pool.kill_at_random, started + duration, kill_every, random.Random())
                 # the chains spread over the first 90% of the run, each one enqueue_many call: the chain
                 # itself, or (every other one) a list holding it
@@ -496,6 +516,7 @@ async def _drive_workflows(url: str, settings: dict[str, str], fan_out: int, cha
                     await trio.sleep_until(started + duration * 0.9 * k / chains)
                     steps = pipeline.chain(Step(k, 1), Step(k, 2), Step(k, 3))
                     flows.chains.append(await p.enqueue_many(steps if k % 2 == 0 else [steps]))
+                    parents_of.update((child, (parent,)) for parent, child in zip(flows.chains[-1], flows.chains[-1][1:]))
                 await trio.sleep_until(started + duration)
                 with trio.move_on_after(120):  # no more kills: wait for leases to expire and the rest to run
                     while True:
@@ -513,7 +534,7 @@ async def _drive_workflows(url: str, settings: dict[str, str], fan_out: int, cha
         await stop_workers(pool.procs)
     figures = {"elapsed": ended - started, "drain": ended - max(pool.last_kill, started + duration), "started_at": started_at}
     return check_workflows(records, details, batch, read_runs(log), flows, pool.killed,
-                           callback_kill[0] if callback_kill else None, figures, out, backend=backend)
+                           callback_kill[0] if callback_kill else None, figures, out, backend=backend, stuck=stuck)
 
 
 async def listed(backend: Backend) -> dict[str, pipeline.JobRecord]:
@@ -538,12 +559,15 @@ def completing(entries: list[Run]) -> Run | None:
 def check_workflows(records: dict[str, pipeline.JobRecord], details: dict[str, pipeline.JobRecord | None],
                     batch: BatchRecord | None, runs: dict[str, list[Run]], flows: Flows,
                     killed: list[tuple[int, float, float]], callback_kill: tuple[int, float, float] | None,
-                    figures: dict[str, float], out: Any, *, backend: str = "sqlite") -> dict[str, int]:
+                    figures: dict[str, float], out: Any, *, backend: str = "sqlite",
+                    stuck: dict[str, float] | None = None) -> dict[str, int]:
     """The workflow books (see the module's docstring): ``records`` every job as listed, ``details``
-    the chain steps and the callback as ``get`` reads them (parents), ``runs`` the side file."""
+    the chain steps and the callback as ``get`` reads them (parents), ``runs`` the side file, ``stuck``
+    the jobs seen waiting after all their parents were seen final (``watch_waiting``)."""
     ids = flows.ids
     result = books({i: r.status for i, r in records.items()}, runs, ids, killed)
     result["left_waiting_pending_or_running"] = sum(r.status in ("waiting", "pending", "running") for r in records.values())
+    result["seen_waiting_after_its_parents_ended"] = len(stuck or {})
     # the run that completed each job is the one whose attempt the store recorded
     result["completing_run_not_the_recorded_attempt"] = sum(
         1 for i in ids if i in records and records[i].status == "completed"
@@ -594,7 +618,7 @@ def check_workflows(records: dict[str, pipeline.JobRecord], details: dict[str, p
                                or batch.callback_status != "completed"),
     )
     failures = ("lost", "not_completed", "never_ran", "unexplained_duplicates", "left_waiting_pending_or_running",
-                "completing_run_not_the_recorded_attempt", "chains_out_of_order", "chain_parents_not_stored",
+                "seen_waiting_after_its_parents_ended", "completing_run_not_the_recorded_attempt", "chains_out_of_order", "chain_parents_not_stored",
                 "parents_results_misread", "callback_repeats_unexplained", "callback_not_stored_waiting_for_the_batch",
                 "callback_started_early", "callback_read_unfinished_batch", "batch_record_wrong")
     result["failures"] = sum(result[name] for name in failures)
@@ -616,6 +640,11 @@ def check_workflows(records: dict[str, pipeline.JobRecord], details: dict[str, p
         f"books balance: {'yes' if not result['failures'] else 'NO (' + '; '.join(wrong) + ')'}",
         file=out,
     )
+    for job_id, seen in sorted((stuck or {}).items(), key=lambda item: item[1])[:5]:  # what a defect looks like
+        started = runs.get(job_id, [])
+        print(f"  waiting after its parents ended: {job_id} ({'the callback' if job_id == callback else 'a chain step'}), "
+              f"seen {seen - figures.get('started_at', 0.0):.1f} s into the run, first started "
+              f"{f'{started[0].started - seen:.1f} s later' if started else 'never'}", file=out)
     return result
 
 
