@@ -211,11 +211,15 @@ def insert_jobs(conn: psycopg.Connection[Any], rows: Sequence[NewJob], batch: Ne
 
 # Edges not counted although their parent is final or gone: what no transaction left, unless a row
 # was restored or removed by hand (every path to a final status applies them as it commits). The
-# partial index job_edges_uncounted holds only the edges still to count; locked SKIP LOCKED, so
-# sweeps from several processes take disjoint edges and never wait.
+# partial index job_edges_uncounted holds only the edges still to count, read in its order, each
+# parent looked up by id (a LATERAL with a LIMIT, which the planner keeps a nested loop: joined
+# plainly, it hashed the whole jobs table); locked SKIP LOCKED, so sweeps from several processes
+# take disjoint edges and never wait. What it reads grows with the edges still to count, never
+# with the jobs.
 _STRANDED = """
-SELECT e.parent_id, e.child_id, coalesce(p.status, 'deleted') FROM job_edges e LEFT JOIN jobs p ON p.id = e.parent_id
- WHERE NOT e.counted AND (p.id IS NULL OR p.status IN ('completed', 'dead', 'cancelled'))
+SELECT e.parent_id, e.child_id, coalesce(p.status, 'deleted') FROM job_edges e
+  LEFT JOIN LATERAL (SELECT status FROM jobs WHERE id = e.parent_id LIMIT 1) p ON true
+ WHERE NOT e.counted AND (p.status IS NULL OR p.status IN ('completed', 'dead', 'cancelled'))
  ORDER BY e.parent_id, e.child_id
  LIMIT %(limit)s
    FOR UPDATE OF e SKIP LOCKED
