@@ -8,7 +8,9 @@ PLAN is a JSON file: ``{"pace": SECONDS, "steps": [STEP, ...]}``, each step one 
 * ``[SLOT, "settle", ID, TOKEN, "completed" | "dead"]``: a SUCCEED or a BURY outcome of that lease;
 * ``[SLOT, "chase", PARENT_TYPE, N]``: up to N times, as fast as it goes, insert a job of type "c"
   naming the first two running jobs of PARENT_TYPE in claim order (the ones another process is about
-  to end), every third with on_parent_failure="run"; until none runs.
+  to end), every third with on_parent_failure="run"; until none runs;
+* ``[SLOT, "named", ID]``: wait (10 s at most) until job ID has a child (another process's chase
+  began); the later slots count from then.
 
 Opens the backend, prints "ready", waits for a line on stdin, then starts at the next tenth of a
 second of the wall clock that is at least 50 ms away (so that processes told "go" a few milliseconds
@@ -64,7 +66,12 @@ async def main(url: str, plan_path: str) -> None:
         for slot, kind, *args in steps:
             await trio.sleep(max(0.0, start + slot * plan["pace"] - time.time()))
             first = first or time.time()
-            if kind == "settle":
+            if kind == "named":
+                with trio.move_on_after(10):
+                    while not (await backend.get(args[0])).child_count:  # type: ignore[union-attr]
+                        await trio.sleep(0.002)
+                start = time.time() - slot * plan["pace"]
+            elif kind == "settle":
                 job_id, token, how = args
                 outcome = (Settlement(job_id, token, Transition.SUCCEED) if how == "completed"
                            else Settlement(job_id, token, Transition.BURY, error="fatal"))
