@@ -266,20 +266,23 @@ async def test_a_wake_and_only_a_wake_notifies(tmp_path: Path) -> None:
             assert len(notified()) == 1 and (await record(backend, stuck.id)).status == "pending"
 
 
-async def test_a_long_bulk_load_holds_no_lock_a_parents_outcome_waits_for(tmp_path: Path) -> None:
+async def test_a_long_bulk_load_holds_no_lock_on_the_parents_it_names(tmp_path: Path) -> None:
     """A bulk load is one transaction however long its iterable takes: the parents its rows name are
-    read without a lock an outcome waits for, and locked only just before its commit. A parent that
-    ended meanwhile (its outcome written at once, under a lock_timeout) has its edge applied then."""
+    read without a lock, and locked only just before its commit. A parent that ended meanwhile (its
+    outcome written at once, under a lock_timeout) has its edge applied then; one deleted meanwhile
+    (at once too) cancels its child, as a delete does."""
     async with postgres_store(tmp_path) as config, open_backend(config) as backend:
         early, late = await _running(backend, 2)
+        doomed = job("d")
+        await backend.insert([doomed])
         waits, done = flow_job("c", after=[early.id]), flow_job("c", after=[late.id])
+        orphan = flow_job("c", after=[doomed.id])
         more = threading.Event()
 
         def rows() -> Iterator[Any]:
             yield job()
-            yield waits
-            yield done
-            more.wait(10)  # the load stalls here, its two children inserted (a chunk of one: below)
+            yield from (waits, done, orphan)
+            more.wait(10)  # the load stalls here, its children inserted (a chunk of one: below)
             yield job()
 
         async with trio.open_nursery() as nursery:
@@ -294,9 +297,12 @@ async def test_a_long_bulk_load_holds_no_lock_a_parents_outcome_waits_for(tmp_pa
                             await trio.sleep(0.01)  # (the load has written edges, and waits for its next row)
                     conn.execute("SET lock_timeout = '1s'")
                     assert store.write_batch(conn, [succeed(late)], [], notify=False) == [True]
+                    queries.delete_job(conn, doomed.id)
                 more.set()
-        assert loaded == [4]
+        assert loaded == [5]
         assert [(await record(backend, r.id)).status for r in (waits, done)] == ["waiting", "pending"]
+        got = await record(backend, orphan.id)
+        assert (got.status, got.error, got.parents) == ("cancelled", parent_failed(doomed.id, "deleted"), ())
         assert await settle_one(backend, succeed(early))
         assert (await record(backend, waits.id)).status == "pending"
 

@@ -45,10 +45,10 @@ flagged AS (
      WHERE j.id = ANY(%(ids)s::text[]) AND j.id = l.id AND l.has_children IS NOT TRUE)
 SELECT id, status FROM locked
 """
-# A bulk load's read of the parents its rows name outside their chunk (see :func:`confirm_parents`):
-# FOR KEY SHARE, which no outcome's update waits for (an update that changes no key column takes
-# a lock it does not conflict with), and which keeps the rows from being deleted until the commit.
-_READ_PARENTS = "SELECT id, status FROM jobs WHERE id = ANY(%(ids)s::text[]) ORDER BY id FOR KEY SHARE"
+# A bulk load's read of the parents its rows name outside their chunk: no lock at all (any lock held
+# to the end of a long load would hold up a claim, a cancel or a delete of the job); confirmed just
+# before the commit (:func:`confirm_parents`).
+_READ_PARENTS = "SELECT id, status FROM jobs WHERE id = ANY(%(ids)s::text[])"
 # Rows without a unique key, placed (status, waiting_for, ...) by :func:`insert_plan`; a row
 # cancelled at insert (a parent had failed) is finished now.
 _INSERT_LINKED = f"""
@@ -186,15 +186,19 @@ def insert_plan(rows: Sequence[NewJob], batch: NewBatch | None = None, *, extern
 
 def confirm_parents(conn: psycopg.Connection[Any], parents: set[str]) -> None:
     """Just before a bulk load's commit: the parents its rows named outside their chunk (``later``
-    of :func:`insert_plan`), locked now in id order and flagged has_children (:data:`_LOCK_PARENTS`),
-    as an insert locks them, for the few statements left. One that ended after its read applied
-    only the edges it saw, and the load's were not committed: they are applied now
-    (store.apply_edges; one final when read had its edges counted then, and has none left). So a
-    long load never holds a job its outcome must wait for, and each edge still counts once: before
-    this lock the outcome did not see it, after it the outcome does."""
+    of :func:`insert_plan`, read without a lock), locked now in id order and flagged has_children
+    (:data:`_LOCK_PARENTS`), as an insert locks them, for the few statements left. One that ended
+    after its read applied only the edges it saw, and the load's were not committed: they are
+    applied now (store.apply_edges; one final when read had its edges counted then, and has none
+    left); one deleted since, as "deleted", and its edges removed, as its delete would have. So a
+    long load never holds a job another transaction must wait for, and each edge still counts once:
+    before this lock the parent's end did not see it, after it the end does."""
     def confirm() -> None:
-        found = conn.execute(_LOCK_PARENTS, {"ids": sorted(parents)}).fetchall()
-        apply_edges(conn, [(parent, status) for parent, status in found if status in ENDED])
+        found = dict(conn.execute(_LOCK_PARENTS, {"ids": sorted(parents)}).fetchall())
+        gone = sorted(parents - found.keys())
+        apply_edges(conn, [*((parent, status) for parent, status in found.items() if status in ENDED),
+                           *((parent, "deleted") for parent in gone)])
+        forget(conn, gone, ())
 
     deadlocks_retried(conn, confirm)
 
