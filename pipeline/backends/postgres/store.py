@@ -292,11 +292,11 @@ _STOPPED = f"({_BACK} AND j.cancel_requested)"
 
 
 # A job with children (has_children, schema version 8) is left alone by the Ledger's one statement
-# (answered as not written): its outcome is written by graph.settle_parents, in a transaction that
+# (answered as not written): its outcome is written by :func:`settle_parents`, in a transaction that
 # applies its edges when it ends it. So a batch of plain jobs is the one statement of before, with
 # one more condition on rows it reads anyway.
 _PLAIN = " AND j.has_children IS NOT TRUE"
-# what graph.settle_parents learns of each row it wrote: its new status, and whether it has children
+# what settle_parents learns of each row it wrote: its new status, and whether it has children
 _PARENT_RETURNING = "RETURNING j.id, o.token, j.status, j.has_children IS TRUE"
 
 
@@ -629,7 +629,7 @@ SELECT e.id FROM w CROSS JOIN LATERAL (
 # The claims' expiry, in a statement that commits alone: the expired jobs of the types in w (locked,
 # as _EXPIRED_OF locks them), of which it ends those without children (schema version 8). An
 # expired job with children is only seen, as a row of NULLs among the claim's rows (_PARKED), and
-# the claim ends it at once in a transaction that applies its edges (graph.expire_parents). None
+# the claim ends it at once in a transaction that applies its edges (:func:`expire_parents`). None
 # is picked either way: its expires_at has passed.
 _EXPIRING = f"""expiring AS MATERIALIZED (
     SELECT e.id, e.has_children FROM w CROSS JOIN LATERAL (
