@@ -524,7 +524,7 @@ async def test_a_batch_counts_its_members_and_releases_its_callback_after_the_la
     assert await backend.insert(rows, batch=batch) == [r.id for r in rows]
     total = len(members)  # 102: more than a record lists
 
-    async def check(counts: dict[str, int], callback_status: str) -> None:
+    async def check(counts: dict[str, int], callback_status: str | None) -> None:
         got = await backend.batch(batch.id)
         assert got is not None
         assert (got.id, got.callback_id, got.created_at, got.total) == (batch.id, callback.id, batch.created_at, total)
@@ -571,9 +571,14 @@ async def test_a_batch_counts_its_members_and_releases_its_callback_after_the_la
     assert await backend.parent_results(first.id) == {}
     assert await backend.parent_results(new_id()) == {}
 
-    assert await claimed(backend, "callback") == {callback.id}
+    lease = await claim_one(backend, "callback")
+    assert lease.id == callback.id
     await check({"completed": len(fillers) + 1, "dead": 1, "cancelled": 1}, "running")
     assert await claimed(backend, "callback") == set()
+    assert await settle_one(backend, succeed(lease))
+    await check({"completed": len(fillers) + 1, "dead": 1, "cancelled": 1}, "completed")
+    await backend.delete(callback.id)  # the batch stays while its members do; its callback's status is gone
+    await check({"completed": len(fillers) + 1, "dead": 1, "cancelled": 1}, None)
 
     # a batch without a callback, and batches that do not exist
     rows, plain = batch_rows([job("n"), job("n")], callback_type=None)
