@@ -182,6 +182,10 @@ async def test_insert_stores_the_edges_and_applies_the_parents_it_finds_final_at
     assert await backend.insert([flow_job("c", after=[parent.id], unique_key="ku"), job("c", unique_key="ku")]) == [
         keyed.id, keyed.id]
     assert (await record(backend, parent.id)).child_count == 3
+    # two jobs of one type and key in one call, the first with parents: the first is inserted (waiting)
+    first_keyed, second_keyed = flow_job("c", after=[parent.id], unique_key="kf"), job("c", unique_key="kf")
+    assert await backend.insert([first_keyed, second_keyed]) == [first_keyed.id, first_keyed.id]
+    assert await statuses(backend, [first_keyed.id, second_keyed.id]) == ["waiting", None]
 
     # a parent's children beyond those a record lists: the oldest listed, all counted
     fan = [flow_job("fan", after=[first.id]) for _ in range(MAX_LISTED_RELATIVES + 1)]
