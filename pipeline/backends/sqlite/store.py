@@ -119,9 +119,14 @@ def insert_jobs(conn: sqlite3.Connection, rows: Sequence[NewJob]) -> list[str]:
         conn.executemany(_INSERT, [row[:7] for row in rows])
         return [row.id for row in rows]
     linked = [row for row in special if workflows.linked(row)]
+    if linked and any(row.unique_key is not None and not workflows.linked(row) for row in special):
+        # of two rows with one type and key, the first in the call is inserted: with rows of a workflow
+        # among the keyed ones, every keyed row goes the workflow's way, in the call's order
+        linked = [row for row in special if workflows.linked(row) or row.unique_key is not None]
     statuses = workflows.parent_statuses(conn, rows) if linked else {}  # (raises before anything is written)
     if linked:
-        special = [row for row in special if not workflows.linked(row)]
+        taken = {row.id for row in linked}
+        special = [row for row in special if row.id not in taken]
     if len(special) + len(linked) < len(rows):
         conn.executemany(_INSERT, [row[:7] for row in rows if row.unique_key is None and row.trace is None
                                    and row.expires_at is None and row.limit_key is None and not workflows.linked(row)])
