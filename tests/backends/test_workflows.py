@@ -774,14 +774,13 @@ class Race:
         while True:
             last = over.is_set()  # once the processes are done: one more claim, which finds all
             leases = await self.backend.claim({"c": 20}, owner="main", lease_seconds=LONG)
-            if leases:
-                still_running = {r.id for r in (await self.backend.list(status="running", limit=10_000))[0]}
             for lease in leases:
                 self.claims.append(lease.id)
                 child = await record(self.backend, lease.id)
                 for parent in child.parents:
-                    if parent in still_running or (parent in self.dead and child.on_parent_failure != "run"):
-                        self.early.append(f"{lease.id} claimed before its parent {parent} ended, or after it died")
+                    status = (await record(self.backend, parent)).status
+                    if status == "running" or (status == "dead" and child.on_parent_failure != "run"):
+                        self.early.append(f"{lease.id} claimed while its parent {parent} was {status}")
             assert await self.backend.settle([succeed(lease) for lease in leases]) == [True] * len(leases)
             if last and not leases:
                 return
