@@ -22,7 +22,7 @@ import pipeline.backends.postgres as postgres
 from pipeline import Config
 from pipeline.backends import Backend, Lease, open_backend
 from pipeline.backends.base import Settlement, expired_error, parent_failed
-from pipeline.backends.postgres import graph, outbox, queries, schema, store
+from pipeline.backends.postgres import graph, outbox, queries, schema, store, worker
 from pipeline.backends.postgres.db import connect
 from pipeline.errors import UsageError
 from pipeline.states import Transition
@@ -309,6 +309,24 @@ async def test_a_long_bulk_load_holds_no_lock_on_the_parents_it_names(tmp_path: 
 
 async def _load(backend: Backend, rows: Iterator[Any], loaded: list[int]) -> None:
     loaded.append(await backend.bulk_insert(rows))
+
+
+async def test_an_insert_that_held_a_pending_parent_a_claim_skipped_notifies(tmp_path: Path) -> None:
+    """The insert locks the parents it names; a claim meanwhile skips a pending one (SKIP LOCKED) and
+    would look again only at its next poll: the insert's commit NOTIFYs, though its child waits."""
+    async with postgres_store(tmp_path) as config, open_backend(config) as backend:
+        parent = job()
+        await backend.insert([parent])
+        with connection(config) as inserter, connection(config) as poller, listening(config) as notified:
+            inserter.execute("BEGIN")
+            try:
+                assert graph.insert_jobs(inserter, [flow_job("c", after=[parent.id])]) != []
+                assert worker.claim(poller, {"t": 1}, owner="w", lease_seconds=LONG) == []  # skipped, locked
+                inserter.execute("COMMIT")
+            finally:
+                rollback(inserter)
+            assert len(notified()) == 1
+            assert [lease.id for lease in worker.claim(poller, {"t": 1}, owner="w", lease_seconds=LONG)] == [parent.id]
 
 
 # -- what a claim's statement leaves -----------------------------------------------------------------------

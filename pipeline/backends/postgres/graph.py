@@ -177,8 +177,10 @@ def insert_plan(rows: Sequence[NewJob], batch: NewBatch | None = None, *, extern
     if edges:
         yield _INSERT_EDGES, {"parents": [e[0] for e in edges], "children": [e[1] for e in edges],
                               "positions": [e[2] for e in edges], "counted": [e[3] for e in edges]}
-    if any(status == "pending" for status in status_of.values()):
-        yield NOTIFY, {}  # delivered at the commit, with the rows
+    if any(status == "pending" for status in (*status_of.values(), *(() if later is not None else found.values()))):
+        # delivered at the commit, with the rows: a pending row is due, or a pending parent was
+        # locked here, and a claim meanwhile skipped it (SKIP LOCKED) and looks again only if told
+        yield NOTIFY, {}
     if later is not None:
         later.update(found)
     return [stored.get(row.id, row.id) for row in rows]
@@ -199,6 +201,8 @@ def confirm_parents(conn: psycopg.Connection[Any], parents: set[str]) -> None:
         apply_edges(conn, [*((parent, status) for parent, status in found.items() if status in ENDED),
                            *((parent, "deleted") for parent in gone)])
         forget(conn, gone, ())
+        if "pending" in found.values():  # (a claim meanwhile skipped it: see insert_plan)
+            conn.execute(NOTIFY)
 
     deadlocks_retried(conn, confirm)
 
