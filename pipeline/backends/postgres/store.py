@@ -526,7 +526,8 @@ def apply_edges(conn: psycopg.Connection[Any], ended: Iterable[tuple[str, str]],
     when a parent ended other than completed and it follows the default on_parent_failure, woken
     (pending, Transition.WAKE) when nothing is left to count; a child no longer waiting only has
     its count moved. A cancelled child's own edges are applied the same way, down the graph. With a
-    child woken, NOTIFY (delivered at the commit). Returns (woken, cancelled)."""
+    child woken (or a pending one locked, which a claim may have skipped meanwhile), NOTIFY
+    (delivered at the commit). Returns (woken, cancelled)."""
     parents = sorted(set(ended))
     found: list[Any] = []
     if edges:
@@ -535,6 +536,7 @@ def apply_edges(conn: psycopg.Connection[Any], ended: Iterable[tuple[str, str]],
     if parents:
         found += conn.execute(_COUNT_EDGES, {"parents": [p for p, _ in parents], "hows": [h for _, h in parents]}).fetchall()
     woken = cancelled = 0
+    held_pending = False  # a pending child locked here: a claim meanwhile skipped it (SKIP LOCKED)
     while found:
         counted: dict[str, list[tuple[int, str, str]]] = {}
         for child, position, parent, how in found:
@@ -555,6 +557,7 @@ def apply_edges(conn: psycopg.Connection[Any], ended: Iterable[tuple[str, str]],
                 elif left == 0:
                     status = states.Status.PENDING.value
                     woken += 1
+            held_pending = held_pending or status == states.Status.PENDING
             ids.append(child)
             statuses.append(status)
             waiting.append(left)
@@ -563,7 +566,7 @@ def apply_edges(conn: psycopg.Connection[Any], ended: Iterable[tuple[str, str]],
             conn.execute(_MOVE_CHILDREN, {"ids": ids, "statuses": statuses, "waiting": waiting, "errors": errors})
         found = conn.execute(_COUNT_EDGES, {"parents": [p for p, _ in failed_parents],
                                             "hows": [h for _, h in failed_parents]}).fetchall() if failed_parents else []
-    if woken:
+    if held_pending:  # (every woken child among them)
         conn.execute(NOTIFY)
     return woken, cancelled
 
