@@ -122,7 +122,7 @@ def insert_plan(rows: Sequence[NewJob], batch: NewBatch | None = None, *, extern
     False: UsageError, before any statement, if a parent is not in the call. With ``later`` (a bulk
     load's, whose transaction may be long), the parents are only read (:data:`_READ_PARENTS`) and
     added to ``later``, for :func:`confirm_parents` before the commit."""
-    if any(row.after for row in rows):
+    if any(row.after or row.on_parent_failure is not None for row in rows):
         check_after(rows)
     in_call = {row.id for row in rows}
     outside = sorted({parent for row in rows for parent in row.after if parent not in in_call})
