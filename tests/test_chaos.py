@@ -77,7 +77,10 @@ def test_kill_9_during_workflows_on_each_store_keeps_chains_in_order_and_the_cal
     """benchmarks/chaos.py --workflows, small, on the three stores at once: a batch of 200 jobs with a
     callback and 20 three-step chains, two worker processes per store, one SIGKILLed about every
     second for 4 s, the callback's first run killed on purpose. The books (see chaos.py's docstring)
-    balance on each store."""
+    balance on each store: none lost, every repeat explained by a kill, chains in order, the callback
+    once after the last job having read a finished batch, and no job seen waiting once its parents
+    had ended. (Checked to fail: with enqueue_many(chain(...)) linking nothing, and with a SQLite store
+    that left 5 % of its ended jobs' edges to the repair sweep.)"""
     chaos = load_chaos()
     for backend in ("postgres", "redis"):
         url = urlsplit(chaos.POSTGRES_URL if backend == "postgres" else chaos.REDIS_URL)
@@ -96,7 +99,7 @@ def test_kill_9_during_workflows_on_each_store_keeps_chains_in_order_and_the_cal
     report = "\n".join(f"{line} [{seconds:.1f} s]" for _, line, seconds in runs.values())
     print(report)
     for result, _, _ in runs.values():
-        assert result["kills"] >= 3, report  # the callback's and at least two at random
+        assert result["kills"] >= 2, report  # the callback's, and at random at least one (more unless restarts crawl)
         assert result["callback_runs"] >= 2, report  # its first run was killed: it ran again
         assert result["chain_links"] == 40, report
         assert result["failures"] == 0, report
