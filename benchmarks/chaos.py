@@ -24,21 +24,21 @@ when they do not.
 Workflows (docs/workflows.md) under the same kills: a producer (a pipeline that runs no jobs)
 enqueues one batch of ``--fan-out`` jobs with a callback (``enqueue_batch(jobs, then=...)``) at
 the start, and ``--chains`` three-step chains spread over the run (``enqueue_many(pipeline.chain(a,
-b, c))``, and every other one ``enqueue_many([pipeline.chain(a, b, c)])``). The batch's jobs sleep long enough to spread over about a third of the run; the
-callback reads its batch (``ctx.batch()``) and each chain step after the first its parent's
-result (``ctx.parent_results()``), both noted in the side file; the callback's first run is
-killed on purpose (the driver watches the side file for its start), so that its repeat is
-always exercised. The books, from the side file and the stored records: the plain books above
-for every job; every chain in order (a step's first start after the end of the run of its
-parent that completed it: the last run of the parent's that reached its handler's end), each
-stored with its one parent, every run of a step having read its parent's result; the callback
-stored waiting for every member, its first start after the last member's completing run ended,
-every run of it having read a batch whose every member was final (completed), its repeats all
-explained by kills; the batch's record all completed; nothing left waiting, pending or running;
-and, watched every half second during the run, no job seen waiting after every parent of it was
-seen final (a parent's end wakes or cancels its children in its own transaction or script: the
-repair sweep, once a minute, must find nothing to do).
-The completing run of each job is also checked against the attempt the store recorded.
+b, c))``, and every other one ``enqueue_many([pipeline.chain(a, b, c)])``). The batch's jobs sleep
+long enough to spread over about a third of the run; the callback reads its batch
+(``ctx.batch()``) and each chain step after the first its parent's result
+(``ctx.parent_results()``), both noted in the side file; the callback's first run is killed on
+purpose (the driver watches the side file for its start), so that its repeat is always
+exercised. The books, from the side file and the stored records: the plain books above for every
+job; every chain in order (a step's first start after the end of the run of its parent that
+completed it: the last run of the parent's that reached its handler's end, whose attempt must be
+the one the store recorded), each stored with its one parent, every run of a step having read its
+parent's result; the callback stored waiting for every member, its first start after the last
+member's completing run ended, every run of it having read a batch whose every member was final
+(completed), its repeats all explained by kills; the batch's record all completed; nothing left
+waiting, pending or running; and, watched every half second during the run, no job seen waiting
+after every parent of it was seen final (a parent's end wakes or cancels its children in its own
+transaction or script: the repair sweep, once a minute, must find nothing to do).
 """
 
 from __future__ import annotations
