@@ -37,7 +37,7 @@ def _node(name: str) -> str:
 
 
 def state_diagram() -> str:
-    lines = ["stateDiagram-v2", f"    [*] --> {Status.PENDING}: enqueue"]
+    lines = ["stateDiagram-v2", f"    [*] --> {Status.PENDING}: enqueue", f"    [*] --> {Status.WAITING}: enqueue with after= (parents not all completed)"]
     for transition, (src, dst) in TRANSITIONS.items():
         lines.append(f"    {src} --> {dst}: {transition.value}")
     lines.append(f"    {Status.COMPLETED} --> [*]")
