@@ -493,7 +493,7 @@ async def _drive_workflows(url: str, settings: dict[str, str], fan_out: int, cha
     }, env_file=None)
     callback_kill: list[tuple[int, float, float] | None] = []  # once the callback's first run was seen (and killed)
     stuck: dict[str, float] = {}  # jobs seen waiting after all their parents were seen final
-    quiet, logging.getLogger("pipeline").level = logging.getLogger("pipeline").level, logging.ERROR  # its rescues
+    _quiet_logs(+1)  # its rescues
     try:
         await pool.add(workers)
         async with pipeline.open_pipeline(producer, registry()) as p:
@@ -530,11 +530,27 @@ async def _drive_workflows(url: str, settings: dict[str, str], fan_out: int, cha
             details = {i: await p.backend.get(i) for i in [callback, *(i for ids in flows.chains for i in ids)]}
             batch = await p.batch(flows.batch.id)
     finally:
-        logging.getLogger("pipeline").setLevel(quiet)
+        _quiet_logs(-1)
         await stop_workers(pool.procs)
     figures = {"elapsed": ended - started, "drain": ended - max(pool.last_kill, started + duration), "started_at": started_at}
     return check_workflows(records, details, batch, read_runs(log), flows, pool.killed,
                            callback_kill[0] if callback_kill else None, figures, out, backend=backend, stuck=stuck)
+
+
+_quieted: list[int] = []  # the "pipeline" logger's level before the first of the runs in this process quieted it
+
+
+def _quiet_logs(step: int) -> None:
+    """The "pipeline" logger at ERROR while any run of this process drives its producer (several run side
+    by side in the test): the level it had is given back when the last one ends, whatever their order."""
+    logger = logging.getLogger("pipeline")
+    if step > 0:
+        _quieted.append(logger.level)
+        logger.setLevel(logging.ERROR)
+    else:
+        level = _quieted.pop()
+        if not _quieted:
+            logger.setLevel(level)
 
 
 async def listed(backend: Backend) -> dict[str, pipeline.JobRecord]:
