@@ -497,7 +497,7 @@ for _name in BACKENDS:
     _machine = type(f"BackendVsModel_{_name}", (BackendVsModel,), {"backend_name": _name})
     _case = _machine.TestCase
     _case.settings = settings(
-        max_examples=15, stateful_step_count=20, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+        max_examples=10, stateful_step_count=20, deadline=None, suppress_health_check=[HealthCheck.too_slow]
     )
     globals()[f"TestBackendVsModel_{_name}"] = _case
 del _name, _machine, _case  # unittest classes are collected under any name: only the Test* one stays
