@@ -60,7 +60,7 @@ async def watch_the_ticks(backend: Backend, store_config: Config, tmp_path: Path
                 assert proc.poll() is None, proc.communicate()[1][-3000:]
                 await trio.sleep(0.1)
         started = now_ts()
-        await trio.sleep(4.5)
+        await trio.sleep(3.5)
         alive = [w for w in await backend.workers() if w.alive]
         proc.send_signal(signal.SIGTERM)
         _, log = await trio.to_thread.run_sync(lambda: proc.communicate(timeout=30))
@@ -75,7 +75,7 @@ async def watch_the_ticks(backend: Backend, store_config: Config, tmp_path: Path
     # none skipped once the three are up (before, a process starting on a busy machine may find a
     # tick a second late, which then fires once, late, and the next run is the tick after that)
     seconds = [round(to_epoch(t)) for t in ticks if t >= started]
-    assert len(seconds) >= 4, ticks
+    assert len(seconds) >= 3, ticks
     assert seconds == list(range(seconds[0], seconds[0] + len(seconds))), f"a tick skipped: {ticks} (from {started})"
     (stored,) = await backend.schedules()
     assert attrs.evolve(stored, next_run="", last_run="", last_job_id="", updated_at="") == attrs.evolve(
@@ -84,5 +84,5 @@ async def watch_the_ticks(backend: Backend, store_config: Config, tmp_path: Path
     assert stored.last_run == ticks[-1]
     # each job ran as soon as it was fired, not at the next poll
     done = [j for j in jobs if j.status == "completed"]
-    assert len(done) >= 4 and all(to_epoch(j.updated_at) - to_epoch(j.created_at) < 1.0 for j in done), [
+    assert len(done) >= 3 and all(to_epoch(j.updated_at) - to_epoch(j.created_at) < 1.0 for j in done), [
         (j.created_at, j.updated_at) for j in done]
