@@ -227,6 +227,12 @@ async def on_each_store(tmp_path: Path, scenario: StoreScenario) -> None:
     async with trio.open_nursery() as nursery:
         for name in sorted(BACKENDS):
             nursery.start_soon(one, name)
+    report_stores(failures, passed, skipped)
+
+
+def report_stores(failures: list[BaseException], passed: list[str], skipped: list[str]) -> None:
+    """The end of a test run on several stores: their failures raised together (one as it is), or the
+    test reported skipped, naming the stores left out, once the others passed."""
     if len(failures) == 1:
         raise failures[0]
     if failures:

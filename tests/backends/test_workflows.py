@@ -57,7 +57,7 @@ from .kit import (
     succeed,
     ts,
 )
-from .stores import BACKENDS, on_each_store
+from .stores import BACKENDS, on_each_store, report_stores
 
 REASON = "by an operator, from the test"
 
@@ -872,12 +872,7 @@ async def test_parents_ending_in_three_processes_at_once_count_once_for_each_chi
             except Exception as error:
                 error.add_note(f"(on the {race.name} store)")
                 failures.append(error)
-    if len(failures) == 1:
-        raise failures[0]
-    if failures:
-        raise BaseExceptionGroup(f"failed on {len(failures)} stores", failures)
-    if skipped:
-        pytest.skip(f"passed on {', '.join(race.name for race in races) or 'no store'}; left out: {'; '.join(skipped)}")
+    report_stores(failures, [race.name for race in races], skipped)
 
 
 # SQL that leaves a store as a defect would: the edges of two final parents marked not counted and
