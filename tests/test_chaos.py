@@ -99,7 +99,9 @@ def test_kill_9_during_workflows_on_each_store_keeps_chains_in_order_and_the_cal
     report = "\n".join(f"{line} [{seconds:.1f} s]" for _, line, seconds in runs.values())
     print(report)
     for result, _, _ in runs.values():
-        assert result["kills"] >= 2, report  # the callback's, and at random at least one (more unless restarts crawl)
+        # the callback's first run killed: on purpose, or by a random kill that came first (then that one
+        # kill may be all that a loaded machine fits in 3 s; it failed so with "kills >= 2")
+        assert result["kills"] >= 1, report
         assert result["callback_runs"] >= 2, report  # its first run was killed: it ran again
         assert result["chain_links"] == 40, report
         assert result["failures"] == 0, report

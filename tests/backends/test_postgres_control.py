@@ -66,7 +66,7 @@ async def test_a_schema_of_version_5_is_upgraded_in_place_and_its_jobs_go_on(tmp
             conn.execute(_OLD_ROWS)
             with pytest.raises(psycopg.errors.CheckViolation):  # version 5 knows no cancelled status
                 conn.execute("UPDATE jobs SET status = 'cancelled' WHERE id = %s", (PENDING,))
-            assert schema.migrate(conn, "test") == [6, 7, 8]
+            assert schema.migrate(conn, "test") == [6, 7, 8, 9]
             assert schema.migrate(conn, "test") == []
             # the new check is in force and validated: every row was read against it
             valid = conn.execute("SELECT convalidated FROM pg_constraint WHERE conname = 'jobs_status_check' "
@@ -244,6 +244,11 @@ async def test_texts_with_a_nul_character_are_stored_escaped(tmp_path: Path) -> 
 def _plan(conn: psycopg.Connection[Any], sql: str, params: Any = None) -> tuple[set[str], list[str]]:
     """The indexes a statement's plan reads, and the tables it reads whole."""
     (doc,), = conn.execute("EXPLAIN (FORMAT JSON) " + sql, params).fetchall()
+    return _walk((doc if isinstance(doc, list) else json.loads(doc))[0]["Plan"])
+
+
+def _walk(plan: dict[str, Any]) -> tuple[set[str], list[str]]:
+    """The indexes a plan (EXPLAIN's JSON) reads, and the tables it reads whole."""
     indexes: set[str] = set()
     scans: list[str] = []
 
@@ -255,7 +260,7 @@ def _plan(conn: psycopg.Connection[Any], sql: str, params: Any = None) -> tuple[
         for child in node.get("Plans", []):
             walk(child)
 
-    walk((doc if isinstance(doc, list) else json.loads(doc))[0]["Plan"])
+    walk(plan)
     return indexes, scans
 
 

@@ -34,7 +34,7 @@ import psycopg
 
 from ... import states
 from ...errors import StoreError
-from ..base import NewJob, Settlement, cancelled_running_error, expired_error, parent_failed
+from ..base import NewJob, Settlement, cancelled_running_error, expired_error
 
 # the statement's "now", as stored: rounded to the nearest millisecond, as clock.format_ts rounds
 MS = "date_trunc('milliseconds', now() + interval '500 microseconds')"
@@ -483,37 +483,24 @@ def _execute_batch(conn: psycopg.Connection[Any], items: Sequence[Settlement], r
 ENDED = ("completed", "dead", "cancelled")  # the final statuses: a job's edges count when it reaches one
 DEADLOCK_ROUNDS = 5  # a transaction that applies edges, tried again when Postgres broke a deadlock with it
 
-# The edges of parents that have just ended and have not counted yet, counted now. Exactly once: the
-# flag is flipped under the edge's row lock, and any other transaction applying the same edge (the
-# sweep, a delete) waits for it and then finds the flag set (READ COMMITTED reads the row again).
-_COUNT_EDGES = """
-UPDATE job_edges e SET counted = true
-  FROM unnest(%(parents)s::text[], %(hows)s::text[]) AS p(id, how)
- WHERE e.parent_id = ANY(%(parents)s::text[]) AND e.parent_id = p.id AND NOT e.counted
-RETURNING e.child_id, e.position, e.parent_id, p.how
-"""
-# the same, of the given edges only (the sweep's: those it locked)
-_COUNT_THESE = """
-UPDATE job_edges e SET counted = true
-  FROM unnest(%(parents)s::text[], %(children)s::text[], %(hows)s::text[]) AS p(parent_id, child_id, how)
- WHERE e.parent_id = ANY(%(parents)s::text[]) AND e.parent_id = p.parent_id AND e.child_id = p.child_id
-   AND NOT e.counted
-RETURNING e.child_id, e.position, e.parent_id, p.how
-"""
-# Their children, locked in id order, after the parents (which the statement that ended them
-# locked): the order every path takes, parents first, then children in id order, a level at a
-# time. The count is moved under the child's lock, so parents ended by K transactions at once
-# bring it to zero once, and wake the child once.
-_LOCK_CHILDREN = ("SELECT id, status, runs_on_parent_failure IS TRUE, coalesce(waiting_for, 0), has_children IS TRUE FROM jobs "
-                  "WHERE id = ANY(%(ids)s::text[]) ORDER BY id FOR UPDATE")
-# A woken job keeps its run_after (a past one: due at once); a cancelled one is finished now.
-_MOVE_CHILDREN = f"""
-UPDATE jobs j SET status = c.status, waiting_for = c.waiting_for, error = coalesce(c.error, j.error),
-       updated_at = CASE WHEN c.status = j.status THEN j.updated_at ELSE {MS} END
-  FROM unnest(%(ids)s::text[], %(statuses)s::text[], %(waiting)s::int[], %(errors)s::text[])
-       AS c(id, status, waiting_for, error)
- WHERE j.id = ANY(%(ids)s::text[]) AND j.id = c.id
-"""
+# The edges of parents that have just ended and have not counted yet, counted now, and their children
+# woken or cancelled, down the graph: one call of the function of schema version 9 (schema.py has its
+# text, and why). Exactly once: the flag is flipped under the edge's row lock, and any other transaction
+# applying the same edge (the sweep, a delete) waits for it and then finds the flag set (READ COMMITTED
+# reads the row again). Children are locked in id order, after the parents (which the statement that
+# ended them locked): the order every path takes, parents first, then children in id order, a level at
+# a time; the count is moved under the child's lock, so parents ended by K transactions at once bring it
+# to zero once, and wake the child once.
+_APPLY = "pipeline_apply_edges(%(parents)s::text[], %(hows)s::text[], %(e_parents)s::text[], %(e_children)s::text[], " \
+         "%(e_hows)s::text[], %(notify)s)"
+_APPLY_EDGES = f"SELECT woken, cancelled FROM {_APPLY}"
+assert CHANNEL == "pipeline_jobs"  # (the function NOTIFYs on it by name)
+
+
+def _apply_params(ended: Iterable[tuple[str, str]], edges: Sequence[tuple[str, str, str]], *, notify: bool = True) -> dict[str, Any]:
+    parents = sorted(set(ended))
+    return {"parents": [p for p, _ in parents], "hows": [h for _, h in parents], "e_parents": [e[0] for e in edges],
+            "e_children": [e[1] for e in edges], "e_hows": [e[2] for e in edges], "notify": notify}
 
 
 def apply_edges(conn: psycopg.Connection[Any], ended: Iterable[tuple[str, str]],
@@ -528,47 +515,12 @@ def apply_edges(conn: psycopg.Connection[Any], ended: Iterable[tuple[str, str]],
     its count moved. A cancelled child's own edges are applied the same way, down the graph. With a
     child woken (or a pending one locked, which a claim may have skipped meanwhile), NOTIFY
     (delivered at the commit). Returns (woken, cancelled)."""
-    parents = sorted(set(ended))
-    found: list[Any] = []
-    if edges:
-        found += conn.execute(_COUNT_THESE, {"parents": [e[0] for e in edges], "children": [e[1] for e in edges],
-                                             "hows": [e[2] for e in edges]}).fetchall()
-    if parents:
-        found += conn.execute(_COUNT_EDGES, {"parents": [p for p, _ in parents], "hows": [h for _, h in parents]}).fetchall()
-    woken = cancelled = 0
-    held_pending = False  # a pending child locked here: a claim meanwhile skipped it (SKIP LOCKED)
-    while found:
-        counted: dict[str, list[tuple[int, str, str]]] = {}
-        for child, position, parent, how in found:
-            counted.setdefault(child, []).append((position, parent, how))
-        ids, statuses, waiting, errors = [], [], [], []
-        failed_parents: list[tuple[str, str]] = []
-        for child, status, runs, left, has_children in conn.execute(_LOCK_CHILDREN, {"ids": sorted(counted)}):
-            mine = sorted(counted[child])
-            left -= len(mine)
-            error = None
-            if status == states.Status.WAITING:
-                failed = [] if runs else [(parent, how) for _, parent, how in mine if how != "completed"]
-                if failed:
-                    status, error = states.Status.CANCELLED.value, _text(parent_failed(*failed[0]))
-                    cancelled += 1
-                    if has_children:
-                        failed_parents.append((child, "cancelled"))
-                elif left == 0:
-                    status = states.Status.PENDING.value
-                    woken += 1
-            held_pending = held_pending or status == states.Status.PENDING
-            ids.append(child)
-            statuses.append(status)
-            waiting.append(left)
-            errors.append(error)
-        if ids:
-            conn.execute(_MOVE_CHILDREN, {"ids": ids, "statuses": statuses, "waiting": waiting, "errors": errors})
-        found = conn.execute(_COUNT_EDGES, {"parents": [p for p, _ in failed_parents],
-                                            "hows": [h for _, h in failed_parents]}).fetchall() if failed_parents else []
-    if held_pending:  # (every woken child among them)
-        conn.execute(NOTIFY)
-    return woken, cancelled
+    params = _apply_params(ended, edges)
+    if not params["parents"] and not edges:
+        return 0, 0
+    row = conn.execute(_APPLY_EDGES, params).fetchone()
+    assert row is not None
+    return row[0], row[1]
 
 
 def deadlocks_retried(conn: psycopg.Connection[Any], fn: Callable[[], T]) -> T:
@@ -587,14 +539,65 @@ def deadlocks_retried(conn: psycopg.Connection[Any], fn: Callable[[], T]) -> T:
     raise AssertionError("unreachable")
 
 
-def settle_parents(conn: psycopg.Connection[Any], items: Sequence[Settlement]) -> tuple[list[bool], int]:
-    """Outcomes the batch's statement left (jobs with children, and stale ones), in a transaction
-    that applies the edges of the jobs they end (:func:`apply_edges`); per outcome, whether it was
-    written; and how many children woke."""
-    def write() -> tuple[list[bool], int]:
+def deadlocks_retried_alone(conn: psycopg.Connection[Any], fn: Callable[[], T]) -> T:
+    """``fn()``, one statement in autocommit (a transaction of its own), run again when Postgres
+    ended it to break a deadlock (see :func:`deadlocks_retried`): without the BEGIN and COMMIT."""
+    for attempt in range(DEADLOCK_ROUNDS):
+        try:
+            return fn()
+        except psycopg.errors.DeadlockDetected:
+            if attempt == DEADLOCK_ROUNDS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+# The outcomes of jobs with children and their edges as one statement: the outcomes written (their
+# parents' rows locked, as the Ledger's statement locks them), then the edges of those that ended
+# applied by the function, which reads and locks only edges and children (never a row this statement
+# wrote: a child runs only once every edge to it has counted).
+def _settle_and_apply(settle: str) -> str:
+    return f"""
+WITH s AS ({settle}),
+     e AS (SELECT id, status FROM s WHERE kids AND status IN ('completed', 'dead', 'cancelled'))
+SELECT (SELECT array_agg(id) FROM s), (SELECT array_agg(token) FROM s), a.woken, a.pending
+  FROM pipeline_apply_edges(ARRAY(SELECT id FROM e ORDER BY id), ARRAY(SELECT status FROM e ORDER BY id),
+                            '{{}}', '{{}}', '{{}}', %(notify)s) AS a
+"""
+
+
+_PARENT_ROWS = "RETURNING j.id, o.token, j.status, j.has_children IS TRUE AS kids"
+SETTLE_AND_APPLY = _settle_and_apply(_settle(_OUTCOMES, only="", returning=_PARENT_ROWS))
+SETTLE_AND_APPLY_FULL = _settle_and_apply(_settle(_OUTCOMES_FULL, only="", returning=_PARENT_ROWS))
+
+
+def settle_parents(conn: psycopg.Connection[Any], items: Sequence[Settlement], *,
+                   notify: bool = True) -> tuple[list[bool], int, list[str]]:
+    """Outcomes the batch's statement left (jobs with children, and stale ones), with the edges of
+    the jobs they end applied in the same transaction (:func:`apply_edges`); per outcome, whether it
+    was written; how many children woke; and the pending children it locked (woken, or pending
+    already: a claim meanwhile skipped them), which it NOTIFYs of unless ``notify`` is False (the
+    caller claims them, and NOTIFYs of any it did not claim). One statement (a transaction of its
+    own, tried again if Postgres broke a deadlock with it) unless the same job comes twice, or
+    outcomes go back to pending (then a transaction of several, which NOTIFYs whatever ``notify``)."""
+    parts = rounds(items)
+    if len(parts) == 1 and not any(s.transition in _BACK_TO_PENDING for s in items):
+        params = {**outcome_params(items), "notify": notify}
+        sql = SETTLE_AND_APPLY_FULL if full(items) else SETTLE_AND_APPLY
+
+        def one() -> tuple[list[bool], int, list[str]]:
+            row = conn.execute(sql, params).fetchone()
+            assert row is not None
+            held = set(zip(row[0] or [], row[1] or []))
+            return [(s.id, s.token) in held for s in items], row[2], row[3]
+
+        if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            return deadlocks_retried_alone(conn, one)
+        return deadlocks_retried(conn, one)  # (in the caller's transaction: a savepoint)
+
+    def write() -> tuple[list[bool], int, list[str]]:
         answers = [False] * len(items)
         ended: list[tuple[str, str]] = []
-        for part in rounds(items):
+        for part in parts:
             chosen = [items[n] for n in part]
             found = conn.execute(SETTLE_PARENTS_FULL if full(chosen) else SETTLE_PARENTS, outcome_params(chosen)).fetchall()
             held = {(job_id, token) for job_id, token, _, _ in found}
@@ -603,7 +606,7 @@ def settle_parents(conn: psycopg.Connection[Any], items: Sequence[Settlement]) -
             ended += [(job_id, status) for job_id, _, status, children in found if children and status in ENDED]
         woken, _ = apply_edges(conn, ended)
         retake(conn, [s.id for s, written in zip(items, answers) if written and s.transition in _BACK_TO_PENDING])
-        return answers, woken
+        return answers, woken, []  # (NOTIFYd already)
 
     return deadlocks_retried(conn, write)
 
