@@ -6,9 +6,19 @@ import os
 import socket
 from pathlib import Path
 
+import early
 import pytest
 
 from pipeline import Config
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The slow one-process checks of the collected tests start now, beside the run (early.py)."""
+    early.start_for(item.nodeid for item in session.items)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    early.stop_all()
 
 REQUIRE_SERVICES = os.environ.get("PIPELINE_REQUIRE_SERVICES") == "1"
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import early
 import pytest
 from PIL import Image
 
@@ -29,13 +30,19 @@ ROWS = [
 ]
 
 
+TINY = "test_bench.py::test_bench_runs_on_tiny_sizes"
+SERVICE = "test_bench.py::test_the_service_benchmark_runs_the_service_as_started"
+# both started as the run begins (early.py)
+early.command(TINY, lambda folder: [sys.executable, str(BENCH), "--tiny", "--no-huey", "--chart", str(folder / "bench.png"),
+                                    "--json", str(folder / "bench.json")])
+early.command(SERVICE, lambda folder: [sys.executable, str(BENCH.with_name("service.py")), "--jobs", "300", "--rounds", "1",
+                                       "--no-huey", "--logging-cost"])
+
+
 @pytest.mark.slow
-def test_bench_runs_on_tiny_sizes(tmp_path: Path) -> None:
-    chart = tmp_path / "bench.png"
-    proc = subprocess.run(
-        [sys.executable, str(BENCH), "--tiny", "--no-huey", "--chart", str(chart), "--json", str(tmp_path / "bench.json")],
-        capture_output=True, text=True, timeout=240, check=False,
-    )
+def test_bench_runs_on_tiny_sizes() -> None:
+    proc, folder = early.result(TINY, timeout=240)
+    chart = folder / "bench.png"
     assert proc.returncode == 0, proc.stderr[-3000:]
     for row in ROWS:
         assert row in proc.stdout, f"{row!r} missing from\n{proc.stdout}"
@@ -56,13 +63,10 @@ def test_python_m_pipeline_bench_runs_the_script() -> None:
 
 
 @pytest.mark.slow
-def test_the_service_benchmark_runs_the_service_as_started(tmp_path: Path) -> None:
+def test_the_service_benchmark_runs_the_service_as_started() -> None:
     """benchmarks/service.py on a tiny backlog: the CLI load, `python -m pipeline` with one and
     with the default processes, and with LOG_LEVEL=warning, every job completed each time."""
-    proc = subprocess.run(
-        [sys.executable, str(BENCH.with_name("service.py")), "--jobs", "300", "--rounds", "1", "--no-huey", "--logging-cost"],
-        capture_output=True, text=True, timeout=240, check=False,
-    )
+    proc, _ = early.result(SERVICE, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for line in ("enqueue --from-file, 300 lines:", "python -m pipeline --processes 1, WORKER_CONCURRENCY=32, default logging:",
                  "worker processes), WORKER_CONCURRENCY=32, default logging:", "worker processes) with LOG_LEVEL=warning",

@@ -10,6 +10,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import early
 from conftest import fast_config
 from PIL import Image
 
@@ -28,15 +29,17 @@ def job_table(report: str) -> dict[str, tuple[int, int, int, int]]:
     return {name: tuple(map(int, counts)) for name, *counts in rows}  # type: ignore[misc]
 
 
-def test_the_demo_command_shows_every_handler_working(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_", "SMTP_", "WEBHOOK_", "MEDIA_", "PUBLIC_", "CACHE_"))}
-    proc = subprocess.run(
-        [sys.executable, "-m", "pipeline", "demo", "--dir", "demo"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90,
-    )
+DEMO = "test_demo.py::test_the_demo_command_shows_every_handler_working"
+# started as the run begins (early.py), in a folder of its own
+ENV = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_", "SMTP_", "WEBHOOK_", "MEDIA_", "PUBLIC_", "CACHE_"))}
+early.command(DEMO, lambda folder: [sys.executable, "-m", "pipeline", "demo", "--dir", "demo"], env=ENV)
+
+
+def test_the_demo_command_shows_every_handler_working() -> None:
+    proc, folder = early.result(DEMO, timeout=90)
     report = proc.stdout
     assert proc.returncode == 0, report + proc.stderr
-    root = tmp_path / "demo"
+    root = folder / "demo"
     assert f"pipeline demo in {root}/" in report
     assert re.search(r"^done in \d+\.\d s$", report, re.M)
 
@@ -61,13 +64,13 @@ def test_the_demo_command_shows_every_handler_working(tmp_path: Path) -> None:
         assert img.size == (200, 300)  # the EXIF "rotate" honoured: upright, long side 300
     locs = [loc.text for loc in ET.parse(root / "public" / "sitemap.xml").getroot().iter("{http://www.sitemaps.org/schemas/sitemap/0.9}loc")]
     assert "http://localhost:8000/posts/fish-&-chips" in locs and "http://localhost:8000/posts/launch-day" in locs
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo"]  # nothing outside its folder
+    assert sorted(p.name for p in folder.iterdir()) == ["demo"]  # nothing outside its folder
 
     # and the search command it suggests finds the same posts
     db_url = f"sqlite:///{root / 'demo.db'}"
     assert f"DATABASE_URL={db_url} python -m pipeline search" in report
     search = subprocess.run(
-        [sys.executable, "-m", "pipeline", "search", "trio"], cwd=tmp_path, env={**env, "DATABASE_URL": db_url},
+        [sys.executable, "-m", "pipeline", "search", "trio"], cwd=folder, env={**ENV, "DATABASE_URL": db_url},
         capture_output=True, text=True, timeout=30,
     )
     assert (search.returncode, search.stdout.splitlines()[-1]) == (0, "4 hits")

@@ -5,7 +5,6 @@ dashboard with its static files (issue 22, item 8). Slow: the build fetches setu
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import early
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,16 +24,26 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+WHEEL = "test_wheel.py::test_the_built_wheel_installs_on_its_own_and_serves_the_dashboard"
+# The build, started as the run begins (early.py): the package's files copied away from this tree
+# (the build writes its egg-info beside them), then `python -m build --wheel`.
+_BUILD = """
+import shutil, subprocess, sys
+from pathlib import Path
+root, folder = Path(sys.argv[1]), Path(sys.argv[2])
+shutil.copytree(root / "pipeline", folder / "source" / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+for name in ("pyproject.toml", "README.md"):
+    shutil.copy(root / name, folder / "source" / name)
+sys.exit(subprocess.call([sys.executable, "-m", "build", "--wheel", "--outdir", str(folder / "dist"), str(folder / "source")]))
+"""
+early.command(WHEEL, lambda folder: [sys.executable, "-c", _BUILD, str(ROOT), str(folder)])
+
+
 @pytest.mark.slow
 def test_the_built_wheel_installs_on_its_own_and_serves_the_dashboard(tmp_path: Path) -> None:
-    source = tmp_path / "source"
-    shutil.copytree(ROOT / "pipeline", source / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, source / name)
-    built = subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path / "dist"), str(source)],
-                           capture_output=True, text=True, timeout=300)
+    built, folder = early.result(WHEEL, timeout=300)
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
-    (wheel,) = (tmp_path / "dist").glob("trio_pipeline-*.whl")
+    (wheel,) = (folder / "dist").glob("trio_pipeline-*.whl")
     site = tmp_path / "site"
     installed = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site), str(wheel)],
                                capture_output=True, text=True, timeout=300)
