@@ -1,10 +1,10 @@
 """Issue 23 across processes, on each store (the three side by side), one service each: ``python -m
-pipeline --app --processes 3`` runs long jobs; a plain script's ``Client`` cancels them and each ends
+pipeline --app --processes 2`` runs long jobs; a plain script's ``Client`` cancels them and each ends
 ``cancelled`` in whichever worker process ran it, soon after (the Canceller looks twice a second;
 asserted under 3 s each, the p50 and max are printed); a type paused through the CLI starts nothing in
 any process while jobs are enqueued, and all of them run once it is resumed; ``Client.result`` returns
 a job's result computed in another process; a type limited to 20/s, with a backlog, never starts more
-than 20 in any second across the three processes, and keeps within 10 % of the limit for 2 s
+than 20 in any second across the two processes, and keeps within 10 % of the limit for 2 s
 (`python benchmarks/rate_limits.py` runs the same for 60 s)."""
 
 from __future__ import annotations
@@ -156,9 +156,9 @@ def run_control(name: str, database_url: str, folder: Path) -> None:
     env = app_env(app, database_url, CONTROL_LOG=str(log), ADMIN_ENABLED="false", WORKER_SHUTDOWN_TIMEOUT="1",
                   REDIS_ALLOW_NON_DURABLE="true")
     env["PYTHONPATH"] += f":{app}"
-    service = Service(app, env, "--app", "control_app:registry", "--processes", "3")
+    service = Service(app, env, "--app", "control_app:registry", "--processes", "2")
     try:
-        service.ready(3, "add, call_partner, slow", timeout=60)
+        service.ready(2, "add, call_partner, slow", timeout=60)
 
         # cancel: 8 running jobs, spread over both processes, stopped where they run
         ids = produce(app, env, "enqueue-slow", "8")
@@ -190,7 +190,7 @@ def run_control(name: str, database_url: str, folder: Path) -> None:
         results = produce(app, env, "results", json.dumps(adds))
         assert [r["sum"] for r in results] == [2 * i for i in range(6)]
 
-        # a rate limit: 100 calls waiting, the type resumed, 2 s of starts across the three processes
+        # a rate limit: 100 calls waiting, the type resumed, 2 s of starts across the two processes
         assert cli(app, env, "--app", "control_app:registry", "types", "pause", "call_partner").returncode == 0
         produce(app, env, "enqueue-calls", "100")
         assert cli(app, env, "--app", "control_app:registry", "types", "resume", "call_partner").returncode == 0
