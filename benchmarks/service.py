@@ -13,6 +13,14 @@ medians.
 A drain rate counts from the first job done to the last (the start-up is printed apart).
 `--logging-cost` adds, in the same rounds, the default way with `LOG_LEVEL=warning` (no line per job),
 and prints what the line per job costs.
+
+`--cpu` (issue 25) measures what a job costs in CPU, whatever the machine's fsync: the whole process
+tree's CPU (getrusage of the waited-for service, which waits for its worker processes; Huey's consumer
+likewise) from start to stop, less the same start and stop on an empty store kept up as long, per job.
+`--stages` then drains once more with `--processes 1` under py-spy (samples of running threads only,
+so a sample is CPU) and sorts the samples into stages (STAGES: the log line, metrics, the handler,
+payload decode, the database thread's SQL, thread hops, the outcome, claims and leases, dispatch,
+the heartbeat, the supervisor, trio's scheduler), printed as shares of that CPU per job.
 """
 
 from __future__ import annotations
@@ -20,6 +28,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -63,50 +74,136 @@ def load(directory: Path, jobs: int, env: dict[str, str]) -> float:
     return jobs / (time.perf_counter() - started)
 
 
-def watch(args: list[str], env: dict[str, str], log: Path, done: Callable[[], int], jobs: int) -> tuple[float, float]:
-    """Start ``args``; (jobs/s from the first job done to the last, seconds from start to the first)."""
+def children_cpu() -> float:
+    """CPU seconds (user + system) of this script's waited-for children and theirs: a process tree's
+    whole CPU once its root has been waited for (the service waits for its worker processes, Huey's
+    consumer for its workers)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+# what the last watch() measured of its process tree: CPU seconds, start to stop, and wall seconds
+LAST_TREE: dict[str, float] = {}
+
+
+def watch(args: list[str], env: dict[str, str], log: Path, done: Callable[[], int], jobs: int,
+          profile: Callable[[int], Callable[[], None]] | None = None) -> tuple[float, float]:
+    """Start ``args``; (jobs/s from the first job done to the last, seconds from start to the first).
+    LAST_TREE gets the CPU of the whole process tree, start to stop (``jobs`` 0: run as long as
+    LAST_TREE's "seconds" says, then stop: the same start and stop with nothing to do). ``profile``
+    is started with the root's pid once the first job is done, and what it returns called at the end."""
+    cpu = children_cpu()
+    stop_profile = None
     with log.open("w") as out:
         started = time.perf_counter()
         process = subprocess.Popen(args, env=env, cwd=log.parent, stdout=out, stderr=out)
         try:
             first = None
+            idle_until = started + LAST_TREE.get("seconds", 0.0) if jobs == 0 else None
             while True:
-                n = done()
                 now = time.perf_counter()
-                if n and first is None:
-                    first = (now, n)
-                if n >= jobs:
-                    break
+                if idle_until is not None:
+                    if now >= idle_until:
+                        first = (now, 0)
+                        break
+                else:
+                    n = done()
+                    if n and first is None:
+                        first = (now, n)
+                        if profile is not None:
+                            stop_profile = profile(process.pid)
+                    if n >= jobs:
+                        break
                 if process.poll() is not None:
                     raise RuntimeError(f"{args[0]} exited with {process.returncode}: see {log}")
                 time.sleep(0.02)
         finally:
+            if stop_profile is not None:
+                stop_profile()
             process.terminate()
             process.wait(60)
+            LAST_TREE.update(cpu=children_cpu() - cpu, seconds=time.perf_counter() - started)
     assert first is not None
+    if jobs == 0:
+        return 0.0, 0.0
     if first[1] >= jobs:  # all done by the first look (a tiny backlog): the rate counts the start-up too
         return jobs / max(now - started, 1e-9), first[0] - started
     return (jobs - first[1]) / max(now - first[0], 1e-9), first[0] - started
 
 
 def pipeline_drain(stores: Stores, directory: Path, jobs: int, concurrency: int, processes: str | None,
-                   log_level: str | None = None) -> tuple[float, float, float]:
+                   log_level: str | None = None, profile: Callable[[int], Callable[[], None]] | None = None,
+                   ) -> tuple[float, float, float]:
+    """(jobs/s, start-up s, jobs/s of the CLI load); ``jobs`` 0: an empty store, started and stopped
+    (see watch)."""
     url = stores.fresh("service")
     try:
         env = settings(stores, url, concurrency)
         if log_level:
             env["LOG_LEVEL"] = log_level
-        loaded = load(directory, jobs, env)
+        loaded = load(directory, jobs, env) if jobs else 0.0
         args = [sys.executable, "-m", "pipeline"] + (["--processes", processes] if processes else [])
-        rate, start_up = watch(args, env, directory / "service.log", lambda: stores.completed(url), jobs)
+        rate, start_up = watch(args, env, directory / "service.log", lambda: stores.completed(url), jobs, profile)
         return rate, start_up, loaded
     finally:
         stores.drop(url)
 
 
+# -- where a worker process's CPU goes (--stages) ------------------------------------------------------------
+
+# py-spy's samples of the service's processes (only threads that were running: a sample is CPU),
+# each sorted into the first stage whose pattern one of its frames matches, innermost frame first
+# within each rule, rules in this order.
+STAGES: list[tuple[str, tuple[str, ...]]] = [
+    ("the log line (format, write)", ("logging/__init__.py", "pipeline/logs.py")),
+    ("metrics", ("metrics.py", "prometheus", " observe (")),
+    ("the handler and its context", ("pipeline/site/jobs.py", "pipeline/context.py")),
+    ("payload decode (json, cattrs)", ("cattrs", "json/decoder.py", "json/__init__.py", "registry.py")),
+    ("database thread: SQL per batch and per row", ("sqlite3", "backends/sqlite/", "psycopg", "redis/")),
+    ("thread hops (to_thread, run_sync_soon, wakeups)", ("trio/_threads.py", "_thread_cache.py", "_entry_queue.py",
+                                                        "_wakeup_socketpair.py")),
+    ("outcome: tray, Ledger batch, reply", ("_settle (", "trays.py", "ledger.py", "batches.py")),
+    ("claim handling and lease objects", ("poller.py", "Lease", "claim")),
+    ("dispatch to the worker, its scopes", ("pools.py",)),
+    ("heartbeat and lease renewal", ("leases.py",)),
+    ("supervisor and its metrics pipe", ("supervisor.py",)),
+    ("trio's scheduler and I/O waits", ("trio/_core",)),
+]
+
+
+def profiler(out: Path) -> Callable[[int], Callable[[], None]]:
+    """What watch() starts once the first job is done: py-spy recording the service's process tree,
+    stopped (SIGINT: it writes its samples) when the last job is done."""
+    def start(pid: int) -> Callable[[], None]:
+        spy = subprocess.Popen(["py-spy", "record", "--subprocesses", "--format", "raw", "--rate", "500", "--nonblocking",
+                                "-o", str(out), "--pid", str(pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        def stop() -> None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(60)
+
+        return stop
+
+    return start
+
+
+def stages(raw: Path) -> dict[str, float]:
+    """The share of the samples in ``raw`` (py-spy's raw format) per stage, "other" for the rest."""
+    counts: dict[str, int] = {}
+    for line in raw.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        frames = stack.split(";")[1:]  # (the first is the process)
+        name = next((stage for stage, patterns in STAGES for frame in reversed(frames)
+                     if any(pattern in frame for pattern in patterns)), "other")
+        counts[name] = counts.get(name, 0) + int(n)
+    total = sum(counts.values()) or 1
+    return {name: n / total for name, n in counts.items()}
+
+
 def huey_drain(backend: str, stores: Stores, directory: Path, jobs: int) -> tuple[float, float]:
     """Huey's consumer, one worker process per core; done = taken off its queue (Huey deletes a task
-    as it dequeues it; at most one per worker is still running when the queue is empty)."""
+    as it dequeues it; at most one per worker is still running when the queue is empty). ``jobs`` 0:
+    started and stopped with nothing to do (see watch)."""
     redis_url = getattr(stores, "server_url", "") if backend == "redis" else ""
     name = f"bench_huey_{os.getpid()}_{time.monotonic_ns()}"
     (directory / "huey_app.py").write_text(HUEY_APP.format(redis=redis_url, name=name, db=str(directory / "huey.db")))
@@ -174,7 +271,16 @@ def main() -> None:
     parser.add_argument("--no-huey", action="store_true", help="leave out Huey's consumer")
     parser.add_argument("--no-dramatiq", action="store_true", help="leave out Dramatiq's worker (--backend redis)")
     parser.add_argument("--logging-cost", action="store_true", help="also the default way with LOG_LEVEL=warning")
+    parser.add_argument("--cpu", action="store_true",
+                        help="also the CPU µs per job of each way's whole process tree (and Huey's consumer's): its "
+                             "CPU start to stop, less the same start and stop on an empty store")
+    parser.add_argument("--stages", action="store_true",
+                        help="then where the CPU of one worker process goes, by stage, from py-spy's samples of one more "
+                             "--processes 1 drain (py-spy: pip install -e '.[bench]')")
+    parser.add_argument("--samples", type=Path, help="with --stages: keep py-spy's samples (its raw format) in this file")
     options = parser.parse_args()
+    if options.stages and shutil.which("py-spy") is None:
+        parser.error("--stages needs py-spy on PATH (pip install -e '.[bench]')")
     default = f"default ({os.cpu_count()} worker processes)"
     quiet = f"{default} with LOG_LEVEL=warning"
     ways: dict[str, tuple[str | None, str | None]] = {"--processes 1": ("1", None), default: (None, None)}
@@ -190,6 +296,8 @@ def main() -> None:
             print("huey is not installed (pip install -e '.[bench]'): no peer in this run", flush=True)
             peer = False
     hueys: list[float] = []
+    cpus: dict[str, list[float]] = {way: [] for way in ways}  # --cpu: µs per job of the tree, per round
+    huey_cpus: list[float] = []
     dramatiqs: list[float] = []
     with_dramatiq = options.backend == "redis" and not options.no_dramatiq
     if with_dramatiq:
@@ -207,20 +315,38 @@ def main() -> None:
                     with tempfile.TemporaryDirectory(dir=tmp) as work:
                         rate, start_up, loaded = pipeline_drain(stores, Path(work), options.jobs, options.concurrency, processes,
                                                                 log_level)
+                        full = LAST_TREE["cpu"]
+                        if options.cpu:  # the same start and stop on an empty store, kept up as long
+                            pipeline_drain(stores, Path(work), 0, options.concurrency, processes, log_level)
+                            cpus[way].append((full - LAST_TREE["cpu"]) / options.jobs * 1e6)
                     rates[way].append(rate)
                     loads.append(loaded)
-                    print(f"{way}: {rate:,.0f} jobs/s (first job done {start_up:.2f} s after start)", flush=True)
+                    cpu_note = f", {cpus[way][-1]:.0f} µs CPU per job" if options.cpu else ""
+                    print(f"{way}: {rate:,.0f} jobs/s (first job done {start_up:.2f} s after start){cpu_note}", flush=True)
                 if peer:
                     with tempfile.TemporaryDirectory(dir=tmp) as work:
                         rate, start_up = huey_drain(options.backend, stores, Path(work), options.jobs)
+                        full = LAST_TREE["cpu"]
+                        if options.cpu:
+                            huey_drain(options.backend, stores, Path(work), 0)
+                            huey_cpus.append((full - LAST_TREE["cpu"]) / options.jobs * 1e6)
                     hueys.append(rate)
+                    cpu_note = f", {huey_cpus[-1]:.0f} µs CPU per task" if options.cpu else ""
                     print(f"huey_consumer -w {os.cpu_count()} -k process: {rate:,.0f} tasks/s "
-                          f"(first task done {start_up:.2f} s after start)", flush=True)
+                          f"(first task done {start_up:.2f} s after start){cpu_note}", flush=True)
                 if with_dramatiq:
                     with tempfile.TemporaryDirectory(dir=tmp) as work:
                         rate, start_up = dramatiq_drain(stores, Path(work), options.jobs)
                     dramatiqs.append(rate)
                     print(f"dramatiq app: {rate:,.0f} messages/s (first done {start_up:.2f} s after start)", flush=True)
+            shares: dict[str, float] = {}
+            if options.stages:
+                with tempfile.TemporaryDirectory(dir=tmp) as work:
+                    raw = Path(work) / "samples.txt"
+                    pipeline_drain(stores, Path(work), options.jobs, options.concurrency, "1", None, profiler(raw))
+                    shares = stages(raw)
+                    if options.samples:
+                        shutil.copy(raw, options.samples)
         finally:
             stores.close()
     print(f"backend {options.backend}, {options.jobs:,} jobs, medians of {options.rounds} rounds:")
@@ -240,6 +366,20 @@ def main() -> None:
               f"(median of the rounds' costs: {', '.join(f'{c:.0%}' for c in costs)})")
     if huey:
         print(f"Huey consumer ({options.backend}), {os.cpu_count()} worker processes, -q: {huey:,.0f} tasks/s")
+    if options.cpu:
+        print("CPU per job of the whole process tree (start to stop, less an empty store's start and stop), medians:")
+        for way, values in cpus.items():
+            print(f"  python -m pipeline {way}: {statistics.median(values):.0f} µs "
+                  f"({min(values):.0f} to {max(values):.0f})")
+        if huey_cpus:
+            print(f"  huey_consumer -w {os.cpu_count()} -k process: {statistics.median(huey_cpus):.0f} µs "
+                  f"({min(huey_cpus):.0f} to {max(huey_cpus):.0f})")
+    if shares:
+        one = statistics.median(cpus["--processes 1"]) if options.cpu else None
+        print(f"where the CPU of --processes 1 goes (py-spy samples of one more drain, by stage"
+              f"{'; µs per job: the share of the median above' if one else ''}):")
+        for name, share in sorted(shares.items(), key=lambda item: -item[1]):
+            print(f"  {name:52} {share:6.1%}" + (f" {share * one:7.1f} µs" if one else ""))
     if dramatiq_rate:
         print(f"Dramatiq worker (redis), {os.cpu_count()} processes of 8 threads: {dramatiq_rate:,.0f} messages/s")
 

@@ -7,6 +7,7 @@ row, and the chart is a PNG.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -36,7 +37,7 @@ SERVICE = "test_bench.py::test_the_service_benchmark_runs_the_service_as_started
 early.command(TINY, lambda folder: [sys.executable, str(BENCH), "--tiny", "--no-huey", "--chart", str(folder / "bench.png"),
                                     "--json", str(folder / "bench.json")])
 early.command(SERVICE, lambda folder: [sys.executable, str(BENCH.with_name("service.py")), "--jobs", "300", "--rounds", "1",
-                                       "--no-huey", "--logging-cost"])
+                                       "--no-huey", "--logging-cost", "--cpu"])
 
 
 @pytest.mark.slow
@@ -65,10 +66,38 @@ def test_python_m_pipeline_bench_runs_the_script() -> None:
 @pytest.mark.slow
 def test_the_service_benchmark_runs_the_service_as_started() -> None:
     """benchmarks/service.py on a tiny backlog: the CLI load, `python -m pipeline` with one and
-    with the default processes, and with LOG_LEVEL=warning, every job completed each time."""
+    with the default processes, and with LOG_LEVEL=warning, every job completed each time, and
+    (--cpu) the CPU per job of each way's process tree, a positive figure."""
     proc, _ = early.result(SERVICE, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cpu = re.findall(r"^  python -m pipeline (.+): (-?\d+) µs \(", proc.stdout, re.M)
+    assert len(cpu) == 3 and all(int(us) > 0 for _, us in cpu), proc.stdout
     assert proc.returncode == 0, proc.stderr[-3000:]
     for line in ("enqueue --from-file, 300 lines:", "python -m pipeline --processes 1, WORKER_CONCURRENCY=32, default logging:",
                  "worker processes), WORKER_CONCURRENCY=32, default logging:", "worker processes) with LOG_LEVEL=warning",
                  "the line per job costs"):
         assert line in proc.stdout, f"{line!r} missing from\n{proc.stdout}"
+
+
+def test_the_stages_of_the_cpu_budget_sort_py_spys_samples_by_the_first_rule_that_matches(tmp_path: Path) -> None:
+    """service.py --stages: a sample (a stack, innermost frame last, and its count) goes to the first
+    stage of STAGES with a frame that matches, whatever its depth; the rest is "other"."""
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        import service
+    finally:
+        sys.path.remove(str(BENCH.parent))
+    raw = tmp_path / "samples.txt"
+    proc = 'process 1:"python -m pipeline"'
+    raw.write_text("\n".join([
+        # a log line written from inside the outcome's code: the log line's (its rule comes first)
+        f"{proc};run_one (pipeline/engine/actors/pools.py:1);_settle (pipeline/engine/actors/pools.py:2);"
+        "OutcomeLines.write (pipeline/logs.py:3) 3",
+        f"{proc};Thread.run (threading.py:1);_apply (pipeline/backends/sqlite/ledger.py:2);"
+        "claim_rows (pipeline/backends/sqlite/store.py:3) 5",
+        f"{proc};run (trio/_core/_run.py:1);run_one (pipeline/engine/actors/pools.py:4) 1",
+        f"{proc};somewhere (elsewhere.py:1) 1",
+    ]) + "\n")
+    shares = service.stages(raw)
+    assert shares == {"the log line (format, write)": 0.3, "database thread: SQL per batch and per row": 0.5,
+                      "dispatch to the worker, its scopes": 0.1, "other": 0.1}
