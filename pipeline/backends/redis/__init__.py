@@ -11,8 +11,10 @@ one script each (atomic on the server: concurrent claimers never take a job twic
 listener (listener.py) turns PUBLISH into the Poller's nudge. Times are the server's
 (``TIME`` inside every script): one clock for every process. Key layout: scripts.py.
 
-Claim offers (base.ClaimOffer) are not taken: a claim here is its own script anyway, and the
-Ledger's nudge sends the Poller to claim as soon as an insert is written.
+Claim offers (base.ClaimOffer) are taken only for jobs that a batch's outcomes woke (a chain's next
+job: the Ledger claims it at once; it PUBLISHes only what that claim left, with its process's own
+payload, which its listener skips: it nudges its Poller itself); for an insert, a claim here is its
+own script anyway, and the Ledger's nudge sends the Poller to claim as soon as it is written.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import builtins
 import contextlib
 import functools
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
@@ -303,10 +306,10 @@ async def open_redis_backend(
 ) -> AsyncIterator[RedisBackend]:
     """Connect, check the server's durability settings and the key layout's version, run the
     Ledger and (when someone listens for nudges) the listener until the block ends; then the
-    Ledger writes whatever is still in its inbox and stops. ``offers_recv`` is closed at once:
-    this backend takes no offers. The listener says in ``health`` while it cannot listen."""
-    if offers_recv is not None:
-        offers_recv.close()  # the Poller keeps its own end and takes back its offer itself
+    Ledger writes whatever is still in its inbox and stops. The Ledger takes the Poller's offers
+    from ``offers_recv`` for the jobs its outcomes wake (ledger._apply_batch); an insert's claim
+    is not taken with it (a claim here is a script of its own anyway). The listener says in
+    ``health`` while it cannot listen."""
     listening = nudge_send is not None
     if nudge_send is None:
         nudge_send, nudge_recv = trio.open_memory_channel[Nudge](NUDGE_BUFFER)
@@ -327,13 +330,15 @@ async def open_redis_backend(
                 wiring.edge("Ledger", "Redis", "one round trip per batch")
             else:
                 ledger_send, ledger_recv = trio.open_memory_channel[Command](LEDGER_INBOX)
-            await tn.start(functools.partial(run_ledger, db, ledger_recv, nudge_send.clone(), stats))
+            own = f"{os.getpid()}:{uuid.uuid4().hex}"  # what this process's Ledger PUBLISHes, which its listener skips
+            await tn.start(functools.partial(run_ledger, db, ledger_recv, nudge_send.clone(), stats, offers_recv=offers_recv,
+                                             own=own))
             listener_scope = trio.CancelScope()
             if listening:
                 async def listen(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
                     with listener_scope:
                         await run_listener(driver_url, f"{prefix}wake", db.shown, nudge_send.clone(),
-                                           health=health, task_status=task_status)
+                                           health=health, own=own, task_status=task_status)
 
                 await tn.start(listen)
             nudge_send.close()

@@ -65,24 +65,25 @@ def _subscribed(url: str, channel: str) -> Subscribed:
     return client, pubsub, sock
 
 
-def _drain(subscribed: Subscribed) -> tuple[bool, bool]:
+def _drain(subscribed: Subscribed, own: bytes | None = None) -> tuple[bool, bool]:
     """Read every message already here (the socket's and any the parser buffered): (a wake-up
-    among them, the answer to the ping among them)."""
+    among them, the answer to the ping among them). A message whose payload is ``own`` was sent by
+    this process's Ledger, which has nudged its Poller itself: not a wake-up here."""
     _, pubsub, sock = subscribed
     woken = answered = False
     while (message := pubsub.get_message(timeout=0.0)) is not None:
         if message["type"] == "pong":
             answered = True
-        else:
+        elif own is None or message.get("data") != own:
             woken = True
     if pubsub.connection is None or pubsub.connection._sock is not sock:
         raise redis.exceptions.ConnectionError("the subscription's connection closed")
     return woken, answered
 
 
-async def _receive(subscribed: Subscribed) -> tuple[bool, bool]:
+async def _receive(subscribed: Subscribed, own: bytes | None = None) -> tuple[bool, bool]:
     # redis-py's parser is blocking code: in a thread (a message or the end of the connection is here)
-    return await trio.to_thread.run_sync(_drain, subscribed)
+    return await trio.to_thread.run_sync(_drain, subscribed, own)
 
 
 async def _ping(subscribed: Subscribed) -> None:
@@ -91,12 +92,14 @@ async def _ping(subscribed: Subscribed) -> None:
 
 
 async def run_listener(url: str, channel: str, shown: str, nudge_send: trio.MemorySendChannel[Nudge], *,
-                       health: HealthReport | None = None, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    """Nudge the Poller at every message on ``channel``, until cancelled; ``health`` says while
-    it does not listen."""
+                       health: HealthReport | None = None, own: str | None = None,
+                       task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """Nudge the Poller at every message on ``channel`` (but this process's Ledger's own, whose
+    payload is ``own``), until cancelled; ``health`` says while it does not listen."""
     await batches.listen_for_work(
         f"redis {shown}", "SUBSCRIBE", connect=functools.partial(_subscribed, url, channel),
-        socket_of=lambda subscribed: subscribed[2], receive=_receive, ping=_ping,
+        socket_of=lambda subscribed: subscribed[2],
+        receive=functools.partial(_receive, own=own.encode() if own is not None else None), ping=_ping,
         close=lambda subscribed: _close(*subscribed[:2]), errors=(redis.exceptions.RedisError, OSError),
         nudge_send=nudge_send, logger=log, health=health, task_status=task_status,
     )

@@ -277,25 +277,29 @@ def settle(client: Any, prefix: str, items: Sequence[Settlement]) -> list[bool]:
 
 
 def write_batch(client: Any, prefix: str, items: Sequence[Settlement], inserts: Sequence[Sequence[NewJob]],
-                shown: str) -> tuple[list[bool], list[BaseException | list[str]]]:
+                shown: str, *, quiet: bool = False) -> tuple[list[bool], list[BaseException | list[str]], list[str]]:
     """The Ledger's batch in one round trip: every outcome (one script), then each caller's
-    insert (a script each: a duplicate fails that caller alone). Returns the outcomes' answers
-    and, per insert, the ids stored for its rows or the error that refused it."""
+    insert (a script each: a duplicate fails that caller alone). Returns the outcomes' answers,
+    per insert the ids stored for its rows or the error that refused it, and (``quiet``) the jobs
+    the outcomes woke, not PUBLISHed: the caller claims them and PUBLISHes for any it left."""
     calls = []
     if items:
-        calls.append((_SETTLE, settle_args(prefix, items)))
+        calls.append((_SETTLE, [*settle_args(prefix, items), "q"] if quiet else settle_args(prefix, items)))
     calls += [insert_call(prefix, rows) for rows in inserts]
     results = run_pipelined(client, calls) if calls else []
     held: list[bool] = []
+    woken: list[str] = []
     if items:
         answer = results.pop(0)
         if isinstance(answer, BaseException):
             raise answer
+        answer, _, ids = answer.partition(b"|")
         held = [v == 49 for v in answer]  # b"1"
+        woken = ids.decode().split(",") if ids else []
     answers: list[BaseException | list[str]] = [
         refused(r, shown) if isinstance(r, BaseException) else stored_ids(rows, r) for rows, r in zip(inserts, results)
     ]
-    return held, answers
+    return held, answers, woken
 
 
 # -- leases -----------------------------------------------------------------------------------------

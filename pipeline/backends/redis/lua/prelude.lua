@@ -181,8 +181,9 @@ end
 -- ready set: only in status:waiting and st:waiting:<type> (and holds its unique key).
 -- Every script that ends a job (completed, dead, cancelled, or deleted while it had not ended)
 -- calls release_children for a job with kids, in the same script; a plain job pays the HMGET
--- field kids, nothing more. WF.woke: a job made due by a WAKE (the script PUBLISHes wake).
-local WF = {woke = false}
+-- field kids, nothing more. WF.woke: a job made due by a WAKE (the script PUBLISHes wake); WF.ids:
+-- those jobs (settle.lua's quiet mode answers them instead of PUBLISHing).
+local WF = {woke = false, ids = {}}
 local function parent_failed(pid, how)  -- base.parent_failed's text
   if how == 'deleted' then return 'cancelled while waiting: its parent job ' .. pid .. ' was deleted' end
   return 'cancelled while waiting: its parent job ' .. pid .. ' ended ' .. how
@@ -197,7 +198,10 @@ local function wake(id, key, now)
   to_pending(id, f[1], f[2], f[3], f[4], now)
   redis.call('SADD', P .. 'types', f[1])
   if f[5] then expiring_add(id, f[1], f[5]) end
-  if tonumber(f[3]) <= now then WF.woke = true end
+  if tonumber(f[3]) <= now then
+    WF.woke = true
+    WF.ids[#WF.ids + 1] = id
+  end
 end
 -- CANCEL_WAITING (or an operator's cancel of a waiting job): final, its unique key freed
 local function cancel_waiting(id, key, t, k, err, now)

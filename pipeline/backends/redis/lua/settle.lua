@@ -3,7 +3,8 @@
 -- release, cancel, snooze/<limit>.
 -- In the order given (the same job twice: the second sees what the first wrote). Returns a
 -- string with a "1" per outcome written, a "0" per stale one (not running, or under another
--- token: nothing changed). (Packed: fewer values to encode and parse per outcome.)
+-- token: nothing changed). (Packed: fewer values to encode and parse per outcome.) An ARGV "q"
+-- after the outcomes: quiet (see the end).
 -- A job whose cancel was requested (field creq) never goes back to pending: a retry, release or
 -- snooze of it ends it cancelled instead (one final state, never retried after a cancel).
 -- A keyed job (lkey) leaves its key's running set whatever the outcome but START; back to pending,
@@ -110,6 +111,12 @@ for i = 0, n - 1 do
       end
     end
   end
+end
+-- quiet (ARGV after the outcomes: "q"): the jobs this batch woke are answered after a "|", comma
+-- separated, and not PUBLISHed: the caller claims them at once and PUBLISHes for any it left
+if ARGV[3 + n * 3] == 'q' and not wake then
+  if WF.woke then return table.concat(out) .. '|' .. table.concat(WF.ids, ',') end
+  return table.concat(out)
 end
 if wake or WF.woke then redis.call('PUBLISH', P .. 'wake', '1') end
 return table.concat(out)
