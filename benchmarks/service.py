@@ -369,8 +369,9 @@ def main() -> None:
     if options.cpu:
         print("CPU per job of the whole process tree (start to stop, less an empty store's start and stop), medians:")
         for way, values in cpus.items():
+            noise = " (within the noise of a start and stop: use more --jobs)" if statistics.median(values) <= 0 else ""
             print(f"  python -m pipeline {way}: {statistics.median(values):.0f} µs "
-                  f"({min(values):.0f} to {max(values):.0f})")
+                  f"({min(values):.0f} to {max(values):.0f}){noise}")
         if huey_cpus:
             print(f"  huey_consumer -w {os.cpu_count()} -k process: {statistics.median(huey_cpus):.0f} µs "
                   f"({min(huey_cpus):.0f} to {max(huey_cpus):.0f})")
