@@ -103,6 +103,23 @@ def take_offer(offers_recv: trio.MemoryReceiveChannel[ClaimOffer] | None) -> Cla
         return None
 
 
+def thread_taker(offers_recv: trio.MemoryReceiveChannel[ClaimOffer] | None,
+                 taken: list[ClaimOffer]) -> Callable[[], ClaimOffer | None] | None:
+    """For a Ledger's worker thread: a call that takes the Poller's standing offer, if one waits,
+    on the trio thread (trio.from_thread), and keeps it in ``taken`` for the Ledger to answer
+    (see :func:`answer`); None without an offers channel."""
+    if offers_recv is None:
+        return None
+
+    def take() -> ClaimOffer | None:  # (on the trio thread)
+        got = take_offer(offers_recv)
+        if got is not None:
+            taken.append(got)
+        return got
+
+    return lambda: trio.from_thread.run_sync(take)
+
+
 def answer(nudge_send: trio.MemorySendChannel[Nudge], claimed: Claimed) -> None:
     """Answer a taken offer on the Poller's nudge channel (every offer taken is answered)."""
     try:

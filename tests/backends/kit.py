@@ -10,8 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import trio
 
+import pipeline
 from pipeline.backends import Backend, JobRecord, Lease, NewJob, Settlement
 from pipeline.backends.base import NewBatch, snoozed_too_often
 from pipeline.clock import format_ts, to_epoch
@@ -221,3 +223,27 @@ async def store_state(backend: Backend) -> tuple[object, ...]:
     records, total = await backend.list(limit=10_000)
     stats = await backend.stats()
     return (sorted(records, key=lambda r: r.id), total, stats["total"], stats["by_status"], stats["by_type"])
+
+
+@attrs.frozen
+class Link:
+    n: int
+
+
+async def drain_chain(store_config: pipeline.Config, n: int) -> list[int]:
+    """A chain of ``n`` Link jobs, enqueued and drained by one pipeline that polls once a minute (so a
+    link starts only because its parent's end said so); the order the links ran in."""
+    reg = pipeline.Registry()
+    ran: list[int] = []
+
+    async def link(job: Link, ctx: pipeline.JobContext) -> None:
+        ran.append(job.n)
+
+    reg.register("link", Link, link)
+    config = attrs.evolve(store_config, worker=attrs.evolve(store_config.worker, poll_interval_ms=60_000))
+    async with pipeline.open_pipeline(config, reg) as p:
+        assert len(await p.enqueue_many(pipeline.chain(*(Link(k) for k in range(n))))) == n
+        with trio.fail_after(20):
+            while (await p.backend.stats())["by_status"].get("completed", 0) < n:
+                await trio.sleep(0.01)
+    return ran

@@ -48,7 +48,7 @@ import trio
 
 from ...errors import StoreError
 from ..base import Claimed, ClaimOffer, Lease, NewJob, Nudge, Settlement, nudge
-from ..batches import BATCH_LIMIT, Command, LedgerStats, answer, fail_in_hand, gather, makes_work_due, take_offer
+from ..batches import BATCH_LIMIT, Command, LedgerStats, answer, fail_in_hand, gather, makes_work_due, take_offer, thread_taker
 from . import limits, store
 from .db import Database, describe
 
@@ -271,6 +271,7 @@ async def run_ledger(
     batch: list[Command] = []
     offer: ClaimOffer | None = None  # the offer in the batch in hand, until answered
     taken: list[ClaimOffer] = []  # or the offer that outcomes of parents took in the thread (_write), until answered
+    take_there = thread_taker(offers_recv, taken)
     with inbox_recv, nudge_send, (offers_recv or contextlib.nullcontext()):
         task_status.started()
         try:
@@ -279,16 +280,9 @@ async def run_ledger(
                 wakes = makes_work_due(batch)
                 offer = take_offer(offers_recv) if wakes else None
                 taken.clear()
-
-                def take() -> ClaimOffer | None:  # (on this thread, called from the Ledger's)
-                    got = take_offer(offers_recv)
-                    if got is not None:
-                        taken.append(got)
-                    return got
-
-                take_there = (lambda: trio.from_thread.run_sync(take)) if offer is None and offers_recv is not None else None
                 try:
-                    results, leases, woke = await db.write(_apply_batch, batch, wakes, offer, take_there)
+                    results, leases, woke = await db.write(_apply_batch, batch, wakes, offer,
+                                                           take_there if offer is None else None)
                 except StoreError as exc:
                     stats.failed_batches += 1
                     stats.trouble = f"the Ledger could not commit: {exc}"

@@ -297,7 +297,7 @@ _STOPPED = f"({_BACK} AND j.cancel_requested)"
 # one more condition on rows it reads anyway.
 _PLAIN = " AND j.has_children IS NOT TRUE"
 # what settle_parents learns of each row it wrote: its new status, and whether it has children
-_PARENT_RETURNING = "RETURNING j.id, o.token, j.status, j.has_children IS TRUE"
+_PARENT_RETURNING = "RETURNING j.id, o.token, j.status, j.has_children IS TRUE AS kids"
 
 
 def _settle(outcomes: str, *, only: str = _PLAIN, returning: str = "RETURNING j.id, o.token") -> str:
@@ -491,16 +491,9 @@ DEADLOCK_ROUNDS = 5  # a transaction that applies edges, tried again when Postgr
 # ended them locked): the order every path takes, parents first, then children in id order, a level at
 # a time; the count is moved under the child's lock, so parents ended by K transactions at once bring it
 # to zero once, and wake the child once.
-_APPLY = "pipeline_apply_edges(%(parents)s::text[], %(hows)s::text[], %(e_parents)s::text[], %(e_children)s::text[], " \
-         "%(e_hows)s::text[], %(notify)s)"
-_APPLY_EDGES = f"SELECT woken, cancelled FROM {_APPLY}"
+_APPLY_EDGES = ("SELECT woken, cancelled FROM pipeline_apply_edges(%(parents)s::text[], %(hows)s::text[], "
+                "%(e_parents)s::text[], %(e_children)s::text[], %(e_hows)s::text[], true)")
 assert CHANNEL == "pipeline_jobs"  # (the function NOTIFYs on it by name)
-
-
-def _apply_params(ended: Iterable[tuple[str, str]], edges: Sequence[tuple[str, str, str]], *, notify: bool = True) -> dict[str, Any]:
-    parents = sorted(set(ended))
-    return {"parents": [p for p, _ in parents], "hows": [h for _, h in parents], "e_parents": [e[0] for e in edges],
-            "e_children": [e[1] for e in edges], "e_hows": [e[2] for e in edges], "notify": notify}
 
 
 def apply_edges(conn: psycopg.Connection[Any], ended: Iterable[tuple[str, str]],
@@ -515,36 +508,29 @@ def apply_edges(conn: psycopg.Connection[Any], ended: Iterable[tuple[str, str]],
     its count moved. A cancelled child's own edges are applied the same way, down the graph. With a
     child woken (or a pending one locked, which a claim may have skipped meanwhile), NOTIFY
     (delivered at the commit). Returns (woken, cancelled)."""
-    params = _apply_params(ended, edges)
-    if not params["parents"] and not edges:
+    parents = sorted(set(ended))
+    if not parents and not edges:
         return 0, 0
-    row = conn.execute(_APPLY_EDGES, params).fetchone()
+    row = conn.execute(_APPLY_EDGES, {"parents": [p for p, _ in parents], "hows": [h for _, h in parents],
+                                      "e_parents": [e[0] for e in edges], "e_children": [e[1] for e in edges],
+                                      "e_hows": [e[2] for e in edges]}).fetchone()
     assert row is not None
     return row[0], row[1]
 
 
-def deadlocks_retried(conn: psycopg.Connection[Any], fn: Callable[[], T]) -> T:
+def deadlocks_retried(conn: psycopg.Connection[Any], fn: Callable[[], T], *, one_statement: bool = False) -> T:
     """``fn()`` in a transaction (a savepoint of the caller's, if one is open), run again when
     Postgres ended it to break a deadlock: a transaction that applies edges locks a parent, then
     its children, then theirs, which is id order within a level only (a job can be a child here
     and, further down, a parent of a row locked earlier), and an insert that names several
-    parents locks them in id order; a rare graph makes two of these wait on each other."""
+    parents locks them in id order; a rare graph makes two of these wait on each other.
+    ``one_statement``: ``fn`` runs a single statement, a transaction of its own in autocommit, so
+    outside a caller's transaction it needs no BEGIN and COMMIT round trips."""
+    bare = one_statement and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     for attempt in range(DEADLOCK_ROUNDS):
         try:
-            with conn.transaction():
+            with contextlib.nullcontext() if bare else conn.transaction():
                 return fn()
-        except psycopg.errors.DeadlockDetected:
-            if attempt == DEADLOCK_ROUNDS - 1:
-                raise
-    raise AssertionError("unreachable")
-
-
-def deadlocks_retried_alone(conn: psycopg.Connection[Any], fn: Callable[[], T]) -> T:
-    """``fn()``, one statement in autocommit (a transaction of its own), run again when Postgres
-    ended it to break a deadlock (see :func:`deadlocks_retried`): without the BEGIN and COMMIT."""
-    for attempt in range(DEADLOCK_ROUNDS):
-        try:
-            return fn()
         except psycopg.errors.DeadlockDetected:
             if attempt == DEADLOCK_ROUNDS - 1:
                 raise
@@ -565,9 +551,8 @@ SELECT (SELECT array_agg(id) FROM s), (SELECT array_agg(token) FROM s), a.woken,
 """
 
 
-_PARENT_ROWS = "RETURNING j.id, o.token, j.status, j.has_children IS TRUE AS kids"
-SETTLE_AND_APPLY = _settle_and_apply(_settle(_OUTCOMES, only="", returning=_PARENT_ROWS))
-SETTLE_AND_APPLY_FULL = _settle_and_apply(_settle(_OUTCOMES_FULL, only="", returning=_PARENT_ROWS))
+SETTLE_AND_APPLY = _settle_and_apply(SETTLE_PARENTS)
+SETTLE_AND_APPLY_FULL = _settle_and_apply(SETTLE_PARENTS_FULL)
 
 
 def settle_parents(conn: psycopg.Connection[Any], items: Sequence[Settlement], *,
@@ -590,9 +575,7 @@ def settle_parents(conn: psycopg.Connection[Any], items: Sequence[Settlement], *
             held = set(zip(row[0] or [], row[1] or []))
             return [(s.id, s.token) in held for s in items], row[2], row[3]
 
-        if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
-            return deadlocks_retried_alone(conn, one)
-        return deadlocks_retried(conn, one)  # (in the caller's transaction: a savepoint)
+        return deadlocks_retried(conn, one, one_statement=True)
 
     def write() -> tuple[list[bool], int, list[str]]:
         answers = [False] * len(items)

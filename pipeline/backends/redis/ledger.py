@@ -24,7 +24,7 @@ import trio
 
 from ...errors import StoreError
 from ..base import Claimed, ClaimOffer, Lease, Nudge, nudge
-from ..batches import BATCH_LIMIT, Command, LedgerStats, answer, fail_in_hand, gather, makes_work_due, take_offer
+from ..batches import BATCH_LIMIT, Command, LedgerStats, answer, fail_in_hand, gather, makes_work_due, thread_taker
 from . import store
 from .db import Database
 
@@ -96,6 +96,7 @@ async def run_ledger(
     batch: list[Command] = []
     taken: list[ClaimOffer] = []  # the offer that woken jobs took in the thread (_apply_batch), until answered
     claimed: list[list[Lease]] = []  # and its leases
+    take_there = thread_taker(offers_recv, taken)
     with inbox_recv, nudge_send, (offers_recv or contextlib.nullcontext()):
         task_status.started()
         try:
@@ -103,14 +104,6 @@ async def run_ledger(
                 outcomes = gather(first, inbox_recv, batch, batch_limit)
                 taken.clear()
                 claimed.clear()
-
-                def take() -> ClaimOffer | None:  # (on this thread, called from the Ledger's)
-                    got = take_offer(offers_recv)
-                    if got is not None:
-                        taken.append(got)
-                    return got
-
-                take_there = (lambda: trio.from_thread.run_sync(take)) if offers_recv is not None else None
                 try:
                     results, look = await db.write(_apply_batch, batch, db.shown, take_there, claimed, own)
                 except StoreError as exc:
