@@ -321,6 +321,8 @@ async def open_redis_backend(
     except BaseException:
         await trio.to_thread.run_sync(db.close)
         nudge_send.close()
+        if offers_recv is not None:
+            offers_recv.close()  # (the Ledger that closes it never starts)
         raise
     stats = LedgerStats()
     try:
