@@ -55,7 +55,8 @@ def _subscribed(url: str, channel: str) -> Subscribed:
     try:
         pubsub.subscribe(channel)
         pubsub.get_message(timeout=CONNECT_TIMEOUT)  # the subscription's confirmation (ignored, but read)
-        sock = pubsub.connection._sock
+        connection = pubsub.connection
+        sock = connection._sock if connection is not None else None
         if sock is None:
             raise redis.exceptions.ConnectionError("the subscription's connection closed")
     except BaseException:
