@@ -12,13 +12,24 @@ import pytest
 from pipeline import Config
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    if not _xdist_worker(config):
+        early.root()  # before xdist's workers start: they inherit its folder (early.py)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """The slow one-process checks of the collected tests start now, beside the run (early.py)."""
+    """The slow one-process checks of the collected tests start now, beside the run (early.py):
+    under xdist, by the first worker to reach them."""
     early.start_for(item.nodeid for item in session.items)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    early.stop_all()
+    if not _xdist_worker(session.config):
+        early.stop_all()
+
+
+def _xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
 
 REQUIRE_SERVICES = os.environ.get("PIPELINE_REQUIRE_SERVICES") == "1"
 
