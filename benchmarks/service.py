@@ -17,10 +17,12 @@ and prints what the line per job costs.
 `--cpu` (issue 25) measures what a job costs in CPU, whatever the machine's fsync: the whole process
 tree's CPU (getrusage of the waited-for service, which waits for its worker processes; Huey's consumer
 likewise) from start to stop, less the same start and stop on an empty store kept up as long, per job.
-`--stages` then drains once more with `--processes 1` under py-spy (samples of running threads only,
-so a sample is CPU) and sorts the samples into stages (STAGES: the log line, metrics, the handler,
-payload decode, the database thread's SQL, thread hops, the outcome, claims and leases, dispatch,
-the heartbeat, the supervisor, trio's scheduler), printed as shares of that CPU per job.
+`--stages` then drains once more with `--processes 1`: each of its threads' CPU from /proc over the
+drain (the event loop's, trio's worker threads' where the database work runs, the others'), each split
+by stage as py-spy's samples of that thread are sorted (STAGES: the log line, metrics, the handler,
+payload decode, the database thread's SQL, thread hops, the outcome, claims and leases, dispatch, the
+heartbeat, the supervisor, trio's scheduler). py-spy also counts some waits as running (WAITS: a lock
+wait with a timeout, epoll, fsync, the GIL after a system call): those samples are left out.
 """
 
 from __future__ import annotations
@@ -159,7 +161,7 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
     ("metrics", ("metrics.py", "prometheus", " observe (")),
     ("the handler and its context", ("pipeline/site/jobs.py", "pipeline/context.py")),
     ("payload decode (json, cattrs)", ("cattrs", "json/decoder.py", "json/__init__.py", "registry.py")),
-    ("database thread: SQL per batch and per row", ("sqlite3", "backends/sqlite/", "psycopg", "redis/")),
+    (DATABASE := "database thread: SQL per batch and per row", ("sqlite3", "backends/sqlite/", "psycopg", "redis/")),
     ("thread hops (to_thread, run_sync_soon, wakeups)", ("trio/_threads.py", "_thread_cache.py", "_entry_queue.py",
                                                         "_wakeup_socketpair.py")),
     ("outcome: tray, Ledger batch, reply", ("_settle (", "trays.py", "ledger.py", "batches.py")),
@@ -171,14 +173,58 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
 ]
 
 
-def profiler(out: Path) -> Callable[[int], Callable[[], None]]:
+# A sample whose innermost frame is one of these is a wait, not CPU: py-spy counts a thread as running
+# while it waits for a lock with a timeout (trio's idle worker threads, the log thread's timer), for
+# epoll (trio's loop with nothing to do), for the disk (the commit's fsync) or for the GIL after a
+# system call (trio's wake-up byte, sent from the database thread). Left out of the stages: they
+# were a quarter of the samples of a drain, and the per-thread CPU from /proc does not have them.
+WAITS = ("Condition.wait (threading.py", "Event.wait (threading.py", "WorkerThread._work (trio/_core/_thread_cache.py",
+         "EpollIOManager.get_events (trio/_core/_io_epoll.py", "wakeup_thread_and_signal_safe (",
+         "_commit (pipeline/backends/sqlite/ledger.py")
+
+# The service's threads, by what their samples' frames show (the first that matches) and by /proc:
+# the event loop is the process's main thread; trio's worker threads carry trio's names (the
+# Ledger's batches, the reads, the WAL watch; a sync handler's thread is named for its job). The
+# loop's samples are the rest: py-spy often reads a task's coroutine frames without the loop below them.
+THREADS = (("trio's worker threads (the database: Ledger batches, reads)", "_thread_cache.py"),
+           ("other threads (log lines, the lease heartbeat)", "Thread._bootstrap (threading.py"),
+           ("the trio thread (the event loop)", ""))
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) of the process's live threads, by THREADS's groups, from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    groups: dict[str, float] = {name: 0.0 for name, _ in THREADS}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            comm = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # (a thread that ended meanwhile)
+        seconds = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        if task.name == str(pid):
+            group = THREADS[2][0]
+        elif comm.startswith(("Trio thread", "pipeline job")):
+            group = THREADS[0][0]
+        else:
+            group = THREADS[1][0]
+        groups[group] += seconds
+    return groups
+
+
+def profiler(out: Path, threads: dict[str, float] | None = None) -> Callable[[int], Callable[[], None]]:
     """What watch() starts once the first job is done: py-spy recording the service's process tree,
-    stopped (SIGINT: it writes its samples) when the last job is done."""
+    stopped (SIGINT: it writes its samples) when the last job is done. ``threads`` gets the CPU
+    seconds each group of the root's threads spent meanwhile (thread_cpu; Linux)."""
     def start(pid: int) -> Callable[[], None]:
+        before = thread_cpu(pid) if threads is not None else {}
         spy = subprocess.Popen(["py-spy", "record", "--subprocesses", "--format", "raw", "--rate", "500", "--nonblocking",
                                 "-o", str(out), "--pid", str(pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
         def stop() -> None:
+            if threads is not None:
+                after = thread_cpu(pid)
+                threads.update({name: after[name] - before.get(name, 0.0) for name in after})
             spy.send_signal(signal.SIGINT)
             spy.wait(60)
 
@@ -187,17 +233,27 @@ def profiler(out: Path) -> Callable[[int], Callable[[], None]]:
     return start
 
 
-def stages(raw: Path) -> dict[str, float]:
-    """The share of the samples in ``raw`` (py-spy's raw format) per stage, "other" for the rest."""
-    counts: dict[str, int] = {}
+def stages(raw: Path) -> dict[str, dict[str, float]]:
+    """Per group of threads (THREADS), the share of its samples in ``raw`` (py-spy's raw format) per
+    stage, "other" for the rest; the samples that are waits (WAITS) left out."""
+    counts: dict[str, dict[str, int]] = {}
     for line in raw.read_text().splitlines():
         stack, _, n = line.rpartition(" ")
         frames = stack.split(";")[1:]  # (the first is the process)
-        name = next((stage for stage, patterns in STAGES for frame in reversed(frames)
+        if not frames or frames[-1].startswith(WAITS):
+            continue
+        group = next(name for name, pattern in THREADS if any(pattern in frame for frame in frames))
+        # (the database stage is the database thread's: on the loop, the backend's frames are its callers')
+        rules = STAGES if group == THREADS[0][0] else [(stage, patterns) for stage, patterns in STAGES if stage != DATABASE]
+        name = next((stage for stage, patterns in rules for frame in reversed(frames)
                      if any(pattern in frame for pattern in patterns)), "other")
-        counts[name] = counts.get(name, 0) + int(n)
-    total = sum(counts.values()) or 1
-    return {name: n / total for name, n in counts.items()}
+        counts.setdefault(group, {})
+        counts[group][name] = counts[group].get(name, 0) + int(n)
+    shares = {}
+    for group, by_stage in counts.items():
+        total = sum(by_stage.values())
+        shares[group] = {name: n / total for name, n in by_stage.items()}
+    return shares
 
 
 def huey_drain(backend: str, stores: Stores, directory: Path, jobs: int) -> tuple[float, float]:
@@ -275,8 +331,8 @@ def main() -> None:
                         help="also the CPU µs per job of each way's whole process tree (and Huey's consumer's): its "
                              "CPU start to stop, less the same start and stop on an empty store")
     parser.add_argument("--stages", action="store_true",
-                        help="then where the CPU of one worker process goes, by stage, from py-spy's samples of one more "
-                             "--processes 1 drain (py-spy: pip install -e '.[bench]')")
+                        help="then where the CPU of one worker process goes: its threads' CPU from /proc, by stage as "
+                             "py-spy's samples of one more --processes 1 drain split it (py-spy: pip install -e '.[bench]')")
     parser.add_argument("--samples", type=Path, help="with --stages: keep py-spy's samples (its raw format) in this file")
     options = parser.parse_args()
     if options.stages and shutil.which("py-spy") is None:
@@ -339,11 +395,12 @@ def main() -> None:
                         rate, start_up = dramatiq_drain(stores, Path(work), options.jobs)
                     dramatiqs.append(rate)
                     print(f"dramatiq app: {rate:,.0f} messages/s (first done {start_up:.2f} s after start)", flush=True)
-            shares: dict[str, float] = {}
+            shares: dict[str, dict[str, float]] = {}
+            threads: dict[str, float] = {}
             if options.stages:
                 with tempfile.TemporaryDirectory(dir=tmp) as work:
                     raw = Path(work) / "samples.txt"
-                    pipeline_drain(stores, Path(work), options.jobs, options.concurrency, "1", None, profiler(raw))
+                    pipeline_drain(stores, Path(work), options.jobs, options.concurrency, "1", None, profiler(raw, threads))
                     shares = stages(raw)
                     if options.samples:
                         shutil.copy(raw, options.samples)
@@ -376,11 +433,13 @@ def main() -> None:
             print(f"  huey_consumer -w {os.cpu_count()} -k process: {statistics.median(huey_cpus):.0f} µs "
                   f"({min(huey_cpus):.0f} to {max(huey_cpus):.0f})")
     if shares:
-        one = statistics.median(cpus["--processes 1"]) if options.cpu else None
-        print(f"where the CPU of --processes 1 goes (py-spy samples of one more drain, by stage"
-              f"{'; µs per job: the share of the median above' if one else ''}):")
-        for name, share in sorted(shares.items(), key=lambda item: -item[1]):
-            print(f"  {name:52} {share:6.1%}" + (f" {share * one:7.1f} µs" if one else ""))
+        print("where the CPU of --processes 1 goes, in one more drain: each thread's CPU per job from /proc (from the "
+              "first job done to the last), split by stage as py-spy's samples of that thread are (waits left out):")
+        for group, seconds in threads.items():
+            per_job = seconds / options.jobs * 1e6
+            print(f"  {group}: {per_job:.1f} µs")
+            for name, share in sorted(shares.get(group, {}).items(), key=lambda item: -item[1]):
+                print(f"    {name:52} {share:6.1%} {share * per_job:7.1f} µs")
     if dramatiq_rate:
         print(f"Dramatiq worker (redis), {os.cpu_count()} processes of 8 threads: {dramatiq_rate:,.0f} messages/s")
 

@@ -81,9 +81,13 @@ def test_the_service_benchmark_runs_the_service_as_started() -> None:
         assert line in proc.stdout, f"{line!r} missing from\n{proc.stdout}"
 
 
-def test_the_stages_of_the_cpu_budget_sort_py_spys_samples_by_the_first_rule_that_matches(tmp_path: Path) -> None:
-    """service.py --stages: a sample (a stack, innermost frame last, and its count) goes to the first
-    stage of STAGES with a frame that matches, whatever its depth; the rest is "other"."""
+def test_the_stages_of_the_cpu_budget_sort_py_spys_samples_by_thread_then_by_the_first_rule_that_matches(
+        tmp_path: Path) -> None:
+    """service.py --stages: a sample (a stack, innermost frame last, and its count) goes to its thread's
+    group (trio's worker threads, the other threads, else the event loop: py-spy often reads a task's
+    frames without the loop's), then to the first stage of STAGES with a frame that matches, whatever
+    its depth ("other" for none; the database stage only in the database's threads); a sample whose
+    innermost frame is a wait (WAITS) is left out."""
     sys.path.insert(0, str(BENCH.parent))
     try:
         import service
@@ -91,15 +95,28 @@ def test_the_stages_of_the_cpu_budget_sort_py_spys_samples_by_the_first_rule_tha
         sys.path.remove(str(BENCH.parent))
     raw = tmp_path / "samples.txt"
     proc = 'process 1:"python -m pipeline"'
+    db_thread = f"{proc};Thread.run (threading.py:1);WorkerThread._handle_job (trio/_core/_thread_cache.py:2)"
+    log_thread = f"{proc};Thread._bootstrap (threading.py:1);OutcomeLines._run (pipeline/logs.py:2)"
     raw.write_text("\n".join([
         # a log line written from inside the outcome's code: the log line's (its rule comes first)
-        f"{proc};run_one (pipeline/engine/actors/pools.py:1);_settle (pipeline/engine/actors/pools.py:2);"
+        f"{proc};run_worker (pipeline/engine/actors/pools.py:1);_settle (pipeline/engine/actors/pools.py:2);"
         "OutcomeLines.write (pipeline/logs.py:3) 3",
-        f"{proc};Thread.run (threading.py:1);_apply (pipeline/backends/sqlite/ledger.py:2);"
-        "claim_rows (pipeline/backends/sqlite/store.py:3) 5",
-        f"{proc};run (trio/_core/_run.py:1);run_one (pipeline/engine/actors/pools.py:4) 1",
+        f"{db_thread};_apply (pipeline/backends/sqlite/ledger.py:2);claim_rows (pipeline/backends/sqlite/store.py:3) 5",
+        f"{db_thread};_apply (pipeline/backends/sqlite/ledger.py:2);_commit (pipeline/backends/sqlite/ledger.py:3) 7",
+        f"{proc};run (trio/_core/_run.py:1);run_worker (pipeline/engine/actors/pools.py:4) 1",
         f"{proc};somewhere (elsewhere.py:1) 1",
+        # the loop waiting for its outcome's commit under the backend's frames: the outcome's, not the database's
+        f"{proc};_settle (pipeline/engine/actors/pools.py:2);SqliteBackend.settle (pipeline/backends/sqlite/__init__.py:3);"
+        "Trays.settle (pipeline/backends/trays.py:4) 2",
+        f"{log_thread};OutcomeLines.flush (pipeline/logs.py:3) 1",
+        f"{log_thread};Event.wait (threading.py:3);Condition.wait (threading.py:4) 50",
+        f"{proc};run (trio/_core/_run.py:1);EpollIOManager.get_events (trio/_core/_io_epoll.py:243) 20",
     ]) + "\n")
     shares = service.stages(raw)
-    assert shares == {"the log line (format, write)": 0.3, "database thread: SQL per batch and per row": 0.5,
-                      "dispatch to the worker, its scopes": 0.1, "other": 0.1}
+    workers, others, loop = (name for name, _ in service.THREADS)
+    assert shares == {
+        loop: pytest.approx({"the log line (format, write)": 3 / 7, "dispatch to the worker, its scopes": 1 / 7,
+                             "other": 1 / 7, "outcome: tray, Ledger batch, reply": 2 / 7}),
+        workers: {"database thread: SQL per batch and per row": 1.0},
+        others: {"the log line (format, write)": 1.0},
+    }

@@ -86,6 +86,39 @@ async def test_timeout_fails_the_job_and_others_keep_moving(db_path) -> None:
         await wait_status(p, fast, "completed")
 
 
+async def test_one_worker_runs_each_job_whole_after_a_timeout_a_late_finish_and_a_cancel(db_path) -> None:
+    """A worker's jobs share one cancel scope (pools.run_worker): after a run it cancelled (a timeout,
+    a cancel request) or a run whose cancellation it caught and returned (a late finish), the
+    next job on the same worker runs whole under a new scope, and each gets its own deadline."""
+    ran: list[str] = []
+
+    async def handler(job: Echo, ctx: pipeline.JobContext) -> None:
+        if job.mode == "hang":
+            await trio.sleep_forever()
+        elif job.mode == "swallow":
+            try:
+                await trio.sleep(1)
+            except trio.Cancelled:  # its timeout's cancellation, caught: it returns, its scope cancelled
+                pass
+        elif job.mode == "wait":
+            await trio.sleep(job.sleep)  # a whole run, under its own deadline
+        ran.append(job.text)
+
+    reg = pipeline.site.types_registry()
+    reg.register("echo", Echo, handler, concurrency=1, timeout=0.3)
+    async with pipeline.open_pipeline(fast_config(db_path), reg) as p:
+        ids = [await p.enqueue(Echo(text, mode=mode, sleep=0.2), max_attempts=1)
+               for text, mode in (("hang", "hang"), ("after-timeout", "wait"), ("swallow", "swallow"), ("after-late", "wait"),
+                                  ("cancelled", "hang"), ("after-cancel", "wait"), ("last", "wait"))]
+        await wait_status(p, ids[4], "running")
+        await p.backend.cancel([ids[4]], reason="test")
+        jobs = [await wait_status(p, job_id, "completed", "dead", "cancelled") for job_id in ids]
+    assert [job.status for job in jobs] == ["dead", "completed", "completed", "completed", "cancelled", "completed",
+                                            "completed"]
+    assert jobs[0].error.startswith("timed out after 0.3 s")
+    assert ran == ["after-timeout", "swallow", "after-late", "after-cancel", "last"]
+
+
 async def test_malformed_row_goes_dead_and_the_worker_carries_on(config: Config, db_path) -> None:
     async with pipeline.open_pipeline(config, registry(concurrency=1)) as p:
         conn = sqlite3.connect(db_path)

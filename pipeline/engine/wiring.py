@@ -59,7 +59,7 @@ from .actors.control import ProgressBoard, run_canceller, run_progress_writer
 from .actors.enqueuer import run_enqueuer
 from .actors.leases import run_lease_keeper
 from .actors.poller import run_poller
-from .actors.pools import Outcome, Pool, ResultRefused, Workers, describe_outcome, run_worker
+from .actors.pools import Outcome, Pool, ResultRefused, Workers, describe_outcome, run_timeouts, run_worker
 from .actors.retention import run_retention
 from .actors.scheduler import run_scheduler
 from .diagrams import Wiring
@@ -546,6 +546,7 @@ async def _run_workers(
             for _ in range(pool.concurrency):
                 await tn.start(run_worker, workers, pool, pool.recv.clone())
             pool.recv.close()
+            await tn.start(run_timeouts, pool)  # (ends with the pool's last worker)
         wiring.edge("Poller", "Backend", "claim up to free capacity")
         wiring.edge("Handler pools", "Backend", "outcome")
         wiring.edge("Handler pools", "Poller", "nudge: a full pool has room")

@@ -150,7 +150,13 @@ class Pool:
     # A job can be claimed again while an older run of it is still known here (its lease
     # expired and it was rescued), so everything but ``held`` is keyed by (id, lease token).
     held: dict[str, Lease] = attrs.field(factory=dict)  # Poller adds, worker removes: the heartbeat renews these
-    running: dict[tuple[str, int], trio.CancelScope] = attrs.field(factory=dict)  # worker-owned; stop() sets deadlines
+    # worker-owned: the scope a job runs under (its worker's, see run_worker), while it runs
+    running: dict[tuple[str, int], trio.CancelScope] = attrs.field(factory=dict)
+    # worker-owned, as running: when each run is cancelled (trio time), in the order they started;
+    # stop() brings them forward; the pool's watch (run_timeouts) cancels them
+    deadlines: dict[tuple[str, int], float] = attrs.field(factory=dict)
+    watch: trio.Event = attrs.field(factory=trio.Event)  # wakes the watch (stop(); the last worker's end)
+    live_workers: int = 0  # workers: how many of them run
     stopping: bool = False  # set by the wiring at shutdown: release, don't start
     stop_deadline: float = float("inf")  # trio time by which the grace is over
     lost: set[tuple[str, int]] = attrs.field(factory=set)  # heartbeat: leases another process now holds
@@ -224,8 +230,11 @@ class Pool:
         """Stop starting jobs; give the running ones ``grace`` seconds, then cancel them."""
         self.stopping = True
         deadline = self.stop_deadline = trio.current_time() + grace
-        for scope in self.running.values():
-            scope.deadline = min(scope.deadline, deadline)
+        for key, at in self.deadlines.items():
+            self.deadlines[key] = min(at, deadline)
+        for thread in self.threads.values():
+            thread.deadline = min(thread.deadline, deadline)
+        self.watch.set()
 
 
 @attrs.frozen
@@ -288,14 +297,15 @@ class _Thread:
     # started and abandoned are decided under it: a thread that gets its slot as the attempt ends
     # either starts before it is abandoned (and is said to be), or does not run the handler at all
     lock: threading.Lock = attrs.field(factory=threading.Lock)
-    scope: trio.CancelScope | None = None  # the attempt's: its deadline is the timeout's
+    scope: trio.CancelScope | None = None  # the attempt's (its worker's while it runs)
+    deadline: float = math.inf  # the attempt's (trio time): its timeout, or the end of a stop's grace
     cancel_requested: bool = False  # set on the loop by the canceller; the handler reads ctx.cancel_requested
     value: Any = None  # what the handler returned
 
     def over(self) -> bool:
         """On the loop: the attempt ended, or its deadline passed or it was cancelled (its end is on the way)."""
         scope = self.scope
-        return self.abandoned or (scope is not None and (scope.cancel_called or trio.current_time() >= scope.deadline))
+        return self.abandoned or (scope is not None and (scope.cancel_called or trio.current_time() >= self.deadline))
 
     def run(self, job: Any, ctx: JobContext) -> None:
         with self.lock:
@@ -364,103 +374,119 @@ def _entered(middleware: Callable[[JobContext], Any], ctx: JobContext) -> contex
     return manager
 
 
-async def run_one(
-    workers: Workers, pool: Pool, lease: Lease, *, counted: bool | None = None,
-    recv: trio.MemoryReceiveChannel[Lease] | None = None,
-) -> tuple[Lease | None, bool]:
-    """Run one claimed job and write its outcome.
+@attrs.define(eq=False)
+class _Run:
+    """A job that runs now: what its worker needs after the run, however the run ended."""
 
-    ``counted``: whether the job's attempt is counted already (by the claim, or by the
-    outcome of the job before it); if not, it is counted before the handler starts. With
-    ``recv``, the job this worker runs next is taken before the outcome is written, and, if
-    it was claimed ahead, its start is counted in the same write: returned with whether it
-    is counted."""
-    spec = pool.spec
-    started = time.monotonic()
+    lease: Lease
+    key: tuple[str, int]
+    started: float  # time.monotonic() as its worker took it
+    job: Any
+    ctx: JobContext
+    thread: _Thread | None
+
+
+def _start(workers: Workers, pool: Pool, lease: Lease, started: float) -> Outcome | _Run:
+    """What a job that its worker takes becomes: an outcome at once (it does not run), or a run."""
     key = (lease.id, lease.token)
-    if counted is None:
-        counted = lease.started
     if key in pool.lost:
-        outcome = Outcome("lost")  # another process took it over before it started here
-    elif key in pool.cancelling:
-        outcome = Outcome("cancelled", _cancelled(lease, started=False))
-    elif pool.stopping:
+        return Outcome("lost")  # another process took it over before it started here
+    if key in pool.cancelling:
+        return Outcome("cancelled", _cancelled(lease, started=False))
+    if pool.stopping:
+        return Outcome("released")
+    try:
+        job = workers.decode(lease.job_type, lease.payload)
+    except InvalidPayload as exc:
+        return Outcome("permanent", f"payload no longer decodes: {exc}")
+    ctx = workers.context(lease)
+    thread = None
+    spec = pool.spec
+    if spec.sync and spec.handler is not None:
+        thread = _Thread(spec.handler, trio.lowlevel.current_trio_token())
+        ctx = attrs.evolve(ctx, thread=thread)
+    return _Run(lease, key, started, job, ctx, thread)
+
+
+async def _execute(workers: Workers, pool: Pool, run: _Run, scope: trio.CancelScope) -> Outcome:
+    """Run the handler under ``scope``, its worker's (see run_worker): registered in ``pool.running``
+    while it runs, with its deadline in ``pool.deadlines`` (the pool's timeout watch cancels the
+    scope then: see run_timeouts). A cancellation of the scope propagates."""
+    key = run.key
+    deadline = min(trio.current_time() + pool.timeout, pool.stop_deadline)
+    pool.deadlines[key] = deadline
+    pool.running[key] = scope
+    thread = run.thread
+    if thread is not None:
+        thread.deadline = deadline
+        thread.scope = scope
+        pool.threads[key] = thread
+    try:
+        return await _invoke(workers, pool.spec, pool, run.job, run.ctx, thread)
+    finally:
+        del pool.running[key]
+        del pool.deadlines[key]
+        if thread is not None:
+            del pool.threads[key]
+
+
+def _judge(pool: Pool, run: _Run, ran_as: Outcome | None, *, cancelled: bool, cancel_called: bool) -> Outcome:
+    """The outcome of a run that ended. ``ran_as``: what the handler returned or raised (None when
+    the cancellation ended it); ``cancelled``: its scope caught a cancellation (its
+    ``cancelled_caught``); ``cancel_called``: its scope was cancelled, caught or not."""
+    lease, key, thread = run.lease, run.key, run.thread
+    ran = time.monotonic() - run.started
+    if key in pool.lost:
+        outcome = Outcome("lost")
+    elif key in pool.cancelling and (ran_as is None or ran_as.kind != "ok" or thread is not None):
+        # its cancel was requested: whatever ended the run (the cancellation, the timeout
+        # of a sync handler, what a sync handler returned or raised on seeing
+        # ctx.cancel_requested), it ends cancelled, never retried; an async handler that
+        # completed anyway (the request landed as it returned) keeps its result
+        outcome = Outcome("cancelled", _cancelled(lease, started=True))
+    elif cancelled and pool.stopping:
+        outcome = Outcome("released")  # shutdown: back to pending, attempt not counted
+    elif cancelled and thread is not None and _never_started(thread):
+        # every thread of the type is held by handlers abandoned at their timeouts: this job
+        # never ran, so it goes back without its attempt (it waits its timeout again each time)
         outcome = Outcome("released")
-    elif not counted and not await _count_start(workers, pool, lease):
-        outcome = Outcome("released") if pool.stopping else Outcome("lost")
+        log.warning("job %s (%s): none of the type's %d threads came free within its timeout of %g s (all held by "
+                    "handlers abandoned at their timeouts that have not returned yet); handed back, its attempt "
+                    "not counted", lease.id, lease.job_type, pool.concurrency, pool.timeout)
+    elif cancelled:
+        message = f"timed out after {pool.timeout:g} s (attempt {lease.attempts})"
+        if ran > pool.timeout + BLOCKING_GRACE:
+            # The cancellation could only land when the handler next reached a checkpoint.
+            # From here the two causes look alike (a loop blocked by the handler; a thread
+            # the task waited on, which the loop cannot interrupt): the message names both.
+            message += f"; it ran {ran:.1f} s: {_LATE}"
+        outcome = Outcome("timeout", message)
     else:
-        try:
-            job = workers.decode(lease.job_type, lease.payload)
-        except InvalidPayload as exc:
-            outcome = Outcome("permanent", f"payload no longer decodes: {exc}")
-        else:
-            ctx = workers.context(lease)
-            thread = None
-            if spec.sync and spec.handler is not None:
-                thread = _Thread(spec.handler, trio.lowlevel.current_trio_token())
-                ctx = attrs.evolve(ctx, thread=thread)
-                pool.threads[key] = thread
-            # one scope per job: its deadline is the job's timeout, which a graceful stop
-            # may bring forward, and the lease keeper cancels it if the lease is lost
-            scope = trio.CancelScope(deadline=trio.current_time() + pool.timeout)
-            if thread is not None:
-                thread.scope = scope
-            pool.running[key] = scope
-            ran_as: Outcome | None = None  # stays None when the scope's cancellation ended the run
-            try:
-                try:
-                    with scope:
-                        ran_as = await _invoke(workers, spec, pool, job, ctx, thread)
-                except Exception as exc:
-                    # what is left of a group mixing handler errors and our Cancelled, once
-                    # the scope took the Cancelled out: it can only be caught out here
-                    ran_as = Outcome.failed(exc)
-            finally:
-                del pool.running[key]
-                if thread is not None:
-                    del pool.threads[key]
-            ran = time.monotonic() - started
-            if key in pool.lost:
-                outcome = Outcome("lost")
-            elif key in pool.cancelling and (ran_as is None or ran_as.kind != "ok" or thread is not None):
-                # its cancel was requested: whatever ended the run (the cancellation, the timeout
-                # of a sync handler, what a sync handler returned or raised on seeing
-                # ctx.cancel_requested), it ends cancelled, never retried; an async handler that
-                # completed anyway (the request landed as it returned) keeps its result
-                outcome = Outcome("cancelled", _cancelled(lease, started=True))
-            elif scope.cancelled_caught and pool.stopping:
-                outcome = Outcome("released")  # shutdown: back to pending, attempt not counted
-            elif scope.cancelled_caught and thread is not None and _never_started(thread):
-                # every thread of the type is held by handlers abandoned at their timeouts: this job
-                # never ran, so it goes back without its attempt (it waits its timeout again each time)
-                outcome = Outcome("released")
-                log.warning("job %s (%s): none of the type's %d threads came free within its timeout of %g s (all held by "
-                            "handlers abandoned at their timeouts that have not returned yet); handed back, its attempt "
-                            "not counted", lease.id, lease.job_type, pool.concurrency, pool.timeout)
-            elif scope.cancelled_caught:
-                message = f"timed out after {pool.timeout:g} s (attempt {lease.attempts})"
-                if ran > pool.timeout + BLOCKING_GRACE:
-                    # The cancellation could only land when the handler next reached a checkpoint.
-                    # From here the two causes look alike (a loop blocked by the handler; a thread
-                    # the task waited on, which the loop cannot interrupt): the message names both.
-                    message += f"; it ran {ran:.1f} s: {_LATE}"
-                outcome = Outcome("timeout", message)
-            else:
-                assert ran_as is not None  # (a run its scope did not cancel returned or raised)
-                outcome = ran_as
-            if ran > pool.timeout and not scope.cancelled_caught and outcome is ran_as:
-                # It finished after its deadline without being cancelled: it never yielded, or
-                # waited on a thread that cannot be interrupted (a mail being sent). Whatever it
-                # did is done: its own outcome stands, rather than a timeout that would do it again.
-                log.warning(
-                    "job %s (%s) finished after %.1f s, past its timeout of %g s, without being cancelled: %s",
-                    lease.id, lease.job_type, ran, pool.timeout,
-                    # cancel_called: the loop ran after the deadline and asked, in vain
-                    "the timeout's cancellation did not stop it: it waited on work that cannot be interrupted "
-                    "(a thread), or caught the Cancelled exception" if scope.cancel_called else _BLOCKING,
-                )
-            if thread is not None and _end_attempt(thread):
-                _abandon(lease, outcome, pool.timeout)
+        assert ran_as is not None
+        outcome = ran_as
+    if ran > pool.timeout and not cancelled and outcome is ran_as:
+        # It finished after its deadline without being cancelled: it never yielded, or
+        # waited on a thread that cannot be interrupted (a mail being sent). Whatever it
+        # did is done: its own outcome stands, rather than a timeout that would do it again.
+        log.warning(
+            "job %s (%s) finished after %.1f s, past its timeout of %g s, without being cancelled: %s",
+            lease.id, lease.job_type, ran, pool.timeout,
+            # cancel_called: the loop ran after the deadline and asked, in vain
+            "the timeout's cancellation did not stop it: it waited on work that cannot be interrupted "
+            "(a thread), or caught the Cancelled exception" if cancel_called else _BLOCKING,
+        )
+    if thread is not None and _end_attempt(thread):
+        _abandon(lease, outcome, pool.timeout)
+    return outcome
+
+
+async def _finish(
+    workers: Workers, pool: Pool, lease: Lease, outcome: Outcome, started: float,
+    recv: trio.MemoryReceiveChannel[Lease] | None,
+) -> tuple[Lease | None, bool]:
+    """Write a job's outcome (``started``: time.monotonic() as its worker took it). With ``recv``,
+    the job this worker runs next is taken before the outcome is written, and, if it was claimed ahead, its start is counted in the same write:
+    returned with whether it is counted."""
     following: Lease | None = None
     if recv is not None and not pool.stopping:
         try:
@@ -480,6 +506,18 @@ async def run_one(
         await _settle(workers, pool, lease, outcome, time.monotonic() - started)
         return following, True
     return following, await _settle(workers, pool, lease, outcome, time.monotonic() - started, start=following)
+
+
+async def _begin(workers: Workers, pool: Pool, lease: Lease, counted: bool | None, started: float) -> Outcome | _Run:
+    """_start, its attempt counted first if it is not yet (a job claimed ahead: ``counted`` False;
+    None: as the lease says)."""
+    if counted is None:
+        counted = lease.started
+    key = (lease.id, lease.token)
+    if not counted and key not in pool.lost and key not in pool.cancelling and not pool.stopping:
+        if not await _count_start(workers, pool, lease):
+            return Outcome("released") if pool.stopping else Outcome("lost")
+    return _start(workers, pool, lease, started)
 
 
 def _cancelled(lease: Lease, *, started: bool) -> str:
@@ -585,22 +623,82 @@ async def _settle(workers: Workers, pool: Pool, lease: Lease, outcome: Outcome, 
 async def run_worker(
     workers: Workers, pool: Pool, recv: trio.MemoryReceiveChannel[Lease], *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
 ) -> None:
-    """One of a pool's ``concurrency`` tasks; ends when the Poller closes the pool's channel."""
+    """One of a pool's ``concurrency`` tasks; ends when the Poller closes the pool's channel.
+
+    Its jobs share one cancel scope: entering a scope of its own for each job (with the timeout as
+    its deadline) was a fifth of the event loop's CPU per job. A run is cancelled through
+    ``pool.running``, which holds the scope only while that job runs: at its timeout by the pool's
+    watch (run_timeouts), at a lost lease, a cancel request, the end of a stop's grace. A scope once
+    cancelled is left (its job's outcome written outside it) and the next job runs under a new one."""
     with recv:
-        task_status.started()
-        lease: Lease | None = None
-        counted = False
-        while True:
-            if lease is None:
-                pool.takers += 1
+        pool.live_workers += 1
+        try:
+            task_status.started()
+            lease: Lease | None = None
+            counted = False
+            while True:
+                run: _Run | None = None  # the job running under the scope, until it ended
+                ran_as: Outcome | None = None
                 try:
-                    lease = await recv.receive()
-                except trio.EndOfChannel:
-                    return
-                finally:
-                    pool.takers -= 1
-                counted = lease.started
-            lease, counted = await run_one(workers, pool, lease, counted=counted, recv=recv)
+                    with trio.CancelScope() as scope:
+                        while True:
+                            if lease is None:
+                                pool.takers += 1
+                                try:
+                                    lease = await recv.receive()
+                                except trio.EndOfChannel:
+                                    return
+                                finally:
+                                    pool.takers -= 1
+                                counted = lease.started
+                            started = time.monotonic()
+                            begun = await _begin(workers, pool, lease, counted, started)
+                            if isinstance(begun, Outcome):
+                                lease, counted = await _finish(workers, pool, lease, begun, started, recv)
+                                continue
+                            run = begun
+                            ran_as = await _execute(workers, pool, run, scope)
+                            if scope.cancel_called:
+                                break  # cancelled as it returned: the scope is spent (its next checkpoint would raise)
+                            outcome = _judge(pool, run, ran_as, cancelled=False, cancel_called=False)
+                            finished, run = run, None
+                            lease, counted = await _finish(workers, pool, finished.lease, outcome, finished.started, recv)
+                except Exception as exc:
+                    if run is None:
+                        raise
+                    # what is left of a group mixing handler errors and the scope's Cancelled, once
+                    # the scope took the Cancelled out: it can only be caught out here
+                    ran_as = Outcome.failed(exc)
+                if run is None:  # only a run registered in pool.running is ever cancelled (a bug otherwise)
+                    raise RuntimeError(f"a worker of {pool.spec.name} was cancelled between jobs")
+                outcome = _judge(pool, run, ran_as, cancelled=scope.cancelled_caught, cancel_called=scope.cancel_called)
+                lease, counted = await _finish(workers, pool, run.lease, outcome, run.started, recv)
+        finally:
+            pool.live_workers -= 1
+            if not pool.live_workers:
+                pool.watch.set()  # (its watch ends with the last worker)
+
+
+async def run_timeouts(pool: Pool, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """The pool's timeout watch: cancels each run at its deadline (``pool.deadlines``, in the order
+    the runs started: one timeout for the type, so that is the order of their deadlines, a stop's
+    grace only bringing them forward), sleeping until the first one to come (Pool.stop wakes it).
+    Ends with the pool's last worker."""
+    task_status.started()
+    while pool.live_workers:
+        now = trio.current_time()
+        # a run that starts from now on has its deadline no sooner than this (no wake-up per run)
+        wake_at = min(now + pool.timeout, pool.stop_deadline)
+        for key, deadline in pool.deadlines.items():
+            if deadline > now:
+                wake_at = deadline
+                break
+            scope = pool.running.get(key)
+            if scope is not None and not scope.cancel_called:
+                scope.cancel()
+        pool.watch = trio.Event()
+        with trio.move_on_at(wake_at):
+            await pool.watch.wait()
 
 
 def describe_outcome(lease: Lease, outcome: Outcome, result: str | None, duration: float) -> dict[str, Any]:
