@@ -179,7 +179,7 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
 # system call (trio's wake-up byte, sent from the database thread). Left out of the stages: they
 # were a quarter of the samples of a drain, and the per-thread CPU from /proc does not have them.
 WAITS = ("Condition.wait (threading.py", "Event.wait (threading.py", "WorkerThread._work (trio/_core/_thread_cache.py",
-         "EpollIOManager.get_events (trio/_core/_io_epoll.py", "wakeup_thread_and_signal_safe (",
+         "EpollIOManager.get_events (trio/_core/_io_epoll.py", "WakeupSocketpair.wakeup_thread_and_signal_safe (",
          "_commit (pipeline/backends/sqlite/ledger.py")
 
 # The service's threads, by what their samples' frames show (the first that matches) and by /proc:

@@ -111,6 +111,7 @@ def test_the_stages_of_the_cpu_budget_sort_py_spys_samples_by_thread_then_by_the
         f"{log_thread};OutcomeLines.flush (pipeline/logs.py:3) 1",
         f"{log_thread};Event.wait (threading.py:3);Condition.wait (threading.py:4) 50",
         f"{proc};run (trio/_core/_run.py:1);EpollIOManager.get_events (trio/_core/_io_epoll.py:243) 20",
+        f"{db_thread};deliver_worker_fn_result (trio/_threads.py:1);WakeupSocketpair.wakeup_thread_and_signal_safe (trio/_core/_wakeup_socketpair.py:39) 9",
     ]) + "\n")
     shares = service.stages(raw)
     workers, others, loop = (name for name, _ in service.THREADS)
