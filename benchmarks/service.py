@@ -159,7 +159,7 @@ def pipeline_drain(stores: Stores, directory: Path, jobs: int, concurrency: int,
 STAGES: list[tuple[str, tuple[str, ...]]] = [
     ("the log line (format, write)", ("logging/__init__.py", "pipeline/logs.py")),
     ("metrics", ("metrics.py", "prometheus", " observe (")),
-    ("the handler and its context", ("pipeline/site/jobs.py", "pipeline/context.py")),
+    ("the handler and its context", ("pipeline/site/jobs.py", "pipeline/site/cache.py", "pipeline/context.py")),
     ("payload decode (json, cattrs)", ("cattrs", "json/decoder.py", "json/__init__.py", "registry.py")),
     (DATABASE := "database thread: SQL per batch and per row", ("sqlite3", "backends/sqlite/", "psycopg", "redis/")),
     ("thread hops (to_thread, run_sync_soon, wakeups)", ("trio/_threads.py", "_thread_cache.py", "_entry_queue.py",

@@ -121,3 +121,11 @@ def test_the_stages_of_the_cpu_budget_sort_py_spys_samples_by_thread_then_by_the
         workers: {"database thread: SQL per batch and per row": 1.0},
         others: {"the log line (format, write)": 1.0},
     }
+
+
+def test_the_sql_floor_script_drains_its_jobs_and_prints_the_cost_per_job() -> None:
+    proc = subprocess.run([sys.executable, str(BENCH.with_name("sql_floor.py")), "--rounds", "1", "--batch", "1000"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"^SQLite, 20,000 jobs, 1000 a transaction, medians of 1: claim \d+\.\d µs, outcomes "
+                     r"\(SUCCEED \+ the next job's START\) \d+\.\d µs, whole round \d+\.\d µs CPU per job$", proc.stdout, re.M)
