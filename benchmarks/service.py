@@ -84,8 +84,16 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-# what the last watch() measured of its process tree: CPU seconds, start to stop, and wall seconds
+# what the last watch() measured of its process tree: CPU seconds, start to stop, and wall seconds;
+# and "server", the store's server's CPU seconds meanwhile, when SERVER_CPU can tell (Stores.server_cpu)
 LAST_TREE: dict[str, float] = {}
+
+
+def _no_server() -> float | None:
+    return None
+
+
+SERVER_CPU: Callable[[], float | None] = _no_server  # main() sets the stores' (Stores.server_cpu)
 
 
 def watch(args: list[str], env: dict[str, str], log: Path, done: Callable[[], int], jobs: int,
@@ -94,7 +102,7 @@ def watch(args: list[str], env: dict[str, str], log: Path, done: Callable[[], in
     LAST_TREE gets the CPU of the whole process tree, start to stop (``jobs`` 0: run as long as
     LAST_TREE's "seconds" says, then stop: the same start and stop with nothing to do). ``profile``
     is started with the root's pid once the first job is done, and what it returns called at the end."""
-    cpu = children_cpu()
+    cpu, server = children_cpu(), SERVER_CPU()
     stop_profile = None
     with log.open("w") as out:
         started = time.perf_counter()
@@ -125,6 +133,10 @@ def watch(args: list[str], env: dict[str, str], log: Path, done: Callable[[], in
             process.terminate()
             process.wait(60)
             LAST_TREE.update(cpu=children_cpu() - cpu, seconds=time.perf_counter() - started)
+            server_after = SERVER_CPU()
+            LAST_TREE.pop("server", None)
+            if server is not None and server_after is not None:
+                LAST_TREE["server"] = server_after - server
     assert first is not None
     if jobs == 0:
         return 0.0, 0.0
@@ -318,6 +330,12 @@ def dramatiq_drain(stores: Stores, directory: Path, jobs: int) -> tuple[float, f
         dramatiq_app.dramatiq.get_broker().flush_all()
 
 
+def _server_note(values: list[float] | None) -> str:
+    if not values:
+        return ""
+    return f"; the store's server besides: {statistics.median(values):.0f} µs ({min(values):.0f} to {max(values):.0f})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=BACKENDS, default="sqlite")
@@ -354,6 +372,7 @@ def main() -> None:
     hueys: list[float] = []
     cpus: dict[str, list[float]] = {way: [] for way in ways}  # --cpu: µs per job of the tree, per round
     huey_cpus: list[float] = []
+    servers: dict[str, list[float]] = {}  # --cpu: the store's server's CPU µs per job, per round ("huey": Huey's)
     dramatiqs: list[float] = []
     with_dramatiq = options.backend == "redis" and not options.no_dramatiq
     if with_dramatiq:
@@ -365,29 +384,39 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "stores").mkdir()
         stores = open_stores(options.backend, Path(tmp) / "stores")
+        global SERVER_CPU
+        SERVER_CPU = stores.server_cpu
         try:
             for _ in range(options.rounds):
                 for way, (processes, log_level) in ways.items():
                     with tempfile.TemporaryDirectory(dir=tmp) as work:
                         rate, start_up, loaded = pipeline_drain(stores, Path(work), options.jobs, options.concurrency, processes,
                                                                 log_level)
-                        full = LAST_TREE["cpu"]
+                        full, full_server = LAST_TREE["cpu"], LAST_TREE.get("server")
                         if options.cpu:  # the same start and stop on an empty store, kept up as long
                             pipeline_drain(stores, Path(work), 0, options.concurrency, processes, log_level)
                             cpus[way].append((full - LAST_TREE["cpu"]) / options.jobs * 1e6)
+                            if full_server is not None and "server" in LAST_TREE:
+                                servers.setdefault(way, []).append((full_server - LAST_TREE["server"]) / options.jobs * 1e6)
                     rates[way].append(rate)
                     loads.append(loaded)
                     cpu_note = f", {cpus[way][-1]:.0f} µs CPU per job" if options.cpu else ""
+                    if options.cpu and way in servers:
+                        cpu_note += f" (and the server's: {servers[way][-1]:.0f} µs)"
                     print(f"{way}: {rate:,.0f} jobs/s (first job done {start_up:.2f} s after start){cpu_note}", flush=True)
                 if peer:
                     with tempfile.TemporaryDirectory(dir=tmp) as work:
                         rate, start_up = huey_drain(options.backend, stores, Path(work), options.jobs)
-                        full = LAST_TREE["cpu"]
+                        full, full_server = LAST_TREE["cpu"], LAST_TREE.get("server")
                         if options.cpu:
                             huey_drain(options.backend, stores, Path(work), 0)
                             huey_cpus.append((full - LAST_TREE["cpu"]) / options.jobs * 1e6)
+                            if full_server is not None and "server" in LAST_TREE:
+                                servers.setdefault("huey", []).append((full_server - LAST_TREE["server"]) / options.jobs * 1e6)
                     hueys.append(rate)
                     cpu_note = f", {huey_cpus[-1]:.0f} µs CPU per task" if options.cpu else ""
+                    if options.cpu and "huey" in servers:
+                        cpu_note += f" (and the server's: {servers['huey'][-1]:.0f} µs)"
                     print(f"huey_consumer -w {os.cpu_count()} -k process: {rate:,.0f} tasks/s "
                           f"(first task done {start_up:.2f} s after start){cpu_note}", flush=True)
                 if with_dramatiq:
@@ -428,10 +457,10 @@ def main() -> None:
         for way, values in cpus.items():
             noise = " (within the noise of a start and stop: use more --jobs)" if statistics.median(values) <= 0 else ""
             print(f"  python -m pipeline {way}: {statistics.median(values):.0f} µs "
-                  f"({min(values):.0f} to {max(values):.0f}){noise}")
+                  f"({min(values):.0f} to {max(values):.0f}){noise}{_server_note(servers.get(way))}")
         if huey_cpus:
             print(f"  huey_consumer -w {os.cpu_count()} -k process: {statistics.median(huey_cpus):.0f} µs "
-                  f"({min(huey_cpus):.0f} to {max(huey_cpus):.0f})")
+                  f"({min(huey_cpus):.0f} to {max(huey_cpus):.0f}){_server_note(servers.get('huey'))}")
     if shares:
         print("where the CPU of --processes 1 goes, in one more drain: each thread's CPU per job from /proc (from the "
               "first job done to the last), split by stage as py-spy's samples of that thread are (waits left out):")

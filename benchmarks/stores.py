@@ -70,6 +70,11 @@ class Stores:
     def drop(self, url: str) -> None:
         raise NotImplementedError
 
+    def server_cpu(self) -> float | None:
+        """CPU seconds the store's server has spent so far (user + system), None where there is no
+        server (SQLite) or it cannot be read from here."""
+        return None
+
     def close(self) -> None:
         for url in reversed(self.made):
             try:
@@ -199,6 +204,27 @@ class PostgresStores(Stores):
         with psycopg.connect(self.server_url, autocommit=True) as conn:
             conn.execute(sql)
 
+    def server_cpu(self) -> float | None:
+        """The server's processes on this machine, from /proc (Linux): each one's user + system time,
+        and the postmaster's of its children that have ended (a connection's backend, once it
+        closed); None if the server is elsewhere or /proc does not say."""
+        if urlsplit(self.server_url).hostname not in ("127.0.0.1", "localhost", "::1", None):
+            return None
+        tick, total, seen = os.sysconf("SC_CLK_TCK"), 0, False
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                name, rest = (proc / "stat").read_text().rsplit(")", 1)
+            except OSError:
+                continue  # (ended meanwhile, or not ours to read)
+            if not name.endswith("(postgres"):
+                continue
+            fields = rest.split()
+            total += sum(int(fields[i]) for i in (11, 12, 13, 14))  # utime, stime, cutime, cstime
+            seen = True
+        return total / tick if seen else None
+
     def fresh(self, name: str) -> str:
         database = f"pipeline_bench_{name}_{uuid.uuid4().hex[:8]}".lower()
         self._admin(f"CREATE DATABASE {database}")
@@ -264,6 +290,11 @@ class RedisStores(Stores):
         super().__init__()
         self.server_url = server_url.split("?", 1)[0]
         self._kept: Any = None  # the counting loops' client
+
+    def server_cpu(self) -> float | None:
+        """The server's own count (INFO cpu: its main process, threads included)."""
+        info = self._client().info("cpu")
+        return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
     def fresh(self, name: str) -> str:
         url = f"{self.server_url}?prefix=bench_{name}_{uuid.uuid4().hex[:8]}"
