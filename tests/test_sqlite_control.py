@@ -176,9 +176,11 @@ def test_plain_inserts_claims_and_successes_run_the_statements_of_before(tmp_pat
     statements.clear()
     with store.write_transaction(conn):
         leases = store.claim_leases(conn, ts(), wants={"t": 3}, owner="me", lease_seconds=60)
-    # one statement more than before per claim: the look (paused types, anything expired)
-    assert len(leases) == 3 and len(statements) == 4, statements
-    assert statements[1].startswith("SELECT job_type FROM paused_types") and statements[2].lstrip().startswith("UPDATE jobs")
+    # two statements more than before per claim: the look (paused types, anything expired), and per
+    # type the seek for a due job (store._DUE, which spares a type with nothing due its UPDATE)
+    assert len(leases) == 3 and len(statements) == 5, statements
+    assert statements[1].startswith("SELECT job_type FROM paused_types") and statements[2].startswith("SELECT 1 FROM jobs")
+    assert statements[3].lstrip().startswith("UPDATE jobs")
 
     statements.clear()
     with store.write_transaction(conn):

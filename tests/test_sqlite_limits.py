@@ -333,8 +333,9 @@ def test_a_claim_without_rates_or_key_limits_runs_the_statements_of_before(tmp_p
         conn.set_trace_callback(statements.append)
         assert len(claim(conn, {"t": 3}, **options)) == 3
         conn.set_trace_callback(None)
-        assert len(statements) == 4 and statements[1].startswith("SELECT job_type FROM paused_types"), statements
-        assert "WHERE rowid IN (SELECT rowid FROM jobs" in statements[2], statements  # _CLAIM, its values bound
+        assert len(statements) == 5 and statements[1].startswith("SELECT job_type FROM paused_types"), statements
+        assert statements[2].startswith("SELECT 1 FROM jobs INDEXED BY idx_jobs_claim_order"), statements  # _DUE
+        assert "WHERE rowid IN (SELECT rowid FROM jobs" in statements[3], statements  # _CLAIM, its values bound
         traces.append([re.sub(r"'[^']*'", "?", s) for s in statements])  # (the times and the tokens apart)
     assert traces[0] == traces[1]
     # a keyed claim does run other statements (so the trace above would see them)
@@ -348,6 +349,24 @@ def test_a_claim_without_rates_or_key_limits_runs_the_statements_of_before(tmp_p
                         "AND status = 'running' AND job_type = 't'").fetchone()
     assert n == 1  # the keyed job alone, of the seven running
     assert conn.execute("SELECT count(*) FROM rate_claims").fetchone() == (0,)
+
+
+def test_a_type_with_nothing_due_costs_its_claim_one_look_and_no_update(tmp_path: Path) -> None:
+    """A process claims for every type it runs whenever its pools have room, most of them with nothing
+    due: such a type gets one seek of the claim's index (store._DUE), not the claim's UPDATE; a job of
+    it that is due later is not claimed, and once one is due it is."""
+    conn = fresh(tmp_path / "due.db")
+    store.insert_jobs(conn, [row("t") for _ in range(3)] + [row("later", due=60.0)])
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+    leases = claim(conn, {"t": 5, "later": 5, "none": 5})
+    conn.set_trace_callback(None)
+    assert sorted(lease.job_type for lease in leases) == ["t"] * 3
+    updates = [s for s in statements if s.lstrip().startswith("UPDATE jobs")]
+    assert len(updates) == 1 and "job_type = 't'" in updates[0], statements  # the claim of "t" alone
+    assert sum(s.startswith("SELECT 1 FROM jobs INDEXED BY idx_jobs_claim_order") for s in statements) == 3
+    store.insert_jobs(conn, [row("none")])
+    assert [lease.job_type for lease in claim(conn, {"t": 5, "later": 5, "none": 5})] == ["none"]
 
 
 def index_entries(conn: sqlite3.Connection, index: str) -> int:

