@@ -203,31 +203,33 @@ THREADS = (("trio's worker threads (the database: Ledger batches, reads)", "_thr
            ("the trio thread (the event loop)", ""))
 
 
-def thread_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds (user + system) of the process's live threads, by THREADS's groups, from /proc."""
+def thread_cpu(pid: int) -> dict[str, tuple[str, float]]:
+    """Per live thread of the process (by thread id): its THREADS group and its CPU seconds (user +
+    system) so far, from /proc."""
     tick = os.sysconf("SC_CLK_TCK")
-    groups: dict[str, float] = {name: 0.0 for name, _ in THREADS}
+    threads: dict[str, tuple[str, float]] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             comm = (task / "comm").read_text().strip()
             fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue  # (a thread that ended meanwhile)
-        seconds = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
         if task.name == str(pid):
             group = THREADS[2][0]
         elif comm.startswith(("Trio thread", "pipeline job")):
             group = THREADS[0][0]
         else:
             group = THREADS[1][0]
-        groups[group] += seconds
-    return groups
+        threads[task.name] = (group, (int(fields[11]) + int(fields[12])) / tick)  # utime, stime
+    return threads
 
 
 def profiler(out: Path, threads: dict[str, float] | None = None) -> Callable[[int], Callable[[], None]]:
     """What watch() starts once the first job is done: py-spy recording the service's process tree,
     stopped (SIGINT: it writes its samples) when the last job is done. ``threads`` gets the CPU
-    seconds each group of the root's threads spent meanwhile (thread_cpu; Linux)."""
+    seconds each group of the root's threads spent meanwhile (thread_cpu; Linux): of the threads
+    alive at the end, what they spent since the start (a thread that ended meanwhile is not
+    counted: trio's idle worker threads end after 10 s without work)."""
     def start(pid: int) -> Callable[[], None]:
         before = thread_cpu(pid) if threads is not None else {}
         spy = subprocess.Popen(["py-spy", "record", "--subprocesses", "--format", "raw", "--rate", "500", "--nonblocking",
@@ -235,8 +237,9 @@ def profiler(out: Path, threads: dict[str, float] | None = None) -> Callable[[in
 
         def stop() -> None:
             if threads is not None:
-                after = thread_cpu(pid)
-                threads.update({name: after[name] - before.get(name, 0.0) for name in after})
+                threads.update({name: 0.0 for name, _ in THREADS})
+                for tid, (group, seconds) in thread_cpu(pid).items():
+                    threads[group] += seconds - before.get(tid, (group, 0.0))[1]
             spy.send_signal(signal.SIGINT)
             spy.wait(60)
 
