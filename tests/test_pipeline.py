@@ -119,6 +119,44 @@ async def test_one_worker_runs_each_job_whole_after_a_timeout_a_late_finish_and_
     assert ran == ["after-timeout", "swallow", "after-late", "after-cancel", "last"]
 
 
+async def test_a_run_that_outlasts_the_stops_grace_is_waited_for_without_the_timeout_watch_spinning(db_path) -> None:
+    """Past a stop's grace no new run starts and every deadline has passed: the pool's timeout watch
+    (pools.run_timeouts) waits for the last worker then, instead of looking again at once, over and
+    over, while a handler that shields itself from the cancellation finishes."""
+    steps = 0
+
+    class Count(trio.abc.Instrument):
+        def before_task_step(self, task: trio.lowlevel.Task) -> None:
+            nonlocal steps
+            steps += task.name.endswith("run_timeouts")
+
+    async def stubborn(job: Echo, ctx: pipeline.JobContext) -> None:
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            with trio.CancelScope(shield=True):
+                await trio.sleep(0.6)  # past the grace, the cancellation held off
+            raise
+
+    reg = pipeline.site.types_registry()
+    reg.register("echo", Echo, stubborn, concurrency=1)
+    async with pipeline.open_pipeline(fast_config(db_path, worker_shutdown_timeout=0.1), reg) as p:
+        job_id = await p.enqueue(Echo("x"))
+        await wait_status(p, job_id, "running")
+        trio.lowlevel.add_instrument(Count())
+    assert steps < 20, steps  # (it looked again at once: thousands)
+    assert (await _status(db_path, job_id)) == "pending"  # released at the end of the grace
+
+
+async def _status(db_path, job_id: str) -> str:
+    conn = sqlite3.connect(db_path)
+    try:
+        (status,) = conn.execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return str(status)
+    finally:
+        conn.close()
+
+
 async def test_malformed_row_goes_dead_and_the_worker_carries_on(config: Config, db_path) -> None:
     async with pipeline.open_pipeline(config, registry(concurrency=1)) as p:
         conn = sqlite3.connect(db_path)

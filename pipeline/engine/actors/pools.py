@@ -687,8 +687,9 @@ async def run_timeouts(pool: Pool, *, task_status: trio.TaskStatus[None] = trio.
     task_status.started()
     while pool.live_workers:
         now = trio.current_time()
-        # a run that starts from now on has its deadline no sooner than this (no wake-up per run)
-        wake_at = min(now + pool.timeout, pool.stop_deadline)
+        # a run that starts from now on has its deadline no sooner than this (no wake-up per run);
+        # once stopping, none starts (each is released): the runs in pool.deadlines are all there is
+        wake_at = math.inf if pool.stopping else now + pool.timeout
         for key, deadline in pool.deadlines.items():
             if deadline > now:
                 wake_at = deadline
