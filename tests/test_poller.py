@@ -80,3 +80,36 @@ async def test_a_pool_that_frees_a_slot_behind_a_waiting_answer_is_claimed_for()
                 except (trio.WouldBlock, trio.EndOfChannel):
                     break
         nudge_send.close()
+
+
+async def test_a_nudge_while_the_offer_is_taken_is_answered_by_a_claim_once_the_offers_answer_is_in() -> None:
+    """An insert committed in a transaction of its own (on Postgres, one with parents) wakes the
+    Poller while a batch holds its offer, all its room: it cannot claim then, and the offer's answer,
+    from a claim that ran before that insert, comes back empty. The Poller claims once more then,
+    instead of taking the empty answer for "nothing is due" and waiting for its next poll."""
+    backend = CountingBackend({"b": 0})
+    send, recv = trio.open_memory_channel[Lease](1)
+    pools = {"b": Pool(None, 1, 1, 10.0, send, recv)}  # type: ignore[arg-type]
+    nudge_send, nudge_recv = trio.open_memory_channel[object](NUDGE_BUFFER)
+    offers_send, offers_recv = trio.open_memory_channel[object](1)
+    async with trio.open_nursery() as tn:
+        claiming = await tn.start(lambda task_status: run_poller(
+            backend, pools, nudge_recv, offers_send, offers_recv.clone(),  # type: ignore[arg-type]
+            owner="me", lease_seconds=30, interval=30.0, task_status=task_status,
+        ))
+        await trio.sleep(0.2)  # its first claim found nothing: b's room stands as the offer
+        offer = offers_recv.receive_nowait()  # a batch takes it
+        backend.due["b"] = 1  # another transaction's insert commits...
+        nudge(nudge_send)  # type: ignore[arg-type]  # ...and its NOTIFY wakes the Poller, the offer out
+        await trio.sleep(0.05)
+        nudge_send.send_nowait(Claimed(offer, []))  # the batch's claim ran before that insert: nothing
+        with trio.fail_after(1):  # far less than the 30 s poll interval
+            while pools["b"].outstanding == 0:
+                await trio.sleep(0.01)
+        claiming.cancel()
+        while True:
+            try:
+                pools["b"].recv.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+        nudge_send.close()

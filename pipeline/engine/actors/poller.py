@@ -172,6 +172,10 @@ async def run_poller(
                 task_status.started(claiming)
                 while True:
                     offer.withdraw()
+                    # an offer the backend took holds its room until its answer comes: what woke us (a
+                    # nudge: an insert committed since) may be newer than that answer's claim, so once the
+                    # answer is in, we claim again rather than take a short answer for "nothing is due"
+                    owed = offer.out is not None
                     wants, start = claimer.reserve()
                     more = False
                     if wants:
@@ -208,7 +212,7 @@ async def run_poller(
                     if more:
                         await trio.lowlevel.checkpoint()
                         continue
-                    await _wait(offer, nudge_recv, _until_rate_room(claimer, interval))
+                    await _wait(offer, nudge_recv, _until_rate_room(claimer, interval), owed=owed)
         except BaseException as exc:
             if not isinstance(exc, trio.Cancelled):
                 log.error("the Poller stopped: %r; no job will be claimed: the pipeline stops", exc)
@@ -263,10 +267,11 @@ def _until_rate_room(claimer: Claimer, interval: float) -> float:
     return max(0.0, min(interval, min(claimer.rate_wake.values()) - now))
 
 
-async def _wait(offer: Offer, nudge_recv: trio.MemoryReceiveChannel[Nudge], interval: float) -> None:
+async def _wait(offer: Offer, nudge_recv: trio.MemoryReceiveChannel[Nudge], interval: float, *, owed: bool = False) -> None:
     """Until a nudge or the poll interval, with the free room standing as an offer. An
     answered offer that came back short claimed everything due that this process has room
-    for: the offer stands again, with no claim of the Poller's own in between."""
+    for: the offer stands again, with no claim of the Poller's own in between; unless
+    ``owed`` (the Poller was woken while that offer was out: its claim may predate what woke it)."""
     with trio.move_on_after(interval):
         while True:
             offer.post()  # free room waits for the next insert of this process
@@ -278,5 +283,5 @@ async def _wait(offer: Offer, nudge_recv: trio.MemoryReceiveChannel[Nudge], inte
             if not isinstance(message, Claimed):
                 return  # work may be due, or a pool full of claimed jobs has room: claim
             got = offer.answered(message)
-            if any(got.get(name, 0) == n for name, n in message.offer.wants.items()):
-                return  # it came back full: more is likely waiting
+            if owed or any(got.get(name, 0) == n for name, n in message.offer.wants.items()):
+                return  # it came back full (more is likely waiting), or we owe a claim of our own
