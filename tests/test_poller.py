@@ -49,6 +49,16 @@ def settle_one(pool: Pool, nudge_send: trio.MemorySendChannel[object]) -> None:
         nudge(nudge_send)  # type: ignore[arg-type]
 
 
+def drain(pools: Mapping[str, Pool]) -> None:
+    """Empty the pools' channels of the jobs the test left there."""
+    for pool in pools.values():
+        while True:
+            try:
+                pool.recv.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+
+
 async def test_a_pool_that_frees_a_slot_behind_a_waiting_answer_is_claimed_for() -> None:
     backend = CountingBackend({"a": 5, "b": 0, "e": 5})
     pools = {}
@@ -73,12 +83,7 @@ async def test_a_pool_that_frees_a_slot_behind_a_waiting_answer_is_claimed_for()
                 await trio.sleep(0.01)
         assert any("e" in wants for wants in backend.claims[1:])
         claiming.cancel()
-        for pool in pools.values():
-            while True:
-                try:
-                    pool.recv.receive_nowait()
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    break
+        drain(pools)
         nudge_send.close()
 
 
@@ -107,9 +112,5 @@ async def test_a_nudge_while_the_offer_is_taken_is_answered_by_a_claim_once_the_
             while pools["b"].outstanding == 0:
                 await trio.sleep(0.01)
         claiming.cancel()
-        while True:
-            try:
-                pools["b"].recv.receive_nowait()
-            except (trio.WouldBlock, trio.EndOfChannel):
-                break
+        drain(pools)
         nudge_send.close()

@@ -386,28 +386,6 @@ class _Run:
     thread: _Thread | None
 
 
-def _start(workers: Workers, pool: Pool, lease: Lease, started: float) -> Outcome | _Run:
-    """What a job that its worker takes becomes: an outcome at once (it does not run), or a run."""
-    key = (lease.id, lease.token)
-    if key in pool.lost:
-        return Outcome("lost")  # another process took it over before it started here
-    if key in pool.cancelling:
-        return Outcome("cancelled", _cancelled(lease, started=False))
-    if pool.stopping:
-        return Outcome("released")
-    try:
-        job = workers.decode(lease.job_type, lease.payload)
-    except InvalidPayload as exc:
-        return Outcome("permanent", f"payload no longer decodes: {exc}")
-    ctx = workers.context(lease)
-    thread = None
-    spec = pool.spec
-    if spec.sync and spec.handler is not None:
-        thread = _Thread(spec.handler, trio.lowlevel.current_trio_token())
-        ctx = attrs.evolve(ctx, thread=thread)
-    return _Run(lease, key, started, job, ctx, thread)
-
-
 async def _execute(workers: Workers, pool: Pool, run: _Run, scope: trio.CancelScope) -> Outcome:
     """Run the handler under ``scope``, its worker's (see run_worker): registered in ``pool.running``
     while it runs, with its deadline in ``pool.deadlines`` (the pool's timeout watch cancels the
@@ -485,8 +463,8 @@ async def _finish(
     recv: trio.MemoryReceiveChannel[Lease] | None,
 ) -> tuple[Lease | None, bool]:
     """Write a job's outcome (``started``: time.monotonic() as its worker took it). With ``recv``,
-    the job this worker runs next is taken before the outcome is written, and, if it was claimed ahead, its start is counted in the same write:
-    returned with whether it is counted."""
+    the job this worker runs next is taken before the outcome is written, and, if it was claimed
+    ahead, its start is counted in the same write: returned with whether it is counted."""
     following: Lease | None = None
     if recv is not None and not pool.stopping:
         try:
@@ -509,15 +487,29 @@ async def _finish(
 
 
 async def _begin(workers: Workers, pool: Pool, lease: Lease, counted: bool | None, started: float) -> Outcome | _Run:
-    """_start, its attempt counted first if it is not yet (a job claimed ahead: ``counted`` False;
-    None: as the lease says)."""
-    if counted is None:
-        counted = lease.started
+    """What a job its worker takes becomes: an outcome at once (it does not run), or a run, its
+    attempt counted first if it is not yet (a job claimed ahead: ``counted`` False; None: as the
+    lease says). ``started``: time.monotonic() as its worker took it."""
     key = (lease.id, lease.token)
-    if not counted and key not in pool.lost and key not in pool.cancelling and not pool.stopping:
-        if not await _count_start(workers, pool, lease):
-            return Outcome("released") if pool.stopping else Outcome("lost")
-    return _start(workers, pool, lease, started)
+    if key in pool.lost:
+        return Outcome("lost")  # another process took it over before it started here
+    if key in pool.cancelling:
+        return Outcome("cancelled", _cancelled(lease, started=False))
+    if pool.stopping:
+        return Outcome("released")
+    if not (lease.started if counted is None else counted) and not await _count_start(workers, pool, lease):
+        return Outcome("released") if pool.stopping else Outcome("lost")
+    try:
+        job = workers.decode(lease.job_type, lease.payload)
+    except InvalidPayload as exc:
+        return Outcome("permanent", f"payload no longer decodes: {exc}")
+    ctx = workers.context(lease)
+    thread = None
+    spec = pool.spec
+    if spec.sync and spec.handler is not None:
+        thread = _Thread(spec.handler, trio.lowlevel.current_trio_token())
+        ctx = attrs.evolve(ctx, thread=thread)
+    return _Run(lease, key, started, job, ctx, thread)
 
 
 def _cancelled(lease: Lease, *, started: bool) -> str:
