@@ -9,7 +9,8 @@ channels are the real ones.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 
 import trio
 
@@ -49,20 +50,13 @@ def settle_one(pool: Pool, nudge_send: trio.MemorySendChannel[object]) -> None:
         nudge(nudge_send)  # type: ignore[arg-type]
 
 
-def drain(pools: Mapping[str, Pool]) -> None:
-    """Empty the pools' channels of the jobs the test left there."""
-    for pool in pools.values():
-        while True:
-            try:
-                pool.recv.receive_nowait()
-            except (trio.WouldBlock, trio.EndOfChannel):
-                break
-
-
-async def test_a_pool_that_frees_a_slot_behind_a_waiting_answer_is_claimed_for() -> None:
-    backend = CountingBackend({"a": 5, "b": 0, "e": 5})
+@asynccontextmanager
+async def polling(backend: CountingBackend, names: str) -> AsyncIterator[
+        tuple[dict[str, Pool], trio.MemorySendChannel[object], trio.MemoryReceiveChannel[object]]]:
+    """The real Poller over ``backend``, a pool of room 1 for each of ``names``, a 30 s poll interval:
+    (the pools, the nudge channel's sending end, the offers channel's receiving end, as a Ledger's)."""
     pools = {}
-    for name in "abe":
+    for name in names:
         send, recv = trio.open_memory_channel[Lease](1)
         pools[name] = Pool(None, 1, 1, 10.0, send, recv)  # type: ignore[arg-type]
     nudge_send, nudge_recv = trio.open_memory_channel[object](NUDGE_BUFFER)
@@ -72,6 +66,20 @@ async def test_a_pool_that_frees_a_slot_behind_a_waiting_answer_is_claimed_for()
             backend, pools, nudge_recv, offers_send, offers_recv.clone(),  # type: ignore[arg-type]
             owner="me", lease_seconds=30, interval=30.0, task_status=task_status,
         ))
+        yield pools, nudge_send, offers_recv
+        claiming.cancel()
+        for pool in pools.values():  # (the jobs the test left there)
+            while True:
+                try:
+                    pool.recv.receive_nowait()
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+        nudge_send.close()
+
+
+async def test_a_pool_that_frees_a_slot_behind_a_waiting_answer_is_claimed_for() -> None:
+    backend = CountingBackend({"a": 5, "b": 0, "e": 5})
+    async with polling(backend, "abe") as (pools, nudge_send, offers_recv):
         await trio.sleep(0.2)  # a and e are full (one job each), b's room stands as the offer
         offer = offers_recv.receive_nowait()  # the Ledger takes it into a batch
         settle_one(pools["a"], nudge_send)  # a has room: the Poller claims for it...
@@ -82,9 +90,6 @@ async def test_a_pool_that_frees_a_slot_behind_a_waiting_answer_is_claimed_for()
             while pools["e"].outstanding == 0:
                 await trio.sleep(0.01)
         assert any("e" in wants for wants in backend.claims[1:])
-        claiming.cancel()
-        drain(pools)
-        nudge_send.close()
 
 
 async def test_a_nudge_while_the_offer_is_taken_is_answered_by_a_claim_once_the_offers_answer_is_in() -> None:
@@ -93,15 +98,7 @@ async def test_a_nudge_while_the_offer_is_taken_is_answered_by_a_claim_once_the_
     from a claim that ran before that insert, comes back empty. The Poller claims once more then,
     instead of taking the empty answer for "nothing is due" and waiting for its next poll."""
     backend = CountingBackend({"b": 0})
-    send, recv = trio.open_memory_channel[Lease](1)
-    pools = {"b": Pool(None, 1, 1, 10.0, send, recv)}  # type: ignore[arg-type]
-    nudge_send, nudge_recv = trio.open_memory_channel[object](NUDGE_BUFFER)
-    offers_send, offers_recv = trio.open_memory_channel[object](1)
-    async with trio.open_nursery() as tn:
-        claiming = await tn.start(lambda task_status: run_poller(
-            backend, pools, nudge_recv, offers_send, offers_recv.clone(),  # type: ignore[arg-type]
-            owner="me", lease_seconds=30, interval=30.0, task_status=task_status,
-        ))
+    async with polling(backend, "b") as (pools, nudge_send, offers_recv):
         await trio.sleep(0.2)  # its first claim found nothing: b's room stands as the offer
         offer = offers_recv.receive_nowait()  # a batch takes it
         backend.due["b"] = 1  # another transaction's insert commits...
@@ -111,6 +108,3 @@ async def test_a_nudge_while_the_offer_is_taken_is_answered_by_a_claim_once_the_
         with trio.fail_after(1):  # far less than the 30 s poll interval
             while pools["b"].outstanding == 0:
                 await trio.sleep(0.01)
-        claiming.cancel()
-        drain(pools)
-        nudge_send.close()
