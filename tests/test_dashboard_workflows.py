@@ -19,6 +19,15 @@ from test_dashboard import _page, browser  # noqa: F401 -- browser: the module's
 _BATCH_OVERFLOWS = """() => [...document.querySelectorAll("#batch-view, #batch-view .scroll")]
   .filter((box) => box.scrollWidth > box.clientWidth).map((box) => `${box.id || box.className}: ${box.scrollWidth} > ${box.clientWidth}`)"""
 
+# the page's fetch, slowed for one job's answer (and only that): the network of an operator far away
+_SLOW_JOB_ANSWERS = """(id) => {
+  const fetch = window.fetch;
+  window.slowAnswered = false;
+  window.fetch = (path, options) => String(path).endsWith(`/admin/jobs/${id}`)
+    ? new Promise((resolve) => setTimeout(resolve, 600)).then(() => fetch(path, options)).finally(() => { window.slowAnswered = true; })
+    : fetch(path, options);
+}"""
+
 
 def test_a_workflow_in_the_job_and_batch_views(browser: Any, tmp_path: Path) -> None:  # noqa: F811
     from playwright.sync_api import expect
@@ -103,4 +112,17 @@ def test_a_workflow_in_the_job_and_batch_views(browser: Any, tmp_path: Path) -> 
         page.keyboard.press("Escape")
         expect(view).to_be_hidden()
         assert "batch=" not in page.url
+
+        # an answer that comes after the operator moved on is dropped: the job's view, asked for and
+        # left for the batch's before its answer came, does not open over the batch's
+        page.evaluate(_SLOW_JOB_ANSWERS, members[0])
+        page.evaluate("(id) => { location.hash = `job=${id}`; }", members[0])
+        page.evaluate("(id) => { location.hash = `batch=${id}`; }", batch_id)
+        assert page.evaluate("() => window.slowAnswered") is False  # the batch was asked for first
+        expect(view).to_be_visible()
+        page.wait_for_function("() => window.slowAnswered === true")
+        page.wait_for_timeout(100)  # the answer has been handed to the page's code
+        expect(page.locator("#detail")).to_be_hidden()
+        expect(view).to_be_visible()
+        assert "batch=" in page.url
         assert page.errors == []

@@ -370,7 +370,10 @@
     return progress.message ? `${percent} · ${progress.message}` : percent;
   }
 
+  // An answer that comes back after the operator moved on (another job or a batch opened, the view
+  // closed) is dropped: drawn, it would reopen a view over the one now shown.
   function drawDetail(job) {
+    if (state.open !== job.id) return;
     $("d-id").textContent = job.id;
     const status = $("d-status");
     status.textContent = job.status;
@@ -452,6 +455,7 @@
   // -- a batch's view ------------------------------------------------------------------------
 
   function drawBatch(batch) {
+    if (state.batch !== batch.id || state.batchOffset !== batch.offset) return;  // as drawDetail
     $("b-id").textContent = batch.id;
     $("b-total").textContent = `${batch.total}, ${batch.finished} finished`;
     const counts = $("b-counts");
