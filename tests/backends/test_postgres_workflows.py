@@ -278,11 +278,12 @@ async def test_a_long_bulk_load_holds_no_lock_on_the_parents_it_names(tmp_path: 
         await backend.insert([doomed])
         waits, done = flow_job("c", after=[early.id]), flow_job("c", after=[late.id])
         orphan = flow_job("c", after=[doomed.id])
-        more = threading.Event()
+        more, stalled = threading.Event(), threading.Event()
 
         def rows() -> Iterator[Any]:
             yield job()
             yield from (waits, done, orphan)
+            stalled.set()
             more.wait(10)  # the load stalls here, its children inserted (a chunk of one: below)
             yield job()
 
@@ -292,6 +293,8 @@ async def test_a_long_bulk_load_holds_no_lock_on_the_parents_it_names(tmp_path: 
                 nursery.start_soon(lambda: _load(backend, rows(), loaded))
                 with connection(config) as conn:
                     with trio.fail_after(10):
+                        while not stalled.is_set():  # (edges are written a chunk at a time: until the orphan's)
+                            await trio.sleep(0.01)
                         while conn.execute("SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
                                            "WHERE a.wait_event = 'ClientRead' AND l.relation = 'job_edges'::regclass"
                                            ).fetchone() == (0,):
