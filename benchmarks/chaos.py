@@ -75,7 +75,10 @@ MAX_ATTEMPTS = 10  # a job can be hit by several kills in a row; dead would be c
 
 FINAL = ("completed", "dead", "cancelled")
 MEMBER_CONCURRENCY = 16  # per worker process, for the batch's jobs
-CALLBACK_SECONDS = 0.5  # the callback's run: long enough for the driver's kill of its first run to land in it
+CALLBACK_SECONDS = 0.5  # the callback's run
+# its first run, which the driver kills as soon as the side file says it started: long enough that the kill
+# lands in it on a loaded machine (with 0.5 s it once came after the run had ended: one run, no repeat)
+CALLBACK_FIRST_SECONDS = 5.0
 
 
 @attrs.frozen
@@ -139,7 +142,7 @@ def registry() -> pipeline.Registry:
         note(ctx, "start")
         outcome = await ctx.batch()
         note(ctx, "batch", len(outcome.jobs), sum(j.status in FINAL for j in outcome.jobs), len(outcome.results))
-        await trio.sleep(CALLBACK_SECONDS)
+        await trio.sleep(CALLBACK_FIRST_SECONDS if ctx.attempt == 1 else CALLBACK_SECONDS)
         note(ctx, "end")
 
     reg = pipeline.Registry()
