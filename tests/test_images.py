@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import struct
+import time
 import zlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -475,6 +476,13 @@ async def test_process_image_over_its_bounds_is_refused_at_enqueue(
     ProcessImage("m", (Resize(16_384, 16_384),) * 16)  # the bounds themselves are allowed
 
 
+def _one_pair() -> float:
+    """Seconds the job's pair of operations (4000 px up, 1000 px down) takes here, decode included."""
+    started = time.perf_counter()
+    Image.new("RGB", (1000, 1000), RED).resize((4000, 4000)).resize((1000, 1000))
+    return time.perf_counter() - started
+
+
 async def test_a_timeout_stops_process_image_between_operations(db_path: Path, media: Path) -> None:
     """16 resizes of a large image take seconds in an image thread; the job's timeout of
     0.4 s stops them at the next operation, not when all are done, and the message does
@@ -484,14 +492,18 @@ async def test_a_timeout_stops_process_image_between_operations(db_path: Path, m
     operations = (Resize(4000, 4000), Resize(1000, 1000)) * 8
     async with running_images(config) as im:
         await im.add_media("big", "big.png", "image/png")
+        pair = await trio.to_thread.run_sync(_one_pair)  # the machine's pace now (a loaded one is slower)
         started = trio.current_time()
         job_id = await im.p.enqueue(ProcessImage("big", operations), max_attempts=1)
         (record,) = await im.wait([job_id])
         took = trio.current_time() - started
+        pair = max(pair, await trio.to_thread.run_sync(_one_pair))
         assert not (media / "derived").exists() or not any((media / "derived").rglob("*.*"))
 
     assert (record.status, record.attempts) == ("dead", 1)
     assert record.error.startswith("timed out after 0.4 s"), record.error
-    assert took < 2.0, f"the job ran {took:.1f} s: the operations went on after the timeout"
+    # all eight pairs would take 8 × pair; stopped at the next operation, the job takes its timeout and
+    # at most the pair it was in (and its decode), with half a second for the rest
+    assert took < 0.4 + 2 * pair + 0.5 < 8 * pair, f"the job ran {took:.1f} s (a pair of operations {pair:.2f} s): the operations went on after the timeout"
     if "blocking the event loop" in record.error:  # a slow operation made the timeout late: both causes named
         assert "waiting on such a thread" in record.error

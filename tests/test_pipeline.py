@@ -86,18 +86,16 @@ async def test_timeout_fails_the_job_and_others_keep_moving(db_path) -> None:
         await wait_status(p, fast, "completed")
 
 
-async def test_one_worker_runs_each_job_whole_after_a_timeout_a_late_finish_and_a_cancel(db_path) -> None:
-    """A worker's jobs share one cancel scope (pools.run_worker): after a run it cancelled (a timeout,
-    a cancel request) or a run whose cancellation it caught and returned (a late finish), the
-    next job on the same worker runs whole under a new scope, and each gets its own deadline."""
-    ran: list[str] = []
+def _one_worker_registry(ran: list[str], timeout: float) -> pipeline.Registry:
+    """echo on one worker: "hang" sleeps forever, "swallow" catches its timeout's cancellation and
+    returns, "wait" sleeps job.sleep; each run that returns is noted in ``ran``."""
 
     async def handler(job: Echo, ctx: pipeline.JobContext) -> None:
         if job.mode == "hang":
             await trio.sleep_forever()
         elif job.mode == "swallow":
             try:
-                await trio.sleep(1)
+                await trio.sleep(10)
             except trio.Cancelled:  # its timeout's cancellation, caught: it returns, its scope cancelled
                 pass
         elif job.mode == "wait":
@@ -105,18 +103,39 @@ async def test_one_worker_runs_each_job_whole_after_a_timeout_a_late_finish_and_
         ran.append(job.text)
 
     reg = pipeline.site.types_registry()
-    reg.register("echo", Echo, handler, concurrency=1, timeout=0.3)
-    async with pipeline.open_pipeline(fast_config(db_path), reg) as p:
+    reg.register("echo", Echo, handler, concurrency=1, timeout=timeout)
+    return reg
+
+
+async def test_one_worker_runs_each_job_whole_after_a_timeout_and_a_late_finish(db_path) -> None:
+    """A worker's jobs share one cancel scope (pools.run_worker): after a run it cancelled (a timeout)
+    or a run whose cancellation it caught and returned (a late finish), the next job on the same
+    worker runs whole under a new scope, and each gets its own deadline."""
+    ran: list[str] = []
+    async with pipeline.open_pipeline(fast_config(db_path), _one_worker_registry(ran, 0.3)) as p:
         ids = [await p.enqueue(Echo(text, mode=mode, sleep=0.2), max_attempts=1)
                for text, mode in (("hang", "hang"), ("after-timeout", "wait"), ("swallow", "swallow"), ("after-late", "wait"),
-                                  ("cancelled", "hang"), ("after-cancel", "wait"), ("last", "wait"))]
-        await wait_status(p, ids[4], "running")
-        await p.backend.cancel([ids[4]], reason="test")
+                                  ("last", "wait"))]
         jobs = [await wait_status(p, job_id, "completed", "dead", "cancelled") for job_id in ids]
-    assert [job.status for job in jobs] == ["dead", "completed", "completed", "completed", "cancelled", "completed",
-                                            "completed"]
+    assert [job.status for job in jobs] == ["dead", "completed", "completed", "completed", "completed"]
     assert jobs[0].error.startswith("timed out after 0.3 s")
-    assert ran == ["after-timeout", "swallow", "after-late", "after-cancel", "last"]
+    assert ran == ["after-timeout", "swallow", "after-late", "last"]
+
+
+async def test_a_cancel_ends_the_job_cancelled_on_a_worker_whose_last_job_completed(db_path) -> None:
+    """The cancel request of a job that runs after a completed one under the same worker's scope: it
+    ends cancelled, never retried, and the job after it runs whole. (Its worker once judged such a run
+    by the last job's outcome: it took the cancellation for a timeout, and the job was retried.)"""
+    ran: list[str] = []
+    async with pipeline.open_pipeline(fast_config(db_path), _one_worker_registry(ran, 30.0)) as p:
+        ids = [await p.enqueue(Echo(text, mode=mode, sleep=0.05), max_attempts=3)
+               for text, mode in (("first", "wait"), ("cancelled", "hang"), ("after-cancel", "wait"))]
+        await wait_status(p, ids[1], "running")
+        await p.backend.cancel([ids[1]], reason="test")
+        jobs = [await wait_status(p, job_id, "completed", "dead", "cancelled") for job_id in ids]
+    assert [job.status for job in jobs] == ["completed", "cancelled", "completed"]
+    assert (jobs[1].attempts, jobs[1].error) == (1, "cancelled while running (cancel requested during attempt 1)")
+    assert ran == ["first", "after-cancel"]
 
 
 async def test_a_run_that_outlasts_the_stops_grace_is_waited_for_without_the_timeout_watch_spinning(db_path) -> None:

@@ -648,7 +648,7 @@ async def run_worker(
                             if isinstance(begun, Outcome):
                                 lease, counted = await _finish(workers, pool, lease, begun, started, recv)
                                 continue
-                            run = begun
+                            run, ran_as = begun, None  # (not the last job's: _judge reads it if this run is cancelled)
                             ran_as = await _execute(workers, pool, run, scope)
                             if scope.cancel_called:
                                 break  # cancelled as it returned: the scope is spent (its next checkpoint would raise)
