@@ -111,7 +111,9 @@ async def test_each_waiter_of_a_failed_batch_raises_its_own_error() -> None:
 async def test_a_job_at_a_time_costs_two_transactions(db_path) -> None:
     """Its insert, which also claims it for the Poller's standing offer, and its outcome: a
     worker freeing room the offer holds does not send the Poller to claim for nothing."""
-    config = fast_config(db_path, worker_poll_interval_ms=10_000)  # no poll in the way
+    # no poll in the way; and the lease keeper's rescue and bury (two batches every third of the lease)
+    # once in 20 s, not every 0.67 s of a run that a loaded machine stretches to seconds
+    config = fast_config(db_path, worker_poll_interval_ms=10_000, worker_lease_seconds=60.0)
     async with pipeline.open_pipeline(config, registry()) as p:
         await trio.sleep(0.1)  # the Poller's first (empty) claim, then its offer
         before = p.backend.ledger_stats.batches

@@ -208,7 +208,8 @@ async def keep_the_limit(store: Config, tmp_path: Path, services: list[Service])
     assert samples.count(2) > len(samples) // 4, "the limit was seldom reached: the test proves little"
     # 24 jobs of 0.25 s, 2 at a time: about 3 s; the quick type is not held to that pace
     assert echo_done_at >= 2.5
-    assert ticks_done_at is not None and ticks_done_at < echo_done_at / 2, (ticks_done_at, echo_done_at)
+    # (ticks held to the echo jobs' pace would end with them; a loaded machine took half as long once)
+    assert ticks_done_at is not None and ticks_done_at < echo_done_at * 0.8, (ticks_done_at, echo_done_at)
 
 
 async def test_a_killed_processs_slots_come_back_when_its_leases_are_rescued(tmp_path: Path) -> None:
