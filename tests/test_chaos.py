@@ -35,7 +35,8 @@ def test_kill_9_during_a_burst_loses_nothing(tmp_path: Path) -> None:
     out = io.StringIO()
     result = chaos.run_chaos(jobs=1200, workers=3, duration=3.0, kill_every=0.6, folder=tmp_path, out=out)
     print(out.getvalue())
-    assert result["kills"] >= 3
+    # about five in 3 s; a loaded machine, slow to start the killed processes again, fitted two once
+    assert result["kills"] >= 2, out.getvalue()
     assert result["lost"] == 0, out.getvalue()
     assert result["not_completed"] == 0, out.getvalue()
     assert result["never_ran"] == 0, out.getvalue()
