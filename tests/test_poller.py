@@ -108,3 +108,62 @@ async def test_a_nudge_while_the_offer_is_taken_is_answered_by_a_claim_once_the_
         with trio.fail_after(1):  # far less than the 30 s poll interval
             while pools["b"].outstanding == 0:
                 await trio.sleep(0.01)
+
+
+class RateBackend(CountingBackend):
+    """CountingBackend with one rate window, as the stores keep it: the claim times of the window."""
+
+    def __init__(self, due: dict[str, int], limit: int, window: float) -> None:
+        super().__init__(due)
+        self.limit, self.window = limit, window
+        self.at: list[float] = []  # trio time of each job claimed
+
+    def take(self, wants: Mapping[str, int]) -> list[Lease]:
+        """A claim as a batch runs it (the Poller's own, or an offer's): as many as due and the window's room."""
+        now = trio.current_time()
+        self.at = [t for t in self.at if t > now - self.window]
+        leases = []
+        for job_type, n in wants.items():
+            k = min(n, self.due[job_type], self.limit - len(self.at))
+            self.due[job_type] -= k
+            self.at += [now] * k
+            leases += [Lease(f"{job_type}{next(_ids)}", job_type, "{}", 1, 3, 1, "", "") for _ in range(k)]
+        return leases
+
+    async def claim(self, wants: Mapping[str, int], *, owner: str, lease_seconds: float, start: object = None,
+                    limits: object = None, rates: object = None) -> list[Lease]:
+        self.claims.append(dict(wants))
+        return self.take(wants)
+
+    async def rate_free_at(self, job_type: str, limit: int, window: float) -> float:
+        now = trio.current_time()
+        inside = sorted(t for t in self.at if t > now - window)
+        return max(0.0, inside[-limit] + window - now) if len(inside) >= limit else 0.0
+
+
+async def test_an_offer_cut_short_by_the_rate_window_has_the_poller_wait_for_the_window_not_a_poll() -> None:
+    """A rate-limited type's offer, answered by a batch whose claim the window cut short (another
+    process filled it): the Poller claims itself then, learns when the window has room, and claims
+    then, instead of taking the short answer for "nothing more is due" and waiting for its 30 s poll.
+    (On Postgres the last of 50 jobs at 20/s waited so for the poll: the engine's rate test.)"""
+    backend = RateBackend({"r": 0}, limit=3, window=1.0)
+    send, recv = trio.open_memory_channel[Lease](2)
+    pools = {"r": Pool(None, 2, 2, 10.0, send, recv, rate=(3, 1.0))}  # type: ignore[arg-type]
+    nudge_send, nudge_recv = trio.open_memory_channel[object](NUDGE_BUFFER)
+    offers_send, offers_recv = trio.open_memory_channel[object](1)
+    async with trio.open_nursery() as tn:
+        claiming = await tn.start(lambda task_status: run_poller(
+            backend, pools, nudge_recv, offers_send, offers_recv.clone(),  # type: ignore[arg-type]
+            owner="me", lease_seconds=30, interval=30.0, task_status=task_status,
+        ))
+        await trio.sleep(0.1)  # nothing due, twice with room: r's room (2) stands as the offer
+        offer = offers_recv.receive_nowait()  # a batch takes it...
+        backend.due["r"] = 5
+        backend.at += [trio.current_time()] * 2  # ...after another process claimed 2 of the window's 3
+        nudge_send.send_nowait(Claimed(offer, backend.take(offer.wants)))  # 1 of the 2 wanted
+        with trio.fail_after(3):  # the window has room again after 1 s; the poll is 30 s away
+            while pools["r"].outstanding < 2:
+                await trio.sleep(0.01)
+        assert backend.due["r"] == 3
+        claiming.cancel()
+        nudge_send.close()

@@ -53,12 +53,14 @@ async def test_a_rate_limited_type_starts_at_most_its_limit_per_window_and_keeps
         with trio.fail_after(20):
             while len(started) < 50:
                 await trio.sleep(0.02)
-    # the claim records its time before the handler starts: allow the few ms between the two
-    assert max_in_window(started, 0.95) <= 20, sorted(started)
+    # the claim records its time before the handler starts: allow what a loaded machine puts between
+    # the two (50 ms was too little once: a window's first handlers started late, its next ones on time)
+    assert max_in_window(started, 0.9) <= 20, sorted(started)
     span = max(started) - min(started)
-    # 50 jobs at 20/s: 20 at once, 20 more as the next window opens, the last ten at 2 s. Later than 2.2 s:
-    # the Poller waited for a poll, not for the window (the interval here is a minute)
-    assert 1.9 <= span <= 2.2, f"50 jobs took {span:.2f} s at 20/s (expected 2 s, within 10 %)"
+    # 50 jobs at 20/s: 20 at once, 20 more as the next window opens, the last ten at 2 s. Much later: the
+    # Poller waited for a poll, not for the window (the interval here is a minute); a loaded machine
+    # took 2.28 s once
+    assert 1.9 <= span <= 3.0, f"50 jobs took {span:.2f} s at 20/s (expected 2 s)"
 
 
 async def test_one_keys_backlog_does_not_starve_another_key(store_config: Config) -> None:

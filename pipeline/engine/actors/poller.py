@@ -97,19 +97,19 @@ class Offer:
 
     def __init__(self, claimer: Claimer, send: trio.MemorySendChannel[ClaimOffer],
                  recv: trio.MemoryReceiveChannel[ClaimOffer], owner: str, lease_seconds: float) -> None:
-        self._claimer, self._send, self._recv = claimer, send, recv
+        self.claimer, self._send, self._recv = claimer, send, recv
         self._owner, self._lease_seconds = owner, lease_seconds
         self.out: ClaimOffer | None = None
 
     def post(self) -> None:
         if self.out is not None:
             return
-        pools = self._claimer.pools
-        wants = self._claimer.room()
+        pools = self.claimer.pools
+        wants = self.claimer.room()
         if not wants:
             return
-        offer = ClaimOffer(wants, self._owner, self._lease_seconds, self._claimer.starting(wants), self._claimer.limits,
-                           self._claimer.rates, self._claimer.key_limits)
+        offer = ClaimOffer(wants, self._owner, self._lease_seconds, self.claimer.starting(wants), self.claimer.limits,
+                           self.claimer.rates, self.claimer.key_limits)
         try:
             self._send.send_nowait(offer)
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
@@ -120,7 +120,7 @@ class Offer:
 
     def _unreserve(self, offer: ClaimOffer) -> None:
         for name, n in offer.wants.items():
-            self._claimer.pools[name].offered -= n
+            self.claimer.pools[name].offered -= n
 
     def withdraw(self) -> None:
         if self.out is None:
@@ -137,8 +137,8 @@ class Offer:
         self.out = None
         self._unreserve(claimed.offer)
         for name, n in claimed.offer.wants.items():
-            self._claimer.pools[name].outstanding += n  # what deliver hands back when unused
-        return self._claimer.deliver(claimed.offer.wants, claimed.leases)
+            self.claimer.pools[name].outstanding += n  # what deliver hands back when unused
+        return self.claimer.deliver(claimed.offer.wants, claimed.leases)
 
 
 async def run_poller(
@@ -285,3 +285,21 @@ async def _wait(offer: Offer, nudge_recv: trio.MemoryReceiveChannel[Nudge], inte
             got = offer.answered(message)
             if owed or any(got.get(name, 0) == n for name, n in message.offer.wants.items()):
                 return  # it came back full (more is likely waiting), or we owe a claim of our own
+            if _cut_by_rate(offer.claimer, message.offer.wants, got):
+                return  # the window may have cut it short: our own claim learns when it has room
+
+
+def _cut_by_rate(claimer: Claimer, wants: Mapping[str, int], got: Mapping[str, int]) -> bool:
+    """An offer's short answer that a rate window may have cut, with no wake-up for it: a
+    rate-limited type that got some but not all it wanted (jobs were due), or none while the
+    Poller had not found it empty (its last claims did not come back short twice with room).
+    Its own claim then reads when the window has room (_rate_waits); a type whose wake-up is
+    set, or found empty, waits as before."""
+    if not claimer.rates:
+        return False
+    for name, n in wants.items():
+        if name not in claimer.rates or name in claimer.rate_wake or got.get(name, 0) >= n:
+            continue
+        if got.get(name, 0) > 0 or name not in claimer.rate_rechecked:
+            return True
+    return False
