@@ -8,8 +8,13 @@ from pathlib import Path
 
 import early
 import pytest
+from hypothesis import settings
 
 from pipeline import Config
+
+# No per-example deadline (hypothesis's 200 ms): a loaded machine's pause in one example is not a defect
+settings.register_profile("pipeline", deadline=None)
+settings.load_profile("pipeline")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -402,8 +402,9 @@ async def test_a_job_committed_by_another_process_starts_at_once_while_the_ledge
     config = fast_config(db_path, worker_poll_interval_ms=60_000)
     reg = registry(concurrency=2100)
     async with pipeline.open_pipeline(config, reg) as p:
-        # 2,000 echo jobs, all claimed at once, ending one every millisecond for 2 s: a steady stream of outcomes
-        ids = await p.enqueue_many([Echo(str(i), sleep=0.5 + i * 0.001) for i in range(2000)])
+        # 2,000 echo jobs, all claimed at once, ending one every 2 ms for 4 s: a steady stream of outcomes
+        # (one a millisecond, 2 s in all, once ended before the five rounds below did on a loaded machine)
+        ids = await p.enqueue_many([Echo(str(i), sleep=0.5 + i * 0.002) for i in range(2000)])
         await wait_status(p, ids[0], "running")
         waits = []
         for _ in range(5):

@@ -80,8 +80,8 @@ async def polling(backend: CountingBackend, names: str) -> AsyncIterator[
 async def test_a_pool_that_frees_a_slot_behind_a_waiting_answer_is_claimed_for() -> None:
     backend = CountingBackend({"a": 5, "b": 0, "e": 5})
     async with polling(backend, "abe") as (pools, nudge_send, offers_recv):
-        await trio.sleep(0.2)  # a and e are full (one job each), b's room stands as the offer
-        offer = offers_recv.receive_nowait()  # the Ledger takes it into a batch
+        with trio.fail_after(5):  # a and e are full (one job each), b's room stands as the offer...
+            offer = await offers_recv.receive()  # ...and the Ledger takes it into a batch
         settle_one(pools["a"], nudge_send)  # a has room: the Poller claims for it...
         await trio.sleep(0.05)
         nudge_send.send_nowait(Claimed(offer, []))  # ...while the offer's batch commits: nothing for b
@@ -99,8 +99,8 @@ async def test_a_nudge_while_the_offer_is_taken_is_answered_by_a_claim_once_the_
     instead of taking the empty answer for "nothing is due" and waiting for its next poll."""
     backend = CountingBackend({"b": 0})
     async with polling(backend, "b") as (pools, nudge_send, offers_recv):
-        await trio.sleep(0.2)  # its first claim found nothing: b's room stands as the offer
-        offer = offers_recv.receive_nowait()  # a batch takes it
+        with trio.fail_after(5):  # its first claim found nothing: b's room stands as the offer...
+            offer = await offers_recv.receive()  # ...and a batch takes it
         backend.due["b"] = 1  # another transaction's insert commits...
         nudge(nudge_send)  # type: ignore[arg-type]  # ...and its NOTIFY wakes the Poller, the offer out
         await trio.sleep(0.05)
@@ -156,8 +156,8 @@ async def test_an_offer_cut_short_by_the_rate_window_has_the_poller_wait_for_the
             backend, pools, nudge_recv, offers_send, offers_recv.clone(),  # type: ignore[arg-type]
             owner="me", lease_seconds=30, interval=30.0, task_status=task_status,
         ))
-        await trio.sleep(0.1)  # nothing due, twice with room: r's room (2) stands as the offer
-        offer = offers_recv.receive_nowait()  # a batch takes it...
+        with trio.fail_after(5):  # nothing due, twice with room: r's room (2) stands as the offer...
+            offer = await offers_recv.receive()  # ...a batch takes it...
         backend.due["r"] = 5
         backend.at += [trio.current_time()] * 2  # ...after another process claimed 2 of the window's 3
         nudge_send.send_nowait(Claimed(offer, backend.take(offer.wants)))  # 1 of the 2 wanted

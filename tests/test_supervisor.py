@@ -37,7 +37,9 @@ def test_two_worker_processes_share_the_work_behind_one_admin_api(service: Servi
     service.wait_completed(ids)
     assert service.run_pids() == children and len(children) == 2  # both worker processes ran jobs; the supervisor none
     assert httpx.get(f"{url}/healthz").status_code == 200
-    time.sleep(1.5)  # the worker processes report their counters every second
+    deadline = time.monotonic() + 10  # the worker processes report their counters every second
+    while metric(url, "pipeline_jobs_processed_total", job_type="echo", outcome="ok") != 300 and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert metric(url, "pipeline_jobs_processed_total", job_type="echo", outcome="ok") == 300
     assert metric(url, "pipeline_worker_processes") == 2
     assert service.stop() == 0
