@@ -194,12 +194,18 @@ def run_control(name: str, database_url: str, folder: Path) -> None:
         assert cli(app, env, "--app", "control_app:registry", "types", "pause", "call_partner").returncode == 0
         produce(app, env, "enqueue-calls", "100")
         assert cli(app, env, "--app", "control_app:registry", "types", "resume", "call_partner").returncode == 0
-        time.sleep(2.2)
+        deadline = time.monotonic() + 15  # until 2.2 s after the first start (not after the resume: it may lag)
+        while time.monotonic() < deadline:
+            calls = sorted(n["at"] for n in notes(log) if n["kind"] == "called")
+            if calls and time.time() >= calls[0] + 2.2:
+                break
+            time.sleep(0.05)
         calls = sorted(n["at"] for n in notes(log) if n["kind"] == "called")
         within = [at for at in calls if at < calls[0] + 2.0]
-        print(f"{name}: 20/s over 2 s: {len(within)} starts, at most {max_in_window(calls, 0.95)} in any window, "
+        print(f"{name}: 20/s over 2 s: {len(within)} starts, at most {max_in_window(calls, 0.9)} in any 0.9 s, "
               f"in {len({n['pid'] for n in notes(log) if n['kind'] == 'called'})} processes")
-        assert max_in_window(calls, 0.95) <= 20, calls  # (0.95: a claim is recorded a few ms before its handler starts)
+        # (0.9: a claim is recorded before its handler starts, by what a loaded machine puts between the two)
+        assert max_in_window(calls, 0.9) <= 20, calls
         assert len(within) >= 36, f"{len(within)} starts in 2 s at 20/s: under 90 % of the limit"  # 40 at the limit
     finally:
         code = service.stop()
