@@ -565,15 +565,16 @@
       drawBatch(await api("GET", batchQuery()));
     } catch (error) {
       showProblem(error);
-      closeBatch();
+      if (state.batch === id) closeBatch();  // (not a view opened since)
     }
   }
 
   async function reloadBatch() {
+    const id = state.batch;
     try {
       drawBatch(await api("GET", batchQuery()));
     } catch (error) {
-      if (error.status === 404) closeBatch();
+      if (error.status === 404) { if (state.batch === id) closeBatch(); }
       else throw error;
     }
   }
@@ -644,10 +645,11 @@
   }
 
   async function reloadDetail() {
+    const id = state.open;
     try {
-      drawDetail(await api("GET", "/admin/jobs/" + encodeURIComponent(state.open)));
+      drawDetail(await api("GET", "/admin/jobs/" + encodeURIComponent(id)));
     } catch (error) {
-      if (error.status === 404) { $("d-message").textContent = "this job no longer exists"; closeDetail(); }
+      if (error.status === 404) { if (state.open === id) { $("d-message").textContent = "this job no longer exists"; closeDetail(); } }
       else throw error;
     }
   }
@@ -662,7 +664,7 @@
       drawDetail(await api("GET", "/admin/jobs/" + encodeURIComponent(id)));
     } catch (error) {
       showProblem(error);
-      closeDetail();
+      if (state.open === id) closeDetail();  // (not a view opened since)
     }
   }
 
