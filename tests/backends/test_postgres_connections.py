@@ -90,6 +90,10 @@ async def test_a_process_with_more_than_1024_files_open_enqueues_claims_and_runs
                 assert ran == [1]
 
 
+async def _has_workers(p: pipeline.Pipeline) -> bool:
+    return bool(await p.backend.workers())
+
+
 async def _status_is(p: pipeline.Pipeline, job_id: str, status: str) -> bool:
     found = await p.backend.get(job_id)
     return found is not None and found.status == status
@@ -163,6 +167,8 @@ async def test_a_database_whose_datestyle_is_not_iso_reads_and_runs_jobs(tmp_pat
             stats = await p.backend.stats()
             assert stats["by_status"]["completed"] == 1 and stats["now"].endswith("Z")
             assert sum(minute["completed"] for minute in stats["finished_per_minute"]) == 1
+            # (the process's row is written by its heartbeat, which a loaded machine can run after the job)
+            await until(lambda: _has_workers(p), "the process's heartbeat wrote its row")
             (worker,) = await p.backend.workers()
             assert worker.alive and worker.heartbeat_at.endswith("Z")
             assert ran == [7]
