@@ -167,3 +167,41 @@ async def test_an_offer_cut_short_by_the_rate_window_has_the_poller_wait_for_the
         assert backend.due["r"] == 3
         claiming.cancel()
         nudge_send.close()
+
+
+class RacingRateBackend(RateBackend):
+    """Its first ``racing`` looks at the window say it has room whatever it holds: as a look does when
+    records leave a sliding window (or an offer's claim takes the room) between the claim and the look."""
+
+    def __init__(self, *args: object, racing: int, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.racing = racing
+
+    async def rate_free_at(self, job_type: str, limit: int, window: float) -> float:
+        if self.racing:
+            self.racing -= 1
+            return 0.0
+        return await super().rate_free_at(job_type, limit, window)
+
+
+async def test_a_window_that_looks_free_after_two_short_claims_is_looked_at_again_after_a_window() -> None:
+    """Two claims cut short by a full window, each followed by a look that found room (the window moved
+    between the two): the Poller takes it for "nothing is due" but looks again a window later, not at
+    its 30 s poll. (Jobs waited so for a minute in the engine's rate test, on Postgres and Redis.)"""
+    backend = RacingRateBackend({"r": 5}, limit=3, window=1.0, racing=2)
+    backend.at = [trio.current_time()] * 3  # another process filled the window
+    send, recv = trio.open_memory_channel[Lease](2)
+    pools = {"r": Pool(None, 2, 2, 10.0, send, recv, rate=(3, 1.0))}  # type: ignore[arg-type]
+    nudge_send, nudge_recv = trio.open_memory_channel[object](NUDGE_BUFFER)
+    offers_send, offers_recv = trio.open_memory_channel[object](1)
+    async with trio.open_nursery() as tn:
+        claiming = await tn.start(lambda task_status: run_poller(
+            backend, pools, nudge_recv, offers_send, offers_recv.clone(),  # type: ignore[arg-type]
+            owner="me", lease_seconds=30, interval=30.0, task_status=task_status,
+        ))
+        with trio.fail_after(3):  # the window has room after 1 s; the poll is 30 s away
+            while pools["r"].outstanding < 2:
+                await trio.sleep(0.01)
+        assert backend.racing == 0 and len(backend.claims) >= 3
+        claiming.cancel()
+        nudge_send.close()
