@@ -13,6 +13,7 @@ from jobkit import Echo, echo, registry, wait_status
 
 import pipeline
 from pipeline import Config
+from pipeline.backends import open_backend
 from pipeline.clock import now_ts, to_epoch
 from pipeline.site import UserRegistered
 
@@ -164,16 +165,8 @@ async def test_a_run_that_outlasts_the_stops_grace_is_waited_for_without_the_tim
         await wait_status(p, job_id, "running")
         trio.lowlevel.add_instrument(Count())
     assert steps < 20, steps  # (it looked again at once: thousands)
-    assert (await _status(db_path, job_id)) == "pending"  # released at the end of the grace
-
-
-async def _status(db_path, job_id: str) -> str:
-    conn = sqlite3.connect(db_path)
-    try:
-        (status,) = conn.execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        return str(status)
-    finally:
-        conn.close()
+    async with open_backend(fast_config(db_path)) as backend:
+        assert (await backend.get(job_id)).status == "pending"  # type: ignore[union-attr]  # released at the end of the grace
 
 
 async def test_malformed_row_goes_dead_and_the_worker_carries_on(config: Config, db_path) -> None:

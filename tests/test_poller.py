@@ -51,14 +51,15 @@ def settle_one(pool: Pool, nudge_send: trio.MemorySendChannel[object]) -> None:
 
 
 @asynccontextmanager
-async def polling(backend: CountingBackend, names: str) -> AsyncIterator[
+async def polling(backend: CountingBackend, names: str, *, room: int = 1,
+                  rates: Mapping[str, tuple[int, float]] | None = None) -> AsyncIterator[
         tuple[dict[str, Pool], trio.MemorySendChannel[object], trio.MemoryReceiveChannel[object]]]:
-    """The real Poller over ``backend``, a pool of room 1 for each of ``names``, a 30 s poll interval:
-    (the pools, the nudge channel's sending end, the offers channel's receiving end, as a Ledger's)."""
+    """The real Poller over ``backend``, a pool of ``room`` (and its rate) for each of ``names``, a 30 s
+    poll interval: (the pools, the nudge channel's sending end, the offers channel's receiving end, as a Ledger's)."""
     pools = {}
     for name in names:
-        send, recv = trio.open_memory_channel[Lease](1)
-        pools[name] = Pool(None, 1, 1, 10.0, send, recv)  # type: ignore[arg-type]
+        send, recv = trio.open_memory_channel[Lease](room)
+        pools[name] = Pool(None, room, room, 10.0, send, recv, rate=(rates or {}).get(name))  # type: ignore[arg-type]
     nudge_send, nudge_recv = trio.open_memory_channel[object](NUDGE_BUFFER)
     offers_send, offers_recv = trio.open_memory_channel[object](1)
     async with trio.open_nursery() as tn:
@@ -124,7 +125,7 @@ class RateBackend(CountingBackend):
         self.at = [t for t in self.at if t > now - self.window]
         leases = []
         for job_type, n in wants.items():
-            k = min(n, self.due[job_type], self.limit - len(self.at))
+            k = max(0, min(n, self.due[job_type], self.limit - len(self.at)))
             self.due[job_type] -= k
             self.at += [now] * k
             leases += [Lease(f"{job_type}{next(_ids)}", job_type, "{}", 1, 3, 1, "", "") for _ in range(k)]
@@ -143,39 +144,34 @@ class RateBackend(CountingBackend):
 
 async def test_an_offer_cut_short_by_the_rate_window_has_the_poller_wait_for_the_window_not_a_poll() -> None:
     """A rate-limited type's offer, answered by a batch whose claim the window cut short (another
-    process filled it): the Poller claims itself then, learns when the window has room, and claims
-    then, instead of taking the short answer for "nothing more is due" and waiting for its 30 s poll.
-    (On Postgres the last of 50 jobs at 20/s waited so for the poll: the engine's rate test.)"""
-    backend = RateBackend({"r": 0}, limit=3, window=1.0)
-    send, recv = trio.open_memory_channel[Lease](2)
-    pools = {"r": Pool(None, 2, 2, 10.0, send, recv, rate=(3, 1.0))}  # type: ignore[arg-type]
-    nudge_send, nudge_recv = trio.open_memory_channel[object](NUDGE_BUFFER)
-    offers_send, offers_recv = trio.open_memory_channel[object](1)
-    async with trio.open_nursery() as tn:
-        claiming = await tn.start(lambda task_status: run_poller(
-            backend, pools, nudge_recv, offers_send, offers_recv.clone(),  # type: ignore[arg-type]
-            owner="me", lease_seconds=30, interval=30.0, task_status=task_status,
-        ))
-        with trio.fail_after(5):  # nothing due, twice with room: r's room (2) stands as the offer...
-            offer = await offers_recv.receive()  # ...a batch takes it...
-        backend.due["r"] = 5
-        backend.at += [trio.current_time()] * 2  # ...after another process claimed 2 of the window's 3
-        nudge_send.send_nowait(Claimed(offer, backend.take(offer.wants)))  # 1 of the 2 wanted
+    process filled it), after the Poller's last claim of the type came back full (so it knows of no
+    window to wait for): the Poller claims itself then, learns when the window has room, and claims
+    then, instead of taking the short answer for "nothing more is due" and waiting for its 30 s poll."""
+    backend = RateBackend({"r": 2, "b": 0}, limit=3, window=1.0)
+    async with polling(backend, "rb", rates={"r": (3, 1.0)}) as (pools, nudge_send, offers_recv):
+        with trio.fail_after(5):  # r's claim came back full (1 of 1); b's room stands as the offer...
+            first = await offers_recv.receive()  # ...which a batch takes
+        assert first.wants == {"b": 1}
+        r = pools["r"]
+        r.held.pop(r.recv.receive_nowait().id)  # r's job ends, freeing room the standing offer takes
+        r.outstanding -= 1  # (no nudge: the pool was not full counting that offer's room)
+        nudge_send.send_nowait(Claimed(first, []))  # nothing for b: the offer stands again, r's room in it
+        with trio.fail_after(5):
+            second = await offers_recv.receive()
+        assert second.wants == {"r": 1, "b": 1}
+        backend.at += [trio.current_time()] * 3  # another process fills r's window...
+        nudge_send.send_nowait(Claimed(second, backend.take(second.wants)))  # ...so the batch's claim gets nothing
         with trio.fail_after(3):  # the window has room again after 1 s; the poll is 30 s away
-            while pools["r"].outstanding < 2:
+            while not r.held:  # (delivered: a claim reserves its room in outstanding before it is sent)
                 await trio.sleep(0.01)
-        assert backend.due["r"] == 3
-        claiming.cancel()
-        nudge_send.close()
+        assert backend.due["r"] == 0
 
 
 class RacingRateBackend(RateBackend):
     """Its first ``racing`` looks at the window say it has room whatever it holds: as a look does when
     records leave a sliding window (or an offer's claim takes the room) between the claim and the look."""
 
-    def __init__(self, *args: object, racing: int, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.racing = racing
+    racing = 0
 
     async def rate_free_at(self, job_type: str, limit: int, window: float) -> float:
         if self.racing:
@@ -188,20 +184,11 @@ async def test_a_window_that_looks_free_after_two_short_claims_is_looked_at_agai
     """Two claims cut short by a full window, each followed by a look that found room (the window moved
     between the two): the Poller takes it for "nothing is due" but looks again a window later, not at
     its 30 s poll. (Jobs waited so for a minute in the engine's rate test, on Postgres and Redis.)"""
-    backend = RacingRateBackend({"r": 5}, limit=3, window=1.0, racing=2)
+    backend = RacingRateBackend({"r": 5}, limit=3, window=1.0)
+    backend.racing = 2
     backend.at = [trio.current_time()] * 3  # another process filled the window
-    send, recv = trio.open_memory_channel[Lease](2)
-    pools = {"r": Pool(None, 2, 2, 10.0, send, recv, rate=(3, 1.0))}  # type: ignore[arg-type]
-    nudge_send, nudge_recv = trio.open_memory_channel[object](NUDGE_BUFFER)
-    offers_send, offers_recv = trio.open_memory_channel[object](1)
-    async with trio.open_nursery() as tn:
-        claiming = await tn.start(lambda task_status: run_poller(
-            backend, pools, nudge_recv, offers_send, offers_recv.clone(),  # type: ignore[arg-type]
-            owner="me", lease_seconds=30, interval=30.0, task_status=task_status,
-        ))
+    async with polling(backend, "r", room=2, rates={"r": (3, 1.0)}) as (pools, _, _):
         with trio.fail_after(3):  # the window has room after 1 s; the poll is 30 s away
-            while pools["r"].outstanding < 2:
+            while len(pools["r"].held) < 2:
                 await trio.sleep(0.01)
         assert backend.racing == 0 and len(backend.claims) >= 3
-        claiming.cancel()
-        nudge_send.close()

@@ -294,16 +294,8 @@ async def _wait(offer: Offer, nudge_recv: trio.MemoryReceiveChannel[Nudge], inte
 
 
 def _cut_by_rate(claimer: Claimer, wants: Mapping[str, int], got: Mapping[str, int]) -> bool:
-    """An offer's short answer that a rate window may have cut, with no wake-up for it: a
-    rate-limited type that got some but not all it wanted (jobs were due), or none while the
-    Poller had not found it empty (its last claims did not come back short twice with room).
-    Its own claim then reads when the window has room (_rate_waits); a type whose wake-up is
-    set, or found empty, waits as before."""
-    if not claimer.rates:
-        return False
-    for name, n in wants.items():
-        if name not in claimer.rates or name in claimer.rate_wake or got.get(name, 0) >= n:
-            continue
-        if got.get(name, 0) > 0 or name not in claimer.rate_rechecked:
-            return True
-    return False
+    """An offer's short answer that a rate window may have cut, with no wake-up for it (a type
+    whose window the Poller has looked at always has one: see _rate_waits): its own claim then
+    reads when the window has room."""
+    rates = claimer.rates or {}
+    return any(name in rates and name not in claimer.rate_wake and got.get(name, 0) < n for name, n in wants.items())
