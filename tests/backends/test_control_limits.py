@@ -246,11 +246,14 @@ async def test_one_keys_backlog_does_not_starve_another_key(backend: Backend) ->
         assert Counter(small[lease.id] for lease in small_held) == {"A": 2, "B": 2}
     assert b_left == 0
 
-    big, baseline = statistics.median(big_times), statistics.median(small_times)
+    big = statistics.median(big_times)
     assert big < 0.050, f"a keyed claim over 10,000 jobs of one key took {big * 1000:.1f} ms (median)"
     # a claim that read A's whole backlog would take many times the small one (a scan of 10,000 rows
-    # is several ms on any of the stores); 3x and 2 ms leave room for a loaded machine
-    assert big < 3 * baseline + 0.002, f"{big * 1000:.1f} ms over 10,000 jobs, {baseline * 1000:.1f} ms over 60"
+    # is several ms on the server stores; ~2 ms on SQLite, whose claims here also wait ~2 ms for their
+    # fsync). Compared by their fastest runs, what a claim costs when nothing else took the CPU:
+    # medians differed 5x on a loaded CI machine (4.8 ms against 0.9)
+    big, baseline = min(big_times), min(small_times)
+    assert big < 3 * baseline + 0.002, f"{big * 1000:.1f} ms over 10,000 jobs, {baseline * 1000:.1f} ms over 60 (fastest of each)"
     # (Jobs without a key behind a backlog this long are not promised a turn at once: to keep plain
     # inserts free of a keyed index, the SQL stores look for the keyless group among the first few
     # hundred due jobs in claim order only; docs/jobs.md says so, and the next test covers the group.)
