@@ -6,6 +6,8 @@ Its own module, beneath the registry (which names it in a handler's type) and th
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Awaitable, Callable, Container, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -27,6 +29,7 @@ class HandlerThread(Protocol):
     token: trio.lowlevel.TrioToken  # the loop, for the handler's emit from any thread
     abandoned: bool  # the attempt is over (its outcome decided, the thread given up on if it still runs)
     cancel_requested: bool  # the job's cancel was requested while it ran
+    ends_at: float  # time.monotonic() at which the attempt is cancelled (its timeout, or a stop's grace)
 
     def over(self) -> bool:
         """On the loop: whether the attempt is over, or past its deadline (its end is on the way)."""
@@ -67,6 +70,24 @@ class JobContext:
     _cancelling: Container[tuple[str, int]] | None = attrs.field(default=None, alias="cancelling", eq=False, repr=False)
     # where parent_results() and batch() read (the pipeline); None outside a pipeline
     _workflows: Workflows | None = attrs.field(default=None, alias="workflows", eq=False, repr=False)
+    # the pool's runs (id, token) → the trio time each is cancelled at (Pool.deadlines): read by an
+    # async handler's time_left; None outside a pool
+    _deadlines: Mapping[tuple[str, int], float] | None = attrs.field(default=None, alias="deadlines", eq=False,
+                                                                     repr=False)
+
+    def time_left(self) -> float:
+        """Seconds until this attempt is cancelled: its timeout (``timeout=``, WORKER_JOB_TIMEOUT_SECONDS),
+        or sooner once the pipeline stops, the end of the stop's grace; 0.0 once that is past, ``inf``
+        outside a pipeline's worker. Bound your own waits with it (an HTTP call's timeout, a
+        ``trio.move_on_after``): the attempt's timeout is not a trio deadline, so
+        ``trio.current_effective_deadline()`` does not show it. From any thread of a sync handler too."""
+        thread = self._thread
+        if thread is not None:
+            return max(0.0, thread.ends_at - time.monotonic())
+        deadline = None if self._deadlines is None else self._deadlines.get((self.id, self._token))
+        if deadline is None:
+            return math.inf
+        return max(0.0, deadline - trio.current_time())
 
     def parent_results(self) -> Any:
         """{parent id: result} of the jobs this one waited for (``after=``, a chain's previous job), in

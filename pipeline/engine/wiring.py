@@ -353,7 +353,8 @@ class Pipeline:
         pool = self.pools.get(lease.job_type)
         return JobContext(lease.id, lease.job_type, lease.attempts, lease.max_attempts, self._emit, self.resources, self.config,
                           trace=lease.trace, report=self.progress_board.report, token=lease.token,
-                          cancelling=None if pool is None else pool.cancelling, workflows=self)
+                          cancelling=None if pool is None else pool.cancelling, workflows=self,
+                          deadlines=None if pool is None else pool.deadlines)
 
     def encode_result(self, value: Any) -> str | None:
         """A handler's return value as the JSON text stored as its job's result (JSON-able values, attrs
