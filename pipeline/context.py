@@ -7,7 +7,6 @@ Its own module, beneath the registry (which names it in a handler's type) and th
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Awaitable, Callable, Container, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -29,7 +28,7 @@ class HandlerThread(Protocol):
     token: trio.lowlevel.TrioToken  # the loop, for the handler's emit from any thread
     abandoned: bool  # the attempt is over (its outcome decided, the thread given up on if it still runs)
     cancel_requested: bool  # the job's cancel was requested while it ran
-    ends_at: float  # time.monotonic() at which the attempt is cancelled (its timeout, or a stop's grace)
+    deadline: float  # the attempt's end on the loop's clock: its timeout, or sooner the end of a stop's grace
 
     def over(self) -> bool:
         """On the loop: whether the attempt is over, or past its deadline (its end is on the way)."""
@@ -70,24 +69,29 @@ class JobContext:
     _cancelling: Container[tuple[str, int]] | None = attrs.field(default=None, alias="cancelling", eq=False, repr=False)
     # where parent_results() and batch() read (the pipeline); None outside a pipeline
     _workflows: Workflows | None = attrs.field(default=None, alias="workflows", eq=False, repr=False)
-    # the pool's runs (id, token) → the trio time each is cancelled at (Pool.deadlines): read by an
-    # async handler's time_left; None outside a pool
+    # the pool's runs (id, token) → when each is cancelled (Pool.deadlines), on the loop's ``clock``:
+    # read by time_left; None outside a pool
     _deadlines: Mapping[tuple[str, int], float] | None = attrs.field(default=None, alias="deadlines", eq=False,
                                                                      repr=False)
+    _clock: trio.abc.Clock | None = attrs.field(default=None, alias="clock", eq=False, repr=False)
 
     def time_left(self) -> float:
         """Seconds until this attempt is cancelled: its timeout (``timeout=``, WORKER_JOB_TIMEOUT_SECONDS),
-        or sooner once the pipeline stops, the end of the stop's grace; 0.0 once that is past, ``inf``
-        outside a pipeline's worker. Bound your own waits with it (an HTTP call's timeout, a
-        ``trio.move_on_after``): the attempt's timeout is not a trio deadline, so
-        ``trio.current_effective_deadline()`` does not show it. From any thread of a sync handler too."""
-        thread = self._thread
-        if thread is not None:
-            return max(0.0, thread.ends_at - time.monotonic())
-        deadline = None if self._deadlines is None else self._deadlines.get((self.id, self._token))
-        if deadline is None:
+        or sooner once the pipeline stops, the end of the stop's grace; 0.0 once the attempt is over,
+        ``inf`` for a context made outside a pipeline. Bound your own waits with it (an HTTP call's
+        timeout, a ``trio.move_on_after``): the attempt's timeout is not a trio deadline, so
+        ``trio.current_effective_deadline()`` does not show it. A plain call, on the loop or from any
+        thread (a sync handler's, or one a handler started)."""
+        clock, deadlines, thread = self._clock, self._deadlines, self._thread
+        if clock is None or deadlines is None:
             return math.inf
-        return max(0.0, deadline - trio.current_time())
+        if thread is not None:
+            if thread.abandoned:
+                return 0.0
+            deadline = thread.deadline
+        else:
+            deadline = deadlines.get((self.id, self._token), -math.inf)  # gone: the attempt is over
+        return max(0.0, deadline - clock.current_time())
 
     def parent_results(self) -> Any:
         """{parent id: result} of the jobs this one waited for (``after=``, a chain's previous job), in

@@ -273,25 +273,30 @@ def test_sys_exit_in_a_sync_handler_fails_its_job_not_the_pipeline(tmp_path: obj
 
 
 async def test_ctx_time_left_is_the_attempts_timeout_then_the_stops_grace_in_async_and_sync_handlers(config: Config) -> None:
-    """ctx.time_left(): seconds until the attempt is cancelled, read from the loop (an async handler)
-    or from the thread (a sync one): its timeout, counting down; once the pipeline stops, the end of
-    the stop's grace, if sooner. (The timeout is not a trio deadline: trio.current_effective_deadline()
-    does not show it.)"""
-    seen: dict[str, list[float]] = {"async": [], "sync": []}
+    """ctx.time_left(): seconds until the attempt is cancelled, read on the loop, from a thread an async
+    handler started, or from a sync handler's thread: its timeout, counting down; once the pipeline
+    stops, the end of the stop's grace, if sooner; 0.0 once the attempt is over. (The timeout is not
+    a trio deadline: trio.current_effective_deadline() does not show it.)"""
+    seen: dict[str, list[float]] = {"async": [], "async, its thread": [], "sync": []}
     stopping = {"async": trio.Event(), "sync": threading.Event()}
+    kept: list[pipeline.JobContext] = []
     reg = pipeline.Registry()
 
     @reg.job(name="sleepy", timeout=20)
     async def sleepy(job: Tick, ctx: pipeline.JobContext) -> None:
+        kept.append(ctx)
         seen["async"].append(ctx.time_left())
+        seen["async, its thread"].append(await trio.to_thread.run_sync(ctx.time_left))
         await trio.sleep(0.3)
         seen["async"].append(ctx.time_left())
+        seen["async, its thread"].append(await trio.to_thread.run_sync(ctx.time_left))
         await stopping["async"].wait()
         seen["async"].append(ctx.time_left())
-        await trio.sleep(30)  # cancelled at the end of the grace
+        seen["async, its thread"].append(await trio.to_thread.run_sync(ctx.time_left))
 
     @reg.job(timeout=20)
     def nap(job: Nap, ctx: pipeline.JobContext) -> None:
+        kept.append(ctx)
         seen["sync"].append(ctx.time_left())
         time.sleep(0.3)
         seen["sync"].append(ctx.time_left())
@@ -303,16 +308,18 @@ async def test_ctx_time_left_is_the_attempts_timeout_then_the_stops_grace_in_asy
         stopping["async"].set()
         stopping["sync"].set()
 
-    config = config.replace(worker=attrs.evolve(config.worker, shutdown_timeout=1.0))
+    grace = 5.0
+    config = config.replace(worker=attrs.evolve(config.worker, shutdown_timeout=grace))
     async with trio.open_nursery() as nursery:
         async with pipeline.open_pipeline(config, reg) as p:
             await p.enqueue(Tick())
             await p.enqueue(Nap())
-            await _until(lambda: len(seen["async"]) == 2 and len(seen["sync"]) == 2)
+            await _until(lambda: all(len(values) == 2 for values in seen.values()))
             nursery.start_soon(once_stopping, p)  # the block's end stops the pipeline
+        assert [ctx.time_left() for ctx in kept] == [0.0, 0.0]  # their attempts are over
     for kind, (first, later, stopped) in seen.items():
         assert 19.0 < first <= 20.0, (kind, seen)
         assert 0.25 < first - later < 5.0, (kind, seen)  # counting down: the handler slept 0.3 s between
-        assert 0.0 <= stopped <= 1.0, (kind, seen)  # the stop's grace of 1 s, sooner than the timeout
+        assert grace - 2.0 < stopped <= grace, (kind, seen)  # the stop's grace, sooner than the timeout
     outside = pipeline.JobContext("id", "t", 1, 3, emit=None, resources={}, config=config)  # type: ignore[arg-type]
     assert outside.time_left() == float("inf")

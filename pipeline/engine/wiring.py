@@ -102,6 +102,7 @@ class Pipeline:
         self.external_metrics: Callable[[], list[dict[str, Any]]] | None = None
         self.worker_processes: Callable[[], int] | None = None
         self._new_id = UUID7Factory()
+        self._clock = trio.lowlevel.current_clock()  # the loop's: handlers' contexts read their deadlines on it
         self._bus_send: trio.MemorySendChannel[Envelope] | None = None  # set once the bus runs
         self._observers: list[Callable[[dict[str, Any]], None]] = []
         self.progress_board = ProgressBoard()  # ctx.progress reports, until the progress writer stores them
@@ -354,7 +355,7 @@ class Pipeline:
         return JobContext(lease.id, lease.job_type, lease.attempts, lease.max_attempts, self._emit, self.resources, self.config,
                           trace=lease.trace, report=self.progress_board.report, token=lease.token,
                           cancelling=None if pool is None else pool.cancelling, workflows=self,
-                          deadlines=None if pool is None else pool.deadlines)
+                          deadlines=None if pool is None else pool.deadlines, clock=self._clock)
 
     def encode_result(self, value: Any) -> str | None:
         """A handler's return value as the JSON text stored as its job's result (JSON-able values, attrs

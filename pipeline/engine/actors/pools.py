@@ -232,10 +232,8 @@ class Pool:
         deadline = self.stop_deadline = trio.current_time() + grace
         for key, at in self.deadlines.items():
             self.deadlines[key] = min(at, deadline)
-        ends_at = time.monotonic() + grace
         for thread in self.threads.values():
             thread.deadline = min(thread.deadline, deadline)
-            thread.ends_at = min(thread.ends_at, ends_at)
         self.watch.set()
 
 
@@ -301,7 +299,6 @@ class _Thread:
     lock: threading.Lock = attrs.field(factory=threading.Lock)
     scope: trio.CancelScope | None = None  # the attempt's (its worker's while it runs)
     deadline: float = math.inf  # the attempt's (trio time): its timeout, or the end of a stop's grace
-    ends_at: float = math.inf  # the same as time.monotonic() reads it (ctx.time_left, from the thread)
     cancel_requested: bool = False  # set on the loop by the canceller; the handler reads ctx.cancel_requested
     value: Any = None  # what the handler returned
 
@@ -400,7 +397,6 @@ async def _execute(workers: Workers, pool: Pool, run: _Run, scope: trio.CancelSc
     thread = run.thread
     if thread is not None:
         thread.deadline = deadline
-        thread.ends_at = time.monotonic() + (deadline - trio.current_time())
         thread.scope = scope
         pool.threads[key] = thread
     try:
