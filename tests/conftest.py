@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import early
 import pytest
@@ -31,6 +34,20 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     if not _xdist_worker(session.config):
         early.stop_all()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Under PIPELINE_REQUIRE_SERVICES=1 (.ci/run) a skip is a failure, whatever raised it (a skipif
+    mark, pytest.skip, a store left out): a test that guards a promise never passes CI by not running.
+    Tests that need something name it through ``missing`` or ``require_service``, which fail there with
+    the fix; this catches the rest."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if REQUIRE_SERVICES and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped ({reason}), and PIPELINE_REQUIRE_SERVICES=1 says nothing may skip"
 
 
 def _xdist_worker(config: pytest.Config) -> bool:
@@ -105,3 +122,26 @@ def require_service(name: str, host: str, port: int) -> None:
     if REQUIRE_SERVICES:
         pytest.fail(f"{message}, and PIPELINE_REQUIRE_SERVICES=1 says it must")
     pytest.skip(f"{message}; start it to run this test (CI sets PIPELINE_REQUIRE_SERVICES=1)")
+
+
+def missing(what: str) -> NoReturn:
+    """What a test needs is not on this machine: skip, saying what and how to get it; but under
+    PIPELINE_REQUIRE_SERVICES=1 (.ci/run) fail, so that no test guarding a promise skips quietly in CI."""
+    if REQUIRE_SERVICES:
+        pytest.fail(f"{what}, and PIPELINE_REQUIRE_SERVICES=1 says it must be there")
+    pytest.skip(what)
+
+
+def require_program(name: str, install: str) -> str:
+    """The path of the program ``name`` on PATH; without it, ``missing`` (skip, or fail in CI)."""
+    path = shutil.which(name)
+    if path is None:
+        missing(f"no {name} on PATH ({install}; .ci/run installs it)")
+    return path
+
+
+@pytest.fixture
+def redis_server_binary() -> str:
+    """A redis-server of a test's own (AOF, a server stopped or cut mid-test): tests/backends/test_redis.py's
+    ``needs_server_binary`` mark asks for this."""
+    return require_program("redis-server", "Debian: apt-get install redis-server")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import sqlite3
 import subprocess
@@ -20,7 +19,7 @@ import attrs
 import httpx
 import pytest
 import trio
-from conftest import fast_config
+from conftest import fast_config, require_program
 from jobkit import Echo, Tick, registry, wait_status
 
 import pipeline
@@ -371,8 +370,7 @@ async def test_a_job_committed_by_a_process_whose_fsync_is_slow_starts_at_once(d
     around fsync): its first WAL write wakes the watch 40 ms before the commit is visible. The
     watch's look waits for that writer's lock, so the job still starts at once (a look that
     only read data_version found nothing, and the job waited for the poll)."""
-    if shutil.which("gcc") is None:
-        pytest.skip("builds its fsync shim with gcc (Debian: apt-get install gcc)")
+    require_program("gcc", "builds its fsync shim; Debian: apt-get install gcc")
     shim = tmp_path / "slow_fsync.so"
     (tmp_path / "slow_fsync.c").write_text(SLOW_FSYNC)
     await trio.run_process(["gcc", "-shared", "-fPIC", "-o", str(shim), str(tmp_path / "slow_fsync.c"), "-ldl"])

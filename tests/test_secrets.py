@@ -17,7 +17,6 @@ import contextlib
 import io
 import json
 import logging
-import shutil
 import socket
 import struct
 import subprocess
@@ -29,7 +28,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from conftest import require_service
+from conftest import require_program, require_service
 from test_admin_api import served
 
 from pipeline import Config, ConfigError, cli
@@ -316,9 +315,7 @@ def test_a_wrong_percent_encoded_password_for_redis_is_shown_in_neither_form(
         caplog: pytest.LogCaptureFixture) -> None:
     """A redis-server of this test's own that wants another password (and, for the user form,
     has no such user): the error names the server, with the password masked in both forms."""
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.skip("redis-server is not installed")
+    server = require_program("redis-server", "Debian: apt-get install redis-server")
     caplog.set_level(logging.DEBUG)
     monkeypatch.chdir(tmp_path)
     port = free_port()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import resource
-import shutil
 import signal
 import sqlite3
 import subprocess
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from conftest import require_program
 from jobkit import Echo
 from test_processes import WORKER, insert_jobs, statuses
 
@@ -83,8 +83,7 @@ async def test_a_read_error_in_the_watchs_look_does_not_stop_the_process(tmp_pat
     look gets "disk I/O error". Before: the error left watch_commits and took the backend's
     nursery, and the whole process, down. Now the process runs on, the job is run, and the
     next ones start at once."""
-    if shutil.which("gcc") is None:
-        pytest.skip("builds its failing-read shim with gcc (Debian: apt-get install gcc)")
+    require_program("gcc", "builds its failing-read shim; Debian: apt-get install gcc")
     shim, flag = tmp_path / "failing_reads.so", tmp_path / "reads-fail-now"
     (tmp_path / "failing_reads.c").write_text(FAILING_READS)
     await trio.run_process(["gcc", "-shared", "-fPIC", "-o", str(shim), str(tmp_path / "failing_reads.c"), "-ldl"])
