@@ -603,9 +603,10 @@ async def _settle(workers: Workers, pool: Pool, lease: Lease, outcome: Outcome, 
     was_full = pool.capacity - pool.outstanding <= 0
     pool.outstanding -= 1
     workers.observe(lease, outcome, result, duration)
-    if was_full or pool.global_limit is not None:
-        # room here; or a slot of a global limit is free, which this process may be the only
-        # one to know of soon (on Postgres and Redis another process learns of it by polling)
+    if was_full or pool.global_limit is not None or pool.key_limit is not None:
+        # room here; or a slot of a global or per-key limit is free, which this process may be the
+        # only one to know of soon (on Postgres and Redis another process learns of it by polling):
+        # a key's next job waited a whole poll interval for its slot (issue 32)
         nudge(workers.nudge_send)
     if start is not None and not counted:
         pool.mark_lost(start)  # its lease is gone: it does not start here
