@@ -179,57 +179,86 @@ async def bulk(backend: Backend, job_filter: JobFilter, *, reason: str = "by an 
     """Apply ``job_filter.action`` to every job that matches it, ``batch`` at a time, until none is
     left that this call has not already acted on.
 
-    Each round lists the first ``batch`` matching jobs past those already handled that still match
-    (a refused retry, a running job whose cancel was requested): a job this call acted on is not
-    acted on again (a retried job that dies again at once is not retried for ever), and a round
-    that finds only such jobs moves past them. So the rounds end when the filter matches nothing
-    new, however many jobs the action refuses. ``reason`` is stored in a cancelled job's error."""
+    The store lists a status newest first, by id, with an offset (:meth:`Backend.list`); this walks it
+    like a cursor. ``mark`` is the oldest id handled so far: every matching job from the head of the
+    list down to it was acted on (or skipped, counted), and the jobs past it are fresh. Jobs handled that
+    still match (a running job whose cancel was requested, a refused retry) stay ahead of the mark, so the
+    next page starts at an offset guessed from how many of them remain, one before: that page must begin
+    at or above the mark, proof that nothing between the mark and its fresh jobs was passed over. When
+    jobs ahead of the mark ended meanwhile (finished, deleted), the list shifted under the guess and the
+    page begins below the mark: the walk steps back until it overlaps again. An offset alone (the walk
+    before issue 32) skipped the jobs that the shift carried below it: 3 of 30 running jobs were never
+    asked to stop, and the report said "27 of 27". A job this call acted on is not acted on again (a
+    retried job that dies again at once is not retried for ever), so the walk ends when the filter
+    matches nothing new, however many jobs the action refuses. Jobs enqueued after the walk passed the
+    head of the list (newer than its first page) are not its business. ``reason`` is stored in a
+    cancelled job's error."""
     if batch < 1:
         raise UsageError(f"batch must be >= 1, got {batch}")
     outcome = BulkOutcome(job_filter)
     act = _ACT[job_filter.action]
-    seen: set[str] = set()
+    many = len(job_filter.statuses) > 1
+    seen: set[str] = set()  # with several statuses: a job that moved from one to the next is counted once
     for status in job_filter.statuses:
-        skip = 0  # matching jobs at the head of the list that were handled already and still match
+        mark: str | None = None
+        offset = 0
         while True:
-            page, _ = await backend.list(status=status, job_type=job_filter.job_type, limit=batch, offset=skip)
-            if not page:
-                break
-            fresh = [job.id for job in page if job.id not in seen]
-            if not fresh:
-                skip += len(page)
+            # two at least: with one, the page would be only its overlap and the walk would not move
+            page, total = await backend.list(status=status, job_type=job_filter.job_type, limit=max(batch, 2), offset=offset)
+            if offset and (not page or page[0].id < mark):  # type: ignore[operator]
+                offset = max(0, min(offset, total) - batch)  # shifted under the guess: step back
                 continue
-            seen.update(fresh)
-            outcome.matched += len(fresh)
-            await act(backend, fresh, outcome, reason)
+            behind = sum(1 for job in page if mark is not None and job.id >= mark)  # handled, still matching
+            fresh = [job.id for job in page[behind:]][:batch]
+            if not fresh:
+                if len(page) < max(batch, 2):
+                    break  # the end of the list
+                offset += len(page) - 1
+                continue
+            mark = fresh[-1]
+            todo = [job_id for job_id in fresh if job_id not in seen] if many else fresh
+            if many:
+                seen.update(todo)
+            outcome.matched += len(todo)
+            still = await act(backend, todo, outcome, reason, status) if todo else 0
+            offset = max(0, offset + behind + len(fresh) - len(todo) + still - 1)
     return outcome
 
 
-async def _cancel(backend: Backend, ids: list[str], outcome: BulkOutcome, reason: str) -> None:
+# Each action returns a guess of how many of the jobs it was given still match their status (they stay
+# in the list, ahead of bulk's mark): the next page's offset. A wrong guess costs a page read, no more.
+
+
+async def _cancel(backend: Backend, ids: list[str], outcome: BulkOutcome, reason: str, status: str) -> int:
+    still = 0
     for answer in await backend.cancel(ids, reason=reason):
         if answer == Status.CANCELLED:
             outcome.done += 1
         elif answer == CANCELLING:
             outcome.requested += 1
+            still += status == Status.RUNNING  # it runs on, its cancel requested
         else:
             outcome.skip(None if answer is None else f"{answer} meanwhile")
+    return still
 
 
-async def _retry(backend: Backend, ids: list[str], outcome: BulkOutcome, reason: str) -> None:
-    await _each(ids, backend.revive, outcome)
+async def _retry(backend: Backend, ids: list[str], outcome: BulkOutcome, reason: str, status: str) -> int:
+    return await _each(ids, backend.revive, outcome)
 
 
-async def _delete(backend: Backend, ids: list[str], outcome: BulkOutcome, reason: str) -> None:
-    await _each(ids, backend.delete, outcome)
+async def _delete(backend: Backend, ids: list[str], outcome: BulkOutcome, reason: str, status: str) -> int:
+    return await _each(ids, backend.delete, outcome)
 
 
-async def _each(ids: Collection[str], act: Callable[[str], Awaitable[Any]], outcome: BulkOutcome) -> None:
+async def _each(ids: Collection[str], act: Callable[[str], Awaitable[Any]], outcome: BulkOutcome) -> int:
     """``act`` on each id, :data:`WIDTH` at a time; a job gone meanwhile (LookupError) or refused
     (UsageError: running, its unique key held) is skipped. Any other error stops the call, raised
-    as it is (not in an exception group)."""
+    as it is (not in an exception group). Returns how many were refused (they may still match)."""
     limiter = trio.CapacityLimiter(WIDTH)
+    refused = 0
 
     async def one(job_id: str) -> None:
+        nonlocal refused
         async with limiter:
             try:
                 await act(job_id)
@@ -237,6 +266,7 @@ async def _each(ids: Collection[str], act: Callable[[str], Awaitable[Any]], outc
                 outcome.skip("deleted meanwhile")
             except UsageError as exc:
                 outcome.skip(str(exc))
+                refused += 1
             else:
                 outcome.done += 1
 
@@ -246,6 +276,7 @@ async def _each(ids: Collection[str], act: Callable[[str], Awaitable[Any]], outc
                 tn.start_soon(one, job_id)
     except BaseExceptionGroup as group:
         raise _first_leaf(group) from None
+    return refused
 
 
 def _first_leaf(exc: BaseException) -> BaseException:
@@ -254,7 +285,7 @@ def _first_leaf(exc: BaseException) -> BaseException:
     return exc
 
 
-_ACT: Mapping[str, Callable[[Backend, list[str], BulkOutcome, str], Awaitable[None]]] = {
+_ACT: Mapping[str, Callable[[Backend, list[str], BulkOutcome, str, str], Awaitable[int]]] = {
     "cancel": _cancel, "retry": _retry, "delete": _delete,
 }
 

@@ -1,0 +1,124 @@
+"""Issue 32, control: bulk actions that walk a list shifting under them, a bad id on every admin route,
+the listeners' pings, and /healthz naming a silent worker. Real stores (tests/backends/stores.py), the
+admin API served for real on a loopback port."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from admin_harness import seed_registry
+from backends.stores import BACKENDS
+from conftest import fast_config
+
+from pipeline import Config, control
+from pipeline.backends import Backend, open_backend
+from pipeline.backends.base import Settlement
+from pipeline.requests import JobRequest, prepare_rows
+from pipeline.states import Transition
+
+OWNER = "elsewhere:4242:abcdef"  # a worker process of another machine: it holds the running jobs
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Config]:
+    """A fresh store of each backend, with the admin API on a free port and no workers."""
+    async with BACKENDS[request.param](tmp_path) as config:
+        yield config.replace(admin=fast_config(tmp_path / "x.db", admin_port=0).admin,
+                             worker=fast_config(tmp_path / "x.db", worker_enabled=False).worker)
+
+
+def rows(*requests: JobRequest) -> list[Any]:
+    return prepare_rows(seed_registry(), requests)
+
+
+# -- bulk actions over a list that shifts ------------------------------------------------------------
+
+
+class Shifting:
+    """A backend whose third list call first runs ``meanwhile``: jobs at the head of the list end
+    between two pages, as a worker's outcomes do while an operator's bulk cancel walks the list."""
+
+    def __init__(self, backend: Backend, meanwhile: Any) -> None:
+        self.backend = backend
+        self.meanwhile = meanwhile
+        self.lists = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.backend, name)
+
+    async def list(self, **kwargs: Any) -> Any:
+        self.lists += 1
+        if self.lists == 3:
+            await self.meanwhile()
+        return await self.backend.list(**kwargs)
+
+
+async def test_bulk_cancel_reaches_every_running_job_while_some_end_between_pages(store: Config) -> None:
+    """30 running jobs, bulk cancel 10 a page; the 3 newest (asked first) end after the second page.
+    Before issue 32 the offset walked past 3 jobs the shift carried below it: they ran on with no cancel
+    requested, and the report said "cancelled 0 of 27 ...; 27 running: cancel requested"."""
+    async with open_backend(store) as backend:
+        await backend.insert(rows(*(JobRequest("send_email", {"to": f"r{i}@example.com", "subject": "s", "body": "b"})
+                                    for i in range(30))))
+        leases = await backend.claim({"send_email": 30}, owner=OWNER, lease_seconds=3600)
+        assert len(leases) == 30
+        newest = sorted(leases, key=lambda lease: lease.id)[-3:]
+
+        async def finish() -> None:
+            assert await backend.settle([Settlement(lease.id, lease.token, Transition.SUCCEED) for lease in newest]) == [True] * 3
+
+        shifting = Shifting(backend, finish)
+        with trio.fail_after(20):
+            outcome = await control.bulk(shifting, control.JobFilter("cancel", "running", "send_email"), batch=10)  # type: ignore[arg-type]
+        assert shifting.lists >= 3  # the jobs did end in the middle of the walk
+        still_running = {lease.id for lease in leases} - {lease.id for lease in newest}
+        assert {job_id for job_id, _ in await backend.cancel_requests(OWNER)} == still_running  # none left unasked
+        assert (outcome.matched, outcome.requested, outcome.done, outcome.skipped) == (30, 30, 0, 0)
+        assert outcome.text().startswith("cancelled 0 of 30 running jobs of type send_email; 30 running: cancel requested")
+
+
+async def test_bulk_retry_reaches_every_dead_job_while_some_are_removed_between_pages(store: Config) -> None:
+    """The same walk for retry: 30 dead jobs whose retry is refused (pending jobs hold their unique keys),
+    so they stay dead, still matching; the 3 newest are deleted after the second page. Each of the 30 is
+    tried once and counted skipped, with the reason."""
+    async with open_backend(store) as backend:
+        await backend.insert(rows(*(JobRequest("generate_sitemap", {}, unique_key=f"k{i}") for i in range(30))))
+        leases = await backend.claim({"generate_sitemap": 30}, owner=OWNER, lease_seconds=3600)
+        assert await backend.settle([Settlement(lease.id, lease.token, Transition.BURY, error="boom") for lease in leases]) == [True] * 30
+        await backend.insert(rows(*(JobRequest("generate_sitemap", {}, unique_key=f"k{i}") for i in range(30))))
+        newest = sorted(lease.id for lease in leases)[-3:]
+        tried: list[str] = []
+
+        async def remove() -> None:
+            for job_id in newest:
+                await backend.delete(job_id)
+
+        shifting = Shifting(backend, remove)
+
+        async def revive(job_id: str) -> Any:
+            tried.append(job_id)
+            return await backend.revive(job_id)
+
+        shifting.revive = revive  # type: ignore[attr-defined]
+        with trio.fail_after(20):
+            outcome = await control.bulk(shifting, control.JobFilter("retry", "dead", "generate_sitemap"), batch=10)  # type: ignore[arg-type]
+        assert sorted(tried) == sorted(lease.id for lease in leases)  # each tried, once
+        assert (outcome.matched, outcome.done, outcome.skipped) == (30, 0, 30)
+        assert outcome.reasons and "k" in outcome.reasons[0]
+        assert json.loads(json.dumps(outcome.to_json()))["matched"] == 30
+
+
+async def test_bulk_cancel_of_a_large_pending_backlog_reads_each_page_once(store: Config) -> None:
+    """The cursor costs nothing when nothing shifts: 25 pending jobs cancelled 10 a page take 3 cancels
+    and 4 lists (the last one empty), as the offset walk did."""
+    async with open_backend(store) as backend:
+        await backend.insert(rows(*(JobRequest("generate_sitemap", {}) for _ in range(25))))
+        shifting = Shifting(backend, trio.lowlevel.checkpoint)
+        outcome = await control.bulk(shifting, control.JobFilter("cancel", "pending"), batch=10)  # type: ignore[arg-type]
+        assert (outcome.matched, outcome.done) == (25, 25)
+        assert shifting.lists == 4
