@@ -15,11 +15,14 @@ from typing import Any
 import attrs
 import pytest
 import trio
-from backends.kit import max_in_window
-from backends.stores import BACKENDS
+from backends.kit import LONG, SHORT, add, insert, job, max_in_window, outlive, record, release, renew, settle_one, succeed
+from backends.stores import BACKENDS, postgres_store, redis_store
 
 import pipeline
 from pipeline import Config
+from pipeline.backends import Lease, open_backend
+from pipeline.backends.redis.db import run_script
+from pipeline.backends.redis.scripts import ALL
 
 
 @pytest.fixture(params=sorted(BACKENDS))
@@ -71,3 +74,74 @@ async def test_one_keys_backlog_drains_without_waiting_for_the_poll(store_config
     assert len(done) == 10, f"{len(done)} of 10 jobs of one key ran within a poll interval of {POLL:g} s"
     assert most == 1
     assert took < POLL / 2, f"10 jobs of one key took {took:.1f} s: a poll interval is {POLL:g} s"
+
+
+# -- what guards the windows and the leases -----------------------------------------------------------
+
+
+async def test_a_job_claimed_twice_in_one_window_counts_twice(store_config: Config) -> None:
+    """Claimed, released, claimed again within one window: two claims of the rate's two, so a third
+    job is not claimed (the Redis rate log keyed by the job's id alone counted the two as one)."""
+    async with open_backend(store_config) as backend:
+        first, other = job("t", priority=0), job("t", priority=5)
+        await insert(backend, first, other)
+        rates = {"t": (2, 600.0)}
+        (lease,) = await backend.claim({"t": 1}, owner="w", lease_seconds=LONG, rates=rates)
+        assert lease.id == first.id
+        assert await settle_one(backend, release(lease))  # back to pending, due now, in its place
+        (again,) = await backend.claim({"t": 1}, owner="w", lease_seconds=LONG, rates=rates)
+        assert (again.id, again.token) == (first.id, lease.token + 1)
+        assert await backend.claim({"t": 1}, owner="w", lease_seconds=LONG, rates=rates) == []
+        assert (await record(backend, other.id)).status == "pending"
+        assert await backend.rate_free_at("t", 2, 600.0) > 500
+
+
+async def test_redis_rescue_leaves_a_lease_renewed_after_it_was_read_as_expired(tmp_path: Path) -> None:
+    """A rescuer reads an expired lease (EXPIRED), its holder renews it, then the rescuer writes what it
+    decided (RESCUE, from its stale list): the job stays running under its holder, whose lease holds.
+    Without RESCUE's re-check of the lease's expiry, the job went back to pending while it ran (and was
+    claimed and run a second time beside the first)."""
+    async with redis_store(tmp_path) as config, open_backend(config) as backend:
+        db = backend.database  # type: ignore[attr-defined]
+        (job_id,) = await add(backend, 1, "t")
+        (lease,) = await backend.claim({"t": 1}, owner="w", lease_seconds=SHORT)
+        await outlive(SHORT)
+        _, *expired = run_script(db.client, ALL["expired"], [db.prefix, 100])
+        assert [(row[0].decode(), row[1]) for row in expired] == [(job_id, lease.token)]
+        _, token, attempts, _, _, started = expired[0]
+        assert await renew(backend, "w", ["t"], [(lease.id, lease.token)]) == []  # the holder, in between
+        stale = [db.prefix, 1, "cancelled", job_id, token, attempts, started, 0, 0, "lease expired (stale read)"]
+        assert run_script(db.client, ALL["rescue"], stale) == 0
+        found = await record(backend, job_id)
+        assert (found.status, found.lease_owner) == ("running", "w")
+        assert await backend.claim({"t": 1}, owner="x", lease_seconds=LONG) == []
+        assert await settle_one(backend, succeed(lease))
+
+
+async def test_postgres_claim_counts_its_window_from_when_it_holds_the_types_lock(tmp_path: Path) -> None:
+    """A rate-limited claim that waited for the type's lock (held here by another transaction) dates its
+    window and its record from when it got the lock: its record is no older than the lock's release.
+    Dated from its transaction's start (now()), a claim that waited counted a window that had already
+    moved on, and its record fell out of later windows too early."""
+    import psycopg
+
+    async with postgres_store(tmp_path) as config, open_backend(config) as backend:
+        await add(backend, 1, "t")
+        with psycopg.connect(config.database_url) as holder, psycopg.connect(config.database_url, autocommit=True) as look:
+            holder.execute("SELECT pg_advisory_xact_lock(hashtext('pipeline limit ' || current_schema()), hashtext('t'))")
+            claimed: list[Lease] = []
+
+            async def claim() -> None:
+                claimed.extend(await backend.claim({"t": 1}, owner="w", lease_seconds=LONG, rates={"t": (5, 600.0)}))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(claim)
+                with trio.fail_after(10):
+                    while not look.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                                           "AND NOT granted").fetchone()[0]:  # type: ignore[index]
+                        await trio.sleep(0.005)
+                (released_at,) = holder.execute("SELECT clock_timestamp()").fetchone()  # type: ignore[misc]
+                holder.commit()
+            assert len(claimed) == 1
+            (at,) = look.execute("SELECT at FROM rate_claims WHERE job_type = 't'").fetchone()  # type: ignore[misc]
+        assert at >= released_at, f"the claim's window dated {released_at - at} before it held the type's lock"
