@@ -23,6 +23,7 @@ if _typing.TYPE_CHECKING:
     from .context import JobContext
     from .engine.wiring import Enqueued, Pipeline, open_pipeline
     from .errors import (
+        ClientClosed,
         ConfigError,
         DatabaseUnavailable,
         InvalidPayload,
@@ -54,6 +55,7 @@ _MODULE_OF = {
     "BatchOutcome": "workflows",
     "Chain": "workflows",
     "Client": "client",
+    "ClientClosed": "errors",
     "Config": "config",
     "ConfigError": "errors",
     "DatabaseUnavailable": "errors",
@@ -98,6 +100,7 @@ __all__ = [
     "BatchOutcome",
     "Chain",
     "Client",
+    "ClientClosed",
     "Config",
     "ConfigError",
     "DatabaseUnavailable",

@@ -39,7 +39,7 @@ import trio
 from .backends.base import PRIORITY_DEFAULT, BatchRecord, JobRecord, NewJob
 from .config import Config
 from .engine.wiring import Pipeline, open_pipeline
-from .errors import PipelineClosed, UsageError
+from .errors import ClientClosed, UsageError
 from .registry import Registry
 from .workflows import Batch, Chain
 
@@ -72,6 +72,7 @@ class Client:
         self._pipeline: Pipeline | None = None
         self._nursery: trio.Nursery | None = None
         self._stop: trio.Event | None = None
+        self._waits: set[trio.CancelScope] = set()  # result() waits in flight: close() ends them; the loop's only
         self._store_identity: tuple[str, str] | None = None  # Postgres: (database, schema), once asked
         self._closed = False
         self._start_loop()
@@ -101,8 +102,8 @@ class Client:
                         raise self._failure
         token = self._token
         if token is None:
-            raise PipelineClosed("the client is closed" if self._failure is None or self._closed else
-                                 f"the client's loop failed: {self._failure!r}")
+            raise ClientClosed("the client is closed" if self._failure is None or self._closed else
+                               f"the client's loop failed: {self._failure!r}")
         return token
 
     # -- the client's own loop ------------------------------------------------------------------
@@ -112,7 +113,7 @@ class Client:
             trio.run(self._main)
         except BaseException as exc:  # noqa: BLE001 - the opener learns why (a bad URL, a store that refuses)
             if self._opened.is_set():  # it ran, then failed: later calls say so
-                log.error("pipeline client: its loop failed; later calls raise PipelineClosed", exc_info=exc)
+                log.error("pipeline client: its loop failed; later calls raise ClientClosed", exc_info=exc)
             self._failure = exc
         finally:
             self._token = None
@@ -125,38 +126,69 @@ class Client:
             self._opened.set()
             await self._stop.wait()  # then the nursery waits for the calls in flight, and the pipeline closes
 
-    def _call(self, fn: Callable[[Pipeline], Awaitable[T]]) -> T:
-        token, pipeline = self._loop(), self._pipeline
-        if pipeline is None:
-            raise PipelineClosed("the client is closed")
-        try:
-            return trio.from_thread.run(fn, pipeline, trio_token=token)
-        except trio.RunFinishedError:
-            raise PipelineClosed("the client is closed") from None
+    def _call(self, fn: Callable[[Pipeline], Awaitable[T]], *, wait: bool = False) -> T:
+        """``fn(pipeline)`` run on the client's loop, answered in the calling thread. Not
+        ``trio.from_thread.run``: its task is cancelled when the loop ends, and the thread would get a
+        ``trio.Cancelled`` that ``except Exception`` does not catch; here it gets ClientClosed."""
+        answered = threading.Event()
+        box: list[outcome.Outcome[T]] = []
 
-    def _start(self, fn: Callable[[Pipeline], Awaitable[Any]], done: Callable[[outcome.Outcome[Any]], None]) -> None:
-        """Run ``fn(pipeline)`` as a task of the client's loop; ``done(its outcome)`` there, once it ends."""
+        def done(result: outcome.Outcome[T]) -> None:
+            box.append(result)
+            answered.set()
+
+        self._start(fn, done, wait=wait)
+        while not answered.wait(1.0):
+            if not self._thread.is_alive() and not answered.is_set():  # the loop ended without a word
+                raise ClientClosed("the client's loop ended before it answered")
+        return box[0].unwrap()
+
+    def _start(self, fn: Callable[[Pipeline], Awaitable[Any]], done: Callable[[outcome.Outcome[Any]], None], *,
+               wait: bool = False) -> Callable[[], None]:
+        """Run ``fn(pipeline)`` as a task of the client's loop; ``done(its outcome)`` there, once it
+        ends (ClientClosed if the client closed first). Returns ``abandon``, for a caller that stops
+        waiting: a ``wait`` (result()) is cancelled at once, and ended by close(); any other call (an
+        enqueue) always runs to its end, so what it committed is not left in doubt."""
         token, pipeline = self._loop(), self._pipeline
         if pipeline is None:
-            raise PipelineClosed("the client is closed")
+            raise ClientClosed("the client is closed")
+        scope = trio.CancelScope()
 
         async def task() -> None:
-            result = await outcome.acapture(fn, pipeline)
+            answer: outcome.Outcome[Any] = outcome.Error(ClientClosed("the client was closed while this call waited"))
             try:
-                done(result)
-            except Exception:  # noqa: BLE001 - the caller's loop is gone: nobody to answer, and the client goes on
-                log.debug("pipeline client: a caller left before its answer", exc_info=True)
+                with scope:
+                    try:
+                        answer = outcome.Value(await fn(pipeline))
+                    except Exception as exc:  # noqa: BLE001 - the caller's to raise; Cancelled is not caught
+                        answer = outcome.Error(exc)
+            finally:
+                self._waits.discard(scope)
+                try:
+                    done(answer)
+                except Exception:  # noqa: BLE001 - the caller's loop is gone: nobody to answer, and the client goes on
+                    log.debug("pipeline client: a caller left before its answer", exc_info=True)
 
         def spawn() -> None:
             if self._nursery is None or self._stop is None or self._stop.is_set():
-                done(outcome.Error(PipelineClosed("the client is closed")))
+                done(outcome.Error(ClientClosed("the client is closed")))
             else:
+                if wait:
+                    self._waits.add(scope)
                 self._nursery.start_soon(task)
 
         try:
             token.run_sync_soon(spawn)
         except trio.RunFinishedError:
-            raise PipelineClosed("the client is closed") from None
+            raise ClientClosed("the client is closed") from None
+
+        def abandon() -> None:
+            try:
+                token.run_sync_soon(scope.cancel)  # (CancelScope is the loop's: cancelled there)
+            except trio.RunFinishedError:
+                pass  # the loop ended, and the wait with it
+
+        return abandon if wait else _nothing
 
     # -- producing ---------------------------------------------------------------------------------
 
@@ -215,7 +247,7 @@ class Client:
         self._loop()
         pipeline = self._pipeline
         if pipeline is None:
-            raise PipelineClosed("the client is closed")
+            raise ClientClosed("the client is closed")
         return pipeline
 
     def _insert_in(self, connection: Any, rows: Sequence[NewJob]) -> builtins.list[str]:
@@ -279,13 +311,16 @@ class Client:
 
     def result(self, job_id: str, timeout: float | None = None) -> Any:
         """Wait for the job to finish and return its result (its handler's return value, as JSON);
-        JobFailed / JobCancelled if it ended dead / cancelled, TimeoutError after ``timeout`` seconds."""
-        return self._call(lambda p: p.result(job_id, timeout=timeout))
+        JobFailed / JobCancelled if it ended dead / cancelled, TimeoutError after ``timeout`` seconds
+        (>= 0; a finished job answers even at 0), ClientClosed if :meth:`close` ends the wait."""
+        return self._call(lambda p: p.result(job_id, timeout=timeout), wait=True)
 
     # -- closing -----------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop the client's loop (what was committed stays committed); calls after it raise PipelineClosed."""
+        """Stop the client's loop once the calls in flight have committed (what was committed stays
+        committed); a ``result()`` wait in flight, in any thread, raises ClientClosed at once, and so
+        does every call after it."""
         with self._lock:
             self._closed = True
             if self._pid != os.getpid():  # forked: the loop is the parent's, its thread not here
@@ -302,6 +337,8 @@ class Client:
     def _stop_now(self) -> None:
         if self._stop is not None:
             self._stop.set()
+        for scope in list(self._waits):
+            scope.cancel()  # each wait's task answers its caller ClientClosed
 
     def __enter__(self) -> Client:
         return self
@@ -318,20 +355,26 @@ class AsyncClient:
 
     Opening it (``async with``, or ``await client.open()``) opens the store in a thread; each call
     then runs on the client's loop and wakes the caller's loop when it is done (no thread per
-    call). A caller cancelled while it waits stops waiting; the call itself still completes.
+    call). A caller cancelled while it waits (``asyncio.wait_for``, a trio cancel scope) stops
+    waiting: a ``result()`` wait stops with it, at once; an enqueue still completes.
     """
 
     def __init__(self, database_url: str | None = None, *, registry: Registry, config: Config | None = None) -> None:
         self._args = (database_url, registry, config)
         self._client: Client | None = None
+        self._closed = False
 
     async def open(self) -> AsyncClient:
+        if self._closed:
+            raise ClientClosed("the client is closed: make a new AsyncClient")
         if self._client is None:
             database_url, registry, config = self._args
             self._client = await _in_thread(lambda: Client(database_url, registry=registry, config=config))
         return self
 
     async def close(self) -> None:
+        """As :meth:`Client.close`: a ``result()`` wait in flight raises ClientClosed at once."""
+        self._closed = True
         client, self._client = self._client, None
         if client is not None:
             await _in_thread(client.close)
@@ -342,11 +385,15 @@ class AsyncClient:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    async def _call(self, fn: Callable[[Pipeline], Awaitable[T]]) -> T:
+    async def _call(self, fn: Callable[[Pipeline], Awaitable[T]], *, wait: bool = False) -> T:
         client = self._open()
-        wait, done = _answer_here()
-        client._start(fn, done)
-        return await wait()
+        answer, done = _answer_here()
+        abandon = client._start(fn, done, wait=wait)
+        try:
+            return await answer()
+        except BaseException:  # the caller cancelled (asyncio.CancelledError, trio.Cancelled): a wait stops too
+            abandon()
+            raise
 
     async def enqueue(self, job: Any, *, priority: int | None = None, run_after: Any = None,
                       delay: float | dt.timedelta | None = None, max_attempts: int | None = None,
@@ -401,7 +448,8 @@ class AsyncClient:
 
     def _open(self) -> Client:
         if self._client is None:
-            raise PipelineClosed("the client is not open: use `async with AsyncClient(...)` or `await client.open()`")
+            raise ClientClosed("the client is closed" if self._closed else
+                               "the client is not open: use `async with AsyncClient(...)` or `await client.open()`")
         return self._client
 
     async def emit(self, event: Any) -> builtins.list[str]:
@@ -418,8 +466,8 @@ class AsyncClient:
         return await self._call(lambda p: p.cancel(job_id, reason="cancelled by a client"))
 
     async def result(self, job_id: str, timeout: float | None = None) -> Any:
-        """As :meth:`Client.result`."""
-        return await self._call(lambda p: p.result(job_id, timeout=timeout))
+        """As :meth:`Client.result`; a caller that stops waiting (cancelled) stops the wait at once."""
+        return await self._call(lambda p: p.result(job_id, timeout=timeout), wait=True)
 
 
 # -- the caller's event loop ------------------------------------------------------------------------
@@ -480,6 +528,10 @@ async def _in_thread(fn: Callable[[], T]) -> T:
 
 
 # -- arguments ----------------------------------------------------------------------------------------
+
+
+def _nothing() -> None:
+    """``abandon`` for a call that runs to its end whoever waits."""
 
 
 def _when(run_after: Any, delay: float | dt.timedelta | None) -> Any:

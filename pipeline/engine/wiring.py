@@ -391,28 +391,32 @@ class Pipeline:
         """Wait for a job's final state and return its result (the handler's return value as JSON:
         dicts, lists, numbers, text; None if it returned None). JobFailed (dead) or JobCancelled
         (cancelled) with the job's error if it did not complete; LookupError for an unknown id;
-        TimeoutError after ``timeout`` seconds. A job run by this process wakes the wait as its outcome
-        is written; one run elsewhere is looked at every 0.1 s at first, then every 0.5 s at most."""
-        status = "not yet read"
-        with trio.move_on_after(math.inf if timeout is None else timeout):
-            pause = 0.1
-            while True:
-                # registered before the read: an outcome written here meanwhile wakes the wait below
-                finished = self._finished.setdefault(job_id, trio.Event())
-                try:
-                    job = await self.backend.get(job_id)
-                    if job is None:
-                        raise LookupError(f"no job with id {job_id!r}")
-                    if job.status in TERMINAL:
-                        return _result_of(job)
-                    status = job.status
-                    with trio.move_on_after(pause):
-                        await finished.wait()
-                finally:
-                    if self._finished.get(job_id) is finished and not finished.statistics().tasks_waiting:
-                        del self._finished[job_id]
-                pause = min(pause * 1.5, 0.5)
-        raise TimeoutError(f"job {job_id} did not finish within {timeout:g} s (it is {status})")
+        TimeoutError after ``timeout`` seconds (>= 0: a finished job's result is returned even at 0). A job
+        run by this process wakes the wait as its outcome is written; one run elsewhere is looked at every
+        0.1 s at first, then every 0.5 s at most. A cancelled wait stops at once."""
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0):
+            raise UsageError(f"timeout must be a number of seconds >= 0 (or None: no limit), got {timeout!r:.40}")
+        deadline = trio.current_time() + (math.inf if timeout is None else timeout)
+        pause = 0.1
+        while True:
+            # registered before the read: an outcome written here meanwhile wakes the wait below
+            finished = self._finished.setdefault(job_id, trio.Event())
+            try:
+                # the read is not bounded by the deadline, only the wait is: a job that has finished
+                # answers its result whatever the timeout (0 included)
+                job = await self.backend.get(job_id)
+                if job is None:
+                    raise LookupError(f"no job with id {job_id!r}")
+                if job.status in TERMINAL:
+                    return _result_of(job)
+                if trio.current_time() >= deadline:
+                    raise TimeoutError(f"job {job_id} did not finish within {timeout:g} s (it is {job.status})")
+                with trio.move_on_at(min(deadline, trio.current_time() + pause)):
+                    await finished.wait()
+            finally:
+                if self._finished.get(job_id) is finished and not finished.statistics().tasks_waiting:
+                    del self._finished[job_id]
+            pause = min(pause * 1.5, 0.5)
 
     def _known_type(self, job_type: str) -> str:
         known = self.registry.job_types()

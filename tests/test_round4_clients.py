@@ -1,0 +1,220 @@
+"""Issue 32 (correctness, round four), the clients' items: ``result()`` waits that a caller abandons or
+``close()`` ends (3, 11), ``result()``'s timeout at 0 and below (14), lone surrogates refused at the door
+(6), naive datetimes refused everywhere (10), a chain handed to ``enqueue`` (new user), pausing a type
+from a client (new user), and two promises a mutation slipped past: the stored trace context keeps its
+``tracestate``, and ``pipeline.testing``'s ``drain()`` answers oldest first.
+
+Every store where the item names them (a fresh one per test, tests/backends/stores.py); real asyncio
+loops (``asyncio.run`` in a thread) and real threads for the clients."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import trio
+from backends.stores import BACKENDS
+from jobkit import Echo, Tick, registry, wait_status
+
+import pipeline
+from pipeline import Config, Registry
+from pipeline.backends import open_backend
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+async def store_config(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Config]:
+    """A fresh store of each backend."""
+    async with BACKENDS[request.param](tmp_path) as config:
+        yield config
+
+
+@attrs.frozen
+class Double:
+    n: int
+
+
+async def double(job: Double, ctx: pipeline.JobContext) -> int:
+    return job.n * 2
+
+
+def doubling_registry() -> Registry:
+    reg = registry()
+    reg.register("double", Double, double)
+    return reg
+
+
+def waits_on_the_loop(client: pipeline.Client) -> int:
+    """How many calls are running as tasks on the client's own loop (from any thread but its own)."""
+    nursery, token = client._nursery, client._token
+    assert nursery is not None and token is not None
+    return trio.from_thread.run_sync(lambda: len(nursery.child_tasks), trio_token=token)
+
+
+def waiting_for(client: pipeline.Client, job_id: str) -> int:
+    """How many result() waits on ``job_id`` are asleep on the client's loop right now."""
+    pipe, token = client._pipeline, client._token
+    assert pipe is not None and token is not None
+
+    def count() -> int:
+        finished = pipe._finished.get(job_id)
+        return 0 if finished is None else finished.statistics().tasks_waiting
+
+    return trio.from_thread.run_sync(count, trio_token=token)
+
+
+def eventually(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    """Wait (in a thread) until ``check()`` holds; AssertionError naming ``what`` after ``timeout``."""
+    done = threading.Event()
+    deadline = timeout
+    while not check():
+        if deadline <= 0:
+            raise AssertionError(f"not so after {timeout} s: {what}")
+        done.wait(0.02)
+        deadline -= 0.02
+
+
+async def cancel_for_good(config: Config, job_id: str) -> None:
+    """Cancel a job through a backend of its own: ends any wait a broken client still runs on it."""
+    async with open_backend(config) as backend:
+        await backend.cancel([job_id], reason="the test is over")
+
+
+# -- item 14: result(id, timeout=0) on a finished job; a negative timeout ------------------------------
+
+
+async def test_result_with_timeout_zero_answers_a_finished_job_and_a_bad_timeout_is_named(store_config: Config) -> None:
+    reg = doubling_registry()
+    async with pipeline.open_pipeline(store_config, reg) as service:
+        job_id = await service.enqueue(Double(21))
+        await wait_status(service, job_id, "completed")
+        assert await service.result(job_id, timeout=0) == 42
+        pending = await service.enqueue(Tick(1), run_after=4e9)  # due in 2096
+        with pytest.raises(TimeoutError, match="did not finish within 0 s"):
+            await service.result(pending, timeout=0)
+        for bad in (-1, -0.001, math.nan, "5", True):
+            with pytest.raises(pipeline.UsageError, match=r"timeout must be a number of seconds >= 0"):
+                await service.result(job_id, timeout=bad)  # type: ignore[arg-type]
+
+        def from_a_thread() -> None:
+            with pipeline.Client(registry=reg, config=store_config) as client:
+                assert client.result(job_id, timeout=0) == 42
+                with pytest.raises(pipeline.UsageError, match=r"timeout must be a number of seconds >= 0 .*got -1"):
+                    client.result(job_id, timeout=-1)
+
+        await trio.to_thread.run_sync(from_a_thread)
+
+        async def from_asyncio() -> None:
+            async with pipeline.AsyncClient(registry=reg, config=store_config) as client:
+                assert await client.result(job_id, timeout=0) == 42
+                with pytest.raises(pipeline.UsageError, match="timeout must be a number of seconds >= 0"):
+                    await client.result(job_id, timeout=-1)
+
+        await trio.to_thread.run_sync(lambda: asyncio.run(from_asyncio()))
+
+
+# -- items 3 and 11: waits abandoned by their caller, waits close() ends ------------------------------
+
+
+async def test_an_abandoned_async_result_wait_stops_at_once_and_close_ends_the_others(store_config: Config) -> None:
+    reg = registry()
+
+    async def app() -> BaseException | None:
+        client = await pipeline.AsyncClient(registry=reg, config=store_config).open()
+        sync = client._client
+        assert sync is not None
+        job_id = await client.enqueue(Tick(1), delay=3600)  # nobody runs it: every wait on it would last an hour
+        try:
+            for _ in range(50):  # callers that give up
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(client.result(job_id), 0.01)
+            await asyncio.to_thread(eventually, lambda: waits_on_the_loop(sync) == 0,
+                                    "the 50 abandoned result() waits have stopped")
+            waiter = asyncio.create_task(client.result(job_id))  # one still waiting when the client closes
+            await asyncio.to_thread(eventually, lambda: waits_on_the_loop(sync) == 1, "the wait is running")
+            await asyncio.wait_for(client.close(), 20)  # (it waited for the job: an hour)
+            try:
+                await waiter
+            except Exception as exc:  # noqa: BLE001 - what a caller's `except Exception` gets
+                caught: BaseException | None = exc
+            else:
+                caught = None
+            with pytest.raises(pipeline.ClientClosed, match="closed"):
+                await client.enqueue(Tick(2))
+            return caught
+        finally:
+            if sync._thread.is_alive():  # it did not close: end the waits that hold it
+                await cancel_for_good_async(store_config, job_id)
+                await asyncio.to_thread(sync.close)
+
+    caught = await trio.to_thread.run_sync(lambda: asyncio.run(app()))
+    assert isinstance(caught, pipeline.ClientClosed), caught
+    assert isinstance(caught, pipeline.PipelineClosed)  # the documented family of "takes no more calls"
+
+
+async def cancel_for_good_async(config: Config, job_id: str) -> None:
+    """cancel_for_good from an asyncio loop: a trio loop of its own in a thread."""
+    await asyncio.to_thread(lambda: trio.run(cancel_for_good, config, job_id))
+
+
+async def test_a_trio_caller_cancelled_in_async_result_stops_the_wait(store_config: Config) -> None:
+    reg = registry()
+    async with pipeline.AsyncClient(registry=reg, config=store_config) as client:
+        job_id = await client.enqueue(Tick(1), delay=3600)
+        sync = client._client
+        assert sync is not None
+        try:
+            for _ in range(20):
+                with trio.move_on_after(0.01):
+                    await client.result(job_id)
+            await trio.to_thread.run_sync(lambda: eventually(lambda: waits_on_the_loop(sync) == 0,
+                                                             "the 20 abandoned result() waits have stopped"))
+        finally:
+            await cancel_for_good(store_config, job_id)
+
+
+async def test_sync_close_hands_a_thread_waiting_in_result_client_closed(store_config: Config) -> None:
+    reg = registry()
+
+    def scenario() -> list[BaseException]:
+        client = pipeline.Client(registry=reg, config=store_config)
+        job_id = client.enqueue(Tick(1), delay=3600)
+        got: list[BaseException] = []
+
+        def wait() -> None:
+            try:
+                client.result(job_id)
+            except Exception as exc:  # noqa: BLE001 - a caller's ordinary handler must be enough
+                got.append(exc)
+            except BaseException as exc:  # noqa: BLE001 - trio.Cancelled before: recorded, the test fails
+                got.append(exc)
+
+        waiters = [threading.Thread(target=wait) for _ in range(3)]
+        for t in waiters:
+            t.start()
+        try:
+            eventually(lambda: waiting_for(client, job_id) == 3, "the three waits are running")
+            closing = threading.Thread(target=client.close)
+            closing.start()
+            closing.join(20)
+            assert not closing.is_alive(), "close() waited for the result() waits"
+            for t in waiters:
+                t.join(20)
+            for call in (lambda: client.enqueue(Tick(2)), lambda: client.result(job_id, timeout=0)):
+                try:
+                    call()
+                except Exception as exc:  # noqa: BLE001 - compared below, after the waits' own
+                    got.append(exc)
+            return got
+        finally:
+            trio.run(cancel_for_good, store_config, job_id)
+            client.close()
+
+    got = await trio.to_thread.run_sync(scenario)
+    assert [type(exc).__name__ for exc in got] == ["ClientClosed"] * 5, got  # 3 waits, then 2 calls after close
+    assert all("closed" in str(exc) for exc in got)
