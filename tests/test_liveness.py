@@ -254,7 +254,8 @@ async def test_an_enqueue_waits_for_a_locked_database_no_longer_than_the_patienc
             with pytest.raises(StoreError, match="locked"):
                 await p.enqueue(Echo("x"))
             waited = trio.current_time() - started
-    assert 1.4 <= waited <= 1.5 + 0.8, f"waited {waited:.2f} s for a patience of 1.5 s"
+    # (a loaded machine's last try may end up to a second late; the sum of busy_timeouts was 7.5 s)
+    assert 1.4 <= waited <= 1.5 + 1.5, f"waited {waited:.2f} s for a patience of 1.5 s"
 
 
 # -- 5. a registered type that no live worker handles is buried, not left pending -------------------
@@ -339,7 +340,9 @@ async def test_a_job_committed_by_another_process_starts_without_waiting_for_a_p
             committed = trio.current_time()
             await wait_status(p, job_id, "completed", timeout=5.0)
             waited = trio.current_time() - committed
-            assert waited < 0.25, f"a job committed elsewhere waited {waited:.2f} s for an idle pipeline"
+            # milliseconds here (~10 ms); the fallbacks are the poll (60 s) and the heartbeat's batch (20 s):
+            # a second is a margin a machine loaded three times over meets, and still tells the two apart
+            assert waited < 1.0, f"a job committed elsewhere waited {waited:.2f} s for an idle pipeline"
 
 
 SLOW_FSYNC = r"""
@@ -388,7 +391,7 @@ async def test_a_job_committed_by_a_process_whose_fsync_is_slow_starts_at_once(d
             job_id = foreign.stdout.decode().strip()
             await wait_status(p, job_id, "completed", timeout=5.0)
             waited = trio.current_time() - returned
-            assert waited < 0.5, f"a job committed by a process with a slow fsync waited {waited:.2f} s"
+            assert waited < 1.5, f"a job committed by a process with a slow fsync waited {waited:.2f} s (the poll is 60 s)"
 
 
 @WAL_WATCH
@@ -423,4 +426,4 @@ async def test_a_job_committed_by_another_process_starts_at_once_while_the_ledge
             committed = trio.current_time()
             await wait_status(p, job_id, "completed", timeout=5.0)
             waits.append(trio.current_time() - committed)
-            assert waits[-1] < 0.5, f"a job committed elsewhere waited {waits[-1]:.2f} s while the Ledger was busy"
+            assert waits[-1] < 1.5, f"a job committed elsewhere waited {waits[-1]:.2f} s while the Ledger was busy (the poll is 60 s)"

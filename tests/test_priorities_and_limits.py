@@ -76,7 +76,7 @@ async def test_a_priority_0_job_overtakes_10000_pending_jobs_but_the_prefetched_
     urgent_at = next(at for job_id, _, at in started if job_id == urgent)
     before = [job_id for job_id, _, at in started if committed < at < urgent_at]
     assert len(before) <= 4, f"{len(before)} jobs of priority 5 started before the priority-0 one"
-    assert urgent_at - committed < 1.0
+    assert urgent_at - committed < 3.0  # behind the backlog: minutes (10,000 jobs of 50 ms, 2 at a time)
     assert pending > 9000  # the backlog was still there: it overtook it
 
 

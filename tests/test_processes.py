@@ -111,7 +111,9 @@ def test_sigterm_during_a_burst_exits_zero_and_leaves_nothing_running(tmp_path: 
     started = time.monotonic()
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(shutdown + 5) == 0
-    assert time.monotonic() - started < shutdown + 1.0
+    # the grace, then the exit's last commits (synchronous=full: each an fsync, which took 1.2 s on a loaded
+    # machine with the file locked by another writer); a stop that waited for the hung job never ends
+    assert time.monotonic() - started < shutdown + 3.0
     rows = statuses(db_path)
     assert set(rows) == set(ids), "nothing lost"
     assert not [i for i, (s, _) in rows.items() if s == "running"], "no job left running"

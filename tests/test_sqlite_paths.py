@@ -38,7 +38,7 @@ async def test_through_a_symlink_the_wal_watch_sees_other_processes_commits(tmp_
             committed = trio.current_time()
             await wait_status(p, job_id, "completed", timeout=5.0)
             waited = trio.current_time() - committed
-            assert waited < 1.0, f"a job committed through the link waited {waited:.2f} s (the poll is a minute)"
+            assert waited < 2.0, f"a job committed through the link waited {waited:.2f} s (the poll is a minute)"
 
 
 async def test_a_relative_path_names_the_same_file_after_the_application_changes_folder(

@@ -247,7 +247,8 @@ async def test_one_keys_backlog_does_not_starve_another_key(backend: Backend) ->
     assert b_left == 0
 
     big = statistics.median(big_times)
-    assert big < 0.050, f"a keyed claim over 10,000 jobs of one key took {big * 1000:.1f} ms (median)"
+    # (a loose bound against a claim that reads the backlog many times over; the comparison below is the check)
+    assert big < 0.5, f"a keyed claim over 10,000 jobs of one key took {big * 1000:.1f} ms (median)"
     # a claim that read A's whole backlog would take many times the small one (a scan of 10,000 rows
     # is several ms on the server stores; ~2 ms on SQLite, whose claims here also wait ~2 ms for their
     # fsync). Compared by their fastest runs, what a claim costs when nothing else took the CPU:

@@ -175,7 +175,7 @@ async def test_a_renewal_skips_a_row_another_transaction_holds_locked_and_does_n
                         lambda: renewer.renew("w", ["t"], [(lease.id, lease.token) for lease in leases], lease_seconds=60.0),
                         abandon_on_cancel=True)
                 took = time.monotonic() - t0
-                assert took < 1.0, f"the renewal waited {took:.1f} s for a row another transaction held locked"
+                assert took < 2.5, f"(a renewal that waits for the lock waits the 5 s out) the renewal waited {took:.1f} s for a row another transaction held locked"
                 assert lost == []
             finally:
                 other.rollback()

@@ -424,26 +424,35 @@ async def test_the_rate_window_holds_for_claims_from_many_connections(tmp_path: 
 
 
 async def test_rate_free_at_answers_when_the_oldest_claim_keeping_the_window_full_leaves_it(tmp_path: Path) -> None:
-    """Claims logged 1,000, 600, 400 and 200 ms ago, a window of 1 s: the first is out of it. With
-    room for 4: 0; for 2 (3 within): until the 2nd oldest within leaves (600 ms less the time
-    since); for 3: until the oldest within leaves. The claim reads the same window: none taken
-    under a limit of 3, one under 4, and it drops the record a whole window old as it goes."""
+    """Claims logged 10, 6, 4 and 2 s ago, a window of 10 s: the first is out of it. With room for 4:
+    0; for 2 (3 within): until the 2nd oldest within leaves (6 s less the time since); for 3: until the
+    oldest within leaves. Each answer is checked against the server's clock read before and after it
+    (a window of seconds, so that a loaded machine's pause cannot move a record out of it meanwhile).
+    The claim reads the same window: none taken under a limit of 3, one under 4, and it drops the
+    record a whole window old as it goes."""
     async with redis_store(tmp_path) as config, open_backend(config) as backend:
         db = backend.database  # type: ignore[attr-defined]
-        seconds, micros = db.client.time()
-        now = int(seconds) * 1000 + int(micros) // 1000
+
+        def server_ms() -> int:
+            seconds, micros = db.client.time()
+            return int(seconds) * 1000 + int(micros) // 1000
+
+        now = server_ms()
         key = f"{db.prefix}rate:t"
-        db.client.zadd(key, {"x:1": now - 1000, "a:1": now - 600, "b:1": now - 400, "c:1": now - 200})
-        assert await backend.rate_free_at("t", 4, 1.0) == 0.0
-        assert 0.5 < await backend.rate_free_at("t", 2, 1.0) <= 0.6
-        assert 0.3 < await backend.rate_free_at("t", 3, 1.0) <= 0.4
+        db.client.zadd(key, {"x:1": now - 10_000, "a:1": now - 6000, "b:1": now - 4000, "c:1": now - 2000})
+        assert await backend.rate_free_at("t", 4, 10.0) == 0.0
+        for limit, leaves_in in ((2, 6.0), (3, 4.0)):
+            before = (server_ms() - now) / 1000
+            answer = await backend.rate_free_at("t", limit, 10.0)
+            after = (server_ms() - now) / 1000
+            assert leaves_in - after - 0.001 <= answer <= leaves_in - before + 0.001, (limit, before, answer, after)
         await add(backend, 3)
-        assert await backend.claim({"t": 3}, owner="w", lease_seconds=LONG, rates={"t": (3, 1.0)}) == []
-        (lease,) = await backend.claim({"t": 3}, owner="w", lease_seconds=LONG, rates={"t": (4, 1.0)})
+        assert await backend.claim({"t": 3}, owner="w", lease_seconds=LONG, rates={"t": (3, 10.0)}) == []
+        (lease,) = await backend.claim({"t": 3}, owner="w", lease_seconds=LONG, rates={"t": (4, 10.0)})
         logged = {m.decode(): int(s) for m, s in db.client.zrange(key, 0, -1, withscores=True)}
         claimed_at = _ms((await record(backend, lease.id)).lease_expires_at) - round(LONG * 1000)
-        assert logged == {"a:1": now - 600, "b:1": now - 400, "c:1": now - 200, f"{lease.id}:{lease.token}": claimed_at}
-        assert 0 < db.client.pttl(key) <= 1000  # the log of a type no longer claimed goes by itself
+        assert logged == {"a:1": now - 6000, "b:1": now - 4000, "c:1": now - 2000, f"{lease.id}:{lease.token}": claimed_at}
+        assert 0 < db.client.pttl(key) <= 10_000  # the log of a type no longer claimed goes by itself
 
 
 # -- the layout -------------------------------------------------------------------------------------

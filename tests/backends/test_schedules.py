@@ -234,17 +234,20 @@ async def fires_each_tick_on_time(backend: Backend) -> None:
         job_type, payload = reg.encode(job)
         return NewJob(new_id(), job_type, payload, 3, run_after, 5, now, None)
 
-    while not 0.45 < time.time() % 1 < 0.6:  # half-way through a second: the next tick is half a second away
+    # Started 0.7-0.8 s into a second: a Scheduler that slept a whole interval after each round fires every
+    # tick 0.7 s late and more (its rounds fall 0.7 s into each second, drifting later); one that sleeps
+    # until the tick fires it within what a loaded machine's wake-up and insert take (tens of ms here)
+    while not 0.7 < time.time() % 1 < 0.8:
         await trio.sleep(0.01)
     declared = make_schedule(reg, "every-second", "* * * * * *", "echo", {"text": "tick"})
     await backend.put_schedule(ScheduleRecord.of(declared, origin="operator"))
     first = to_epoch((await backend.schedules())[0].next_run)
     async with trio.open_nursery() as tn:
         await tn.start(lambda task_status: run_scheduler(backend, reg, new_job, health=Health(), task_status=task_status))
-        await trio.sleep(first + 2.3 - time.time())  # three ticks
+        await trio.sleep(first + 2.6 - time.time())  # three ticks, each up to the bound late
         tn.cancel_scope.cancel()
     jobs, _ = await backend.list(job_type="echo", limit=100)
     fired = sorted((to_epoch(j.run_after), to_epoch(j.created_at)) for j in jobs)
     assert [tick for tick, _ in fired] == [first, first + 1, first + 2], fired  # none skipped, none twice
     late = [at - tick for tick, at in fired]
-    assert all(0 <= lateness < 0.3 for lateness in late), late  # (a round after a full interval's sleep: 0.5 s and more)
+    assert all(0 <= lateness < 0.5 for lateness in late), late  # (a round after a full interval's sleep: 0.7 s and more)
