@@ -120,6 +120,8 @@ class JobFilter:
             raise UsageError(f"{action} takes jobs of status {' or '.join(statuses)}; {status_name} {shown!r} is not one")
         if job_type is not None and (type(job_type) is not str or not job_type):
             raise UsageError(f"{type_name} must be a non-empty string (leave it out for every type)")
+        if job_type is not None and "\x00" in job_type:  # no store's text holds one (Postgres refuses to be asked)
+            raise UsageError(f"{type_name} must not contain a NUL character: no job type is named so")
         if status is None and job_type is None:
             raise UsageError(f"{action} of every matching job needs a filter: {status_name} "
                              f"({', '.join(statuses)}), {type_name}, or both")

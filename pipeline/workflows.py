@@ -53,6 +53,8 @@ def check_parents(after: Any) -> tuple[str, ...]:
     for parent in parents:
         if not isinstance(parent, str) or not parent:
             raise UsageError(f"after must hold job ids (non-empty text), got {parent!r:.60}")
+        if "\x00" in parent:  # no store's text holds one: Postgres refused the insert as "database unavailable"
+            raise UsageError(f"after names {parent!r:.60}, which contains a NUL character: no job has such an id")
     if len(parents) > MAX_PARENTS:
         raise UsageError(f"after names {len(parents)} jobs; at most {MAX_PARENTS}")
     if len(set(parents)) != len(parents):

@@ -122,3 +122,59 @@ async def test_bulk_cancel_of_a_large_pending_backlog_reads_each_page_once(store
         outcome = await control.bulk(shifting, control.JobFilter("cancel", "pending"), batch=10)  # type: ignore[arg-type]
         assert (outcome.matched, outcome.done) == (25, 25)
         assert shifting.lists == 4
+
+
+# -- an id or a name that no store can hold -----------------------------------------------------------
+
+ID_ROUTES = [("GET", "/admin/jobs/{}"), ("DELETE", "/admin/jobs/{}"), ("POST", "/admin/jobs/{}/retry"),
+             ("POST", "/admin/jobs/{}/cancel"), ("GET", "/admin/batches/{}"), ("POST", "/admin/types/{}/pause"),
+             ("POST", "/admin/types/{}/resume"), ("DELETE", "/admin/schedules/{}"),
+             ("POST", "/admin/schedules/{}/pause"), ("POST", "/admin/schedules/{}/resume")]
+
+
+async def test_an_id_or_name_with_nul_is_404_or_422_on_every_admin_route(store: Config) -> None:
+    """Postgres's text holds no NUL: asked about such an id, the API answered 503 "database unavailable"
+    (as if the store were down). Now every route that takes an id or a name answers as for any unknown
+    one (404), and filters and parent ids with a NUL are refused (422), on every store alike."""
+    from urllib.parse import quote
+
+    from test_admin_api import assert_error, served
+
+    async with served(store) as (_, client):
+        job = (await client.post("/admin/jobs", json={"job_type": "generate_sitemap"})).json()
+        for text in ("\x00", "a\x00b", job["id"] + "\x00"):
+            for method, path in ID_ROUTES:
+                r = await client.request(method, path.format(quote(text, safe="")))
+                assert r.status_code == 404, (method, path, repr(text), r.status_code, r.text)
+                assert r.json()["error"]["code"] == "not_found"
+            listed = await client.get("/admin/jobs", params={"job_type": text})
+            assert listed.status_code == 200 and listed.json()["total"] == 0, listed.text
+            for action, status in (("cancel", "pending"), ("retry", "dead"), ("delete", "dead")):
+                assert_error(await client.post(f"/admin/jobs/{action}", json={"job_type": text, "status": status}),
+                             422, "NUL")
+            assert_error(await client.post("/admin/jobs", json={"job_type": "generate_sitemap", "after": [text]}),
+                         422, "NUL")
+        # nothing was harmed: the job is there, the store answers
+        assert (await client.get(f"/admin/jobs/{job['id']}")).json()["status"] == "pending"
+        assert (await client.get("/healthz")).status_code == 200
+
+
+async def test_the_cli_refuses_a_parent_id_with_nul_from_a_file(store: Config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capfd: pytest.CaptureFixture[str]) -> None:
+    """The CLI's ids come from argv (no NUL can be there; bytes that are not UTF-8 are refused) or from
+    a file: `enqueue --from-file` with such a parent exits 2 naming it, where Postgres said "error:
+    database ...: PostgreSQL text fields cannot contain NUL (0x00) bytes" and exited 1."""
+    import io
+
+    from pipeline.cli import main
+
+    monkeypatch.setenv("DATABASE_URL", store.database_url)
+    monkeypatch.setenv("REDIS_ALLOW_NON_DURABLE", "true")
+    lines = tmp_path / "jobs.jsonl"
+    lines.write_text(json.dumps({"job_type": "generate_sitemap", "payload": {}, "after": ["a\x00b"]}) + "\n")
+    out = io.StringIO()
+    code = await trio.to_thread.run_sync(lambda: main(["enqueue", "--from-file", str(lines)], stdout=out))
+    assert code == 2
+    assert "NUL" in capfd.readouterr().err
+    async with open_backend(store) as backend:
+        assert (await backend.list())[1] == 0  # nothing stored

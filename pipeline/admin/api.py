@@ -195,6 +195,8 @@ class AdminApi:
         order = params.get("order", "newest")
         if order not in LIST_ORDERS:
             raise ApiError(400, f"order must be one of {', '.join(LIST_ORDERS)}, got {order!r}")
+        if job_type is not None and not inputs.storable(job_type):  # no type is named so (and Postgres refuses the question)
+            return JSONResponse({"items": [], "total": 0, "page": page, "per_page": per_page})
         records, total = await self.backend.list(status=status, job_type=job_type, limit=per_page, offset=(page - 1) * per_page,
                                                  priority=priority, order=order)
         return JSONResponse({"items": [r.to_json() for r in records], "total": total, "page": page, "per_page": per_page})
@@ -334,6 +336,7 @@ class AdminApi:
         """GET /admin/batches/{id}?limit=&offset= — the batch's jobs counted by status, its callback's
         status, and a page of its jobs in the order they were enqueued; 404 if unknown."""
         batch_id = request.path_params["batch_id"]
+        _findable(batch_id, f"no batch with id {batch_id!r}")
         params = request.query_params
         limit = _int_param(params.get("limit"), "limit", DEFAULT_PER_PAGE, 1, MAX_PER_PAGE)
         offset = _int_param(params.get("offset"), "offset", 0, 0, MAX_OFFSET)
@@ -378,7 +381,7 @@ class AdminApi:
 
     async def remove_schedule(self, request: Request) -> Response:
         """DELETE /admin/schedules/{name} — 204."""
-        name = request.path_params["name"]
+        name = _findable(request.path_params["name"], f"no schedule named {request.path_params['name']!r}")
         try:
             await self.backend.remove_schedule(name)
         except LookupError:
@@ -395,6 +398,7 @@ class AdminApi:
         return await self._schedule_enabled(request.path_params["name"], True)
 
     async def _schedule_enabled(self, name: str, enabled: bool) -> Response:
+        _findable(name, f"no schedule named {name!r}")
         try:
             changed = await self.backend.set_schedule_enabled(name, enabled)
         except LookupError:
@@ -419,6 +423,7 @@ class AdminApi:
         return await self._type_paused(request.path_params["name"], False)
 
     async def _type_paused(self, name: str, paused: bool) -> Response:
+        _findable(name, f"no job type named {name!r}")
         try:
             await control.set_paused(self.backend, self.pipeline.registry, name, paused)
         except LookupError as exc:
@@ -487,6 +492,7 @@ class AdminApi:
         self._stats_generation += 1
 
     async def _job(self, job_id: str) -> JobRecord:
+        _findable(job_id, f"no job with id {job_id!r}")
         record = await self.backend.get(job_id)
         if record is None:
             raise ApiError(404, f"no job with id {job_id!r}")
@@ -514,6 +520,15 @@ class AdminApi:
         except UsageError as exc:
             raise ApiError(400, str(exc)) from None
         return body
+
+
+def _findable(text: str, missing: str) -> str:
+    """An id or a name from the path, as a store can hold it; else 404 with ``missing``. Text with a NUL
+    or a lone surrogate names nothing in any store, and Postgres refuses to be asked about it (a
+    DataError, which answered 503 "database unavailable" before issue 32)."""
+    if not inputs.storable(text):
+        raise ApiError(404, missing)
+    return text
 
 
 def _int_param(text: str | None, name: str, default: int, lo: int, hi: int) -> int:

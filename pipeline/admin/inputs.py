@@ -71,6 +71,19 @@ def clip_echoes(message: str, sent: Iterable[str] = ()) -> str:
     return message
 
 
+def storable(text: str) -> bool:
+    """Whether every store can hold ``text``: no NUL (Postgres's text cannot) and no lone surrogate
+    (not UTF-8). An id or a name that is not names nothing: the API answers 404 or an empty list
+    without asking the store (Postgres would refuse the question itself)."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def strings_in(value: Any, *, limit: int = 100_000) -> Iterator[str]:
     """The strings of a JSON value, its object keys included (at most ``limit`` of them)."""
     stack, seen = [value], 0
