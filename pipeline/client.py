@@ -36,7 +36,7 @@ import outcome
 import sniffio
 import trio
 
-from .backends.base import PRIORITY_DEFAULT, BatchRecord, JobRecord, NewJob
+from .backends.base import PRIORITY_DEFAULT, BatchRecord, JobRecord, NewBatch, NewJob
 from .config import Config
 from .engine.wiring import Pipeline, open_pipeline
 from .errors import ClientClosed, UsageError
@@ -231,11 +231,16 @@ class Client:
         trace = _trace_here(self.registry)
         return self._call(lambda p: p.enqueue_many(jobs, priority=_priority(priority), unique_keys=unique_keys, trace=trace))
 
-    def enqueue_batch(self, jobs: Sequence[Any], *, then: Any = None, priority: int | None = None) -> Batch:
+    def enqueue_batch(self, jobs: Sequence[Any], *, then: Any = None, priority: int | None = None,
+                      connection: Any = None) -> Batch:
         """Commit a batch of jobs and its callback ``then`` in one transaction, as
-        :meth:`pipeline.Pipeline.enqueue_batch` (docs/workflows.md)."""
+        :meth:`pipeline.Pipeline.enqueue_batch` (docs/workflows.md); with ``connection``, in your
+        transaction instead, as :meth:`enqueue`'s."""
         jobs = list(jobs)
         trace = _trace_here(self.registry)
+        if connection is not None:
+            rows, batch = self._pipeline_here().batch_rows(jobs, then=then, priority=_priority(priority), trace=trace)
+            return _batch_of(batch, self._insert_in(connection, rows, batch))
         return self._call(lambda p: p.enqueue_batch(jobs, then=then, priority=_priority(priority), trace=trace))
 
     def batch(self, batch_id: str) -> BatchRecord | None:
@@ -250,12 +255,14 @@ class Client:
             raise ClientClosed("the client is closed")
         return pipeline
 
-    def _insert_in(self, connection: Any, rows: Sequence[NewJob]) -> builtins.list[str]:
-        """``rows`` written with the caller's connection, in the caller's transaction."""
+    def _insert_in(self, connection: Any, rows: Sequence[NewJob], batch: NewBatch | None = None) -> builtins.list[str]:
+        """``rows`` (and ``batch``'s record) written with the caller's connection, in the caller's transaction."""
         if self._joining(connection) == "sqlite":
-            from .backends.sqlite.outbox import insert_in_transaction
+            from .backends.sqlite import outbox as sqlite_outbox
 
-            return insert_in_transaction(connection, rows)
+            if batch is not None:
+                return sqlite_outbox.insert_batch_in_transaction(connection, rows, batch)
+            return sqlite_outbox.insert_in_transaction(connection, rows)
         if _is_async(connection):
             raise UsageError("connection= is a psycopg AsyncConnection: enqueue with pipeline.AsyncClient, or pass a Connection")
         from .backends.postgres import outbox
@@ -264,7 +271,43 @@ class Client:
         if self._store_identity is None:
             self._store_identity = self._call(lambda p: p.backend.database.run(outbox.identity))  # type: ignore[attr-defined]
         self._same_store(outbox.identity(connection))
-        return outbox.insert_in_transaction(connection, rows)
+        written = outbox.write_in_transaction(connection, rows, batch)
+        self._confirm_after_commit(written)
+        return written.ids
+
+    def _confirm_after_commit(self, written: Any) -> None:
+        """Postgres: rows written in the caller's transaction named jobs already in the store as
+        parents, read without a lock (a lock would hold up their outcomes until the caller commits).
+        A task of the client's loop waits for that transaction to end (polling its status, without
+        holding a connection meanwhile) and, once it committed, confirms the parents (outbox.
+        confirm_after_commit): one that ended in between has the new edges counted then, so its
+        child is pending (or cancelled) at once, not at the minute's repair sweep. Closing the client
+        looks once more; a transaction still open then is left to that sweep."""
+        if not written.parents:
+            return
+        from .backends.postgres import outbox
+
+        async def confirm(p: Pipeline) -> None:
+            stop, delay = self._stop, 0.005
+            while True:
+                status = await p.backend.database.run(outbox.xact_status, written.xact)  # type: ignore[attr-defined]
+                if status != "in progress" or stop is None or stop.is_set():
+                    break
+                with trio.move_on_after(delay):
+                    await stop.wait()
+                delay = min(delay * 2, 0.25)
+            if status == "committed":
+                await p.backend.database.run(outbox.confirm_after_commit, written.parents)  # type: ignore[attr-defined]
+            elif status == "in progress":
+                log.info("pipeline client: closed before a transaction that enqueued children of %d jobs committed; "
+                         "the repair sweep (once a minute) counts what their parents' ends could not", len(written.parents))
+
+        def done(result: outcome.Outcome[Any]) -> None:
+            if isinstance(result, outcome.Error):
+                log.warning("pipeline client: confirming the parents of a transactional enqueue failed (%r); the repair "
+                            "sweep (once a minute) counts what their ends could not", result.error)
+
+        self._start(confirm, done)
 
     def _joining(self, connection: Any) -> str:
         """Which store's transaction ``connection`` offers ("sqlite" or "postgres"), if it is this
@@ -423,20 +466,24 @@ class AsyncClient:
         return await self._call(lambda p: p.enqueue_many(jobs, priority=_priority(priority), unique_keys=unique_keys,
                                                          trace=trace))
 
-    async def enqueue_batch(self, jobs: Sequence[Any], *, then: Any = None, priority: int | None = None) -> Batch:
-        """As :meth:`Client.enqueue_batch`."""
+    async def enqueue_batch(self, jobs: Sequence[Any], *, then: Any = None, priority: int | None = None,
+                            connection: Any = None) -> Batch:
+        """As :meth:`Client.enqueue_batch`; ``connection`` may also be a psycopg ``AsyncConnection``."""
         jobs = list(jobs)
         trace = _trace_here(self._open().registry)
+        if connection is not None:
+            rows, batch = self._open()._pipeline_here().batch_rows(jobs, then=then, priority=_priority(priority), trace=trace)
+            return _batch_of(batch, await self._insert_in(connection, rows, batch))
         return await self._call(lambda p: p.enqueue_batch(jobs, then=then, priority=_priority(priority), trace=trace))
 
     async def batch(self, batch_id: str) -> BatchRecord | None:
         """As :meth:`Client.batch`."""
         return await self._call(lambda p: p.batch(batch_id))
 
-    async def _insert_in(self, connection: Any, rows: Sequence[NewJob]) -> builtins.list[str]:
+    async def _insert_in(self, connection: Any, rows: Sequence[NewJob], batch: NewBatch | None = None) -> builtins.list[str]:
         client = self._open()
         if not _is_async(connection):  # a sqlite3 or sync psycopg connection: the caller's own, used here as it would
-            return client._insert_in(connection, rows)
+            return client._insert_in(connection, rows, batch)
         client._joining(connection)
         from .backends.postgres import outbox
 
@@ -444,7 +491,9 @@ class AsyncClient:
         if client._store_identity is None:
             client._store_identity = await self._call(lambda p: p.backend.database.run(outbox.identity))  # type: ignore[attr-defined]
         client._same_store(await outbox.identity_async(connection))
-        return await outbox.insert_in_transaction_async(connection, rows)
+        written = await outbox.write_in_transaction_async(connection, rows, batch)
+        client._confirm_after_commit(written)
+        return written.ids
 
     def _open(self) -> Client:
         if self._client is None:
@@ -555,6 +604,11 @@ def _trace_here(registry: Registry) -> str:
 
 def _priority(priority: int | None) -> int:
     return PRIORITY_DEFAULT if priority is None else priority
+
+
+def _batch_of(batch: NewBatch, ids: Sequence[str]) -> Batch:
+    """What enqueue_batch answers, from the ids its rows were stored under (the callback's last)."""
+    return Batch(batch.id, tuple(ids[: len(ids) - (batch.callback_id is not None)]), batch.callback_id)
 
 
 def _is_async(connection: Any) -> bool:

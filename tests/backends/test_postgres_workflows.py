@@ -25,7 +25,6 @@ from pipeline.backends import Backend, Lease, open_backend
 from pipeline.backends.base import Settlement, expired_error, parent_failed
 from pipeline.backends.postgres import graph, outbox, queries, schema, store, worker
 from pipeline.backends.postgres.db import connect
-from pipeline.errors import UsageError
 from pipeline.states import Transition
 
 from .kit import LONG, bury, drain_chain, flow_job, job, record, settle_one, succeed, ts
@@ -360,7 +359,7 @@ async def test_an_expired_parent_a_claim_sees_is_ended_with_its_edges_at_once(tm
 # -- the caller's transaction -------------------------------------------------------------------------------
 
 
-async def test_the_outbox_takes_a_chain_and_refuses_a_parent_outside_the_call(tmp_path: Path) -> None:
+async def test_the_outbox_takes_a_chain_and_a_parent_outside_the_call_without_locking_it(tmp_path: Path) -> None:
     async with postgres_store(tmp_path) as config, open_backend(config) as backend:
         existing = job()
         await backend.insert([existing])
@@ -375,11 +374,11 @@ async def test_the_outbox_takes_a_chain_and_refuses_a_parent_outside_the_call(tm
             with conn.transaction():
                 outbox.insert_in_transaction(conn, [first, second, third])
             assert [(await record(backend, r.id)).status for r in (first, second, third)] == ["pending", "waiting", "waiting"]
-            # a parent outside the call would stay locked until the caller commits: refused, nothing written
+            # a parent outside the call (issue 32, item 8): read, not locked (its outcome would wait for the
+            # caller's commit); the clients confirm it after the commit (tests/test_round4_workflows.py)
             conn.execute("BEGIN")
-            with pytest.raises(UsageError, match="same call"):
-                outbox.insert_in_transaction(conn, [job("d"), flow_job("d", after=[existing.id])])
-            assert conn.execute("SELECT count(*) FROM jobs WHERE job_type = 'd'").fetchone() == (0,)
+            outbox.insert_in_transaction(conn, [job("d"), flow_job("d", after=[existing.id])])
+            assert conn.execute("SELECT count(*) FROM jobs WHERE job_type = 'd'").fetchone() == (2,)
             conn.execute("ROLLBACK")
 
 

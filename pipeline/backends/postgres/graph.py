@@ -20,7 +20,6 @@ from typing import Any
 
 import psycopg
 
-from ...errors import UsageError
 from ..base import BatchMember, BatchRecord, NewBatch, NewJob, check_after, parent_failed, unknown_parents
 from .store import ENDED, MS, NOTIFY, Plan, _text, apply_edges, deadlocks_retried, run_plan, unique_rounds
 
@@ -111,26 +110,20 @@ def _placed(row: NewJob, status_of: Callable[[str], str]) -> tuple[str, int | No
     return ("pending" if left == 0 else "waiting"), left, None, edges
 
 
-def insert_plan(rows: Sequence[NewJob], batch: NewBatch | None = None, *, external: bool = True,
-                later: set[str] | None = None) -> Plan[list[str]]:
+def insert_plan(rows: Sequence[NewJob], batch: NewBatch | None = None, *, later: set[str] | None = None) -> Plan[list[str]]:
     """The statements of an insert whose rows may have parents (``after``) or be a batch's, in the
     caller's transaction (see store.Plan); per row, the id stored for it (Backend.insert). In order:
     the batch's record; the rows with a unique key (their insert may wait for another transaction's
     key, before any parent is locked); the parents not in the call, locked (:data:`_LOCK_PARENTS`:
     UsageError :func:`unknown_parents` if some are not in the store, and nothing is kept); the other
-    rows, each placed as its parents' statuses say (:func:`_placed`); the edges. ``external``
-    False: UsageError, before any statement, if a parent is not in the call. With ``later`` (a bulk
-    load's, whose transaction may be long), the parents are only read (:data:`_READ_PARENTS`) and
-    added to ``later``, for :func:`confirm_parents` before the commit."""
+    rows, each placed as its parents' statuses say (:func:`_placed`); the edges. With ``later`` (a bulk
+    load's, whose transaction may be long, or the caller's own: outbox.statements), the parents are
+    only read (:data:`_READ_PARENTS`) and added to ``later``, for :func:`confirm_parents` before the
+    bulk load's commit, or after the caller's (outbox.confirm_after_commit)."""
     if any(row.after or row.on_parent_failure is not None for row in rows):
         check_after(rows)
     in_call = {row.id for row in rows}
     outside = sorted({parent for row in rows for parent in row.after if parent not in in_call})
-    if outside and not external:
-        raise UsageError(
-            "in the caller's transaction, after= may name only jobs enqueued in the same call (a chain): waiting "
-            f"for an existing job ({outside[0]}) locks it until that transaction commits, and holds up its outcome "
-            "and every outcome written with it; enqueue the job with the client or the pipeline instead")
     if batch is not None:
         yield _INSERT_BATCH, {"id": batch.id, "callback": batch.callback_id, "created": batch.created_at}
     keyed = [row for row in rows if row.unique_key is not None]

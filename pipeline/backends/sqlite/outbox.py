@@ -17,8 +17,9 @@ from typing import Any
 
 from ...registry import Registry
 from ...requests import JobRequest, prepare_rows
-from ..base import PRIORITY_DEFAULT, NewJob
+from ..base import PRIORITY_DEFAULT, NewBatch, NewJob
 from .store import insert_jobs
+from .workflows import insert_batch
 
 
 def enqueue_in_transaction(
@@ -47,7 +48,31 @@ def enqueue_in_transaction(
     return stored
 
 
+# Takes the write lock (SQLite's RESERVED lock) without changing a row: in the sqlite3 module's
+# default mode it also opens the caller's transaction, which that module would open only at our
+# first INSERT. In a transaction whose snapshot is stale (another writer committed since its first
+# read) it fails at once ("database is locked"), as any write of the caller's would.
+_TAKE_WRITE_LOCK = "UPDATE jobs SET id = id WHERE 0"
+
+
 def insert_in_transaction(conn: sqlite3.Connection, rows: Sequence[NewJob]) -> list[str]:
     """Rows already checked (``Pipeline.new_job``) inserted with the caller's connection, in its
-    transaction (``pipeline.Client(...).enqueue(job, connection=conn)``); per row, the id stored for it."""
+    transaction (``pipeline.Client(...).enqueue(job, connection=conn)``); per row, the id stored for it.
+
+    Rows that name parents take the write lock first: the parents' statuses are then read in the
+    caller's transaction, and no parent can end between that read and the commit (its outcome waits
+    for the lock), so a child of a completed parent is pending at once and one of a failed parent
+    follows its on_parent_failure. Read before the lock (the caller's first statement being this
+    enqueue, in the sqlite3 module's default mode, opens no transaction until an INSERT), a parent
+    that ended in between left its child waiting for the minute's repair sweep."""
+    if any(row.after for row in rows):
+        conn.execute(_TAKE_WRITE_LOCK)
+    return insert_jobs(conn, rows)
+
+
+def insert_batch_in_transaction(conn: sqlite3.Connection, rows: Sequence[NewJob], batch: NewBatch) -> list[str]:
+    """A batch's record and its rows (``Pipeline.batch_rows``) inserted in the caller's transaction, as
+    the Ledger inserts them in its own (``Client.enqueue_batch(..., connection=conn)``)."""
+    conn.execute(_TAKE_WRITE_LOCK)
+    insert_batch(conn, batch)
     return insert_jobs(conn, rows)

@@ -1,0 +1,184 @@
+"""Workflows, round four (issue 32): ``after=`` and ``enqueue_batch`` in the caller's own transaction
+(item 8), retention that keeps a batch whole until its callback has finished (item 9), and
+``ctx.batch()`` read in pages (item 12); and which jobs Postgres retention removes first."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import trio
+from backends.stores import BACKENDS
+from jobkit import Echo, registry, wait_status
+
+import pipeline
+from pipeline import Config
+
+LONG_POLL_MS = 60_000  # a job found only by the poll would wait a minute: what runs sooner was woken
+
+
+def _quiet(config: Config) -> Config:
+    return config.replace(worker=attrs.evolve(config.worker, poll_interval_ms=LONG_POLL_MS))
+
+
+# A parent that runs until its test lets it go: GATES[name] is set by the test.
+GATES: dict[str, threading.Event] = {}
+
+
+@attrs.frozen
+class Gate:
+    name: str
+
+
+async def gate(job: Gate, ctx: pipeline.JobContext) -> str:
+    with trio.fail_after(30):
+        while not GATES[job.name].is_set():
+            await trio.sleep(0.005)
+    return f"{job.name} went through"
+
+
+def _registry() -> pipeline.Registry:
+    reg = registry()
+    reg.register("gate", Gate, gate)
+    return reg
+
+
+# -- item 8: after= and enqueue_batch in the caller's transaction ---------------------------------------------
+
+
+async def test_sqlite_a_parent_ending_as_the_callers_transaction_begins_leaves_its_child_pending(config: Config) -> None:
+    """A ``with conn:`` block whose first statement is the enqueue: the sqlite3 module opens no
+    transaction before the first INSERT, so the parent's status was read outside it. The parent ends
+    just as the enqueue's first write begins: the child must be pending at once (it runs, long before
+    the minute's repair sweep), and a child of a parent that is dead is cancelled, as the docs say."""
+    reg = _registry()
+    GATES["sqlite-race"] = released = threading.Event()
+    async with pipeline.open_pipeline(config, reg) as service:
+        parent = await service.enqueue(Gate("sqlite-race"))
+        failed = await service.enqueue(Echo("fails", mode="permanent"))
+        await wait_status(service, parent, "running")
+        await wait_status(service, failed, "dead")
+
+        def enqueue_in_a_transaction() -> tuple[str, str, pipeline.Batch]:
+            with pipeline.Client(registry=reg, config=config) as client:
+                conn = sqlite3.connect(config.database_path)
+                watcher = sqlite3.connect(config.database_path)
+
+                def on_statement(sql: str) -> None:  # called as each statement starts, before it runs
+                    if released.is_set() or sql.split()[0].upper() not in ("BEGIN", "INSERT", "UPDATE"):
+                        return
+                    released.set()  # the parent completes now, before the first write goes on
+                    deadline = time.monotonic() + 20
+                    while watcher.execute("SELECT status FROM jobs WHERE id = ?", (parent,)).fetchone()[0] != "completed":
+                        assert time.monotonic() < deadline
+                        time.sleep(0.005)
+
+                conn.set_trace_callback(on_statement)
+                with conn:
+                    child = client.enqueue(Echo("child"), after=[parent], connection=conn)
+                    orphan = client.enqueue(Echo("orphan"), after=[failed], connection=conn)
+                    batch = client.enqueue_batch([Echo("m1"), Echo("m2")], then=Echo("then"), connection=conn)
+                conn.set_trace_callback(None)
+                with conn:  # rolled back: neither jobs nor a batch
+                    gone = client.enqueue_batch([Echo("gone")], then=Echo("gone too"), connection=conn)
+                    conn.rollback()
+                assert client.batch(gone.id) is None and client.get(gone.job_ids[0]) is None
+                conn.close()
+                watcher.close()
+                return child, orphan, batch
+
+        child, orphan, batch = await trio.to_thread.run_sync(enqueue_in_a_transaction)
+        assert released.is_set()
+        await wait_status(service, child, "completed", timeout=20)  # the sweep is half a minute away at least
+        record = await service.backend.get(orphan)
+        assert record is not None and record.status == "cancelled" and failed in (record.error or "")
+        await wait_status(service, batch.callback_id, "completed", timeout=20)
+        found = await service.batch(batch.id)
+        assert found is not None and found.counts == {"completed": 2} and found.callback_status == "completed"
+
+
+async def test_postgres_after_existing_jobs_in_the_callers_transaction_holds_nothing_and_misses_nothing(
+        tmp_path: Path) -> None:
+    """``after=`` naming jobs already in the store, with ``connection=``: accepted (it was refused).
+    The parents are not locked, so a parent still running completes while the caller's transaction is
+    open; once the caller commits, its child is pending at once (it runs within seconds, not at the
+    minute's sweep). A completed parent's child is pending, a dead parent's child cancelled; a batch
+    commits with its callback in the caller's transaction; a rollback leaves nothing."""
+    import psycopg
+
+    reg = _registry()
+    GATES["pg-race"] = released = threading.Event()
+    async with BACKENDS["postgres"](tmp_path) as config, pipeline.open_pipeline(_quiet(config), reg) as service:
+        running = await service.enqueue(Gate("pg-race"))
+        done = await service.enqueue(Echo("done"))
+        failed = await service.enqueue(Echo("fails", mode="permanent"))
+        await wait_status(service, running, "running")
+        await wait_status(service, done, "completed")
+        await wait_status(service, failed, "dead")
+        client = await trio.to_thread.run_sync(lambda: pipeline.Client(registry=reg, config=config))
+        conn = await trio.to_thread.run_sync(lambda: psycopg.connect(config.database_url))
+        try:
+            def enqueue() -> tuple[str, str, str, pipeline.Batch]:
+                conn.execute("SELECT 1")  # the caller's transaction is open
+                return (client.enqueue(Echo("after running"), after=[running], connection=conn),
+                        client.enqueue(Echo("after done"), after=[done], connection=conn),
+                        client.enqueue(Echo("after failed"), after=[failed], connection=conn),
+                        client.enqueue_batch([Echo("m1"), Echo("m2")], then=Echo("then"), connection=conn))
+
+            child, ready, orphan, batch = await trio.to_thread.run_sync(enqueue)
+            released.set()
+            await wait_status(service, running, "completed", timeout=20)  # while the caller's transaction is open
+            assert await service.backend.get(child) is None  # not committed yet
+            await trio.to_thread.run_sync(conn.commit)
+            await wait_status(service, child, "completed", timeout=20)
+            await wait_status(service, ready, "completed", timeout=20)
+            record = await service.backend.get(orphan)
+            assert record is not None and record.status == "cancelled" and failed in (record.error or "")
+            await wait_status(service, batch.callback_id, "completed", timeout=20)
+
+            def rolled_back() -> pipeline.Batch:
+                conn.execute("SELECT 1")
+                gone = client.enqueue_batch([Echo("gone")], then=Echo("gone too"), connection=conn)
+                client.enqueue(Echo("gone"), after=[done], connection=conn)
+                conn.rollback()
+                return gone
+
+            gone = await trio.to_thread.run_sync(rolled_back)
+            assert await service.batch(gone.id) is None
+
+            async def asyncio_app(parent: str) -> tuple[str, pipeline.Batch]:
+                async with pipeline.AsyncClient(registry=reg, config=config) as aclient:
+                    async with await psycopg.AsyncConnection.connect(config.database_url) as aconn:
+                        async with aconn.transaction():
+                            one = await aclient.enqueue(Echo("async child"), after=[parent], connection=aconn)
+                            more = await aclient.enqueue_batch([Echo("a1")], then=Echo("a then"), connection=aconn)
+                            GATES["pg-async"].set()
+                            await asyncio.sleep(0.3)  # the parent may end before the commit, or after: both count
+                return one, more
+
+            GATES["pg-async"] = threading.Event()
+            parent = await service.enqueue(Gate("pg-async"))
+            await wait_status(service, parent, "running")
+            one, more = await trio.to_thread.run_sync(lambda: asyncio.run(asyncio_app(parent)))
+            await wait_status(service, one, "completed", timeout=20)
+            await wait_status(service, more.callback_id, "completed", timeout=20)
+        finally:
+            await trio.to_thread.run_sync(conn.close)
+            await trio.to_thread.run_sync(client.close)
+
+
+async def test_redis_has_no_transaction_to_join_for_a_batch_either(tmp_path: Path) -> None:
+    async with BACKENDS["redis"](tmp_path) as config:
+        def misuse() -> str:
+            with pipeline.Client(registry=registry(), config=config) as client, \
+                    pytest.raises(pipeline.UsageError) as caught:
+                client.enqueue_batch([Echo("x")], then=Echo("y"), connection=object())
+            return str(caught.value)
+
+        assert "Redis" in await trio.to_thread.run_sync(misuse)
