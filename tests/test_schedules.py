@@ -49,7 +49,11 @@ async def test_a_schedule_declared_in_code_enqueues_one_job_per_tick(config: Con
     assert json.loads(jobs[0].payload)["text"] == "tick"
 
 
-async def test_a_tick_missed_while_nothing_ran_fires_once_on_return(config: Config) -> None:
+async def test_a_tick_missed_while_nothing_ran_fires_once_on_return(config: Config, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.engine.actors import scheduler
+
+    # rounds every 0.2 s (the interval caps the Scheduler's sleep; 1 s by default): more rounds in less time
+    monkeypatch.setitem(scheduler.run_scheduler.__kwdefaults__, "interval", 0.2)
     hour = 3600
     three_ago = format_ts((time.time() // hour - 3) * hour)  # three hourly ticks ago
     async with open_backend(config) as backend:
@@ -59,7 +63,7 @@ async def test_a_tick_missed_while_nothing_ran_fires_once_on_return(config: Conf
         with trio.fail_after(5):
             while not (await echo_jobs(p)):
                 await trio.sleep(0.05)
-        await trio.sleep(2.5)  # two more rounds of the Scheduler: no catching up
+        await trio.sleep(0.6)  # two more rounds of the Scheduler at least: no catching up
         jobs = await echo_jobs(p)
         (stored,) = await p.backend.schedules()
     assert len(jobs) == 1 and jobs[0].run_after == three_ago  # the missed tick, once
