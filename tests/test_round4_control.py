@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 from admin_harness import seed_registry
@@ -178,3 +179,103 @@ async def test_the_cli_refuses_a_parent_id_with_nul_from_a_file(store: Config, t
     assert "NUL" in capfd.readouterr().err
     async with open_backend(store) as backend:
         assert (await backend.list())[1] == 0  # nothing stored
+
+
+# -- the listener's ping ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", [name for name in ("postgres", "redis") if name in BACKENDS])
+async def test_a_healthy_listener_keeps_its_connection_through_many_pings(name: str, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A quiet listener pings its connection every LISTENER_PING_INTERVAL s; the answer must clear the
+    pending ping. If it did not (a receive that does not report the pong), every healthy listener was
+    torn down a deadline after its first ping (every 20 s in production) and /healthz flapped. Here the
+    interval is 0.05 s and the deadline generous (3 s: a loaded machine answers late): five pings must
+    pass on one connection, and /healthz never names the listener."""
+    import importlib
+
+    from pipeline import Registry, open_pipeline
+    from pipeline.backends import batches
+
+    monkeypatch.setattr(batches, "LISTENER_PING_INTERVAL", 0.05)
+    monkeypatch.setattr(batches, "LISTENER_PING_DEADLINE", 3.0)
+    module = importlib.import_module(f"pipeline.backends.{name}.listener")
+    connect_name = "_listening" if name == "postgres" else "_subscribed"
+    pings, connects = [0], [0]
+    real_ping, real_connect = module._ping, getattr(module, connect_name)
+
+    async def counted_ping(conn: Any) -> None:
+        pings[0] += 1
+        await real_ping(conn)
+
+    def counted_connect(*args: Any) -> Any:
+        connects[0] += 1
+        return real_connect(*args)
+
+    monkeypatch.setattr(module, "_ping", counted_ping)
+    monkeypatch.setattr(module, connect_name, counted_connect)
+    registry = Registry()
+    registry.register("noop", Wake, _noop)
+    async with BACKENDS[name](tmp_path) as config, open_pipeline(config, registry) as p:
+        flapped: list[str] = []
+
+        async def watch() -> None:
+            while True:
+                flapped.extend(r for r in p.health.reasons(trio.current_time()) if r.startswith("listener"))
+                await trio.sleep(0.01)
+
+        async with trio.open_nursery() as tn:
+            tn.start_soon(watch)
+            with trio.fail_after(30):
+                while pings[0] < 6 and connects[0] < 2:  # stops at once when the connection is given up
+                    await trio.sleep(0.01)
+            tn.cancel_scope.cancel()
+        assert connects[0] == 1, f"the listener connected {connects[0]} times in {pings[0]} pings: a ping's answer was not heard"
+        assert not flapped, flapped
+
+
+@attrs.frozen
+class Wake:
+    n: int = 0
+
+
+async def _noop(job: Wake, ctx: Any) -> None:
+    return None
+
+
+# -- /healthz and a silent worker process -----------------------------------------------------------
+
+
+async def test_healthz_names_a_silent_worker_process_after_5_s_well_before_it_is_killed(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    """docs/operating.md: /healthz names a worker process that has sent no report for 5 s; the supervisor
+    ends it at 10 s (SILENCE_LIMIT). A /healthz that named it only as it was about to be killed (at the
+    limit) said nothing for the whole of the hang. A real process that never reports (sleep), the
+    supervisor's own watchdog, and /healthz's reasons as the admin API reads them, on a mock clock."""
+    import signal
+
+    from pipeline import supervisor
+    from pipeline.engine.health import Health
+
+    sup = supervisor.Supervisor(fast_config(tmp_path / "x.db"), 1, ["true"])
+    assert sup.silence_limit == 10.0  # the documented limit: named from 5 s
+    (child,) = sup.children
+    process = await trio.lowlevel.open_process(["sleep", "600"])
+    try:
+        t0 = trio.current_time()
+        child.process, child.reported_at, child.ready = process, t0, True
+        health = Health(others=sup.health)  # as supervise() hooks it into its pipeline's /healthz
+        async with trio.open_nursery() as tn:
+            tn.start_soon(sup._watchdog, child, process, trio.CancelScope())
+            await trio.sleep(4.5)
+            assert health.reasons(trio.current_time()) == []
+            await trio.sleep(1.0)  # 5.5 s without a report
+            assert process.poll() is None  # not killed yet
+            assert health.reasons(trio.current_time()) == [
+                f"worker process 0 (pid {process.pid}) has sent no report for 6 s (hung?)"]  # (5.5, rounded)
+        # the watchdog ended it once the limit was up (its task returned after the SIGKILL)
+        assert trio.current_time() - t0 > 10.0 and await process.wait() == -signal.SIGKILL
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
