@@ -57,3 +57,38 @@ def test_the_readmes_enqueue_runs_to_completed_on_the_bundled_demo(db: Path) -> 
             return f"{job.status} {job.error or ''}"
 
     assert trio.run(until_ended).strip() == "completed"
+
+
+# -- metrics name every outcome ----------------------------------------------------------------------
+
+
+def outcome_kinds_made_by_the_pools() -> set[str]:
+    """The kinds of every ``Outcome`` the handler pools construct (``Outcome("x", ...)``, and
+    ``cls("x", ...)`` in its named constructors), read from their source."""
+    import ast
+
+    from pipeline.engine.actors import pools
+
+    tree = ast.parse(Path(pools.__file__).read_text())
+    kinds = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("Outcome", "cls") \
+                and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+            kinds.add(node.args[0].value)
+    return kinds
+
+
+def test_processed_totals_help_and_the_docs_list_every_outcome_the_pools_make() -> None:
+    """`cancelled` and `snoozed` were counted but neither the HELP text nor docs/operating.md listed them."""
+    from pipeline.admin.metrics import OUTCOMES, Metrics
+
+    made = outcome_kinds_made_by_the_pools()
+    assert {"ok", "cancelled", "snoozed", "lost"} <= made  # the scan finds them
+    assert made == set(OUTCOMES)
+    text = Metrics().render({"by_status": {}, "by_type": {}})
+    (help_line,) = [line for line in text.splitlines() if line.startswith("# HELP pipeline_jobs_processed_total ")]
+    listed = re.search(r"\(([a-z_, ]+)\)\.$", help_line).group(1).split(", ")  # type: ignore[union-attr]
+    assert sorted(listed) == sorted(made), help_line
+    docs = (ROOT / "docs" / "operating.md").read_text()
+    (row,) = [line for line in docs.splitlines() if line.startswith("| `pipeline_jobs_processed_total`")]
+    assert sorted(re.findall(r"`([a-z_]+)`", row.split("`outcome`", 1)[1].split(":")[0])) == sorted(made), row

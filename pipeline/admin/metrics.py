@@ -25,6 +25,9 @@ DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5
 WAIT_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# every outcome a job attempt can end with (pools.Outcome's kinds), as pipeline_jobs_processed_total's
+# HELP and docs/operating.md list them; tests/test_round4_cli.py compares this with the kinds the pools make
+OUTCOMES = ("ok", "error", "permanent", "retry_later", "timeout", "cancelled", "snoozed", "released", "lost")
 
 
 class Histogram:
@@ -146,7 +149,7 @@ class Metrics:
                [({}, age or 0)])
         family("pipeline_jobs_processed_total", "counter",
                "Job attempts this process (with --processes: its worker processes) finished, by type and outcome "
-               "(ok, error, permanent, retry_later, timeout, released, lost).",
+               f"({', '.join(OUTCOMES)}).",
                (({"job_type": t, "outcome": o}, n) for (t, o), n in sorted(self.processed.items())))
         _histograms(lines, "pipeline_job_duration_seconds", "Run time of job attempts in this process, by type.", self.durations)
         _histograms(lines, "pipeline_job_queue_wait_seconds",
