@@ -182,3 +182,81 @@ async def test_redis_has_no_transaction_to_join_for_a_batch_either(tmp_path: Pat
             return str(caught.value)
 
         assert "Redis" in await trio.to_thread.run_sync(misuse)
+
+
+# -- item 9: retention keeps a batch whole until its callback has finished ------------------------------------
+
+READS: dict[str, Any] = {}  # what each ReadBatch callback read, by its name
+
+
+@attrs.frozen
+class ReadBatch:
+    """A batch's callback that waits for GATES[name], then reads its batch into READS[name]."""
+
+    name: str
+
+
+async def read_batch(job: ReadBatch, ctx: pipeline.JobContext) -> None:
+    with trio.fail_after(30):
+        while not GATES[job.name].is_set():
+            await trio.sleep(0.005)
+    outcome = await ctx.batch()
+    READS[job.name] = (outcome.counts, outcome.succeeded, list(outcome.ids))
+
+
+@pytest.mark.parametrize("store", sorted(BACKENDS))
+async def test_retention_keeps_a_batchs_jobs_and_record_until_its_callback_has_finished(store: str, tmp_path: Path) -> None:
+    """Three jobs of a batch ended (two completed, one cancelled) and past every retention age while
+    their callback runs: retention removes none of them (a plain job as old goes), so the callback
+    reads all three, and not succeeded. Once the callback has finished, the jobs, the callback and
+    the batch's record go."""
+    reg = _registry()
+    reg.register("read_batch", ReadBatch, read_batch)
+    name = f"retention-{store}"
+    GATES[name], GATES[f"{name}-member"] = threading.Event(), threading.Event()
+    async with BACKENDS[store](tmp_path) as config, pipeline.open_pipeline(config, reg) as service:
+        plain = await service.enqueue(Echo("plain"))
+        batch = await service.enqueue_batch([Echo("a"), Echo("b"), Gate(f"{name}-member")], then=ReadBatch(name))
+        for job_id in (plain, *batch.job_ids[:2]):
+            await wait_status(service, job_id, "completed")
+        await wait_status(service, batch.job_ids[2], "running")
+        await service.cancel(batch.job_ids[2])
+        await wait_status(service, batch.job_ids[2], "cancelled")
+        await wait_status(service, batch.callback_id, "running")
+        await trio.sleep(0.05)  # every job that ended is older than the age given below
+
+        removed = {status: await service.backend.prune(status, older_than_seconds=0.01, limit=1000)
+                   for status in ("completed", "dead", "cancelled")}
+        assert removed == {"completed": 1, "dead": 0, "cancelled": 0}  # the plain job only
+        assert await service.backend.get(plain) is None
+        assert [(await service.backend.get(job_id)) is not None for job_id in batch.job_ids] == [True] * 3
+
+        GATES[name].set()
+        await wait_status(service, batch.callback_id, "completed")
+        assert READS[name] == ({"completed": 2, "cancelled": 1}, False, list(batch.job_ids))
+        await trio.sleep(0.05)
+        removed = {status: await service.backend.prune(status, older_than_seconds=0.01, limit=1000)
+                   for status in ("completed", "cancelled")}
+        assert removed == {"completed": 3, "cancelled": 1}
+        assert await service.batch(batch.id) is None
+
+
+@pytest.mark.parametrize("store", sorted(BACKENDS))
+async def test_retention_removes_the_oldest_finished_jobs_first(store: str, tmp_path: Path) -> None:
+    """Four jobs completed one after the other, all past the age: a call with room for two removes the
+    two that finished first, the next call the third (Postgres ordered newest first passed the test
+    that only counts)."""
+    from backends.kit import add, claim_one, settle_one, succeed
+
+    async with BACKENDS[store](tmp_path) as config, pipeline.backends.open_backend(config) as backend:
+        ids = await add(backend, 4)
+        finished = []
+        for _ in ids:
+            lease = await claim_one(backend)
+            assert await settle_one(backend, succeed(lease))
+            finished.append(lease.id)
+            await trio.sleep(0.02)  # each finishes at a later millisecond than the one before
+        assert await backend.prune("completed", older_than_seconds=0.01, limit=2) == 2
+        assert [await backend.get(job_id) is None for job_id in finished] == [True, True, False, False]
+        assert await backend.prune("completed", older_than_seconds=0.01, limit=1) == 1
+        assert [await backend.get(job_id) is None for job_id in finished] == [True, True, True, False]

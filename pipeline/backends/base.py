@@ -264,6 +264,9 @@ class JobRecord:
     limit_key: str | None = None  # NewJob.limit_key
     # workflows (read by Backend.get; Backend.list may leave parents/children empty and the counts 0):
     parents: tuple[str, ...] = ()  # the jobs it waits or waited for (after=), at most MAX_LISTED_RELATIVES
+    # NewJob.expires_at: a job claimed ahead that its worker takes after this time never starts
+    # (its worker ends it cancelled, expired_error); None: it never expires
+    expires_at: str | None = None
     parent_count: int = 0  # all of them
     waiting_for: int = 0  # while waiting: parents that have not ended yet (or not completed, under "cancel")
     children: tuple[str, ...] = ()  # the jobs that wait or waited for it, at most MAX_LISTED_RELATIVES

@@ -299,7 +299,7 @@ UPDATE jobs j
        lease_owner = %(owner)s, lease_expires_at = {seconds_after('%(lease)s::float8')}, updated_at = {MS}
  WHERE j.id = ANY(ARRAY(SELECT id FROM locked))
 RETURNING j.id, j.job_type, j.payload, j.attempts + (j.started_at IS NULL)::int, j.max_attempts, j.lease_token,
-          j.created_at, j.run_after, j.priority, j.started_at IS NOT NULL, j.trace)
+          j.created_at, j.run_after, j.priority, j.started_at IS NOT NULL, j.trace, j.expires_at)
 SELECT * FROM leased UNION ALL {_PARKED}
 """)
 # A type with a rate limit and no per-key limit: store._CLAIM, dated from the claim's instant.
@@ -383,4 +383,5 @@ def claim(
     # RETURNING's order is unspecified: by type as asked, started ones first, each in claim order
     order = {t: i for i, (t, _) in enumerate(wanted)}
     rows.sort(key=lambda r: (order[r[1]], not r[9], r[8], r[7], r[0]))
-    return [Lease(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[9], row[10]) for row in rows]
+    return [Lease(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[9], row[10], row[11])
+            for row in rows]

@@ -26,8 +26,9 @@ def take_turn(conn: psycopg.Connection[Any], interval_seconds: float) -> bool:
 
 def prune(conn: psycopg.Connection[Any], status: str, older_than_seconds: float, limit: int) -> int:
     """Up to ``limit`` jobs of the final ``status`` last updated more than ``older_than_seconds``
-    ago, oldest first (the partial indexes jobs_finished and jobs_cancelled); in the same
-    transaction, their edges and each batch none of whose jobs is left (graph.forget)."""
+    ago, oldest first (the partial indexes jobs_finished and jobs_cancelled), except the jobs of a
+    batch whose callback has not finished; in the same transaction, their edges and each batch none
+    of whose jobs is left (graph.forget)."""
     check_finished([status], "retention removes")
     with conn.transaction():
         row = conn.execute(PRUNE, {"status": status, "age": older_than_seconds, "limit": limit}).fetchone()
@@ -37,14 +38,22 @@ def prune(conn: psycopg.Connection[Any], status: str, older_than_seconds: float,
     return int(n)
 
 
+# A job of a batch whose callback has not finished is kept: the callback reads every job of its batch
+# (ctx.batch()), and the batch's record goes with the last of them (graph.forget). A plain job pays the
+# NULL test.
+KEPT_FOR_ITS_CALLBACK = (
+    "EXISTS (SELECT 1 FROM batches b JOIN jobs c ON c.id = b.callback_id WHERE b.id = j.batch_id "
+    "AND c.status NOT IN ('completed', 'dead', 'cancelled'))"
+)
 # By status and age: jobs_finished for completed and dead jobs, jobs_cancelled for cancelled ones;
 # then = ANY(ARRAY(...)), the rows by primary key (as IN (...), a hash join that read the whole
 # table to find the few it deletes). Of the rows removed, those with edges (a parent, a child) and
 # their batches, for graph.forget: none for plain jobs.
 PRUNE = (
-    "WITH gone AS (DELETE FROM jobs WHERE id = ANY(ARRAY(SELECT id FROM jobs WHERE status = %(status)s "
-    "AND updated_at < now() - %(age)s::float8 * interval '1 second' ORDER BY updated_at LIMIT %(limit)s "
-    "FOR UPDATE SKIP LOCKED)) RETURNING id, batch_id, has_children IS TRUE OR waiting_for IS NOT NULL AS linked) "
+    "WITH gone AS (DELETE FROM jobs WHERE id = ANY(ARRAY(SELECT id FROM jobs j WHERE status = %(status)s "
+    "AND updated_at < now() - %(age)s::float8 * interval '1 second' "
+    f"AND (j.batch_id IS NULL OR NOT {KEPT_FOR_ITS_CALLBACK}) ORDER BY updated_at LIMIT %(limit)s "
+    "FOR UPDATE OF j SKIP LOCKED)) RETURNING id, batch_id, has_children IS TRUE OR waiting_for IS NOT NULL AS linked) "
     "SELECT count(*), coalesce(array_agg(id) FILTER (WHERE linked), '{}'), "
     "coalesce(array_agg(DISTINCT batch_id) FILTER (WHERE batch_id IS NOT NULL), '{}') FROM gone"
 )

@@ -631,7 +631,7 @@ expired AS (
      WHERE j.id = ANY(ARRAY(SELECT id FROM expiring WHERE has_children IS NOT TRUE)) AND j.status = 'pending'
     RETURNING 1
 )"""
-_PARKED = "(SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM expiring WHERE has_children LIMIT 1)"
+_PARKED = "(SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM expiring WHERE has_children LIMIT 1)"
 
 
 # Every type that has an expiring pending job, one seek each (a loose index scan of jobs_expiring):
@@ -734,7 +734,7 @@ UPDATE jobs j
 -- claim; guessing 4000 rows from the lateral join, it hashed the whole table.)
  WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING j.id, j.job_type, j.payload, j.attempts + (j.started_at IS NULL)::int, j.max_attempts, j.lease_token,
-          j.created_at, j.run_after, j.priority, j.started_at IS NOT NULL, j.trace)
+          j.created_at, j.run_after, j.priority, j.started_at IS NOT NULL, j.trace, j.expires_at)
 SELECT * FROM leased UNION ALL {_PARKED}"""
 
 

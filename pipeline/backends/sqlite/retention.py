@@ -24,8 +24,9 @@ def take_turn(conn: sqlite3.Connection, *, now: str, interval_seconds: float) ->
 
 def prune(conn: sqlite3.Connection, status: str, *, now: str, older_than_seconds: float, limit: int) -> int:
     """Up to ``limit`` jobs of the final ``status`` last updated before now − ``older_than_seconds``,
-    oldest first (the partial index idx_jobs_finished: a look that finds none reads nothing); their
-    edges and emptied batches with them (workflows.forget), when the store has any."""
+    oldest first (the partial index idx_jobs_finished: a look that finds none reads nothing), except
+    the jobs of a batch whose callback has not finished; their edges and emptied batches with them
+    (workflows.forget), when the store has any."""
     check_finished([status], "retention removes")
     before = format_ts(to_epoch(now) - older_than_seconds)
     if not workflows.in_use(conn):
@@ -37,10 +38,16 @@ def prune(conn: sqlite3.Connection, status: str, *, now: str, older_than_seconds
 
 # The partial index's own condition is written out as it is, or the planner cannot use it (it
 # does not know that a bound status is one of the three) and sorts every row of the status instead.
+# A job of a batch whose callback has not finished is kept: the callback reads every job of its batch
+# (ctx.batch()), and the batch's record goes with the last of them. A plain job pays the NULL test.
 FINISHED = "(status = 'completed' OR status = 'dead' OR status = 'cancelled')"  # idx_jobs_finished's
+KEPT_FOR_ITS_CALLBACK = (
+    "EXISTS (SELECT 1 FROM batches AS b JOIN jobs AS c ON c.id = b.callback_id WHERE b.id = j.batch_id "
+    "AND c.status NOT IN ('completed', 'dead', 'cancelled'))"
+)
 PRUNE = (
-    f"DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE {FINISHED} AND status = ? "
-    "AND updated_at < ? ORDER BY updated_at LIMIT ?)"
+    f"DELETE FROM jobs WHERE id IN (SELECT id FROM jobs AS j WHERE {FINISHED} AND status = ? "
+    f"AND updated_at < ? AND (batch_id IS NULL OR NOT {KEPT_FOR_ITS_CALLBACK}) ORDER BY updated_at LIMIT ?)"
 )
 
 

@@ -45,6 +45,7 @@ class ClaimedRow:
     run_after: str
     priority: int
     trace: str | None = None
+    expires_at: str | None = None
 
 
 # -- inserts --------------------------------------------------------------------------------
@@ -205,7 +206,8 @@ UPDATE jobs
                   WHERE status = 'pending' AND job_type = :job_type AND run_after <= :now
                   ORDER BY priority, run_after, id
                   LIMIT :limit)
-RETURNING id, job_type, payload, attempts + 1 - :counted, max_attempts, lease_token, created_at, run_after, priority, trace
+RETURNING id, job_type, payload, attempts + 1 - :counted, max_attempts, lease_token, created_at, run_after, priority, trace,
+          expires_at
 """
 
 
@@ -361,12 +363,12 @@ def claim_leases(
             got = 0
             if now_n:
                 rows = claim_rows(conn, job_type, now_n, now=now, owner=owner, expires=expires)
-                claimed.extend(Lease(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], True, row[9])
+                claimed.extend(Lease(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], True, row[9], row[10])
                                for row in rows)
                 got = len(rows)
             if limit > now_n and got == now_n:  # (fewer than asked: nothing more is due)
                 rows = claim_rows(conn, job_type, limit - now_n, now=now, owner=owner, expires=expires, counted=False)
-                claimed.extend(Lease(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], False, row[9])
+                claimed.extend(Lease(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], False, row[9], row[10])
                                for row in rows)
         if rate is not None:
             limits_.record_claims(conn, job_type, len(claimed) - before, at=at)  # type: ignore[arg-type]
@@ -382,7 +384,7 @@ def claim_picked(
     params = {"owner": owner, "expires": expires, "now": now, "counted": int(counted),
               "rowids": json.dumps([job[3] for job in picked])}
     rows = {row[0]: row for row in conn.execute(_CLAIM_PICKED, params)}
-    return [Lease(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], counted, row[9])
+    return [Lease(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], counted, row[9], row[10])
             for row in (rows.get(job[2]) for job in picked) if row is not None]
 
 

@@ -6,7 +6,8 @@
 -- claimed ahead. It visits only the priorities with due jobs (pdue, once those of pwait that came
 -- due moved there): a claim costs what it takes, not how many priorities wait. Returns, per type
 -- asked, how many it got, then three values per lease: id, payload, and "attempts max token
--- created run started" (attempts: this one's; started 1/0), then " trace" if the job has a trace
+-- created run started expat" (attempts: this one's; started 1/0; expat: its expires_at, '-' for none;
+-- the worker that takes a job claimed ahead checks it), then " trace" if the job has a trace
 -- context: a third of the values of an array per lease, whose parsing was a fifth of the client's
 -- time per claimed job.
 -- A paused type (a field of ``paused``) is not claimed (0 jobs); before a type is claimed, its
