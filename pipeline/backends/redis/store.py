@@ -223,10 +223,10 @@ def claim(client: Any, prefix: str, *, wants: Mapping[str, int], owner: str, lea
         got = out[at]
         at += 1
         for _ in range(got):
-            attempts, max_attempts, token, created, run, started, *trace = out[at + 2].split(b" ", 6)
+            attempts, max_attempts, token, created, run, started, expat, *trace = out[at + 2].split(b" ", 7)
             leases.append(Lease(out[at].decode(), job_type, out[at + 1].decode(), int(attempts), int(max_attempts),
                                 int(token), text_of(created), text_of(run), started == b"1",
-                                trace[0].decode() if trace else None))
+                                trace[0].decode() if trace else None, None if expat == b"-" else text_of(expat)))
             at += 3
     return leases
 

@@ -46,7 +46,7 @@ import attrs
 import trio
 
 from ... import states
-from ...backends.base import Backend, Lease, Nudge, Settlement, nudge, snoozed_too_often
+from ...backends.base import Backend, Lease, Nudge, Settlement, expired_error, nudge, snoozed_too_often
 from ...clock import to_epoch
 from ...context import JobContext
 from ...errors import InvalidPayload, PermanentError, PipelineError, RetryLater, Snooze, StoreError
@@ -480,9 +480,9 @@ async def _finish(
         finally:
             pool.takers -= 1
         return None, True
-    if following.started:
+    if following.started or _expired(following):  # (an expired one is not counted: _begin ends it)
         await _settle(workers, pool, lease, outcome, time.monotonic() - started)
-        return following, True
+        return following, following.started
     return following, await _settle(workers, pool, lease, outcome, time.monotonic() - started, start=following)
 
 
@@ -497,6 +497,9 @@ async def _begin(workers: Workers, pool: Pool, lease: Lease, counted: bool | Non
         return Outcome("cancelled", _cancelled(lease, started=False))
     if pool.stopping:
         return Outcome("released")
+    if _expired(lease):  # claimed before its expiry, taken by its worker after it: it never starts
+        assert lease.expires_at is not None
+        return Outcome("cancelled", expired_error(lease.expires_at))
     if not (lease.started if counted is None else counted) and not await _count_start(workers, pool, lease):
         return Outcome("released") if pool.stopping else Outcome("lost")
     try:
@@ -510,6 +513,12 @@ async def _begin(workers: Workers, pool: Pool, lease: Lease, counted: bool | Non
         thread = _Thread(spec.handler, trio.lowlevel.current_trio_token())
         ctx = attrs.evolve(ctx, thread=thread)
     return _Run(lease, key, started, job, ctx, thread)
+
+
+def _expired(lease: Lease) -> bool:
+    """Its ``expires_at`` passed: as its worker takes it, a job claimed before then does not start.
+    (The claim ends the expired jobs it finds; this is the check for those it held meanwhile.)"""
+    return lease.expires_at is not None and _due_epoch(lease.expires_at) <= time.time()
 
 
 def _cancelled(lease: Lease, *, started: bool) -> str:

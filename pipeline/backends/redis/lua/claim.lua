@@ -63,7 +63,7 @@ local function take(id, lk)
   out[#out + 1] = id
   out[#out + 1] = f[1]
   out[#out + 1] = attempts .. ' ' .. f[2] .. ' ' .. token .. ' ' .. f[3] .. ' ' .. f[4] .. ' ' .. (got < k and 1 or 0)
-                 .. (f[8] and (' ' .. f[8]) or '')
+                 .. ' ' .. (f[9] or '-') .. (f[8] and (' ' .. f[8]) or '')
   got = got + 1
   if taken then taken[#taken + 1] = id .. ':' .. token end
 end
