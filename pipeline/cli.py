@@ -280,7 +280,7 @@ def build_parser(app: AppSummary | None = None) -> argparse.ArgumentParser:
                    "standard input")
     when = p.add_mutually_exclusive_group()
     when.add_argument("--delay", type=float, metavar="SECONDS", help="run no sooner than this many seconds from now")
-    when.add_argument("--run-after", metavar="ISO8601", help="run no sooner than this time (UTC if no offset)")
+    when.add_argument("--run-after", metavar="ISO8601", help="run no sooner than this time, with its offset (2030-01-02T03:04:05Z)")
     p.add_argument("--max-attempts", type=int, metavar="N", help="default: the type's own, else WORKER_DEFAULT_MAX_ATTEMPTS")
     p.add_argument("--priority", type=int, metavar="N", help="lower runs first (default 5)")
     p.add_argument("--unique-key", metavar="KEY",

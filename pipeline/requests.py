@@ -3,6 +3,7 @@ payload, checked against the registry and turned into rows for the backend."""
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
@@ -77,13 +78,7 @@ def prepare_row(registry: Registry, req: JobRequest, default_max_attempts: int, 
         raise UsageError(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
     if type(req.priority) is not int or not PRIORITY_MIN <= req.priority <= PRIORITY_MAX:
         raise UsageError(f"priority must be an integer from {PRIORITY_MIN} to {PRIORITY_MAX}, got {req.priority!r}")
-    if req.run_after is None:
-        run_after = now
-    else:
-        try:
-            run_after = to_ts(req.run_after)
-        except (ValueError, TypeError, OverflowError) as exc:
-            raise UsageError(f"run_after {req.run_after!r} is not an ISO 8601 time: {exc}") from None
+    run_after = now if req.run_after is None else check_time(req.run_after, "run_after")
     unique_key = req.unique_key if req.unique_key is None else check_unique_key(req.unique_key)
     spec = registry.spec(req.job_type)
     if req.expires_at is None and req.unique_while is None and spec.limit_key is None and req.after is None \
@@ -97,6 +92,34 @@ def prepare_row(registry: Registry, req: JobRequest, default_max_attempts: int, 
     return NewJob(new_id(), req.job_type, payload, max_attempts, run_after, req.priority, now, unique_key,
                   expires_at=expires_at, limit_key=limit_key, unique_while=unique_while, after=after,
                   on_parent_failure=check_on_parent_failure(req.on_parent_failure, after))
+
+
+def check_time(value: Any, what: str) -> str:
+    """A job's time (``run_after``, ``expires_at``) as stored: ISO 8601 UTC text. It is given as an aware
+    datetime, ISO 8601 text with a UTC offset (``Z``, ``+02:00``), or epoch seconds. One rule at every door
+    (Pipeline, the clients, pipeline.testing, the CLI, the admin API): a time without a zone (a naive
+    datetime, text without an offset) is refused, not guessed: read as UTC it was hours off for everyone
+    east or west of it ("now + 30 min" in Tokyo became 9 h 30 min). UsageError naming ``what`` and the fix."""
+    if isinstance(value, bool):
+        raise UsageError(f"{what} must be a time, got a boolean")
+    if isinstance(value, dt.datetime) and value.utcoffset() is None:
+        raise UsageError(f"{what} {value!r:.80} is a naive datetime (no time zone, so no one instant): pass an aware one, "
+                         "e.g. datetime.now(timezone.utc) + timedelta(minutes=30)")
+    if isinstance(value, str):
+        try:
+            parsed = dt.datetime.fromisoformat(value[:-1] + "+00:00" if value.endswith(("Z", "z")) else value)
+        except ValueError:
+            parsed = None  # not ISO 8601: to_ts below says so
+        if parsed is not None and parsed.utcoffset() is None:
+            raise UsageError(f"{what} {value!r:.80} has no UTC offset (so no one instant): add one, e.g. "
+                             f"'{parsed.isoformat()}Z' for UTC or '{parsed.isoformat()}+02:00'")
+    try:
+        return to_ts(value)
+    except (ValueError, TypeError, OverflowError) as exc:
+        if isinstance(value, str):
+            raise UsageError(f"{what} {value!r:.80} is not an ISO 8601 time: {exc}") from None
+        raise UsageError(f"{what} {value!r:.80} is not a time (an aware datetime, ISO 8601 text with an offset, or epoch "
+                         f"seconds): {exc}") from None
 
 
 def check_unique_while(value: Any, unique_key: str | None, what: str = "unique_while") -> str | None:
@@ -125,12 +148,7 @@ def check_expires_at(value: Any, *, now: str, run_after: str | None = None, what
     """A job's ``expires_at`` as stored (ISO 8601 UTC text), or UsageError naming it: not a time, not
     after ``now`` (the job could never start), or not after its ``run_after`` (it would expire before
     it is due)."""
-    if isinstance(value, bool):
-        raise UsageError(f"{what} must be an ISO 8601 time, got a boolean")
-    try:
-        expires_at = to_ts(value)
-    except (ValueError, TypeError, OverflowError) as exc:
-        raise UsageError(f"{what} {value!r} is not an ISO 8601 time: {exc}") from None
+    expires_at = check_time(value, what)
     if expires_at <= now:
         raise UsageError(f"{what} {value!r} is not in the future (now is {now}): the job would never run")
     if run_after is not None and expires_at <= run_after:

@@ -10,6 +10,9 @@ loops (``asyncio.run`` in a thread) and real threads for the clients."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
+import io
+import json
 import math
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -23,6 +26,7 @@ from backends.stores import BACKENDS
 from jobkit import Echo, Tick, registry, wait_status
 
 import pipeline
+import pipeline.testing
 from pipeline import Config, Registry
 from pipeline.backends import open_backend
 
@@ -218,3 +222,99 @@ async def test_sync_close_hands_a_thread_waiting_in_result_client_closed(store_c
     got = await trio.to_thread.run_sync(scenario)
     assert [type(exc).__name__ for exc in got] == ["ClientClosed"] * 5, got  # 3 waits, then 2 calls after close
     assert all("closed" in str(exc) for exc in got)
+
+
+# -- item 10: naive datetimes refused, one rule at every door ------------------------------------------
+
+NAIVE = dt.datetime.now() + dt.timedelta(minutes=30)  # "now + 30 min" on the caller's wall clock: which zone?
+AWARE = (dt.datetime.now(dt.timezone(dt.timedelta(hours=9))) + dt.timedelta(minutes=30)).replace(microsecond=0)  # Tokyo's
+
+
+def naive_error(error: BaseException, what: str) -> None:
+    message = str(error)
+    assert isinstance(error, pipeline.UsageError), repr(error)
+    assert message.startswith(f"{what} ") and "naive datetime" in message, message
+    assert "datetime.now(timezone.utc)" in message, message
+
+
+async def test_a_naive_datetime_is_refused_by_pipeline_clients_and_testing_and_nothing_is_written(store_config: Config) -> None:
+    reg = registry()
+    errors: list[tuple[BaseException, str]] = []
+
+    async def refused(what: str, call: Callable[[], Any]) -> None:
+        with pytest.raises(pipeline.UsageError) as caught:
+            await call()
+        errors.append((caught.value, what))
+
+    async with pipeline.open_pipeline(store_config.replace(worker=attrs.evolve(store_config.worker, enabled=False)),
+                                      reg) as p:
+        await refused("run_after", lambda: p.enqueue(Tick(1), run_after=NAIVE))
+        await refused("expires_at", lambda: p.enqueue(Tick(1), expires_at=NAIVE))
+        await refused("expires_at", lambda: p.enqueue_many([Tick(1), Tick(2)], expires_at=NAIVE))
+        await refused("run_after", lambda: p.enqueue(Tick(1), run_after=NAIVE.isoformat() + "x"))  # not a time at all
+        errors.pop()  # (that one says "not an ISO 8601 time": checked below)
+        aware = await p.enqueue(Tick(3), run_after=AWARE, expires_at=AWARE + dt.timedelta(hours=1))
+        stored = await p.backend.get(aware)
+        assert stored is not None
+        assert stored.run_after == AWARE.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")  # the instant meant
+
+    def from_a_thread() -> list[tuple[BaseException, str]]:
+        found = []
+        with pipeline.Client(registry=reg, config=store_config) as client:
+            for what, call in (("run_after", lambda: client.enqueue(Tick(1), run_after=NAIVE)),
+                               ("expires_at", lambda: client.enqueue(Tick(1), expires_at=NAIVE))):
+                with pytest.raises(pipeline.UsageError) as caught:
+                    call()
+                found.append((caught.value, what))
+        return found
+
+    errors += await trio.to_thread.run_sync(from_a_thread)
+
+    async def from_asyncio() -> list[tuple[BaseException, str]]:
+        found = []
+        async with pipeline.AsyncClient(registry=reg, config=store_config) as client:
+            for what, call in (("run_after", lambda: client.enqueue(Tick(1), run_after=NAIVE)),
+                               ("expires_at", lambda: client.enqueue(Tick(1), expires_at=NAIVE))):
+                with pytest.raises(pipeline.UsageError) as caught:
+                    await call()
+                found.append((caught.value, what))
+        return found
+
+    errors += await trio.to_thread.run_sync(lambda: asyncio.run(from_asyncio()))
+    async with pipeline.testing.open_test_pipeline(reg) as tp:
+        await refused("run_after", lambda: tp.enqueue(Tick(1), run_after=NAIVE))
+        assert await tp.drain() == []
+    assert len(errors) == 8
+    for error, what in errors:
+        naive_error(error, what)
+    async with open_backend(store_config) as backend:
+        assert sum((await backend.stats())["by_status"].values()) == 1  # the aware one alone
+
+
+def test_iso_text_without_an_offset_is_refused_by_the_cli_naming_the_fix(db: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pipeline.cli import main
+
+    code = main(["enqueue", "generate_sitemap", "--run-after", "2030-01-02T03:04:05"], stdout=io.StringIO())
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "run_after '2030-01-02T03:04:05' has no UTC offset" in err and "'2030-01-02T03:04:05Z'" in err, err
+    line = json.dumps({"job_type": "generate_sitemap", "payload": {}, "expires_at": "2031-01-01 00:00"})
+    (db.parent / "jobs.jsonl").write_text(line + "\n")
+    code = main(["enqueue", "--from-file", str(db.parent / "jobs.jsonl")], stdout=io.StringIO())
+    err = capsys.readouterr().err
+    assert code == 2 and "expires_at '2031-01-01 00:00' has no UTC offset" in err, err
+    assert main(["enqueue", "generate_sitemap", "--run-after", "2030-01-02T03:04:05+09:00"], stdout=io.StringIO()) == 0
+    capsys.readouterr()
+
+
+async def test_iso_text_without_an_offset_is_refused_by_the_admin_api(db_path: Path) -> None:
+    from admin_harness import seed_registry
+    from test_admin_api import api_config, assert_error, served
+
+    async with served(api_config(db_path), seed_registry()) as (p, client):
+        for field in ("run_after", "expires_at"):
+            r = await client.post("/admin/jobs", json={"job_type": "generate_sitemap", field: "2030-01-02T03:04:05"})
+            assert_error(r, 422, f"{field} '2030-01-02T03:04:05' has no UTC offset", "2030-01-02T03:04:05Z")
+        r = await client.post("/admin/jobs", json={"job_type": "generate_sitemap", "run_after": "2030-01-02T03:04:05Z"})
+        assert r.status_code in (200, 201), r.text
+        assert sum((await p.backend.stats())["by_status"].values()) == 1  # the one with an offset alone

@@ -203,12 +203,12 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
                 "priority": {"type": "integer", "minimum": PRIORITY_MIN, "maximum": PRIORITY_MAX, "default": 5},
                 "max_attempts": {"type": "integer", "minimum": 1, "maximum": INT32_MAX,
                                  "description": "Default: the type's own, else WORKER_DEFAULT_MAX_ATTEMPTS."},
-                "run_after": {"type": "string", "nullable": True, "description": "ISO 8601; UTC when no offset is given."},
+                "run_after": {"type": "string", "nullable": True, "description": "ISO 8601 with its UTC offset (2030-01-02T03:04:05Z); without one: 422."},
                 "unique_key": {"type": "string", "nullable": True, "minLength": 1, "maxLength": MAX_UNIQUE_KEY_CHARS,
                                "description": "While a job of this type and key is pending or running, insert nothing "
                                               "and answer that job (200, duplicate true)."},
                 "expires_at": {"type": "string", "nullable": True,
-                               "description": "ISO 8601 (UTC when no offset is given), after now and after run_after: "
+                               "description": "ISO 8601 with its UTC offset (without one: 422), after now and after run_after: "
                                               "a job not started by then ends cancelled and never runs."},
                 "unique_while": {"type": "string", "nullable": True, "enum": ["pending_or_running", "pending", None],
                                  "description": "How long unique_key is held: until the job finishes (the default), or "

@@ -42,7 +42,7 @@ from ..backends.base import (
     ScheduleRecord,
     check_after,
 )
-from ..clock import now_ts, to_ts
+from ..clock import now_ts
 from ..config import Config
 from ..context import JobContext
 from ..errors import JobCancelled, JobFailed, PipelineClosed, UsageError
@@ -51,7 +51,7 @@ from ..limits import global_limits, rate_limits
 from ..logs import outcome_lines, outcome_message
 from ..registry import Registry
 from ..replies import Reply
-from ..requests import check_expires_at, check_unique_key, check_unique_while, limit_key_of
+from ..requests import check_expires_at, check_time, check_unique_key, check_unique_while, limit_key_of
 from ..states import TERMINAL, Status
 from ..workflows import MAX_PARENTS, Batch, BatchOutcome, Chain, batch_outcome, check_on_parent_failure, check_parents, decoded
 from .actors.bus import Envelope, run_event_bus
@@ -134,10 +134,7 @@ class Pipeline:
             raise UsageError(f"priority must be an integer from {PRIORITY_MIN} to {PRIORITY_MAX}, got {priority!r}")
         now = now or now_ts()
         if run_after is not None:
-            try:
-                run_after = to_ts(run_after)
-            except (ValueError, TypeError, OverflowError) as exc:
-                raise UsageError(f"run_after {run_after!r} is not a time (datetime, ISO 8601 text or epoch seconds): {exc}") from None
+            run_after = check_time(run_after, "run_after")  # a naive datetime is refused (pipeline/requests.py)
         if unique_key is not None:
             unique_key = check_unique_key(unique_key)
         if unique_while is not None:
