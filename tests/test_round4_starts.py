@@ -93,3 +93,46 @@ async def test_a_job_claimed_ahead_that_expires_behind_a_busy_worker_never_start
         job = await record(p, late)
     assert ran == [0], "the expired job's handler ran"
     assert job.status == "cancelled" and "expired at" in (job.error or "")
+
+
+# -- 16. a result that cannot be stored ----------------------------------------------------------
+
+
+class Opaque:
+    """No JSON for it: neither a JSON value, an attrs class nor a dataclass."""
+
+
+@pytest.mark.parametrize("returned, why", [("x" * 200, "over WORKER_RESULT_MAX_BYTES=100"), (Opaque(), "Opaque")])
+async def test_a_result_that_cannot_be_stored_fails_for_good_after_one_run(tmp_path: Path, returned: Any, why: str) -> None:
+    reg = pipeline.Registry()
+    runs: list[int] = []  # the handler's side effect
+
+    @reg.job(max_attempts=3)
+    async def answer(job: Work, ctx: pipeline.JobContext) -> Any:
+        runs.append(ctx.attempt)
+        return returned
+
+    async with running("sqlite", tmp_path, reg, result_max_bytes=100) as p:
+        job_id = await p.enqueue(Work())
+        with pytest.raises(pipeline.JobFailed) as caught:
+            await p.result(job_id, timeout=15)
+        job = await record(p, job_id)
+    assert runs == [1], "the handler ran again for a result it could not store"
+    assert job.status == "dead" and job.attempts == 1
+    assert "job type answer" in (job.error or "") and why in (job.error or ""), job.error
+    assert "answer" in str(caught.value)
+
+
+async def test_a_result_of_exactly_the_size_limit_is_stored_and_one_byte_more_is_not(tmp_path: Path) -> None:
+    reg = pipeline.Registry()
+
+    @reg.job(max_attempts=1)
+    async def sized(job: Work, ctx: pipeline.JobContext) -> str:
+        return "x" * (job.n - 2)  # as JSON: n bytes, the quotes included
+
+    async with running("sqlite", tmp_path, reg, result_max_bytes=100) as p:
+        exact = await p.enqueue(Work(100))
+        over = await p.enqueue(Work(101))
+        assert await p.result(exact, timeout=15) == "x" * 98
+        with pytest.raises(pipeline.JobFailed, match="101 bytes as JSON, over WORKER_RESULT_MAX_BYTES=100"):
+            await p.result(over, timeout=15)

@@ -344,7 +344,10 @@ async def _invoke(workers: Workers, spec: JobSpec, pool: Pool, job: Any, ctx: Jo
                 value = await _call(spec, pool, job, ctx, thread)
         result = None if value is None else workers.encode_result(value)
     except ResultRefused as exc:
-        return Outcome("error", _text(str(exc)))
+        # for good, not retried: a retry would run the handler again, side effects included, to
+        # return what it returned this time
+        return Outcome("permanent", _text(f"job type {spec.name}: the attempt fails for good, its result cannot be "
+                                          f"stored (running it again would repeat its work): {exc}"))
     except (Exception, SystemExit) as exc:  # handler exceptions are data (sys.exit() in one too); Cancelled is not
         return Outcome.failed(exc)
     return Outcome("ok", result=result)
