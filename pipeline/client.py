@@ -41,6 +41,7 @@ from .config import Config
 from .engine.wiring import Pipeline, open_pipeline
 from .errors import ClientClosed, UsageError
 from .registry import Registry
+from .requests import check_job_id
 from .workflows import Batch, Chain
 
 __all__ = ["AsyncClient", "Client"]
@@ -195,7 +196,7 @@ class Client:
     def enqueue(self, job: Any, *, priority: int | None = None, run_after: Any = None, delay: float | dt.timedelta | None = None,
                 max_attempts: int | None = None, unique_key: str | None = None, connection: Any = None,
                 expires_at: Any = None, unique_while: str | None = None, after: Any = None,
-                on_parent_failure: str | None = None) -> str:
+                on_parent_failure: str | None = None, idempotency_key: str | None = None) -> str:
         """Commit one job; its id. ``run_after``: a datetime, ISO 8601 text or epoch seconds;
         ``delay``: seconds (or a timedelta) from now, instead. With ``unique_key``: while a job
         of the same type and key is pending or running nothing is inserted, and that job's id is
@@ -207,8 +208,14 @@ class Client:
         ``connection``: your own ``sqlite3.Connection`` to the same file, or psycopg 3
         ``Connection`` to the same database and schema: the job is written in your transaction
         (it commits or rolls back with your rows; nothing here commits), and a service learns of
-        it when you commit."""
+        it when you commit.
+
+        ``idempotency_key``: a second enqueue of the same type and key within JOB_IDEMPOTENCY_SECONDS
+        answers the first one's id, whatever became of its job: an enqueue whose answer was lost
+        (:class:`pipeline.errors.CommitUnknown`, a timeout) can be sent again safely (docs/jobs.md,
+        "Retrying an enqueue safely"). Not with ``connection``, whose transaction is yours to retry."""
         when = _when(run_after, delay)
+        _no_key_in_yours(idempotency_key, connection)
         if connection is not None:
             rows = [self._pipeline_here().new_job(job, run_after=when, max_attempts=max_attempts, priority=_priority(priority),
                                                   unique_key=unique_key, expires_at=expires_at, unique_while=unique_while,
@@ -217,19 +224,23 @@ class Client:
         trace = _trace_here(self.registry)
         return self._call(lambda p: p.enqueue(job, run_after=when, max_attempts=max_attempts, priority=_priority(priority),
                                               unique_key=unique_key, trace=trace, expires_at=expires_at,
-                                              unique_while=unique_while, after=after, on_parent_failure=on_parent_failure))
+                                              unique_while=unique_while, after=after, on_parent_failure=on_parent_failure,
+                                              idempotency_key=idempotency_key))
 
     def enqueue_many(self, jobs: Sequence[Any], *, priority: int | None = None,
-                     unique_keys: Sequence[str | None] | None = None, connection: Any = None) -> builtins.list[str]:
+                     unique_keys: Sequence[str | None] | None = None, connection: Any = None,
+                     idempotency_keys: Sequence[str | None] | None = None) -> builtins.list[str]:
         """Commit many jobs in one transaction; their ids (as :meth:`enqueue`'s, ``connection`` too).
         A :func:`pipeline.chain` (as ``jobs``, or among them) enqueues its jobs each waiting for the
-        one before."""
+        one before. ``idempotency_keys``: one per job (None: none), as :meth:`enqueue`'s ``idempotency_key``."""
         jobs = jobs if isinstance(jobs, Chain) else list(jobs)
+        _no_key_in_yours(idempotency_keys, connection)
         if connection is not None:
             return self._insert_in(connection, self._pipeline_here().new_rows(jobs, priority=_priority(priority),
                                                                              unique_keys=unique_keys))
         trace = _trace_here(self.registry)
-        return self._call(lambda p: p.enqueue_many(jobs, priority=_priority(priority), unique_keys=unique_keys, trace=trace))
+        return self._call(lambda p: p.enqueue_many(jobs, priority=_priority(priority), unique_keys=unique_keys, trace=trace,
+                                                   idempotency_keys=idempotency_keys))
 
     def enqueue_batch(self, jobs: Sequence[Any], *, then: Any = None, priority: int | None = None,
                       connection: Any = None) -> Batch:
@@ -343,6 +354,7 @@ class Client:
 
     def get(self, job_id: str) -> JobRecord | None:
         """The job's record (``status``, ``attempts``, ``error``, ...), or None if there is none."""
+        check_job_id(job_id)
         return self._call(lambda p: p.backend.get(job_id))
 
     # -- control -----------------------------------------------------------------------------------
@@ -441,9 +453,11 @@ class AsyncClient:
     async def enqueue(self, job: Any, *, priority: int | None = None, run_after: Any = None,
                       delay: float | dt.timedelta | None = None, max_attempts: int | None = None,
                       unique_key: str | None = None, connection: Any = None, expires_at: Any = None,
-                      unique_while: str | None = None, after: Any = None, on_parent_failure: str | None = None) -> str:
+                      unique_while: str | None = None, after: Any = None, on_parent_failure: str | None = None,
+                      idempotency_key: str | None = None) -> str:
         """As :meth:`Client.enqueue`; ``connection`` may also be a psycopg ``AsyncConnection``."""
         when = _when(run_after, delay)
+        _no_key_in_yours(idempotency_key, connection)
         if connection is not None:
             rows = [self._open()._pipeline_here().new_job(
                 job, run_after=when, max_attempts=max_attempts, priority=_priority(priority), unique_key=unique_key,
@@ -453,18 +467,20 @@ class AsyncClient:
         return await self._call(lambda p: p.enqueue(job, run_after=when, max_attempts=max_attempts, priority=_priority(priority),
                                                     unique_key=unique_key, trace=trace, expires_at=expires_at,
                                                     unique_while=unique_while, after=after,
-                                                    on_parent_failure=on_parent_failure))
+                                                    on_parent_failure=on_parent_failure, idempotency_key=idempotency_key))
 
     async def enqueue_many(self, jobs: Sequence[Any], *, priority: int | None = None,
-                           unique_keys: Sequence[str | None] | None = None, connection: Any = None) -> builtins.list[str]:
+                           unique_keys: Sequence[str | None] | None = None, connection: Any = None,
+                           idempotency_keys: Sequence[str | None] | None = None) -> builtins.list[str]:
         """As :meth:`Client.enqueue_many`."""
         jobs = jobs if isinstance(jobs, Chain) else list(jobs)
+        _no_key_in_yours(idempotency_keys, connection)
         if connection is not None:
             rows = self._open()._pipeline_here().new_rows(jobs, priority=_priority(priority), unique_keys=unique_keys)
             return await self._insert_in(connection, rows)
         trace = _trace_here(self._open().registry)
         return await self._call(lambda p: p.enqueue_many(jobs, priority=_priority(priority), unique_keys=unique_keys,
-                                                         trace=trace))
+                                                         trace=trace, idempotency_keys=idempotency_keys))
 
     async def enqueue_batch(self, jobs: Sequence[Any], *, then: Any = None, priority: int | None = None,
                             connection: Any = None) -> Batch:
@@ -508,6 +524,7 @@ class AsyncClient:
 
     async def get(self, job_id: str) -> JobRecord | None:
         """As :meth:`Client.get`."""
+        check_job_id(job_id)
         return await self._call(lambda p: p.backend.get(job_id))
 
     async def cancel(self, job_id: str) -> str:
@@ -581,6 +598,14 @@ async def _in_thread(fn: Callable[[], T]) -> T:
 
 def _nothing() -> None:
     """``abandon`` for a call that runs to its end whoever waits."""
+
+
+def _no_key_in_yours(key: Any, connection: Any) -> None:
+    """An idempotency key makes a retry of a lost answer safe; with ``connection=`` the commit (and
+    its retry) is the caller's own, which no key of ours can see: refused, not silently dropped."""
+    if key is not None and connection is not None:
+        raise UsageError("an idempotency key is not taken with connection=: your transaction commits the job, so "
+                         "retrying it is yours to decide (a unique_key, or a row of your own, guards it)")
 
 
 def _when(run_after: Any, delay: float | dt.timedelta | None) -> Any:

@@ -462,6 +462,9 @@ class RetentionSettings:
     cancelled_seconds: float = setting(604_800.0, "JOB_RETENTION_CANCELLED_SECONDS", seconds)  # 7 days
     # how often one process (of all sharing the store) looks for records past their retention
     interval_seconds: float = setting(60.0, "JOB_RETENTION_INTERVAL_SECONDS", positive_seconds)
+    # how long an enqueue's idempotency key answers its first job's id (whatever became of the job,
+    # which retention may remove sooner: the key outlives it); a key older than this may be used again
+    idempotency_seconds: float = setting(86_400.0, "JOB_IDEMPOTENCY_SECONDS", positive_seconds)  # 1 day
 
     def kept_for(self) -> dict[str, float]:
         """By final status, the age past which a record goes (statuses kept for ever left out)."""

@@ -9,7 +9,8 @@
     │   └── InvalidPayload
     ├── StoreError                 the database refused or failed (CLI exit 1)
     │   ├── SchemaTooNew           the file was migrated by a newer pipeline
-    │   └── DatabaseUnavailable    the file cannot be opened or is not a database
+    │   ├── DatabaseUnavailable    the file cannot be opened or is not a database
+    │   └── CommitUnknown          the store dropped an enqueue's commit: it may have been written
     ├── PipelineClosed             enqueue/emit after the pipeline began shutting down
     └── JobFailed                  result() of a job that ended dead (or cancelled)
     │   └── ClientClosed           a Client / AsyncClient call after close(), or a result() wait
@@ -62,6 +63,17 @@ class SchemaTooNew(StoreError):
 
 class DatabaseUnavailable(StoreError):
     pass
+
+
+class CommitUnknown(StoreError):
+    """An enqueue whose commit the store (Postgres, Redis) dropped before answering, and which
+    could not be asked again: its jobs may have been committed (all or none). ``job_ids``: the ids
+    they would have; the message says how to check. An enqueue with an ``idempotency_key`` can
+    simply be sent again: docs/jobs.md, "Retrying an enqueue safely"."""
+
+    def __init__(self, message: str, job_ids: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.job_ids = job_ids
 
 
 class PipelineClosed(PipelineError):

@@ -33,7 +33,7 @@ import trio
 
 from ..clock import now_ts
 from ..config import masked_url
-from ..errors import UsageError
+from ..errors import CommitUnknown, StoreError, UsageError
 from ..schedules import Schedule, next_tick
 from ..states import Transition
 
@@ -94,6 +94,13 @@ class NewJob(NamedTuple):
     on_parent_failure: str | None = None
     # the batch (NewBatch.id) this job belongs to: a member, or the batch's callback (NewBatch.callback_id)
     batch_id: str | None = None
+    # the caller's idempotency key (enqueue's idempotency_key=): while a key of this type was recorded
+    # less than ``idempotency_seconds`` ago, whatever became of its job since, inserting nothing and
+    # answering the recorded job's id; else the job is inserted (or held by its unique key) and the
+    # key recorded for the id answered. Kept in a table (Redis: a key) of its own, which outlives
+    # the job: see Backend.insert. None: no key
+    idempotency_key: str | None = None
+    idempotency_seconds: float = 86_400.0  # JOB_IDEMPOTENCY_SECONDS, as the engine read it
 
 
 UNIQUE_WHILE = ("pending_or_running", "pending")  # the enqueue's unique_while=, the first the default
@@ -184,9 +191,53 @@ def check_after(jobs: Sequence[NewJob]) -> None:
             if at is not None and at > i:
                 raise UsageError(f"job {job.id}: after names job {parent}, which comes later in the same call: "
                                  "parents come before their children (this is what rules out a cycle)")
-            if at is not None and jobs[at].unique_key is not None:
-                raise UsageError(f"job {job.id}: after names job {parent} of the same call, which has a unique key: "
+            if at is not None and (jobs[at].unique_key is not None or jobs[at].idempotency_key is not None):
+                which = "a unique key" if jobs[at].unique_key is not None else "an idempotency key"
+                raise UsageError(f"job {job.id}: after names job {parent} of the same call, which has {which}: "
                                  "it might not be inserted; enqueue it first, then wait for the id it answers")
+
+
+def lost(error: StoreError) -> StoreError:
+    """Marks a driver's connection error (the server unreachable, or the connection dropped): a
+    command sent on it may have run, its answer lost. An attribute, not a subclass: the Ledgers hand
+    each caller of a failed batch a copy of its error (replies._own_copy), which keeps it."""
+    error.connection_lost = True  # type: ignore[attr-defined]
+    return error
+
+
+def connection_lost(error: BaseException) -> bool:
+    return bool(getattr(error, "connection_lost", False))
+
+
+ASK_AGAIN_TRIES = 5  # looks at the store for an insert whose answer a dropped connection lost
+ASK_AGAIN_PAUSE = 0.5  # seconds between them (the pool reconnects meanwhile)
+
+
+def asked_again(rows: Sequence[NewJob], found: Sequence[tuple[bool, str | None]]) -> builtins.list[str] | None:
+    """What an insert whose answer was lost did, from what the store holds now: ``found``, per row,
+    whether its id is stored and the id its idempotency key (else its unique key) names now (None:
+    none). One transaction wrote the rows or none: a row stored means it committed, and each row
+    not stored was held by its key (the id it names answers). No row stored: it did not commit, if
+    a row without a key was in it (that row would be stored): None. With keys only, either way the
+    keys answer what a retry would, unless one names nothing: then nothing was written (None)."""
+    if any(stored for stored, _ in found):
+        return [row.id if stored else (named or row.id) for row, (stored, named) in zip(rows, found)]
+    if found and all(named is not None for _, named in found):
+        return [named for _, named in found if named is not None]
+    return None
+
+
+def commit_unknown(rows: Sequence[NewJob], lost: BaseException, shown: str) -> CommitUnknown:
+    """The error of an insert whose commit the store dropped and whose outcome asking again could not
+    learn (the store still unreachable): it may have been committed; how to check; what makes a retry safe."""
+    first = rows[0].id if rows else "?"
+    return CommitUnknown(
+        f"{shown}: the connection dropped during the commit of {len(rows)} job{'s' if len(rows) != 1 else ''} "
+        f"({str(lost).splitlines()[0] if str(lost) else type(lost).__name__}), and the store could not be asked "
+        f"again: they may have been committed (all or none). Before enqueueing again, check whether job {first} "
+        f"exists (`python -m pipeline jobs show {first}`, Client.get, GET /admin/jobs/{first}); an enqueue with an "
+        "idempotency_key can be sent again safely instead (docs/jobs.md, \"Retrying an enqueue safely\")",
+        tuple(row.id for row in rows))
 
 
 def unknown_parents(missing: Iterable[str]) -> UsageError:
@@ -213,6 +264,9 @@ class Lease:
     # outcome) only when it starts, so a job that never started is never charged one
     started: bool = True
     trace: str | None = None  # NewJob.trace, as inserted
+    # NewJob.expires_at: a job claimed ahead that its worker takes after this time never starts
+    # (its worker ends it cancelled, expired_error); None: it never expires
+    expires_at: str | None = None
 
 
 @attrs.frozen
@@ -264,9 +318,6 @@ class JobRecord:
     limit_key: str | None = None  # NewJob.limit_key
     # workflows (read by Backend.get; Backend.list may leave parents/children empty and the counts 0):
     parents: tuple[str, ...] = ()  # the jobs it waits or waited for (after=), at most MAX_LISTED_RELATIVES
-    # NewJob.expires_at: a job claimed ahead that its worker takes after this time never starts
-    # (its worker ends it cancelled, expired_error); None: it never expires
-    expires_at: str | None = None
     parent_count: int = 0  # all of them
     waiting_for: int = 0  # while waiting: parents that have not ended yet (or not completed, under "cancel")
     children: tuple[str, ...] = ()  # the jobs that wait or waited for it, at most MAX_LISTED_RELATIVES
@@ -576,7 +627,17 @@ class Backend(Protocol):
 
         ``batch``: the batch record, written in the same transaction; its members and callback are
         jobs of this call (see :class:`NewBatch`). Batch members never have a unique key (the
-        engine refuses one)."""
+        engine refuses one).
+
+        Idempotency keys (``NewJob.idempotency_key``, docs/jobs.md "Retrying an enqueue safely"):
+        a row whose type and key were recorded less than the key's window ago is not inserted and
+        answers the recorded id, whatever its job's status (even once retention removed it); two
+        rows of one call with one type and key: the first is inserted, the second answers its id.
+        Otherwise the row is inserted (or held by its unique key) and its type and key recorded,
+        in the same transaction, for the id it answers. The store enforces it (a primary key, a
+        script), so concurrent callers in any number of processes leave one job; a key past its
+        window is recorded again by the next insert naming it, and expired keys are removed (by
+        the inserts with keys, a few each, or by the server's expiry)."""
 
     async def bulk_insert(
         self, jobs: Iterable[NewJob], *, commit_every: int | None = None,

@@ -67,6 +67,12 @@ from .health import Health
 
 log = logging.getLogger("pipeline")
 
+
+def check_idempotency_key(value: Any, what: str = "idempotency_key") -> str | None:
+    """An enqueue's idempotency key as given (None: none): bounded text as a unique key is (not
+    empty, at most 200 characters, no NUL, no lone surrogate); UsageError naming ``what`` otherwise."""
+    return check_unique_key(value, what)
+
 BUS_BUFFER = 256  # events waiting for the Enqueuer before emit blocks
 # a stored trace context: a W3C traceparent (55 characters), a space and a tracestate (at most
 # 32 members, 512 characters as propagators keep it): room for both, and a bound on what a row holds
@@ -114,11 +120,11 @@ class Pipeline:
     def new_job(self, job: Any, *, run_after: Any = None, max_attempts: int | None = None, priority: int = PRIORITY_DEFAULT,
                 now: str | None = None, unique_key: str | None = None, trace: str | None = None,
                 expires_at: Any = None, unique_while: str | None = None, after: Any = None,
-                on_parent_failure: str | None = None) -> NewJob:
+                on_parent_failure: str | None = None, idempotency_key: str | None = None) -> NewJob:
         """Encode and validate a job object (UnknownJobType / InvalidPayload / UsageError if it does not fit).
         ``trace``: the trace context to store with it (see pipeline/otel.py); None: the caller's,
         as the registry's ``trace_context`` hook tells (none without one); "": none. ``after``,
-        ``on_parent_failure``: as :meth:`enqueue`'s."""
+        ``on_parent_failure``, ``idempotency_key``: as :meth:`enqueue`'s."""
         if trace is None:
             trace = self.trace_context()
         elif not isinstance(trace, str) or len(trace) > MAX_TRACE_CHARS:
@@ -142,19 +148,23 @@ class Pipeline:
         if expires_at is not None:
             expires_at = check_expires_at(expires_at, run_after=run_after or now, now=now)
         limit_key = None if spec.limit_key is None else limit_key_of(spec, job)
-        if after is None and on_parent_failure is None:
+        if after is None and on_parent_failure is None and idempotency_key is None:
             return NewJob(self._new_id(), job_type, payload, max_attempts, run_after or now, priority, now, unique_key,
                           trace or None, expires_at, limit_key, unique_while)
         parents = check_parents(after)
         return NewJob(self._new_id(), job_type, payload, max_attempts, run_after or now, priority, now, unique_key,
                       trace or None, expires_at, limit_key, unique_while, parents,
-                      check_on_parent_failure(on_parent_failure, parents))
+                      check_on_parent_failure(on_parent_failure, parents),
+                      idempotency_key=check_idempotency_key(idempotency_key),
+                      idempotency_seconds=self.config.retention.idempotency_seconds)
 
     def new_rows(self, jobs: Sequence[Any], *, priority: int = PRIORITY_DEFAULT, now: str | None = None,
                  unique_keys: Sequence[str | None] | None = None, trace: str | None = None, run_after: Any = None,
-                 max_attempts: int | None = None, expires_at: Any = None, unique_while: str | None = None) -> list[NewJob]:
+                 max_attempts: int | None = None, expires_at: Any = None, unique_while: str | None = None,
+                 idempotency_keys: Sequence[str | None] | None = None) -> list[NewJob]:
         """The rows of ``enqueue_many``'s jobs, in order: a :func:`pipeline.chain` among them is spread
-        out, each of its jobs after the one before. ``unique_keys``: one per job once chains are spread."""
+        out, each of its jobs after the one before. ``unique_keys``, ``idempotency_keys``: one per job
+        once chains are spread."""
         if isinstance(jobs, Chain):
             jobs = [jobs]
         flat: list[tuple[Any, bool]] = []  # (job, waits for the one before)
@@ -166,15 +176,19 @@ class Pipeline:
         if unique_keys is not None and len(unique_keys) != len(flat):
             raise UsageError(f"unique_keys must give one key (or None) per job: {len(unique_keys)} for {len(flat)} jobs"
                              + (" (a chain's jobs counted one by one)" if len(flat) != len(jobs) else ""))
+        if idempotency_keys is not None and len(idempotency_keys) != len(flat):
+            raise UsageError(f"idempotency_keys must give one key (or None) per job: {len(idempotency_keys)} for "
+                             f"{len(flat)} jobs" + (" (a chain's jobs counted one by one)" if len(flat) != len(jobs) else ""))
         keys = unique_keys if unique_keys is not None else [None] * len(flat)
+        once = idempotency_keys if idempotency_keys is not None else [None] * len(flat)
         now = now or now_ts()
         rows: list[NewJob] = []
-        for (job, chained), key in zip(flat, keys):
+        for (job, chained), key, idempotency_key in zip(flat, keys, once):
             rows.append(self.new_job(job, priority=priority, now=now, unique_key=key, trace=trace, run_after=run_after,
                                      max_attempts=max_attempts, expires_at=expires_at, unique_while=unique_while,
-                                     after=(rows[-1].id,) if chained else None))
+                                     after=(rows[-1].id,) if chained else None, idempotency_key=idempotency_key))
         if len(flat) != len(jobs):
-            check_after(rows)  # a chained job with a unique key is refused here, before anything is written
+            check_after(rows)  # a chained job with a unique (or idempotency) key is refused here, before anything is written
         return rows
 
 
@@ -187,7 +201,8 @@ class Pipeline:
 
     async def enqueue(self, job: Any, *, run_after: Any = None, max_attempts: int | None = None, priority: int = PRIORITY_DEFAULT,
                       unique_key: str | None = None, trace: str | None = None, expires_at: Any = None,
-                      unique_while: str | None = None, after: Any = None, on_parent_failure: str | None = None) -> str:
+                      unique_while: str | None = None, after: Any = None, on_parent_failure: str | None = None,
+                      idempotency_key: str | None = None) -> str:
         """Persist one job; returns its id once it is committed. With ``unique_key``: while a
         job of the same type and key is pending or running, nothing is inserted and that
         job's id is returned (:meth:`enqueue_unique` says which happened). ``trace``: as
@@ -200,11 +215,17 @@ class Pipeline:
         of them has completed (its own ``run_after`` still holds). ``on_parent_failure``: what a
         parent that ends dead or cancelled (or is deleted) does to it: "cancel" (the default: it ends
         cancelled, and so do the jobs waiting for it) or "run" (it runs once every parent has ended).
-        An unknown id is refused (UsageError) and nothing is written. See docs/workflows.md."""
+        An unknown id is refused (UsageError) and nothing is written. See docs/workflows.md.
+
+        ``idempotency_key``: text naming this enqueue (at most 200 characters): a second enqueue of
+        the same job type and key within JOB_IDEMPOTENCY_SECONDS (a day) of the first inserts
+        nothing and returns the first one's id, whatever its job's status (even once retention
+        removed it), so an enqueue whose answer was lost (:class:`~pipeline.errors.CommitUnknown`,
+        a timeout, a crash) can be sent again safely. See docs/jobs.md, "Retrying an enqueue safely"."""
         self._check_open()
         row = self.new_job(job, run_after=run_after, max_attempts=max_attempts, priority=priority, unique_key=unique_key,
                            trace=trace, expires_at=expires_at, unique_while=unique_while, after=after,
-                           on_parent_failure=on_parent_failure)
+                           on_parent_failure=on_parent_failure, idempotency_key=idempotency_key)
         (stored,) = await self.backend.insert([row])
         return stored
 
@@ -221,16 +242,18 @@ class Pipeline:
 
     async def enqueue_many(self, jobs: Sequence[Any], *, priority: int = PRIORITY_DEFAULT,
                            unique_keys: Sequence[str | None] | None = None, trace: str | None = None,
-                           expires_at: Any = None) -> list[str]:
+                           expires_at: Any = None, idempotency_keys: Sequence[str | None] | None = None) -> list[str]:
         """Persist many jobs in one transaction; returns their ids once committed. ``unique_keys``,
         one per job (None: no key), as :meth:`enqueue`'s: a duplicate's id is the holder's.
+        ``idempotency_keys``, one per job (None: no key), as :meth:`enqueue`'s ``idempotency_key``.
         ``trace``: as :meth:`new_job`'s, for every job. A :func:`pipeline.chain` (as ``jobs``, or
         among them) enqueues its jobs each waiting for the one before; its ids are in the answer
         in its order."""
         self._check_open()
         if trace is None:
             trace = self.trace_context() or ""  # captured once for the lot
-        rows = self.new_rows(jobs, priority=priority, unique_keys=unique_keys, trace=trace, expires_at=expires_at)
+        rows = self.new_rows(jobs, priority=priority, unique_keys=unique_keys, trace=trace, expires_at=expires_at,
+                             idempotency_keys=idempotency_keys)
         return await self.backend.insert(rows)
 
     def batch_rows(self, jobs: Sequence[Any], *, then: Any = None, priority: int = PRIORITY_DEFAULT,
@@ -284,7 +307,8 @@ class Pipeline:
         if batch_id is None or record is None:
             raise UsageError(f"job {job_id} belongs to no batch: ctx.batch() is for a batch's callback (enqueue_batch's "
                              "then=) and its jobs")
-        return batch_outcome(record, await self.backend.batch_jobs(batch_id))
+        # the counts only; the jobs with their results a page at a time (BatchOutcome.members)
+        return batch_outcome(record, lambda limit, offset: self.backend.batch_jobs(batch_id, limit=limit, offset=offset))
 
     async def emit(self, event: Any, *, trace: str | None = None) -> list[str]:
         """Publish a domain event; returns the ids of the jobs it routed to, once committed.
@@ -543,7 +567,7 @@ async def _run_workers(
     decode = functools.partial(pipeline.registry.decode, stored=True)
     workers = Workers(backend, decode, config.worker.backoff_base_seconds, nudge_send,
                       pipeline.observe, pipeline.context_for, encode_result=pipeline.encode_result,
-                      max_snoozes=config.worker.max_snoozes)
+                      max_snoozes=config.worker.max_snoozes, flush_progress=pipeline.progress_board.flush)
     async with trio.open_nursery() as tn, nudge_send:  # the workers' nudges end with the workers
         for pool in pools.values():
             for _ in range(pool.concurrency):

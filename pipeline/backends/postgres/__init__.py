@@ -33,8 +33,23 @@ import psycopg
 import trio
 
 from ...clock import now_ts
-from ...errors import StoreError, UsageError
-from ..base import NUDGE_BUFFER, BatchMember, BatchRecord, ClaimOffer, HealthReport, NewBatch, NewJob, Nudge, Topology
+from ...errors import CommitUnknown, StoreError, UsageError
+from ..base import (
+    ASK_AGAIN_PAUSE,
+    ASK_AGAIN_TRIES,
+    NUDGE_BUFFER,
+    BatchMember,
+    BatchRecord,
+    ClaimOffer,
+    HealthReport,
+    NewBatch,
+    NewJob,
+    Nudge,
+    Topology,
+    asked_again,
+    commit_unknown,
+    connection_lost,
+)
 from ..batches import Command, LedgerStats, ServerBackend
 from . import graph, queries, retention, schedules, schema, store, worker
 from .db import Database, connect, describe
@@ -60,7 +75,50 @@ class PostgresBackend(ServerBackend[Database]):
     async def insert(self, jobs: Sequence[NewJob], *, batch: NewBatch | None = None) -> builtins.list[str]:
         """Plain rows through the Ledger (batched with other inserts and outcomes); rows with
         parents, or a batch's, in a transaction of their own (graph.insert_jobs), which wakes the
-        Pollers by its NOTIFY (this process's too, through its listener)."""
+        Pollers by its NOTIFY (this process's too, through its listener); rows with idempotency keys
+        too (store.insert_idempotent).
+
+        A connection that drops while the commit is under way leaves its outcome unknown: the store
+        is asked again, on a new connection, what the insert did (base.asked_again), and the answer
+        is the real outcome (the ids, or the error saying nothing was written); CommitUnknown if it
+        cannot be asked (still down after ASK_AGAIN_TRIES looks)."""
+        try:
+            return await self._insert(jobs, batch)
+        except StoreError as exc:
+            if not connection_lost(exc) or isinstance(exc, CommitUnknown):
+                raise  # a refusal (a duplicate id, a constraint), not a connection lost on the way
+            return await self._ask_again(builtins.list(jobs), exc)
+
+    async def _ask_again(self, rows: builtins.list[NewJob], lost: StoreError) -> builtins.list[str]:
+        for attempt in range(ASK_AGAIN_TRIES):
+            if attempt:
+                await trio.sleep(ASK_AGAIN_PAUSE)
+            try:
+                found = await trio.to_thread.run_sync(self._ask, rows, limiter=self._db.limiter)
+            except StoreError:
+                continue
+            ids = asked_again(rows, found)
+            if ids is None:
+                raise StoreError(f"{lost}; nothing of this enqueue was written (the store, asked again, holds none of "
+                                 "its jobs): enqueueing it again is safe") from None
+            log.info("an insert of %d jobs whose answer was lost had been committed (asked again)", len(rows))
+            return ids
+        raise commit_unknown(rows, lost, f"database {self._db.shown}") from None
+
+    def _ask(self, rows: builtins.list[NewJob]) -> builtins.list[tuple[bool, str | None]]:
+        # on a connection of its own, not the pool's: a pool whose server went away makes a caller
+        # wait its whole timeout for a connection, where a connect of our own is refused at once
+        conn = connect(self._db.url)
+        try:
+            return store.insert_outcome(conn, rows)
+        except psycopg.Error as exc:
+            raise describe(exc, self._db.url) from None
+        finally:
+            conn.close()
+
+    async def _insert(self, jobs: Sequence[NewJob], batch: NewBatch | None) -> builtins.list[str]:
+        if any(row.idempotency_key is not None for row in jobs):  # a transaction of its own too (store.insert_idempotent)
+            return await self._db.run(store.insert_idempotent, list(jobs), _idempotent_rest(batch))
         if batch is None and not any(graph.is_linked(row) for row in jobs):
             return await super().insert(jobs)
         if not jobs:
@@ -99,6 +157,17 @@ class PostgresBackend(ServerBackend[Database]):
 
 
 
+def _idempotent_rest(batch: NewBatch | None = None, later: set[str] | None = None) -> Any:
+    """How store.insert_idempotent inserts the rows its keys let through, in its transaction: the
+    rows of a workflow (or with ``batch``) by graph's plan, the others as the Ledger would."""
+    def insert(conn: psycopg.Connection[Any], rows: builtins.list[NewJob]) -> builtins.list[str]:
+        if batch is None and not any(graph.is_linked(row) for row in rows):
+            return store.insert_jobs(conn, rows, notify=True)
+        return store.run_plan(conn, graph.insert_plan(rows, batch, later=later))
+
+    return insert
+
+
 KEYED_CHUNK = 1000  # rows with a unique key inserted per statement during a bulk load
 
 
@@ -128,7 +197,7 @@ def _bulk_load(url: str, jobs: Iterable[NewJob], commit_every: int | None,
                     with conn.cursor().copy(store.COPY_COLUMNS) as copy:
                         for row in rows:
                             if (row.unique_key is None and row.trace is None and row.expires_at is None
-                                    and row.limit_key is None and not graph.is_linked(row)):
+                                    and row.limit_key is None and not graph.is_linked(row) and row.idempotency_key is None):
                                 copy.write_row((row.id, row.job_type, row.payload, row.max_attempts, row.run_after,
                                                 row.priority, row.created_at, row.created_at))
                             else:
@@ -143,8 +212,13 @@ def _bulk_load(url: str, jobs: Iterable[NewJob], commit_every: int | None,
                         else:
                             ended = True
                     if keyed:
+                        once = [row for row in keyed if row.idempotency_key is not None]
+                        keyed = [row for row in keyed if row.idempotency_key is None]
                         linked = [row for row in keyed if graph.is_linked(row)]
                         stored = store.insert_special(conn, [row for row in keyed if not graph.is_linked(row)])
+                        if once:  # (their own statements, in this transaction: a savepoint)
+                            stored.update(zip((row.id for row in once), store.insert_idempotent(
+                                conn, once, _idempotent_rest(later=later))))
                         if linked:  # (after the others: a parent may be one of them, or a row copied above)
                             stored.update(zip((row.id for row in linked),
                                               store.run_plan(conn, graph.insert_plan(linked, later=later))))

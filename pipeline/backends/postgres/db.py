@@ -29,6 +29,7 @@ from psycopg.adapt import Loader
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ...config import masked_url, without_password
+from ..base import lost
 from ...errors import StoreError
 
 log = logging.getLogger("pipeline.postgres")
@@ -89,7 +90,7 @@ def describe(exc: BaseException, url: str) -> StoreError:
                               "in DATABASE_URL")
         if refused_for_good(said):
             return StoreError(f"database {where} refused the connection ({said})")
-        return StoreError(f"database {where} is unreachable or dropped the connection ({said}); retry later")
+        return lost(StoreError(f"database {where} is unreachable or dropped the connection ({said}); retry later"))
     return StoreError(f"database {where}: {said}")
 
 

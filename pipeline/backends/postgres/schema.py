@@ -403,6 +403,26 @@ MIGRATIONS: Final[list[Migration]] = [
         $fn$;
         """,
     ),
+    (
+        10,
+        "idempotency keys",
+        # Issue 32: enqueue(idempotency_key=K). A key of a job type names the job its first enqueue
+        # answered until expires_at (JOB_IDEMPOTENCY_SECONDS after): an insert naming it meanwhile
+        # inserts nothing and answers job_id, whatever became of that job. A table of its own: the key
+        # outlives its job (retention removes jobs), and a job without a key costs nothing. The primary
+        # key is what makes concurrent inserts of one key leave one job (store.insert_idempotent);
+        # the inserts with keys remove expired ones, a few each (through the index).
+        """
+        CREATE TABLE IF NOT EXISTS idempotency_keys (
+            job_type   text NOT NULL,
+            key        text NOT NULL,
+            job_id     text NOT NULL,
+            expires_at timestamptz NOT NULL,
+            PRIMARY KEY (job_type, key)
+        );
+        CREATE INDEX IF NOT EXISTS idempotency_keys_expiry ON idempotency_keys (expires_at);
+        """,
+    ),
 ]
 LATEST: Final = max(v for v, _, _ in MIGRATIONS)
 TABLE: Final = "pipeline_migrations"

@@ -252,6 +252,96 @@ def insert_jobs(conn: psycopg.Connection[Any], rows: Sequence[NewJob], *, notify
     return [stored.get(row.id, row.id) for row in rows]
 
 
+# -- idempotency keys (migration 10) -------------------------------------------------------------------
+
+# Take each (type, key) that nobody holds or whose holder expired, for a row of the call; a key another
+# transaction inserts meanwhile makes this wait for it (the primary key), then counts as held if it
+# committed. Rows in (type, key) order, so two calls taking the same keys lock them in one order.
+_KEYS_TAKE = """
+INSERT INTO idempotency_keys AS k (job_type, key, job_id, expires_at)
+SELECT u.t, u.k, u.id, date_trunc('milliseconds', clock_timestamp()) + make_interval(secs => u.s)
+  FROM unnest(%(types)s::text[], %(keys)s::text[], %(ids)s::text[], %(secs)s::float8[]) WITH ORDINALITY AS u(t, k, id, s, n)
+ ORDER BY u.n
+    ON CONFLICT (job_type, key) DO UPDATE SET job_id = excluded.job_id, expires_at = excluded.expires_at
+ WHERE k.expires_at <= clock_timestamp()
+RETURNING k.job_id
+"""
+# the jobs the keys not taken name (a statement of its own: it sees what the take waited for)
+_KEYS_HELD = """
+SELECT k.job_type, k.key, k.job_id FROM idempotency_keys k
+  JOIN unnest(%(types)s::text[], %(keys)s::text[]) AS u(t, k) ON k.job_type = u.t AND k.key = u.k
+"""
+# a taken key whose row was held by its unique key: it names the holder, as the insert answered
+_KEYS_MOVE = """
+UPDATE idempotency_keys k SET job_id = u.holder
+  FROM unnest(%(ids)s::text[], %(holders)s::text[]) AS u(id, holder) WHERE k.job_id = u.id
+"""
+_KEYS_SWEEP = """
+DELETE FROM idempotency_keys WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM idempotency_keys WHERE expires_at <= clock_timestamp() ORDER BY expires_at LIMIT 4
+       FOR UPDATE SKIP LOCKED))
+"""
+
+
+def insert_idempotent(conn: psycopg.Connection[Any], rows: Sequence[NewJob],
+                      insert: Callable[[psycopg.Connection[Any], list[NewJob]], list[str]]) -> list[str]:
+    """An insert with idempotency keys in one transaction (Backend.insert says what they promise):
+    the keys taken first (:data:`_KEYS_TAKE`), then the rows whose key was free (or expired), and
+    the rows without one, by ``insert`` (the plain or the workflow insert), in the same transaction;
+    a row whose key is held answers the job it names, a second row of the call with one type and
+    key the first's. Per row, the id stored for it."""
+    first: dict[tuple[str, str], NewJob] = {}
+    answered: dict[str, str] = {}  # a row not inserted: the id its key names (or a row's of the call)
+    for row in rows:
+        if row.idempotency_key is None:
+            continue
+        taken = first.setdefault((row.job_type, row.idempotency_key), row)
+        if taken is not row:
+            answered[row.id] = taken.id
+    keyed = sorted(first.items())
+    with conn.transaction():
+        params = {"types": [t for (t, _), _ in keyed], "keys": [k for (_, k), _ in keyed],
+                  "ids": [row.id for _, row in keyed], "secs": [row.idempotency_seconds for _, row in keyed]}
+        mine = {job_id for (job_id,) in conn.execute(_KEYS_TAKE, params)}
+        held = [(t, k) for (t, k), row in keyed if row.id not in mine]
+        if held:
+            found = {(t, k): job_id for t, k, job_id in conn.execute(
+                _KEYS_HELD, {"types": [t for t, _ in held], "keys": [k for _, k in held]})}
+            for t, k in held:
+                if (t, k) not in found:  # expired and swept between the two statements: a retry takes it
+                    raise StoreError(f"the idempotency key {k!r} of job type {t} expired during this enqueue; "
+                                     "enqueue again")
+                answered[first[(t, k)].id] = found[(t, k)]
+        fresh = [row._replace(idempotency_key=None) for row in rows if row.id not in answered]
+        stored = dict(zip((row.id for row in fresh), insert(conn, fresh))) if fresh else {}
+        moved = [(job_id, holder) for job_id, holder in stored.items() if holder != job_id and job_id in mine]
+        if moved:
+            conn.execute(_KEYS_MOVE, {"ids": [a for a, _ in moved], "holders": [b for _, b in moved]})
+        conn.execute(_KEYS_SWEEP)
+    return [stored[row.id] if row.id in stored else stored.get(answered[row.id], answered[row.id]) for row in rows]
+
+
+_STORED = "SELECT id FROM jobs WHERE id = ANY(%(ids)s::text[])"
+_KEY_NAMES = ("SELECT job_id FROM idempotency_keys WHERE job_type = %(type)s AND key = %(key)s "
+              "AND expires_at > clock_timestamp()")
+_HOLDER = f"SELECT id FROM jobs WHERE job_type = %(type)s AND unique_key = %(key)s AND {HOLDS}"
+
+
+def insert_outcome(conn: psycopg.Connection[Any], rows: Sequence[NewJob]) -> list[tuple[bool, str | None]]:
+    """For an insert whose answer was lost (base.asked_again): per row, whether its id is stored,
+    and the id its idempotency key (else its unique key) names now."""
+    stored = {job_id for (job_id,) in conn.execute(_STORED, {"ids": [row.id for row in rows]})}
+    found: list[tuple[bool, str | None]] = []
+    for row in rows:
+        named = None
+        if row.id not in stored and row.idempotency_key is not None:
+            named = conn.execute(_KEY_NAMES, {"type": row.job_type, "key": row.idempotency_key}).fetchone()
+        if row.id not in stored and named is None and row.unique_key is not None:
+            named = conn.execute(_HOLDER, {"type": row.job_type, "key": row.unique_key}).fetchone()
+        found.append((row.id in stored, None if named is None else str(named[0])))
+    return found
+
+
 NOTIFY = f"SELECT pg_notify('{CHANNEL}', current_schema())"
 
 COPY_COLUMNS = "COPY jobs (id, job_type, payload, max_attempts, run_after, priority, created_at, updated_at) FROM STDIN"

@@ -36,6 +36,8 @@ import trio
 from ...config import masked_url
 from ...errors import StoreError, UsageError
 from ..base import (
+    ASK_AGAIN_PAUSE,
+    ASK_AGAIN_TRIES,
     NUDGE_BUFFER,
     BatchMember,
     BatchRecord,
@@ -45,7 +47,10 @@ from ..base import (
     NewJob,
     Nudge,
     Topology,
+    asked_again,
     check_after,
+    commit_unknown,
+    connection_lost,
 )
 from ..batches import Command, LedgerStats, ServerBackend
 from . import retention, schedules, store
@@ -77,9 +82,39 @@ class RedisBackend(ServerBackend[Database]):
         connection (the Ledger's commands carry rows only), which PUBLISHes wake as any insert does."""
         if any(job.after or job.on_parent_failure is not None for job in jobs):
             check_after(jobs)
-        if batch is None:
-            return await super().insert(jobs)
-        return await self._db.run(store.insert, builtins.list(jobs), batch)
+        try:
+            if batch is None:
+                return await super().insert(jobs)
+            return await self._db.run(store.insert, builtins.list(jobs), batch)
+        except StoreError as exc:
+            # the connection dropped with the script sent: it may have run (its answer lost). Asked
+            # again, on a new connection, what it did (base.asked_again), as the bulk load's commit is
+            if not connection_lost(exc):
+                raise
+            return await self._ask_again(builtins.list(jobs), exc)
+
+    async def _ask_again(self, rows: builtins.list[NewJob], lost: StoreError) -> builtins.list[str]:
+        for attempt in range(ASK_AGAIN_TRIES):
+            if attempt:
+                await trio.sleep(ASK_AGAIN_PAUSE)
+            try:
+                found = await trio.to_thread.run_sync(self._ask, rows, limiter=self._db.limiter)
+            except (StoreError, *DRIVER_ERRORS):
+                continue
+            ids = asked_again(rows, found)
+            if ids is None:
+                raise StoreError(f"{lost}; nothing of this enqueue was written (the store, asked again, holds none of "
+                                 "its jobs): enqueueing it again is safe") from None
+            log.info("an insert of %d jobs whose answer was lost had been committed (asked again)", len(rows))
+            return ids
+        raise commit_unknown(rows, lost, f"redis {self._db.shown}") from None
+
+    def _ask(self, rows: builtins.list[NewJob]) -> builtins.list[tuple[bool, str | None]]:
+        # on the client directly, not through Database.run_blocking, whose back-off after the drop
+        # would refuse the look for a while without trying
+        found = store.insert_outcome(self._db.client, self._db.prefix, rows)
+        self._db.answered()
+        return found
 
     async def rescue_waiting(self, *, limit: int = 500) -> int:
         return await self._db.run(store.rescue_waiting, limit)
@@ -141,6 +176,9 @@ def _load_parts(db: Database, rows: Iterator[NewJob], commit_every: int | None,
         try:
             buffer: list[NewJob] = []
             for row in rows:
+                if row.idempotency_key is not None:  # (the staging list's rows have no room for one)
+                    raise UsageError(f"job {row.id}: an idempotency_key is not taken by a bulk load on Redis; "
+                                     "enqueue such jobs one call each (Client.enqueue, or the CLI without --from-file)")
                 buffer.append(row)
                 count += 1
                 if first is None and row.unique_key is None:

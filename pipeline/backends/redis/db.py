@@ -30,6 +30,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from redis.retry import Retry
 
 from ...config import masked_url
+from ..base import lost
 from ...errors import ConfigError, SchemaTooNew, StoreError
 from .scripts import ALL, Script
 
@@ -101,7 +102,7 @@ def describe(exc: BaseException, shown: str) -> StoreError:
         if "CERTIFICATE" in text or "SSL" in text:  # not something a retry cures
             return StoreError(f"redis {shown}: the TLS handshake failed ({text}); check the URL's ssl_* parameters "
                               "(e.g. ssl_ca_certs=/path/ca.pem)")
-        return StoreError(f"redis {shown} is unreachable or dropped the connection ({text}); retry later")
+        return lost(StoreError(f"redis {shown} is unreachable or dropped the connection ({text}); retry later"))
     return StoreError(f"redis {shown}: {text}")
 
 
@@ -234,6 +235,14 @@ class Database:
                     log.info("redis %s answers again", self.shown)
                 self._delay, self.trouble = 0.0, None
         return value
+
+    def answered(self) -> None:
+        """The server answered a call made on the client outside :meth:`run_blocking` (an insert's
+        answer asked again): the back-off ends."""
+        with self._lock:
+            if self.trouble is not None:
+                log.info("redis %s answers again", self.shown)
+            self._delay, self._down_until, self.trouble = 0.0, 0.0, None
 
     async def write(self, fn: Callable[..., T], *args: Any) -> T:
         """For the Ledger, one batch at a time."""

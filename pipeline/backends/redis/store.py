@@ -43,7 +43,7 @@ from .db import describe, run_pipelined, run_script
 from .scripts import ALL, RECORD_FIELDS
 
 _INSERT, _INSERT_STAGED, _CLAIM, _SETTLE = ALL["insert"], ALL["insert_staged"], ALL["claim"], ALL["settle"]
-_INSERT_UNIQUE, _INSERT_FLOW = ALL["insert_unique"], ALL["insert_flow"]
+_INSERT_UNIQUE, _INSERT_FLOW, _INSERT_IDEMPOTENT = ALL["insert_unique"], ALL["insert_flow"], ALL["insert_idempotent"]
 
 CLEANUP_CHUNK = 2000  # jobs deleted per script call: a long script stops every other client
 
@@ -82,6 +82,8 @@ def insert_call(prefix: str, rows: Sequence[NewJob], batch: NewBatch | None = No
     INSERT_FLOW when a row has parents or a batch, or ``batch`` is given (12 a row, then
     :func:`flow_values`). (Rows with parents are checked by base.check_after before they get here.)"""
     args: list[Any] = [prefix, len(rows)]
+    if any(row.idempotency_key is not None for row in rows):
+        return _INSERT_IDEMPOTENT, idempotent_args(prefix, rows, batch)
     for row in rows:
         if (row.unique_key is not None or row.trace is not None or row.expires_at is not None
                 or row.limit_key is not None or row.unique_while == "pending" or row.after or row.batch_id is not None):
@@ -101,6 +103,51 @@ def insert_call(prefix: str, rows: Sequence[NewJob], batch: NewBatch | None = No
     if batch is not None:
         args += (batch.id, batch.callback_id or "", ms_of(batch.created_at))
     return _INSERT_FLOW, args
+
+
+def idempotent_args(prefix: str, rows: Sequence[NewJob], batch: NewBatch | None = None) -> list[Any]:
+    """INSERT_IDEMPOTENT's arguments: INSERT_UNIQUE's, then the idempotency keys (how many, then
+    per key its row's place, the key, the window in ms), then INSERT_FLOW's workflow part."""
+    args: list[Any] = [prefix, len(rows)]
+    for row in rows:
+        args += _special(row)
+    keyed = [(i, row) for i, row in enumerate(rows) if row.idempotency_key is not None]
+    args.append(len(keyed))
+    for i, row in keyed:
+        args += (i, row.idempotency_key, max(1, round(row.idempotency_seconds * 1000)))
+    flow = flow_values(rows)
+    args += (len(flow), *(value for values in flow for value in values))
+    if batch is not None:
+        args += (batch.id, batch.callback_id or "", ms_of(batch.created_at))
+    return args
+
+
+def idempotency_name(prefix: str, job_type: str, key: str) -> str:
+    """The STRING naming the job of a type's idempotency key (INSERT_IDEMPOTENT's idem:<len>:<type>:<key>,
+    the length in bytes, as Lua's # counts: no type and key make another pair's name)."""
+    return f"{prefix}idem:{len(job_type.encode())}:{job_type}:{key}"
+
+
+def insert_outcome(client: Any, prefix: str, rows: Sequence[NewJob]) -> list[tuple[bool, str | None]]:
+    """For an insert whose answer was lost (base.asked_again): per row, whether its id is stored,
+    and the id its idempotency key (else its unique key) names now; one round trip."""
+    pipe = client.pipeline(transaction=False)
+    for row in rows:
+        pipe.exists(f"{prefix}job:{row.id}")
+        if row.idempotency_key is not None:
+            pipe.get(idempotency_name(prefix, row.job_type, row.idempotency_key))
+        else:
+            pipe.echo("")
+        if row.unique_key is not None:
+            pipe.hget(f"{prefix}uniq:{row.job_type}", row.unique_key)
+        else:
+            pipe.echo("")
+    answers = iter(pipe.execute())
+    found: list[tuple[bool, str | None]] = []
+    for _row, exists, by_key, holder in zip(rows, answers, answers, answers):
+        named = by_key or holder or None
+        found.append((bool(exists), None if named is None else named.decode()))
+    return found
 
 
 def flow_values(rows: Iterable[NewJob]) -> list[tuple[Any, ...]]:

@@ -221,6 +221,25 @@ MIGRATIONS: Final[list[Migration]] = [
         """,
     ),
     (15, "workflows", lambda conn: _workflows(conn)),  # a schema edit as version 13's: see _workflows
+    (
+        16,
+        "idempotency keys",
+        """
+        -- Issue 32: enqueue(idempotency_key=K). A key of a job type names the job its first enqueue
+        -- answered, until expires_at (JOB_IDEMPOTENCY_SECONDS after it): an insert naming it meanwhile
+        -- inserts nothing and answers job_id, whatever became of that job. A table of its own, not a
+        -- column of jobs: the key outlives its job (retention removes jobs, not keys), and a job
+        -- without a key costs nothing. The inserts with keys remove expired ones (store.py).
+        CREATE TABLE IF NOT EXISTS idempotency_keys (
+            job_type   TEXT NOT NULL,
+            key        TEXT NOT NULL,
+            job_id     TEXT NOT NULL,
+            expires_at TEXT NOT NULL,                     -- ISO 8601 UTC, as every time here
+            PRIMARY KEY (job_type, key)
+        );
+        CREATE INDEX IF NOT EXISTS idx_idempotency_expiry ON idempotency_keys(expires_at);
+        """,
+    ),
 ]
 
 # Issue 23's control: a final status "cancelled", what a handler reports and returns, snoozes,

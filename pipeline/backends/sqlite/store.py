@@ -111,7 +111,10 @@ def insert_jobs(conn: sqlite3.Connection, rows: Sequence[NewJob]) -> list[str]:
     their edges; the call is checked first (:func:`~pipeline.backends.base.check_after`, every
     parent in the store or earlier in the call): a UsageError then writes nothing."""
     special = [row for row in rows if row.unique_key is not None or row.trace is not None or row.expires_at is not None
-               or row.limit_key is not None or row.after or row.batch_id is not None or row.on_parent_failure is not None]
+               or row.limit_key is not None or row.after or row.batch_id is not None or row.on_parent_failure is not None
+               or row.idempotency_key is not None]
+    if special and any(row.idempotency_key is not None for row in special):
+        return insert_idempotent(conn, rows)
     # Rows without a key, a trace, an expiry or a limit key: one executemany of _INSERT, as before
     # unique keys, given plain 7-tuples (row[:7]): binding an eighth parameter, NULL, cost 7 % of an
     # insert, and sqlite3 binds an exact tuple faster than a NamedTuple (measured: 20,000 rows
@@ -183,6 +186,51 @@ def _insert_linked(conn: sqlite3.Connection, rows: Sequence[NewJob], statuses: d
         conn.executemany(_INSERT_LINKED, plain)
     workflows.write_edges(conn, edges, flagged=(row.id for row in rows if row.id in named))
     return held
+
+
+# -- idempotency keys (migration 16) -----------------------------------------------------------------
+
+# the job a type and key name, if recorded less than their window ago (?3: now)
+_KEY_JOB = "SELECT job_id FROM idempotency_keys WHERE job_type = ?1 AND key = ?2 AND expires_at > ?3"
+# a key recorded (or recorded again: the row there, if any, has expired, else _KEY_JOB found it)
+_KEY_RECORD = (
+    "INSERT INTO idempotency_keys (job_type, key, job_id, expires_at) VALUES (?1, ?2, ?3, ?4) "
+    "ON CONFLICT (job_type, key) DO UPDATE SET job_id = excluded.job_id, expires_at = excluded.expires_at"
+)
+# expired keys, a few per insert that records one: keys go at the pace they come (through the index)
+_KEY_SWEEP = ("DELETE FROM idempotency_keys WHERE rowid IN "
+              "(SELECT rowid FROM idempotency_keys WHERE expires_at <= ?1 ORDER BY expires_at LIMIT 4)")
+
+
+def insert_idempotent(conn: sqlite3.Connection, rows: Sequence[NewJob]) -> list[str]:
+    """:func:`insert_jobs` for a call with idempotency keys (Backend.insert says what they promise):
+    a row whose type and key are recorded and not expired answers the recorded id and is not
+    inserted; a second row of the call with one type and key answers the first's; the others are
+    inserted (each may still be held by its unique key) and their keys recorded for the id each
+    answered. The caller's write transaction makes the look and the record one step for every
+    process on the file."""
+    answered: dict[str, str] = {}  # a row not inserted: the id its key names (a job's, or a row's of the call)
+    first: dict[tuple[str, str], NewJob] = {}  # the row of the call that records a type and key
+    fresh: list[NewJob] = []
+    for row in rows:
+        key = row.idempotency_key
+        if key is None:
+            fresh.append(row)
+            continue
+        taken = first.get((row.job_type, key))
+        found = None if taken is not None else conn.execute(_KEY_JOB, (row.job_type, key, row.created_at)).fetchone()
+        if taken is not None or found is not None:
+            answered[row.id] = taken.id if taken is not None else str(found[0])
+            continue
+        first[(row.job_type, key)] = row
+        fresh.append(row._replace(idempotency_key=None))
+    stored = dict(zip((row.id for row in fresh), insert_jobs(conn, fresh))) if fresh else {}
+    for (job_type, key), row in first.items():
+        until = format_ts(to_epoch(row.created_at) + row.idempotency_seconds)
+        conn.execute(_KEY_RECORD, (job_type, key, stored[row.id], until))
+    if first:
+        conn.execute(_KEY_SWEEP, (rows[0].created_at,))
+    return [stored[row.id] if row.id in stored else stored.get(answered[row.id], answered[row.id]) for row in rows]
 
 
 def holder_of(conn: sqlite3.Connection, job_type: str, unique_key: str) -> str | None:

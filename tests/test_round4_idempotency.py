@@ -1,0 +1,290 @@
+"""Issue 32, item 7: an enqueue's commit outcome when the store drops mid-commit, and idempotency keys.
+
+a) ``enqueue(..., idempotency_key=K)`` on every store: a second enqueue of the same type and key within
+   JOB_IDEMPOTENCY_SECONDS answers the first job's id whatever became of it (even deleted), concurrent
+   callers in two processes leave one job, a key past its window enqueues again, bad keys are refused,
+   and the schema change reaches existing databases.
+b) A connection dropped after the store committed, before its answer arrived (a TCP proxy of the test's
+   own between the pipeline and Postgres or Redis, which drops the connection at that very moment): the
+   enqueue answers the real outcome (asked again), never "retry later" for a job that was written.
+
+Real stores (tests/backends/stores.py), real processes, real sockets."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+import trio
+from backends.stores import BACKENDS
+from jobkit import Echo, registry
+
+import pipeline
+from pipeline import Config, open_pipeline
+from pipeline.backends import open_backend
+from pipeline.config import RetentionSettings, WorkerSettings
+from pipeline.errors import UsageError
+
+TESTS = Path(__file__).parent
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+async def store_config(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Config]:
+    """A fresh store of each backend, whose pipelines claim nothing (the jobs stay as enqueued)."""
+    async with BACKENDS[request.param](tmp_path) as config:
+        yield config.replace(worker=WorkerSettings(enabled=False))
+
+
+async def jobs_of(config: Config) -> list[str]:
+    async with open_backend(config) as backend:
+        return [job.id for job in (await backend.list(limit=1000))[0]]
+
+
+# -- a) the key -----------------------------------------------------------------------------------------
+
+
+async def test_a_second_enqueue_with_the_key_answers_the_first_job_whatever_its_status(store_config: Config) -> None:
+    async with open_pipeline(store_config, registry()) as p:
+        first = await p.enqueue(Echo("one"), idempotency_key="order-42")
+        assert await p.enqueue(Echo("two"), idempotency_key="order-42") == first
+        other = await p.enqueue(Echo("three"), idempotency_key="order-43")
+        assert other != first
+        # the job ended (cancelled here; completed or dead the same): the key still answers it
+        await p.backend.cancel([first], reason="test")
+        assert await p.enqueue(Echo("four"), idempotency_key="order-42") == first
+        # and once retention (or an operator) removed it: the key outlives the job for its window
+        assert await p.backend.delete(first) or True
+        assert await p.backend.get(first) is None
+        assert await p.enqueue(Echo("five"), idempotency_key="order-42") == first
+        # enqueue_many: one key per job; a key held answers its job, two of one call the first's
+        ids = await p.enqueue_many([Echo("a"), Echo("b"), Echo("c"), Echo("d")],
+                                   idempotency_keys=["order-43", "new", "new", None])
+        assert ids[0] == other and ids[1] == ids[2] and len({ids[1], ids[3], other}) == 3
+        # the key and a unique key together: the key names the id the enqueue answered (the holder's)
+        held = await p.enqueue(Echo("held"), unique_key="u")
+        assert await p.enqueue(Echo("again"), unique_key="u", idempotency_key="with-unique") == held
+        await p.backend.cancel([held], reason="test")  # frees the unique key; the idempotency key still names it
+        assert await p.enqueue(Echo("again"), unique_key="u", idempotency_key="with-unique") == held
+    stored = await jobs_of(store_config)
+    assert first not in stored and len(stored) == 4, stored  # other, new, d, held, and nothing more
+
+
+async def test_a_key_past_its_window_enqueues_again(store_config: Config) -> None:
+    config = store_config.replace(retention=RetentionSettings(idempotency_seconds=0.3))
+    async with open_pipeline(config, registry()) as p:
+        first = await p.enqueue(Echo("one"), idempotency_key="k")
+        assert await p.enqueue(Echo("one"), idempotency_key="k") == first
+        with trio.fail_after(30):
+            while (again := await p.enqueue(Echo("one"), idempotency_key="k")) == first:
+                await trio.sleep(0.1)
+        assert await p.enqueue(Echo("one"), idempotency_key="k") == again  # the new job's window
+
+
+@pytest.mark.parametrize(("key", "says"), [
+    ("", "must not be empty"), ("x" * 201, "at most 200"), ("bad\ud800", "surrogate"), (42, "must be a string"),
+])
+async def test_a_bad_key_is_refused_and_nothing_is_written(store_config: Config, key: object, says: str) -> None:
+    async with open_pipeline(store_config, registry()) as p:
+        with pytest.raises(UsageError, match=says) as raised:
+            await p.enqueue(Echo("x"), idempotency_key=key)  # type: ignore[arg-type]
+        assert "idempotency_key" in str(raised.value)
+        with pytest.raises(UsageError, match="idempotency_keys must give one key"):
+            await p.enqueue_many([Echo("x")], idempotency_keys=["a", "b"])
+    assert await jobs_of(store_config) == []
+
+
+RACER = """
+import sys, time, trio
+sys.path.insert(0, {tests!r})
+from jobkit import Echo, registry
+from pipeline import Config, open_pipeline
+from pipeline.config import WorkerSettings
+
+async def main():
+    config = Config(database_url={url!r}, worker=WorkerSettings(enabled=False))
+    async with open_pipeline(config, registry()) as p:
+        while not __import__("os").path.exists({go!r}):
+            time.sleep(0.001)
+        ids = []
+        async with trio.open_nursery() as tn:
+            async def one(n):
+                ids.append(await p.enqueue(Echo(f"{{n}}"), idempotency_key="the-race"))
+            for n in range(20):
+                tn.start_soon(one, n)
+        print(" ".join(sorted(set(ids))))
+
+trio.run(main)
+"""
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_two_processes_racing_with_one_key_leave_one_job(kind: str, tmp_path: Path) -> None:
+    async with BACKENDS[kind](tmp_path) as config:
+        async with open_backend(config):
+            pass  # migrated before the racers start
+        go = tmp_path / "go"
+        script = RACER.format(tests=str(TESTS), url=config.database_url, go=str(go))
+        env = {**os.environ, "REDIS_ALLOW_NON_DURABLE": "true"}
+        racers = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   env=env, text=True) for _ in range(2)]
+        await trio.sleep(1.0)  # (both open their pipelines meanwhile; the race starts at "go" either way)
+        go.touch()
+        outs = [await trio.to_thread.run_sync(lambda r=r: r.communicate(timeout=60)) for r in racers]
+        for racer, (out, err) in zip(racers, outs):
+            assert racer.returncode == 0, err
+        answered = {out.strip() for out, _ in outs}
+        stored = await jobs_of(config)
+        assert len(stored) == 1 and answered == {stored[0]}, (stored, answered)
+
+
+async def test_existing_databases_get_the_keys_table(tmp_path: Path) -> None:
+    """An SQLite file and a Postgres schema at the version before: opening them migrates them."""
+    import sqlite3
+
+    async with BACKENDS["sqlite"](tmp_path) as config:
+        async with open_backend(config):
+            pass
+        conn = sqlite3.connect(config.database_path)
+        conn.execute("DROP TABLE idempotency_keys")
+        conn.execute("DELETE FROM schema_migrations WHERE version = 16")
+        conn.commit()
+        conn.close()
+        async with open_pipeline(config.replace(worker=WorkerSettings(enabled=False)), registry()) as p:
+            first = await p.enqueue(Echo("x"), idempotency_key="k")
+            assert await p.enqueue(Echo("y"), idempotency_key="k") == first
+    async with BACKENDS["postgres"](tmp_path / "pg") as config:
+        import psycopg
+
+        async with open_backend(config):
+            pass
+        with psycopg.connect(config.database_url, autocommit=True) as conn:
+            conn.execute("DROP TABLE idempotency_keys")
+            conn.execute("DELETE FROM pipeline_migrations WHERE version = 10")
+        async with open_pipeline(config.replace(worker=WorkerSettings(enabled=False)), registry()) as p:
+            first = await p.enqueue(Echo("x"), idempotency_key="k")
+            assert await p.enqueue(Echo("y"), idempotency_key="k") == first
+
+
+# -- b) the connection drops after the commit, before its answer --------------------------------------------
+
+
+class DropAfterCommit:
+    """A TCP proxy on a free loopback port in front of a server: it forwards both ways, and once the
+    client has sent ``marker`` it drops that connection (both sockets) as soon as the server says the
+    transaction is over (Postgres: ReadyForQuery, idle; Redis: any reply): the commit happened, and its
+    answer is lost. ``refuse``: every other connection is dropped with it, and those made after are
+    closed at once (the store stays away)."""
+
+    def __init__(self, host: str, port: int, marker: bytes, *, postgres: bool, refuse: bool = False) -> None:
+        self.target = (host, port)
+        self.marker = marker
+        self.postgres = postgres
+        self.refuse = refuse
+        self.dropped = threading.Event()
+        self.open: list[socket.socket] = []  # every socket of the connections made (refuse: all closed at the drop)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if self.refuse and self.dropped.is_set():
+                client.close()
+                continue
+            server = socket.create_connection(self.target)
+            self.open += (client, server)
+            seen = threading.Event()
+            threading.Thread(target=self._pipe, args=(client, server, seen, True), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(server, client, seen, False), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, seen: threading.Event, upstream: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if upstream and not self.dropped.is_set() and self.marker in data:
+                    seen.set()
+                if not upstream and seen.is_set() and not self.dropped.is_set() and (
+                        not self.postgres or b"Z\x00\x00\x00\x05I" in data):
+                    self.dropped.set()
+                    for s in (src, dst, *(self.open if self.refuse else ())):
+                        try:
+                            s.shutdown(socket.SHUT_RDWR)
+                            s.close()
+                        except OSError:
+                            pass  # closed already
+                    return
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def through(url: str, port: int, *, postgres: bool) -> str:
+    parts = urlsplit(url)
+    netloc = f"{parts.username + '@' if parts.username else ''}127.0.0.1:{port}"
+    query = parts.query + ("&sslmode=disable" if postgres else "")
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+SERVER_STORES = ["postgres", "redis"]
+
+
+@pytest.mark.parametrize("key", [None, "drop-key"], ids=["plain", "with-key"])
+@pytest.mark.parametrize("kind", SERVER_STORES)
+async def test_a_commit_whose_answer_is_lost_answers_its_real_outcome(kind: str, key: str | None, tmp_path: Path) -> None:
+    async with BACKENDS[kind](tmp_path) as config:
+        parts = urlsplit(config.database_url)
+        proxy = DropAfterCommit(parts.hostname or "127.0.0.1", parts.port or (5432 if kind == "postgres" else 6379),
+                                b"drop-at-commit", postgres=kind == "postgres")
+        try:
+            dropping = config.replace(database_url=through(config.database_url, proxy.port, postgres=kind == "postgres"),
+                                      worker=WorkerSettings(enabled=False))
+            async with open_pipeline(dropping, registry()) as p:
+                job_id = await p.enqueue(Echo("drop-at-commit"), idempotency_key=key)
+                assert proxy.dropped.is_set()  # the answer was lost on the way
+                record = await p.backend.get(job_id)
+                assert record is not None and record.status == "pending"
+                if key is not None:  # and the retry the key makes safe answers the same job
+                    assert await p.enqueue(Echo("drop-at-commit again"), idempotency_key=key) == job_id
+            assert await jobs_of(config) == [job_id]
+        finally:
+            proxy.close()
+
+
+@pytest.mark.parametrize("kind", SERVER_STORES)
+async def test_a_commit_whose_answer_is_lost_and_cannot_be_asked_says_it_may_have_been_committed(
+        kind: str, tmp_path: Path) -> None:
+    async with BACKENDS[kind](tmp_path) as config:
+        parts = urlsplit(config.database_url)
+        proxy = DropAfterCommit(parts.hostname or "127.0.0.1", parts.port or (5432 if kind == "postgres" else 6379),
+                                b"drop-at-commit", postgres=kind == "postgres", refuse=True)
+        try:
+            dropping = config.replace(database_url=through(config.database_url, proxy.port, postgres=kind == "postgres"),
+                                      worker=WorkerSettings(enabled=False))
+            async with open_pipeline(dropping, registry()) as p:
+                with pytest.raises(pipeline.errors.CommitUnknown, match="may have been committed") as raised:
+                    await p.enqueue(Echo("drop-at-commit"))
+                proxy.refuse = False  # the store is back, for the pipeline's own stop
+            (job_id,) = raised.value.job_ids
+            assert f"jobs show {job_id}" in str(raised.value) and "idempotency_key" in str(raised.value)
+            assert await jobs_of(config) == [job_id]  # it had been: the error said how to find out
+        finally:
+            proxy.close()
