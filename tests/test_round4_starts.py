@@ -26,6 +26,11 @@ class Work:
     n: int = 0
 
 
+@dataclasses.dataclass
+class SyncWork:
+    n: int = 0
+
+
 async def until(predicate: Callable[[], Awaitable[Any]], timeout: float = 15.0, what: Any = None) -> None:
     with trio.move_on_after(timeout):
         while not await predicate():
@@ -136,3 +141,64 @@ async def test_a_result_of_exactly_the_size_limit_is_stored_and_one_byte_more_is
         assert await p.result(exact, timeout=15) == "x" * 98
         with pytest.raises(pipeline.JobFailed, match="101 bytes as JSON, over WORKER_RESULT_MAX_BYTES=100"):
             await p.result(over, timeout=15)
+
+
+# -- 13. progress: the last report is kept; reports are stored at most once a second ---------------
+
+
+async def test_the_last_progress_a_handler_reports_before_it_returns_is_stored(tmp_path: Path) -> None:
+    reg = pipeline.Registry()
+
+    @reg.job
+    async def rows(job: Work, ctx: pipeline.JobContext) -> None:
+        await ctx.progress(0.5, "500 of 1000 rows")  # the first of its second: stored at once
+        await ctx.progress(1.0, "1000 of 1000 rows")  # within the same second, then it returns
+
+    @reg.job
+    def rows_sync(job: SyncWork, ctx: pipeline.JobContext) -> None:
+        ctx.progress(0.5, "500 of 1000 rows")
+        ctx.progress(1.0, "1000 of 1000 rows")
+
+    async with running("sqlite", tmp_path, reg) as p:
+        ids = [await p.enqueue(Work()), await p.enqueue(SyncWork())]
+        for job_id in ids:
+            await p.result(job_id, timeout=15)
+        jobs = [await record(p, job_id) for job_id in ids]
+    for job in jobs:
+        assert job.status == "completed"
+        assert (job.progress, job.progress_message) == (1.0, "1000 of 1000 rows"), job
+
+
+async def test_progress_is_stored_at_most_once_a_second_and_the_latest_report_wins(tmp_path: Path) -> None:
+    reg = pipeline.Registry()
+    writes: list[tuple[float, float]] = []  # (fraction, trio time) of each write the store was asked for
+    written = {0.1: trio.Event(), 0.4: trio.Event()}
+
+    @reg.job
+    async def steps(job: Work, ctx: pipeline.JobContext) -> None:
+        await ctx.progress(0.1, "first")  # the first of a quiet second: written at once
+        with trio.fail_after(15):
+            await written[0.1].wait()
+        for fraction in (0.2, 0.3, 0.4):  # within its second: only the latest is written, once the second is up
+            await ctx.progress(fraction, f"step {fraction}")
+            await trio.sleep(0.05)  # the writer runs between them: unthrottled, it would write each
+        with trio.fail_after(15):
+            await written[0.4].wait()
+
+    async with running("sqlite", tmp_path, reg) as p:
+        real = p.backend.set_progress
+
+        async def counted(job_id: str, token: int, fraction: float, message: str | None) -> bool:
+            writes.append((fraction, trio.current_time()))
+            done = await real(job_id, token, fraction, message)
+            if fraction in written:
+                written[fraction].set()
+            return done
+
+        p.backend.set_progress = counted  # type: ignore[method-assign]  # counts the writes, the store's own call
+        job_id = await p.enqueue(Work())
+        await p.result(job_id, timeout=30)
+        job = await record(p, job_id)
+    assert [fraction for fraction, _ in writes] == [0.1, 0.4], writes
+    assert writes[1][1] - writes[0][1] >= 0.9, f"the second write came {writes[1][1] - writes[0][1]:.3f} s after the first"
+    assert (job.progress, job.progress_message) == (0.4, "step 0.4")

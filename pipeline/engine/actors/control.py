@@ -12,6 +12,8 @@ ends an expired lease whose cancel was requested as cancelled.
 The progress writer keeps the latest report of each running job and writes those that changed,
 at most once a second per job (one ``Backend.set_progress`` each, fenced like an outcome: a report
 of a job that has since ended changes nothing). The first report of a quiet second goes at once.
+A job's last report is not left to its second: as its run ends, its worker asks the writer for it
+(``ProgressBoard.flush``) and writes the outcome once it is stored, or the fence would drop it.
 """
 
 from __future__ import annotations
@@ -68,10 +70,30 @@ class ProgressBoard:
         self.latest: dict[tuple[str, int], tuple[float, str | None]] = {}
         self.written: dict[tuple[str, int], float] = {}  # trio time each job's progress was last written
         self.changed = trio.Event()
+        # the writer's: the jobs whose reports it took and has not written yet
+        self.writing: set[tuple[str, int]] = set()
+        # workers add (flush), the writer sets and removes: runs that ended, waiting for their last report
+        self.flushing: dict[tuple[str, int], trio.Event] = {}
+        self.urgent = trio.Event()  # a flush: the writer stops waiting out a second
+        self.closed = False  # the writer ended: a flush waits for nothing
 
     def report(self, job_id: str, token: int, fraction: float, message: str | None) -> None:
         self.latest[(job_id, token)] = (fraction, message)
         self.changed.set()
+
+    def flush(self, job_id: str, token: int) -> trio.Event | None:
+        """A worker's, as the run ends: an event set once the job's last report is stored (written
+        now, whatever its second), or None if nothing of it waits to be written. Its outcome is
+        written after it: the fenced write of a report that came later would change nothing."""
+        key = (job_id, token)
+        if self.closed or (key not in self.latest and key not in self.writing):
+            return None
+        done = self.flushing.get(key)
+        if done is None:
+            done = self.flushing[key] = trio.Event()
+        self.changed.set()
+        self.urgent.set()
+        return done
 
 
 async def run_progress_writer(
@@ -79,14 +101,25 @@ async def run_progress_writer(
 ) -> None:
     """Write the reported progress, each job's at most once a second (see the module docstring)."""
     task_status.started()
+    try:
+        await _write_progress(backend, board)
+    finally:
+        board.closed = True
+        for done in board.flushing.values():
+            done.set()
+
+
+async def _write_progress(backend: Backend, board: ProgressBoard) -> None:
     while True:
         await board.changed.wait()
         board.changed = trio.Event()
         now = trio.current_time()
-        due = {key: value for key, value in board.latest.items() if now - board.written.get(key, -PROGRESS_PERIOD) >= PROGRESS_PERIOD}
+        due = {key: value for key, value in board.latest.items()
+               if key in board.flushing or now - board.written.get(key, -PROGRESS_PERIOD) >= PROGRESS_PERIOD}
         for key in due:
             del board.latest[key]
             board.written[key] = now
+        board.writing.update(due)
         for (job_id, token), (fraction, message) in due.items():
             try:
                 if not await backend.set_progress(job_id, token, fraction, message):
@@ -95,10 +128,17 @@ async def run_progress_writer(
                 return
             except PipelineError as exc:  # progress is a view: one missed write is not worth more than a line
                 log.debug("job %s: progress not stored (%s)", job_id, exc)
+            finally:
+                board.writing.discard((job_id, token))
+        for key in [key for key in board.flushing if key not in board.latest and key not in board.writing]:
+            board.flushing.pop(key).set()
+            board.written.pop(key, None)  # (its run is over)
         if len(board.written) > 10_000:  # ended jobs whose last write answered True: drop the oldest marks
             for key in sorted(board.written, key=board.written.__getitem__)[:5_000]:
                 del board.written[key]
-        if board.latest:  # reports that came too soon: written once their second is up
+        if board.latest:  # reports that came too soon: written once their second is up, or flushed
             wait = min(PROGRESS_PERIOD - (trio.current_time() - board.written.get(key, -PROGRESS_PERIOD)) for key in board.latest)
-            await trio.sleep(max(wait, 0.0))
+            with trio.move_on_after(max(wait, 0.0)):
+                await board.urgent.wait()
             board.changed.set()
+        board.urgent = trio.Event()

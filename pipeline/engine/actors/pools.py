@@ -83,6 +83,9 @@ class Workers:
     # a handler's return value as the JSON text to store (None for None); raises ResultRefused
     encode_result: Callable[[Any], str | None] = lambda value: None
     max_snoozes: int = 100  # WORKER_MAX_SNOOZES
+    # a run ended: an event set once the job's last ctx.progress report is stored, or None if none waits
+    # (the progress writer's ProgressBoard.flush); its outcome is written after it
+    flush_progress: Callable[[str, int], trio.Event | None] = lambda job_id, token: None
 
     async def settle(self, lease: Lease, outcome: Outcome, start: Lease | None = None) -> tuple[str | None, bool]:
         """Write the outcome; what the job became, or None if the lease was stale. ``start``:
@@ -468,6 +471,10 @@ async def _finish(
     """Write a job's outcome (``started``: time.monotonic() as its worker took it). With ``recv``,
     the job this worker runs next is taken before the outcome is written, and, if it was claimed
     ahead, its start is counted in the same write: returned with whether it is counted."""
+    if outcome.kind not in _NO_PROGRESS:
+        flushed = workers.flush_progress(lease.id, lease.token)
+        if flushed is not None:
+            await flushed.wait()
     following: Lease | None = None
     if recv is not None and not pool.stopping:
         try:
@@ -487,6 +494,9 @@ async def _finish(
         await _settle(workers, pool, lease, outcome, time.monotonic() - started)
         return following, following.started
     return following, await _settle(workers, pool, lease, outcome, time.monotonic() - started, start=following)
+
+
+_NO_PROGRESS = ("lost", "released", "snoozed")  # outcomes that leave no progress to keep (or no lease)
 
 
 async def _begin(workers: Workers, pool: Pool, lease: Lease, counted: bool | None, started: float) -> Outcome | _Run:
