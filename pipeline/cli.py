@@ -276,7 +276,8 @@ def build_parser(app: AppSummary | None = None) -> argparse.ArgumentParser:
     p.add_argument("--payload", help="the job's fields as a JSON object (default {})")
     p.add_argument("--from-file", metavar="FILE",
                    help='one job per line: {"job_type": ..., "payload": {...}} with optional priority, max_attempts, '
-                   "run_after, unique_key, unique_while, expires_at, after, on_parent_failure; all or nothing; - reads "
+                   "run_after, unique_key, unique_while, expires_at, after, on_parent_failure, idempotency_key; all or "
+                   "nothing; - reads "
                    "standard input")
     when = p.add_mutually_exclusive_group()
     when.add_argument("--delay", type=float, metavar="SECONDS", help="run no sooner than this many seconds from now")
@@ -285,6 +286,10 @@ def build_parser(app: AppSummary | None = None) -> argparse.ArgumentParser:
     p.add_argument("--priority", type=int, metavar="N", help="lower runs first (default 5)")
     p.add_argument("--unique-key", metavar="KEY",
                    help="while a job of this type and key is pending or running, insert nothing and print that job's id")
+    p.add_argument("--idempotency-key", metavar="KEY",
+                   help="a second enqueue of this type and key within JOB_IDEMPOTENCY_SECONDS (a day) inserts nothing "
+                   "and prints the first one's job id, whatever its status: a command whose answer was lost can be "
+                   "run again safely")
     p.add_argument("--unique-while", choices=["pending_or_running", "pending"],
                    help="how long --unique-key is held: until the job finishes (the default), or only while it is "
                    "pending (an enqueue made while it runs inserts a new job)")
@@ -604,9 +609,11 @@ def cmd_enqueue(args: argparse.Namespace, config: Config, app: Application, out:
                              "before it is due and never run (both count from now)")
         expires_at = format_ts(now + args.expires_in)
     request = JobRequest(args.job_type, payload, args.max_attempts, run_after, 5 if args.priority is None else args.priority,
-                         unique_key, expires_at, args.unique_while, args.after, args.on_parent_failure)
+                         unique_key, expires_at, args.unique_while, args.after, args.on_parent_failure,
+                         check_unique_key(args.idempotency_key, "--idempotency-key"))
     inputs.with_bounds(request, "the job")
     (row,) = prepare_rows(reg, [request], default_max_attempts=config.worker.default_max_attempts)  # validates before opening
+    row = row._replace(idempotency_seconds=config.retention.idempotency_seconds)
 
     async def work(backend: Backend) -> tuple[str, JobRecord | None]:
         (stored,) = await backend.insert([row])  # a duplicate: the id of the job holding the key
@@ -620,8 +627,12 @@ def cmd_enqueue(args: argparse.Namespace, config: Config, app: Application, out:
         print(stored, file=out)
         if duplicate:
             status = f"is {record.status}" if record else "was pending or running"
-            print(f"duplicate: job {stored} of type {row.job_type} with unique key {unique_key!r} {status}; "
-                  "nothing was inserted", file=sys.stderr)
+            if unique_key is None:  # (so the idempotency key answered)
+                print(f"duplicate: job {stored} of type {row.job_type} was enqueued with idempotency key "
+                      f"{row.idempotency_key!r} less than JOB_IDEMPOTENCY_SECONDS ago; nothing was inserted", file=sys.stderr)
+            else:
+                print(f"duplicate: job {stored} of type {row.job_type} with unique key {unique_key!r} {status}; "
+                      "nothing was inserted", file=sys.stderr)
     return 0
 
 
@@ -636,7 +647,8 @@ def _enqueue_file(args: argparse.Namespace, config: Config, app: Application, ou
                                       ("--run-after", args.run_after), ("--max-attempts", args.max_attempts),
                                       ("--priority", args.priority), ("--unique-key", args.unique_key),
                                       ("--expires-in", args.expires_in), ("--unique-while", args.unique_while),
-                                      ("--after", args.after), ("--on-parent-failure", args.on_parent_failure))
+                                      ("--after", args.after), ("--on-parent-failure", args.on_parent_failure),
+                                      ("--idempotency-key", args.idempotency_key))
              if value is not None]
     if extra:
         raise UsageError(f"--from-file takes each job's fields from the file; drop {', '.join(extra)}")
@@ -668,6 +680,8 @@ def _enqueue_file(args: argparse.Namespace, config: Config, app: Application, ou
         task = bar.task(f"enqueueing lines of {Path(name).name}", lines)  # the bar has one line: no folders
         rows = inputs.read_jobs(source, name, reg, default_max_attempts=config.worker.default_max_attempts,
                                 on_lines=lambda n: bar.advance(task, n))
+        window = config.retention.idempotency_seconds  # a line's "idempotency_key" holds for JOB_IDEMPOTENCY_SECONDS
+        rows = (row if row.idempotency_key is None else row._replace(idempotency_seconds=window) for row in rows)
         if args.json:
             rows = _keeping_ids(rows, ids)
 

@@ -29,6 +29,7 @@ class JobRequest(NamedTuple):
     unique_while: str | None = None  # "pending_or_running" (None: the default) or "pending"
     after: Any = None  # job ids it waits for (docs/workflows.md); None: none
     on_parent_failure: str | None = None  # "cancel" (None: the default) or "run"
+    idempotency_key: str | None = None  # enqueue's idempotency_key (docs/jobs.md, "Retrying an enqueue safely")
 
 
 MAX_UNIQUE_KEY_CHARS = 200  # a key names a thing ("user:42", an order number), not a payload
@@ -82,7 +83,7 @@ def prepare_row(registry: Registry, req: JobRequest, default_max_attempts: int, 
     unique_key = req.unique_key if req.unique_key is None else check_unique_key(req.unique_key)
     spec = registry.spec(req.job_type)
     if req.expires_at is None and req.unique_while is None and spec.limit_key is None and req.after is None \
-            and req.on_parent_failure is None:
+            and req.on_parent_failure is None and req.idempotency_key is None:
         # the common case: the row the hot path has always inserted
         return NewJob(new_id(), req.job_type, payload, max_attempts, run_after, req.priority, now, unique_key)
     expires_at = None if req.expires_at is None else check_expires_at(req.expires_at, now=now, run_after=run_after)
@@ -91,7 +92,8 @@ def prepare_row(registry: Registry, req: JobRequest, default_max_attempts: int, 
     after = check_parents(req.after)
     return NewJob(new_id(), req.job_type, payload, max_attempts, run_after, req.priority, now, unique_key,
                   expires_at=expires_at, limit_key=limit_key, unique_while=unique_while, after=after,
-                  on_parent_failure=check_on_parent_failure(req.on_parent_failure, after))
+                  on_parent_failure=check_on_parent_failure(req.on_parent_failure, after),
+                  idempotency_key=check_unique_key(req.idempotency_key, "idempotency_key"))
 
 
 def check_time(value: Any, what: str) -> str:

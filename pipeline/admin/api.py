@@ -302,12 +302,13 @@ class AdminApi:
 
     async def create_job(self, request: Request) -> Response:
         """POST /admin/jobs — {"job_type", "payload", "priority"?, "max_attempts"?, "run_after"?,
-        "unique_key"?, "expires_at"?, "unique_while"?, "after"?, "on_parent_failure"?} → 201 with the new
-        job (``waiting`` when it has parents that have not completed); 200 with the job that holds the
-        unique key (a duplicate: nothing inserted), ``duplicate`` saying which. 422 naming an unknown
-        parent (nothing inserted)."""
+        "unique_key"?, "expires_at"?, "unique_while"?, "after"?, "on_parent_failure"?, "idempotency_key"?} → 201
+        with the new job (``waiting`` when it has parents that have not completed); 200 with the job that holds
+        the unique key, or that the idempotency key named (a duplicate: nothing inserted), ``duplicate`` saying
+        which. 422 naming an unknown parent (nothing inserted)."""
         request_ = inputs.job_request(await self._body(request, required=True), "the request body")
         rows = prepare_rows(self.pipeline.registry, [request_], default_max_attempts=self.pipeline.config.worker.default_max_attempts)
+        rows = [row._replace(idempotency_seconds=self.pipeline.config.retention.idempotency_seconds) for row in rows]
         (job_id,) = await self.backend.insert(rows)
         duplicate = job_id != rows[0].id
         if not duplicate:

@@ -34,9 +34,9 @@ from ..workflows import MAX_PARENTS
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 JOB_FIELDS = ("job_type", "payload", "priority", "max_attempts", "run_after", "unique_key", "expires_at", "unique_while",
-              "after", "on_parent_failure")
-# a batch's jobs are all inserted (no unique key); its callback waits for them (no after of its own)
-BATCH_JOB_FIELDS = tuple(f for f in JOB_FIELDS if f not in ("unique_key", "unique_while"))
+              "after", "on_parent_failure", "idempotency_key")
+# a batch's jobs are all inserted (no unique or idempotency key); its callback waits for them (no after of its own)
+BATCH_JOB_FIELDS = tuple(f for f in JOB_FIELDS if f not in ("unique_key", "unique_while", "idempotency_key"))
 CALLBACK_FIELDS = tuple(f for f in BATCH_JOB_FIELDS if f not in ("after", "on_parent_failure"))
 BATCH_FIELDS = ("jobs", "then")
 EVENT_FIELDS = ("event", "data")
@@ -176,8 +176,11 @@ def job_request(value: Any, what: str = "the job", fields: tuple[str, ...] = JOB
     if on_parent_failure is not None and on_parent_failure not in ON_PARENT_FAILURE:
         shown = repr(clip(on_parent_failure)) if isinstance(on_parent_failure, str) else _kind(on_parent_failure)
         raise UsageError(f"{what}: on_parent_failure must be \"cancel\" or \"run\", got {shown}")
+    idempotency_key = obj.get("idempotency_key")
+    if idempotency_key is not None:
+        idempotency_key = check_unique_key(idempotency_key, f"{what}: idempotency_key")
     return JobRequest(job_type, payload, max_attempts, run_after, priority, unique_key, expires_at, unique_while,
-                      after, on_parent_failure)
+                      after, on_parent_failure, idempotency_key)
 
 
 @attrs.frozen

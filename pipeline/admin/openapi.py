@@ -207,6 +207,10 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
                 "unique_key": {"type": "string", "nullable": True, "minLength": 1, "maxLength": MAX_UNIQUE_KEY_CHARS,
                                "description": "While a job of this type and key is pending or running, insert nothing "
                                               "and answer that job (200, duplicate true)."},
+                "idempotency_key": {"type": "string", "nullable": True, "minLength": 1, "maxLength": MAX_UNIQUE_KEY_CHARS,
+                                    "description": "A second request of this type and key within JOB_IDEMPOTENCY_SECONDS "
+                                                   "inserts nothing and answers the first one's job, whatever its status "
+                                                   "(200, duplicate true): a request whose answer was lost can be sent again."},
                 "expires_at": {"type": "string", "nullable": True,
                                "description": "ISO 8601 with its UTC offset (without one: 422), after now and after run_after: "
                                               "a job not started by then ends cancelled and never runs."},
