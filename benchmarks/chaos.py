@@ -140,8 +140,9 @@ def registry() -> pipeline.Registry:
 
     async def fan_in(job: FanIn, ctx: pipeline.JobContext) -> None:
         note(ctx, "start")
-        outcome = await ctx.batch()
-        note(ctx, "batch", len(outcome.jobs), sum(j.status in FINAL for j in outcome.jobs), len(outcome.results))
+        outcome = await ctx.batch()  # the counts; the jobs with their results a page at a time
+        jobs = [j async for j in outcome.members()]
+        note(ctx, "batch", len(jobs), sum(j.status in FINAL for j in jobs), sum(j.status == "completed" for j in jobs))
         await trio.sleep(CALLBACK_FIRST_SECONDS if ctx.attempt == 1 else CALLBACK_SECONDS)
         note(ctx, "end")
 

@@ -101,11 +101,22 @@ class JobContext:
         return self._read(lambda w: w.parent_results(self.id))
 
     def batch(self) -> Any:
-        """The outcome of the batch this job belongs to (a :class:`pipeline.BatchOutcome`: its jobs' ids,
-        statuses, results and errors), read now: in a batch's callback, every job has ended.
+        """The outcome of the batch this job belongs to (a :class:`pipeline.BatchOutcome`), read now: in
+        a batch's callback, every job has ended. It holds the jobs counted by status (``counts``,
+        ``total``, ``succeeded``), read without any result; ``outcome.members()`` reads the jobs with
+        their results a page at a time (``async for`` in an async handler, ``for`` in a sync one).
         ``await ctx.batch()`` in an async handler; a plain call from a sync one. UsageError for a job
         of no batch."""
-        return self._read(lambda w: w.batch_of(self.id))
+        def paged(outcome: BatchOutcome) -> BatchOutcome:  # members() reads each page from where it runs
+            page = outcome._page
+            return attrs.evolve(outcome, fetch=lambda limit, offset: self._read(lambda w: page(limit, offset)))
+
+        if trio.lowlevel.in_trio_run():
+            async def read() -> BatchOutcome:
+                return paged(await self._read(lambda w: w.batch_of(self.id)))
+
+            return read()
+        return paged(self._read(lambda w: w.batch_of(self.id)))
 
     def _read(self, read: Callable[[Workflows], Awaitable[Any]]) -> Any:
         workflows = self._workflows

@@ -8,10 +8,11 @@ edges); this module holds what producers and handlers see of it: :func:`chain`, 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
+import trio
 
 from .backends.base import ON_PARENT_FAILURE, BatchMember, BatchRecord
 from .errors import UsageError
@@ -55,6 +56,11 @@ def check_parents(after: Any) -> tuple[str, ...]:
             raise UsageError(f"after must hold job ids (non-empty text), got {parent!r:.60}")
         if "\x00" in parent:  # no store's text holds one: Postgres refused the insert as "database unavailable"
             raise UsageError(f"after names {parent!r:.60}, which contains a NUL character: no job has such an id")
+        try:  # nor a lone surrogate: Redis's write loop failed on one, Postgres's read raised it bare
+            parent.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UsageError(f"after names {parent!r:.60}, which contains an unpaired UTF-16 surrogate (not text): no job "
+                             "has such an id") from None
     if len(parents) > MAX_PARENTS:
         raise UsageError(f"after names {len(parents)} jobs; at most {MAX_PARENTS}")
     if len(set(parents)) != len(parents):
@@ -95,39 +101,92 @@ class BatchJob:
     error: str | None
 
 
+MEMBERS_PAGE = 500  # jobs (with their results) read per page by BatchOutcome.members()
+
+# the jobs of a batch (limit, offset), in the order they were enqueued: Backend.batch_jobs of one batch
+PageReader = Callable[[int, int], Awaitable[Sequence[BatchMember]]]
+
+
 @attrs.frozen
 class BatchOutcome:
-    """What ``await ctx.batch()`` answers in a batch's callback (or in one of its jobs): every job of
-    the batch, in the order they were enqueued, and their statuses counted."""
+    """What ``await ctx.batch()`` answers in a batch's callback (or in one of its jobs): the batch's
+    jobs counted by status, read in one grouped read without any job's result; and
+    :meth:`members`, which reads the jobs with their results a page at a time. A batch of 10,000
+    jobs of 60 kB results each is 600 MB of results: they are never all loaded at once."""
 
     id: str
-    jobs: tuple[BatchJob, ...]
-
-    @property
-    def counts(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for job in self.jobs:
-            counts[job.status] = counts.get(job.status, 0) + 1
-        return counts
-
-    @property
-    def ids(self) -> list[str]:
-        return [job.id for job in self.jobs]
-
-    @property
-    def results(self) -> dict[str, Any]:
-        """{id: result} of the jobs that completed."""
-        return {job.id: job.result for job in self.jobs if job.status == "completed"}
-
-    @property
-    def errors(self) -> dict[str, str | None]:
-        """{id: error} of the jobs that did not complete (dead, cancelled; or not finished yet)."""
-        return {job.id: job.error for job in self.jobs if job.status != "completed"}
+    counts: Mapping[str, int]  # the batch's jobs by status (only the statuses that occur)
+    total: int  # its jobs (the callback not counted)
+    _page: PageReader | None = attrs.field(default=None, alias="page", eq=False, repr=False)  # on the loop
+    # how members() reads a page from where it runs: ctx.batch() sets it (on the loop, a coroutine; from
+    # a sync handler's thread, the page, through the loop); None: _page itself, on the loop
+    _fetch: Callable[[int, int], Any] | None = attrs.field(default=None, alias="fetch", eq=False, repr=False)
 
     @property
     def succeeded(self) -> bool:
         """Every job completed."""
-        return all(job.status == "completed" for job in self.jobs)
+        return self.counts.get("completed", 0) == self.total
+
+    def members(self, page_size: int = MEMBERS_PAGE) -> Any:
+        """The batch's jobs (:class:`BatchJob`: ``id``, ``job_type``, ``status``, ``result``, ``error``), in
+        the order they were enqueued, read ``page_size`` at a time: ``async for job in
+        outcome.members():`` in an async handler, ``for job in outcome.members():`` in a sync one.
+        Only a page is held at once; a job removed meanwhile (by an operator) is left out."""
+        if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+            raise UsageError(f"page_size must be a whole number of jobs >= 1, got {page_size!r:.40}")
+        fetch = self._fetch if self._fetch is not None else self._page
+        if fetch is None:
+            raise UsageError("this batch outcome was made outside a pipeline: there is no store to read its jobs from")
+        if trio.lowlevel.in_trio_run():
+            return self._members_async(fetch, page_size)
+        return self._members_sync(fetch, page_size)
+
+    async def _members_async(self, fetch: Callable[[int, int], Any], page_size: int) -> AsyncIterator[BatchJob]:
+        offset = 0
+        while True:
+            page = await fetch(page_size, offset)
+            for member in page:
+                yield batch_job(member)
+            if len(page) < page_size:
+                return
+            offset += page_size
+
+    def _members_sync(self, fetch: Callable[[int, int], Any], page_size: int) -> Iterator[BatchJob]:
+        offset = 0
+        while True:
+            page = fetch(page_size, offset)
+            for member in page:
+                yield batch_job(member)
+            if len(page) < page_size:
+                return
+            offset += page_size
+
+    # What BatchOutcome held before issue 32: every job with its result, loaded at once.
+    @property
+    def jobs(self) -> Any:
+        raise self._paged("jobs", "[job async for job in outcome.members()]")
+
+    @property
+    def ids(self) -> Any:
+        raise self._paged("ids", "[job.id async for job in outcome.members()]")
+
+    @property
+    def results(self) -> Any:
+        raise self._paged("results", "{job.id: job.result async for job in outcome.members() if job.status == 'completed'}")
+
+    @property
+    def errors(self) -> Any:
+        raise self._paged("errors", "{job.id: job.error async for job in outcome.members() if job.status != 'completed'}")
+
+    def _paged(self, name: str, instead: str) -> UsageError:
+        return UsageError(f"BatchOutcome.{name} is gone: it loaded every job's result at once (a batch of 10,000 "
+                          f"jobs is gigabytes). Read the jobs a page at a time: {instead} (plain `for` in a sync "
+                          "handler); counts, total and succeeded need no page")
+
+
+def batch_job(member: BatchMember) -> BatchJob:
+    return BatchJob(member.id, member.job_type, member.status,
+                    decoded(member.result) if member.status == "completed" else None, member.error)
 
 
 def decoded(result: str | None) -> Any:
@@ -140,6 +199,6 @@ def decoded(result: str | None) -> Any:
         return result
 
 
-def batch_outcome(record: BatchRecord, members: Sequence[BatchMember]) -> BatchOutcome:
-    return BatchOutcome(record.id, tuple(BatchJob(m.id, m.job_type, m.status, decoded(m.result) if m.status == "completed"
-                                                  else None, m.error) for m in members))
+def batch_outcome(record: BatchRecord, page: PageReader | None = None) -> BatchOutcome:
+    """``ctx.batch()``'s answer from the batch's record (its counts) and ``page``, which reads its jobs."""
+    return BatchOutcome(record.id, dict(record.counts), record.total, page=page)

@@ -201,7 +201,7 @@ async def read_batch(job: ReadBatch, ctx: pipeline.JobContext) -> None:
         while not GATES[job.name].is_set():
             await trio.sleep(0.005)
     outcome = await ctx.batch()
-    READS[job.name] = (outcome.counts, outcome.succeeded, list(outcome.ids))
+    READS[job.name] = (outcome.counts, outcome.succeeded, [member.id async for member in outcome.members()])
 
 
 @pytest.mark.parametrize("store", sorted(BACKENDS))
@@ -260,3 +260,91 @@ async def test_retention_removes_the_oldest_finished_jobs_first(store: str, tmp_
         assert [await backend.get(job_id) is None for job_id in finished] == [True, True, False, False]
         assert await backend.prune("completed", older_than_seconds=0.01, limit=1) == 1
         assert [await backend.get(job_id) is None for job_id in finished] == [True, True, True, False]
+
+
+# -- item 12: ctx.batch() reads counts, and the jobs with their results a page at a time ---------------------
+
+RESULT_BYTES = 20_000
+MEASURED: dict[str, Any] = {}
+
+
+@attrs.frozen
+class Big:
+    n: int
+
+
+async def big(job: Big, ctx: pipeline.JobContext) -> str:
+    return f"{job.n:06d}" + "x" * RESULT_BYTES
+
+
+@attrs.frozen
+class Measure:
+    name: str
+    page: int
+
+
+async def measure(job: Measure, ctx: pipeline.JobContext) -> None:
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        outcome = await ctx.batch()
+        counts_peak = tracemalloc.get_traced_memory()[1] - before
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        seen, result_bytes = [], 0
+        async for member in outcome.members(page_size=job.page):
+            seen.append((member.id, member.status, member.result[:6]))
+            result_bytes += len(member.result)
+        pages_peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    MEASURED[job.name] = (dict(outcome.counts), outcome.total, outcome.succeeded, counts_peak, seen, result_bytes, pages_peak)
+
+
+@pytest.mark.parametrize("store", sorted(BACKENDS))
+async def test_a_big_batchs_callback_reads_counts_without_results_and_its_jobs_a_page_at_a_time(
+        store: str, tmp_path: Path) -> None:
+    """300 jobs of 20 kB results each (6 MB): ctx.batch() allocates a small fraction of that (the
+    counts only: loading every result at once took it all, and more), and members() walks every job
+    in order while holding a page at a time (its peak a fraction of the whole)."""
+    reg = registry()
+    reg.register("big", Big, big, concurrency=16)
+    reg.register("measure", Measure, measure)
+    name = f"big-{store}"
+    n = 300
+    async with BACKENDS[store](tmp_path) as config, pipeline.open_pipeline(config, reg) as service:
+        batch = await service.enqueue_batch([Big(i) for i in range(n)], then=Measure(name, page=20))
+        await wait_status(service, batch.callback_id, "completed", timeout=60)
+    counts, total, succeeded, counts_peak, seen, result_bytes, pages_peak = MEASURED[name]
+    whole = n * RESULT_BYTES
+    assert (counts, total, succeeded) == ({"completed": n}, n, True)
+    assert counts_peak < whole / 10, f"ctx.batch() allocated {counts_peak} bytes for counts (the results: {whole})"
+    assert [(job_id, "completed", f"{i:06d}") for i, job_id in enumerate(batch.job_ids)] == seen
+    assert result_bytes >= whole
+    assert pages_peak < whole / 2, f"members() held {pages_peak} bytes at its peak, of {whole} in all"
+
+
+@attrs.frozen
+class SyncRead:
+    name: str
+
+
+def sync_read(job: SyncRead, ctx: pipeline.JobContext) -> None:
+    outcome = ctx.batch()
+    with pytest.raises(pipeline.UsageError, match="members"):
+        outcome.results  # noqa: B018 - the old attribute says what replaced it
+    MEASURED[job.name] = (dict(outcome.counts), outcome.succeeded,
+                          [(m.id, m.status, m.result) for m in outcome.members(page_size=2)])
+
+
+async def test_a_sync_callback_iterates_its_batchs_jobs_with_a_plain_for(config: Config) -> None:
+    reg = registry()
+    reg.register("sync_read", SyncRead, sync_read)
+    async with pipeline.open_pipeline(config, reg) as service:
+        batch = await service.enqueue_batch([Echo("a"), Echo("b", mode="permanent"), Echo("c")], then=SyncRead("sync"))
+        await wait_status(service, batch.callback_id, "completed", timeout=20)
+    counts, succeeded, members = MEASURED["sync"]
+    assert counts == {"completed": 2, "dead": 1} and not succeeded
+    assert [(job_id, status) for job_id, status, _ in members] == list(zip(batch.job_ids, ["completed", "dead", "completed"]))

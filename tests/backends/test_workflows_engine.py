@@ -118,7 +118,7 @@ async def test_a_dead_parent_cancels_what_waits_for_it_and_lets_run_what_asked_t
 async def test_a_batch_callback_runs_once_after_its_last_job_and_reads_the_batch(store_config: Config) -> None:
     reg = pipeline.Registry()
     finished: dict[str, float] = {}
-    outcomes: list[tuple[pipeline.BatchOutcome, float]] = []
+    outcomes: list[tuple[pipeline.BatchOutcome, list[pipeline.BatchJob], float]] = []
 
     @reg.job
     async def step(job: Step, ctx: pipeline.JobContext) -> int:
@@ -130,7 +130,8 @@ async def test_a_batch_callback_runs_once_after_its_last_job_and_reads_the_batch
 
     @reg.job
     async def summary(job: Summary, ctx: pipeline.JobContext) -> str:
-        outcomes.append((await ctx.batch(), time.monotonic()))
+        outcome = await ctx.batch()  # the counts; the jobs with their results a page at a time (issue 32)
+        outcomes.append((outcome, [job async for job in outcome.members(page_size=5)], time.monotonic()))
         return job.label
 
     async with running(store_config, reg) as p:
@@ -151,10 +152,11 @@ async def test_a_batch_callback_runs_once_after_its_last_job_and_reads_the_batch
         assert plain.callback_id is None and (await final(p, plain.job_ids[0])).status == "completed"
         assert (await final(p, pair[1])).status == "completed"
     assert callback.status == "completed" and len(outcomes) == 1
-    outcome, ran_at = outcomes[0]
-    assert outcome.id == batch.id and outcome.ids == list(batch.job_ids)
-    assert outcome.counts == {"completed": 11, "dead": 1} and not outcome.succeeded
-    assert outcome.results == {job_id: n for n, job_id in enumerate(batch.job_ids) if n != 7}
-    assert "step 7 refused" in (outcome.errors[batch.job_ids[7]] or "")
+    outcome, members, ran_at = outcomes[0]
+    assert outcome.id == batch.id and [job.id for job in members] == list(batch.job_ids)
+    assert outcome.counts == {"completed": 11, "dead": 1} and outcome.total == 12 and not outcome.succeeded
+    assert {job.id: job.result for job in members if job.status == "completed"} == {
+        job_id: n for n, job_id in enumerate(batch.job_ids) if n != 7}
+    assert "step 7 refused" in (members[7].error or "")
     assert ran_at >= max(finished[job_id] for job_id in batch.job_ids)
     assert record is not None and record.total == 12 and record.finished == 12 and record.callback_status == "completed"
