@@ -46,13 +46,31 @@ def check_unique_key(value: Any, what: str = "unique_key") -> str | None:
         raise UsageError(f"{what} must not be empty (leave it out for a job without one)")
     if len(value) > MAX_UNIQUE_KEY_CHARS:
         raise UsageError(f"{what} must be at most {MAX_UNIQUE_KEY_CHARS} characters, got {len(value)}")
+    return check_text(value, what)
+
+
+def check_text(value: str, what: str) -> str:
+    """``value`` if every store can hold it as text: no NUL, no unpaired UTF-16 surrogate. A Python str
+    holds both (a JSON "\\ud800" escape, bytes decoded with surrogateescape), and no store does: SQLite's
+    driver, Postgres and Redis fail to encode it, and in the Ledger or a Redis pipeline that failure ended
+    the write loop for everyone. So every id, key and trace context a job is written with is checked here,
+    before it is queued for a write (UsageError naming ``what``)."""
     if "\x00" in value:
         raise UsageError(f"{what} must not contain a NUL character")
     try:
         value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise UsageError(f"{what} contains an unpaired UTF-16 surrogate, which is not text") from None
+    except UnicodeEncodeError as exc:
+        raise UsageError(f"{what} contains an unpaired UTF-16 surrogate ({value[exc.start]!r} at character {exc.start}), "
+                         "which is not text: decode bytes before passing them") from None
     return value
+
+
+def check_job_id(value: Any, what: str = "job id") -> str:
+    """A job (or batch) id as a caller names it: text a store can hold; UsageError naming ``what`` otherwise
+    (no job has such an id)."""
+    if type(value) is not str:
+        raise UsageError(f"{what} must be a string, got {type(value).__name__}")
+    return check_text(value, what)
 
 
 def prepare_rows(

@@ -318,3 +318,135 @@ async def test_iso_text_without_an_offset_is_refused_by_the_admin_api(db_path: P
         r = await client.post("/admin/jobs", json={"job_type": "generate_sitemap", "run_after": "2030-01-02T03:04:05Z"})
         assert r.status_code in (200, 201), r.text
         assert sum((await p.backend.stats())["by_status"].values()) == 1  # the one with an offset alone
+
+
+# -- item 6: a lone surrogate refused at the door; one bad request never harms the others -------------
+
+LONE = "a\ud800b"  # a str holds it (a JSON "\ud800" escape, bytes decoded with surrogateescape); no store's text does
+
+
+@attrs.frozen
+class Tenanted:
+    tenant: str
+
+
+async def tenanted(job: Tenanted, ctx: pipeline.JobContext) -> None:
+    await trio.lowlevel.checkpoint()
+
+
+def text_registry() -> Registry:
+    reg = registry()
+    # a key made from the payload (here: a byte string decoded with surrogateescape), not the payload itself
+    reg.register("tenanted", Tenanted, tenanted, limit_key=lambda job: job.tenant.encode().decode("ascii", "surrogateescape"),
+                 key_limit=1)
+    return reg
+
+
+def refused_as_not_text(error: BaseException, what: str) -> None:
+    assert isinstance(error, pipeline.UsageError), repr(error)
+    assert what in str(error) and "surrogate" in str(error), str(error)
+
+
+async def test_a_lone_surrogate_is_refused_naming_its_field_and_the_store_goes_on(store_config: Config) -> None:
+    reg = text_registry()
+    quiet = store_config.replace(worker=attrs.evolve(store_config.worker, enabled=False))
+    async with pipeline.open_pipeline(quiet, reg) as p:
+        parent = await p.enqueue(Tick(1), run_after=4e9)
+        calls: list[tuple[str, Callable[[], Any]]] = [
+            ("trace", lambda: p.enqueue(Tick(1), trace=f"00-{LONE}")),
+            ("trace", lambda: p.enqueue_many([Tick(1), Tick(2)], trace=LONE)),
+            ("trace", lambda: p.emit(pipeline_event(), trace=LONE)),
+            ("after", lambda: p.enqueue(Tick(1), after=[LONE])),
+            ("after", lambda: p.enqueue(Tick(1), after=[parent, LONE])),
+            ("unique_key", lambda: p.enqueue(Tick(1), unique_key=LONE)),
+            ("unique_key", lambda: p.enqueue_many([Tick(1)], unique_keys=[LONE])),
+            ("limit key", lambda: p.enqueue(Tenanted("é"))),
+            ("job id", lambda: p.cancel(LONE)),
+            ("job id", lambda: p.result(LONE, timeout=0)),
+            ("batch id", lambda: p.batch(LONE)),
+        ]
+        for what, call in calls:
+            with pytest.raises(pipeline.UsageError) as caught:
+                await call()
+            refused_as_not_text(caught.value, what)
+            assert await p.enqueue(Tick(2), run_after=4e9)  # the store (its write loop) still answers
+
+    def from_a_thread() -> list[tuple[BaseException, str]]:
+        found = []
+        with pipeline.Client(registry=reg, config=store_config) as client:
+            for what, call in (("after", lambda: client.enqueue(Tick(1), after=[LONE])),
+                               ("after", lambda: client.enqueue(Tick(1), after=[parent, LONE])),
+                               ("unique_key", lambda: client.enqueue(Tick(1), unique_key=LONE)),
+                               ("limit key", lambda: client.enqueue_many([Tenanted("é")])),
+                               ("job id", lambda: client.get(LONE)),
+                               ("job id", lambda: client.cancel(LONE)),
+                               ("job id", lambda: client.result(LONE))):
+                with pytest.raises(pipeline.UsageError) as caught:
+                    call()
+                found.append((caught.value, what))
+                assert client.enqueue(Tick(3), delay=3600)  # the client still works
+            reg.trace_context = lambda: f"00-{LONE}"  # the caller's trace context, as a propagator gave it
+            try:
+                with pytest.raises(pipeline.UsageError) as caught:
+                    client.enqueue(Tick(1))
+                found.append((caught.value, "trace"))
+            finally:
+                reg.trace_context = None
+            assert client.enqueue(Tick(3), delay=3600)
+        return found
+
+    refusals = await trio.to_thread.run_sync(from_a_thread)
+
+    async def from_asyncio() -> list[tuple[BaseException, str]]:
+        found = []
+        async with pipeline.AsyncClient(registry=reg, config=store_config) as client:
+            for what, call in (("after", lambda: client.enqueue(Tick(1), after=[LONE])),
+                               ("job id", lambda: client.get(LONE))):
+                with pytest.raises(pipeline.UsageError) as caught:
+                    await call()
+                found.append((caught.value, what))
+                assert await client.enqueue(Tick(3), delay=3600)
+        return found
+
+    refusals += await trio.to_thread.run_sync(lambda: asyncio.run(from_asyncio()))
+    assert len(refusals) == 10
+    for error, what in refusals:
+        refused_as_not_text(error, what)
+    async with open_backend(store_config) as backend:  # what was written: the parent and the good jobs, nothing else
+        assert (await backend.stats())["by_status"].get("pending") == 1 + len(calls) + 7 + 1 + 2
+
+
+def pipeline_event() -> Any:
+    from jobkit import KeyedWork
+
+    return KeyedWork("k")
+
+
+async def test_a_lone_surrogate_is_refused_by_the_admin_api_and_the_cli(store_config: Config, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from admin_harness import seed_registry
+    from conftest import fast_config
+    from test_admin_api import assert_error, served
+
+    from pipeline.cli import main
+
+    api = store_config.replace(admin=fast_config(Path("x.db"), admin_port=0).admin,
+                               worker=attrs.evolve(store_config.worker, enabled=False))
+    async with served(api, seed_registry()) as (p, client):
+        for body in ({"job_type": "generate_sitemap", "after": ["a\ud800b"]},
+                     {"job_type": "generate_sitemap", "unique_key": "a\ud800b"}):
+            r = await client.post("/admin/jobs", content=json.dumps(body).encode())  # the \ud800 escape, as JSON sends it
+            assert_error(r, 400, "unpaired UTF-16 surrogate")  # the whole body refused, before any field is read
+        r = await client.post("/admin/jobs", json={"job_type": "generate_sitemap"})
+        assert r.status_code in (200, 201), r.text
+    monkeypatch.setenv("DATABASE_URL", store_config.database_url)
+    monkeypatch.setenv("REDIS_ALLOW_NON_DURABLE", "true")  # as the test store's config says (a throw-away server)
+    lines = tmp_path / "jobs.jsonl"  # JSON lines carry a lone surrogate as an escape, which json.loads keeps
+    for field, value in (("after", ["a\ud800b"]), ("unique_key", "a\ud800b")):
+        lines.write_text(json.dumps({"job_type": "generate_sitemap", "payload": {}, field: value}) + "\n")
+        code = await trio.to_thread.run_sync(lambda: main(["enqueue", "--from-file", str(lines)], stdout=io.StringIO()))
+        err = capsys.readouterr().err
+        assert code == 2 and "unpaired UTF-16 surrogate" in err, err  # the whole line refused, before its fields
+    async with open_backend(store_config) as backend:
+        assert sum((await backend.stats())["by_status"].values()) == 1

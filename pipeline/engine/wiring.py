@@ -51,7 +51,7 @@ from ..limits import global_limits, rate_limits
 from ..logs import outcome_lines, outcome_message
 from ..registry import Registry
 from ..replies import Reply
-from ..requests import check_expires_at, check_time, check_unique_key, check_unique_while, limit_key_of
+from ..requests import check_expires_at, check_job_id, check_text, check_time, check_unique_key, check_unique_while, limit_key_of
 from ..states import TERMINAL, Status
 from ..workflows import MAX_PARENTS, Batch, BatchOutcome, Chain, batch_outcome, check_on_parent_failure, check_parents, decoded
 from .actors.bus import Envelope, run_event_bus
@@ -129,6 +129,8 @@ class Pipeline:
             trace = self.trace_context()
         elif not isinstance(trace, str) or len(trace) > MAX_TRACE_CHARS:
             raise UsageError(f"trace must be W3C traceparent text of at most {MAX_TRACE_CHARS} characters, got {trace!r:.80}")
+        if trace:
+            check_text(trace, "trace")  # a lone surrogate here ended the Postgres and Redis write loops
         job_type, payload = self.registry.encode(job)
         self.registry.decode(job_type, payload)  # round trip: what we store must load again
         spec = self.registry.spec(job_type)
@@ -291,7 +293,7 @@ class Pipeline:
 
     async def batch(self, batch_id: str) -> BatchRecord | None:
         """A batch's progress: its jobs counted by status, its callback's status; None if unknown."""
-        return await self.backend.batch(batch_id)
+        return await self.backend.batch(check_job_id(batch_id, "batch id"))
 
     async def parent_results(self, job_id: str) -> dict[str, Any]:
         """{parent id: result} of a job's parents (``after``) still in the store; a parent that did not
@@ -324,6 +326,8 @@ class Pipeline:
             raise PipelineClosed("the event bus is not running")
         if trace is None:  # the emitter's, here: the Enqueuer routes it in a task of its own
             trace = self.trace_context()
+        if trace:
+            check_text(trace, "trace")  # refused here, to the emitter, not in the Enqueuer's task
         reply = Reply()
         try:
             await self._bus_send.send(Envelope(name, event, reply, trace or None))
@@ -403,7 +407,7 @@ class Pipeline:
         """Cancel a job: a pending one at once ("cancelled"); a running one is stopped in whichever
         process runs it, within a second or so ("cancelling": see :meth:`result` to wait for its end);
         a finished one is left as it is (its status is returned). LookupError for an unknown id."""
-        (answer,) = await self.backend.cancel([job_id], reason=reason)
+        (answer,) = await self.backend.cancel([check_job_id(job_id)], reason=reason)
         if answer is None:
             raise LookupError(f"no job with id {job_id!r}")
         return answer
@@ -417,6 +421,7 @@ class Pipeline:
         0.1 s at first, then every 0.5 s at most. A cancelled wait stops at once."""
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0):
             raise UsageError(f"timeout must be a number of seconds >= 0 (or None: no limit), got {timeout!r:.40}")
+        check_job_id(job_id)
         deadline = trio.current_time() + (math.inf if timeout is None else timeout)
         pause = 0.1
         while True:
