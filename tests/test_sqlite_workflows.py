@@ -86,7 +86,7 @@ async def test_a_version_14_file_migrates_and_its_jobs_take_part_in_workflows(tm
 
     conn = store.connect(path)
     try:
-        assert migrations.current_version(conn) == migrations.LATEST == 15
+        assert migrations.current_version(conn) == migrations.LATEST >= 15
         assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
         (table,) = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'jobs'").fetchone()
         assert "OR status = 'waiting')" in table, table
