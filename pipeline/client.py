@@ -364,6 +364,16 @@ class Client:
         within a second or so), or its final status, unchanged. LookupError for an unknown id."""
         return self._call(lambda p: p.cancel(job_id, reason="cancelled by a client"))
 
+    def pause_type(self, job_type: str) -> None:
+        """No new job of this type starts, in any process sharing the store, until :meth:`resume_type`
+        (kept in the store); enqueues are still accepted and running jobs finish, as
+        :meth:`pipeline.Pipeline.pause_type`. UsageError for a type the registry does not know."""
+        self._call(lambda p: p.pause_type(job_type))
+
+    def resume_type(self, job_type: str) -> None:
+        """Let the type's jobs start again, in every process sharing the store."""
+        self._call(lambda p: p.resume_type(job_type))
+
     def result(self, job_id: str, timeout: float | None = None) -> Any:
         """Wait for the job to finish and return its result (its handler's return value, as JSON);
         JobFailed / JobCancelled if it ended dead / cancelled, TimeoutError after ``timeout`` seconds
@@ -530,6 +540,14 @@ class AsyncClient:
     async def cancel(self, job_id: str) -> str:
         """As :meth:`Client.cancel`."""
         return await self._call(lambda p: p.cancel(job_id, reason="cancelled by a client"))
+
+    async def pause_type(self, job_type: str) -> None:
+        """As :meth:`Client.pause_type`."""
+        await self._call(lambda p: p.pause_type(job_type))
+
+    async def resume_type(self, job_type: str) -> None:
+        """As :meth:`Client.resume_type`."""
+        await self._call(lambda p: p.resume_type(job_type))
 
     async def result(self, job_id: str, timeout: float | None = None) -> Any:
         """As :meth:`Client.result`; a caller that stops waiting (cancelled) stops the wait at once."""

@@ -450,3 +450,79 @@ async def test_a_lone_surrogate_is_refused_by_the_admin_api_and_the_cli(store_co
         assert code == 2 and "unpaired UTF-16 surrogate" in err, err  # the whole line refused, before its fields
     async with open_backend(store_config) as backend:
         assert sum((await backend.stats())["by_status"].values()) == 1
+
+
+# -- what a new user tripped over: a chain handed to enqueue; pausing a type from a client -------------
+
+
+async def test_a_chain_handed_to_enqueue_points_at_enqueue_many(store_config: Config) -> None:
+    reg = registry()
+    quiet = store_config.replace(worker=attrs.evolve(store_config.worker, enabled=False))
+
+    def says_enqueue_many(error: BaseException) -> None:
+        assert isinstance(error, pipeline.UsageError), repr(error)
+        assert "enqueue_many(chain)" in str(error) and "not a registered job type" not in str(error), str(error)
+
+    async with pipeline.open_pipeline(quiet, reg) as p:
+        with pytest.raises(pipeline.UsageError) as caught:
+            await p.enqueue(pipeline.chain(Tick(1), Tick(2)))
+        says_enqueue_many(caught.value)
+        assert len(await p.enqueue_many(pipeline.chain(Tick(1), Tick(2)))) == 2  # what the message says works
+
+    def from_a_thread() -> BaseException:
+        with pipeline.Client(registry=reg, config=store_config) as client, pytest.raises(pipeline.UsageError) as caught:
+            client.enqueue(pipeline.chain(Tick(1), Tick(2)))
+        return caught.value
+
+    says_enqueue_many(await trio.to_thread.run_sync(from_a_thread))
+
+    async def from_asyncio() -> BaseException:
+        async with pipeline.AsyncClient(registry=reg, config=store_config) as client:
+            with pytest.raises(pipeline.UsageError) as caught:
+                await client.enqueue(pipeline.chain(Tick(1), Tick(2)))
+            return caught.value
+
+    says_enqueue_many(await trio.to_thread.run_sync(lambda: asyncio.run(from_asyncio())))
+    async with open_backend(store_config) as backend:
+        assert sum((await backend.stats())["by_status"].values()) == 2  # the enqueue_many's two alone
+
+
+async def test_clients_pause_and_resume_a_type(store_config: Config) -> None:
+    reg = registry()
+
+    def from_a_thread() -> None:
+        with pipeline.Client(registry=reg, config=store_config) as client:
+            client.pause_type("tick")
+            with pytest.raises(pipeline.UsageError, match="unknown job type 'nope'"):
+                client.pause_type("nope")
+
+    await trio.to_thread.run_sync(from_a_thread)
+    async with pipeline.open_pipeline(store_config, reg) as service:
+        assert await service.backend.paused_types() == {"tick"}
+        paused = await service.enqueue(Tick(1))
+        done = await service.enqueue(Echo("not paused"))
+        await wait_status(service, done, "completed")
+        assert (await service.backend.get(paused)).status == "pending"  # type: ignore[union-attr]
+
+        async def from_asyncio() -> None:
+            async with pipeline.AsyncClient(registry=reg, config=store_config) as client:
+                await client.resume_type("tick")
+
+        await trio.to_thread.run_sync(lambda: asyncio.run(from_asyncio()))
+        assert await service.backend.paused_types() == set()
+        await wait_status(service, paused, "completed")  # the service takes it up once resumed
+
+    async def pause_from_asyncio() -> None:
+        async with pipeline.AsyncClient(registry=reg, config=store_config) as client:
+            await client.pause_type("echo")
+
+    await trio.to_thread.run_sync(lambda: asyncio.run(pause_from_asyncio()))
+
+    def resume_from_a_thread() -> None:
+        with pipeline.Client(registry=reg, config=store_config) as client:
+            client.resume_type("echo")
+
+    async with open_backend(store_config) as backend:
+        assert await backend.paused_types() == {"echo"}
+        await trio.to_thread.run_sync(resume_from_a_thread)
+        assert await backend.paused_types() == set()

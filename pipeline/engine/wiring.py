@@ -131,6 +131,9 @@ class Pipeline:
             raise UsageError(f"trace must be W3C traceparent text of at most {MAX_TRACE_CHARS} characters, got {trace!r:.80}")
         if trace:
             check_text(trace, "trace")  # a lone surrogate here ended the Postgres and Redis write loops
+        if isinstance(job, Chain):  # (enqueue_many spreads a chain before its jobs come here)
+            raise UsageError(f"a chain of {len(job)} jobs is enqueued with enqueue_many(chain) (or enqueue_batch), which "
+                             "answers their ids in the chain's order; enqueue takes one job (docs/workflows.md)")
         job_type, payload = self.registry.encode(job)
         self.registry.decode(job_type, payload)  # round trip: what we store must load again
         spec = self.registry.spec(job_type)
