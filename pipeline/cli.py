@@ -132,6 +132,15 @@ class Application:
     def is_site(self) -> bool:
         return self.app is not None and self.app.is_site
 
+    @property
+    def command(self) -> str:
+        """How a person runs these commands again, as hints print it: with the --app in use (the
+        bundled site needs none), or the program that gave its registry."""
+        if self.given is not None:
+            program = Path(sys.argv[0]).name
+            return f"python {program}" if program.endswith(".py") else "python -m pipeline"
+        return "python -m pipeline" if self.is_site else f"python -m pipeline --app {self.name}"
+
     def registry(self, config: Config | Callable[[], Config]) -> Registry:
         """The registry with its handlers: what the service runs (the site's: every handler, its
         settings checked)."""
@@ -390,7 +399,7 @@ def build_parser(app: AppSummary | None = None) -> argparse.ArgumentParser:
         a.add_argument("name", help=f"one of the app's: {', '.join(app.job_types) or 'none'}")
 
     p = sub.add_parser(
-        "schedule", parents=[as_json], formatter_class=argparse.RawDescriptionHelpFormatter,
+        "schedule", aliases=["schedules"], parents=[as_json], formatter_class=argparse.RawDescriptionHelpFormatter,
         help="cron schedules: add, list, remove, pause, resume (bare `schedule` lists)",
         description="Cron schedules in the job store (DATABASE_URL): each tick of a running service enqueues the "
         "schedule's job once, however many processes run. Without an action, lists them.",
@@ -417,14 +426,7 @@ def build_parser(app: AppSummary | None = None) -> argparse.ArgumentParser:
 
     if app.site:
         _site_commands(sub)
-
-    p = sub.add_parser("diagrams", help="redraw diagrams/*.mmd and docs/architecture.md's copies from the code")
-    p.add_argument("--out", default="diagrams")
-    p.add_argument("--readme", default="docs/architecture.md", help="the Markdown page that holds copies of the drawings")
-
-    # every flag after `bench` is benchmarks/bench.py's own (`python -m pipeline bench --help`)
-    sub.add_parser("bench", add_help=False, help="measure throughput and latency against Huey's SQLite backend "
-                   "(benchmarks/bench.py of a source checkout; --quick: under a minute)")
+        _own_tools(sub)
     return parser
 
 
@@ -450,6 +452,21 @@ def _site_commands(sub: Any) -> None:
     p.add_argument("--dir", default="pipeline-demo", help="where the demo's database, media and sitemap go (default ./pipeline-demo)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="give up waiting for the jobs after this long")
     p.add_argument("--verbose", action="store_true", help="also print the pipeline's log (stderr)")
+
+
+def _own_tools(sub: Any) -> None:
+    """This repository's tools, for its own drawings and figures: with the bundled demo only, not in an
+    application's CLI (whose operators have no use for them)."""
+    p = sub.add_parser("diagrams", help="redraw diagrams/*.mmd and docs/architecture.md's copies from the code")
+    p.add_argument("--out", default="diagrams")
+    p.add_argument("--readme", default="docs/architecture.md", help="the Markdown page that holds copies of the drawings")
+
+    # every flag after `bench` is benchmarks/bench.py's own (`python -m pipeline bench --help`)
+    sub.add_parser("bench", add_help=False, help="measure throughput and latency against Huey's SQLite backend "
+                   "(benchmarks/bench.py of a source checkout; --quick: under a minute)")
+
+
+OWN_TOOLS = ("diagrams", "bench")  # commands of this repository's checkout, shown with the bundled demo only
 
 
 def _check_text(arg: str, position: int) -> None:
@@ -485,6 +502,9 @@ def main(argv: Sequence[str] | None = None, *, registry: Registry | None = None,
         if command in ("demo", "search") and not app.is_site:
             raise UsageError(f"{command} is a command of the bundled site, which is not the app here ({app.name}): "
                              f"python -m pipeline --app {SITE_APP} {command}")
+        if command in OWN_TOOLS and not app.is_site:
+            raise UsageError(f"{command} is a tool of the pipeline project's own checkout, not of the app here "
+                             f"({app.name}): run it without --app, as python -m pipeline {command}")
         parser = build_parser(AppSummary.of(app, app.types(config)))
         args, extra = parser.parse_known_args(argv)
         if extra and args.command != "bench":
@@ -777,6 +797,7 @@ def _list_flags(p: argparse.ArgumentParser, *, suppress: bool) -> None:
 
 def cmd_jobs(args: argparse.Namespace, config: Config, app: Application, out: TextIO) -> int:
     action = args.jobs_command or "list"
+    args.again = app.command  # what its hints print to run a command again (with the --app in use)
     return JOB_ACTIONS[action](args, config, out)
 
 
@@ -795,8 +816,8 @@ def _jobs_list(args: argparse.Namespace, config: Config, out: TextIO) -> int:
     jobs, total = _with_backend(config, lambda backend: backend.list(
         status=args.status, job_type=args.job_type, limit=args.limit, offset=offset, priority=args.priority,
         order=args.order))
-    if args.json:
-        _emit_json(out, [j.to_json() for j in jobs])
+    if args.json:  # the shape of GET /admin/jobs
+        _emit_json(out, {"items": [j.to_json() for j in jobs], "total": total, "page": args.page, "per_page": args.limit})
     else:
         console.jobs_table(out, jobs, total, offset=offset)
     return 0
@@ -824,7 +845,7 @@ def _jobs_show(args: argparse.Namespace, config: Config, out: TextIO) -> int:
     if args.json:
         _emit_json(out, job.to_json())
     else:
-        console.job_detail(out, job, statuses)
+        console.job_detail(out, job, statuses, command=args.again)
     return 0
 
 
@@ -966,8 +987,8 @@ def cmd_types(args: argparse.Namespace, config: Config, app: Application, out: T
         # the app's registry with its handlers: a type's own concurrency is set where its handler is
         registry = app.registry(config)
         found = _with_backend(config, lambda backend: control.types_summary(backend, registry, config))
-        if args.json:
-            _emit_json(out, [t.to_json() for t in found])
+        if args.json:  # the shape of GET /admin/types
+            _emit_json(out, {"types": [t.to_json() for t in found]})
         else:
             console.types_table(out, found)
         return 0
@@ -1015,8 +1036,8 @@ def _schedule_list(args: argparse.Namespace, config: Config, out: TextIO) -> int
     from .admin import console
 
     found = _with_backend(config, lambda backend: backend.schedules())
-    if args.json:
-        _emit_json(out, [s.to_json() for s in found])
+    if args.json:  # the shape of GET /admin/schedules
+        _emit_json(out, {"schedules": [s.to_json() for s in found]})
     else:
         console.schedules_table(out, found)
     return 0
@@ -1113,6 +1134,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Config, Application, TextIO], 
     "types": cmd_types,
     "stats": cmd_stats,
     "schedule": cmd_schedule,
+    "schedules": cmd_schedule,  # (the alias: as jobs, types and batches are plural)
     "diagrams": cmd_diagrams,
     "search": cmd_search,
     "demo": cmd_demo,

@@ -223,7 +223,7 @@ def run_the_shop(name: str, database_url: str, tmp_path: Path) -> None:
         listed = httpx.get(f"{url}/admin/schedules").json()["schedules"]
         assert [(s["name"], s["job_type"], s["origin"]) for s in listed] == [("every-second", "make_thumbnail", "code")]
         assert "make_thumbnail" in httpx.get(f"{url}/openapi.json").text
-        jobs = json.loads(cli(folder, env, "--app", "shop:registry", "jobs", "--limit", "1000", "--json").stdout)
+        jobs = json.loads(cli(folder, env, "--app", "shop:registry", "jobs", "--limit", "1000", "--json").stdout)["items"]
         assert {j["job_type"] for j in jobs} == {"send_receipt", "make_thumbnail"}
         assert not any(j["payload"] == {"order_id": "rolled-back"} for j in jobs)
         assert {j["status"] for j in jobs if j["id"] in ids} == {"completed"}

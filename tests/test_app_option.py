@@ -110,10 +110,10 @@ def test_the_commands_know_the_apps_job_types(folder: Path, env: dict[str, str])
 
     done = cli(folder, env, *app, "schedule", "add", "nightly", "0 3 * * *", "resize_avatar", "--payload", '{"user_id": "u7"}')
     assert done.returncode == 0 and done.stdout.startswith("schedule nightly: resize_avatar at"), done.stderr
-    listed = json.loads(cli(folder, env, *app, "schedule", "list", "--json").stdout)
+    listed = json.loads(cli(folder, env, *app, "schedule", "list", "--json").stdout)["schedules"]
     assert [(s["name"], s["job_type"]) for s in listed] == [("nightly", "resize_avatar")]
 
-    jobs = json.loads(cli(folder, env, *app, "jobs", "--json").stdout)
+    jobs = json.loads(cli(folder, env, *app, "jobs", "--json").stdout)["items"]
     assert sorted(j["payload"]["user_id"] for j in jobs) == ["u1", "u2", "u42"]
     stats = cli(folder, env, *app, "stats", "--json")
     assert stats.returncode == 0, stats.stderr
@@ -223,12 +223,12 @@ def test_worker_processes_get_the_app_from_pipeline_app_and_a_site_service_besid
                    json.dumps({"user_id": f"u{i}"})).stdout.strip() for i in range(3)]
         app.wait_for(lambda lines: all(any(f"job {i} resize_avatar attempt 1/3 ok → completed" in line for line in lines)
                                        for i in ids), "the three jobs' completion")
-        jobs = json.loads(cli(folder, quick, "jobs", "--json").stdout)
+        jobs = json.loads(cli(folder, quick, "jobs", "--json").stdout)["items"]
         assert {j["id"]: j["status"] for j in jobs} == dict.fromkeys(ids, "completed")
         assert site.stop() == 0
         assert not any("no code here knows" in line for line in site.lines)
         # nor does it retire the app's code schedule: it runs none of that type's jobs
-        listed = json.loads(cli(folder, quick, "schedule", "list", "--json").stdout)
+        listed = json.loads(cli(folder, quick, "schedule", "list", "--json").stdout)["schedules"]
         assert [(s["name"], s["origin"], s["state"]) for s in listed] == [("app-nightly", "code", "active")]
         assert app.stop() == 0
     finally:

@@ -99,11 +99,11 @@ def walk(env: dict[str, str], cwd: Path, backend: str) -> None:
                              for i in range(3)))
     loaded = cli.json("enqueue", "--from-file", str(lines))
     assert (loaded["enqueued"], loaded["transactions"], len(loaded["job_ids"])) == (3, 1, 3)
-    listed = cli.json("jobs", "list")
+    listed = cli.json("jobs", "list")["items"]
     assert {j["id"] for j in listed} == {first["id"], mail, *loaded["job_ids"]}
     assert all(j["status"] == "pending" for j in listed)
-    assert [j["id"] for j in cli.json("jobs", "list", "--type", "send_email")] == [mail]
-    assert len(cli.json("jobs", "list", "--status", "pending", "--limit", "2", "--page", "2")) == 2
+    assert [j["id"] for j in cli.json("jobs", "list", "--type", "send_email")["items"]] == [mail]
+    assert len(cli.json("jobs", "list", "--status", "pending", "--limit", "2", "--page", "2")["items"]) == 2
     shown = cli.json("jobs", "show", mail)
     assert (shown["payload"]["to"], shown["max_attempts"], shown["attempts"]) == ("a@example.com", 2, 0)
     assert "no job with id 'nope'" in cli.run("jobs", "show", "nope", code=1)
@@ -157,7 +157,7 @@ def walk(env: dict[str, str], cwd: Path, backend: str) -> None:
     assert "no job with id" in cli.run("jobs", "show", mail, code=1)
     assert cli.json("jobs", "cleanup", "--older-than", "3600") == {"deleted": 0}  # all finished just now
     assert cli.json("jobs", "cleanup") == {"deleted": 5}
-    assert cli.json("jobs", "list") == []
+    assert cli.json("jobs", "list")["items"] == []
     stats = cli.json("stats")
     assert sum(stats["by_status"].values()) == 0, stats
     # the site's content is not job state: `search` reads its own SQLite file whatever the job store

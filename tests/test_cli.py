@@ -99,9 +99,9 @@ def test_enqueue_list_show(db: Path) -> None:
     assert code == 0 and job_id in out and "send_email" in out and "pending" in out and "1–1 of 1 jobs" in out
     assert run("jobs", "list")[1] == out
     code, listed = run("jobs", "--status", "pending", "list", "--type", "send_email", "--json")
-    (job,) = json.loads(listed)
+    (job,) = json.loads(listed)["items"]  # GET /admin/jobs's shape
     assert (job["id"], job["priority"], job["max_attempts"]) == (job_id, 2, 4)
-    assert json.loads(run("--json", "jobs", "--status", "dead")[1]) == []  # --json before the command too
+    assert json.loads(run("--json", "jobs", "--status", "dead")[1])["items"] == []  # --json before the command too
 
     code, out = run("jobs", "show", job_id)
     assert code == 0
@@ -218,7 +218,7 @@ def test_stats(db: Path, seeded: dict[str, list[str]]) -> None:
 
 
 def test_lists_page_through_the_store(db: Path, seeded: dict[str, list[str]]) -> None:
-    pages = [json.loads(run("jobs", "--json", "--limit", "3", "--page", str(p))[1]) for p in (1, 2, 3)]
+    pages = [json.loads(run("jobs", "--json", "--limit", "3", "--page", str(p))[1])["items"] for p in (1, 2, 3)]
     assert [len(p) for p in pages] == [3, 3, 1]
     code, out = run("jobs", "--limit", "3", "--page", "3")
     assert "7–7 of 7 jobs" in out
@@ -231,9 +231,9 @@ def test_jobs_list_by_priority_and_in_claim_order(db: Path) -> None:
         code, out = run("enqueue", "generate_sitemap", "--priority", str(priority))
         assert code == 0
         made.setdefault(priority, []).append(out.strip())
-    claim = json.loads(run("jobs", "--json", "--order", "claim")[1])
+    claim = json.loads(run("jobs", "--json", "--order", "claim")[1])["items"]
     assert [j["id"] for j in claim] == [*made[-7], *made[0], *made[3]]
-    threes = json.loads(run("jobs", "list", "--json", "--priority", "3")[1])
+    threes = json.loads(run("jobs", "list", "--json", "--priority", "3")[1])["items"]
     assert [j["id"] for j in threes] == made[3][::-1]
     code, out = run("jobs", "--status", "pending", "--priority", "-7", "--order", "claim")
     assert code == 0 and made[-7][0] in out and "1–1 of 1 jobs" in out
@@ -353,7 +353,7 @@ def test_subprocess_commands_and_exit_codes(env: dict[str, str]) -> None:
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["enqueued"] == 3
     listed = cli("jobs", "list", "--json", env=env)
-    assert listed.returncode == 0 and len(json.loads(listed.stdout)) == 3
+    assert listed.returncode == 0 and len(json.loads(listed.stdout)["items"]) == 3
     bad = cli("enqueue", "send_email", "--payload", "{", env=env)
     assert bad.returncode == 2 and "--payload is not valid JSON" in bad.stderr
     missing = cli("jobs", "show", "nope", env=env)

@@ -130,7 +130,7 @@ def test_types_list_pause_and_resume(db: Path, seeded: dict[str, list[str]], cap
     assert paused(db) == {"send_email"}
 
     code, out = run("types", "list", "--json")
-    types = {t["name"]: t for t in json.loads(out)}
+    types = {t["name"]: t for t in json.loads(out)["types"]}
     assert types["send_email"] == {"name": "send_email", "paused": True, "registered": True, "concurrency": 1,
                                    "global_limit": 1, "rate_limit": "30/h",
                                    "counts": {"waiting": 0, "pending": 2, "running": 0, "completed": 1, "dead": 2, "cancelled": 0}}
@@ -190,7 +190,7 @@ def test_enqueue_with_expires_in_and_expires_at_in_a_file(db: Path, tmp_path: Pa
     assert code == 2 and "line 1: expires_at 'soon' is not an ISO 8601 time" in capsys.readouterr().err
     code, _ = run("enqueue", "--from-file", str(lines), "--expires-in", "60")
     assert code == 2 and "drop --expires-in" in capsys.readouterr().err
-    assert len(json.loads(run("jobs", "--json")[1])) == 3  # the refused files inserted nothing
+    assert len(json.loads(run("jobs", "--json")[1])["items"]) == 3  # the refused files inserted nothing
 
 
 def test_show_gives_result_progress_snoozes_expiry_and_the_cancel_request(db: Path, seeded: dict[str, list[str]]) -> None:
@@ -211,7 +211,7 @@ def test_show_gives_result_progress_snoozes_expiry_and_the_cancel_request(db: Pa
 
 
 def test_list_and_stats_know_cancelled(db: Path, seeded: dict[str, list[str]]) -> None:
-    listed = json.loads(run("jobs", "--status", "cancelled", "--json")[1])
+    listed = json.loads(run("jobs", "--status", "cancelled", "--json")[1])["items"]
     assert [j["id"] for j in listed] == seeded["cancelled"]
     code, out = run("jobs", "list", "--status", "cancelled")
     assert code == 0 and seeded["cancelled"][0] in out and "cancelled before it started: by the test" in out

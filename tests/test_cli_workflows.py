@@ -107,7 +107,7 @@ def test_enqueue_after_and_what_jobs_show_says(db: Path, seeded: dict[str, Any],
     # waiting: a status like the others
     code, out = run("jobs", "--status", "waiting", "--json")
     assert code == 0
-    assert {j["id"] for j in json.loads(out)} == {seeded["child"], seeded["callback"], made["id"], first}
+    assert {j["id"] for j in json.loads(out)["items"]} == {seeded["child"], seeded["callback"], made["id"], first}
     code, out = run("jobs", "list", "--status", "waiting")
     assert code == 0 and "1–4 of 4 jobs" in out and " waiting " in out
     code, out = run("stats", "--json")

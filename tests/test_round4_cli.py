@@ -92,3 +92,96 @@ def test_processed_totals_help_and_the_docs_list_every_outcome_the_pools_make() 
     docs = (ROOT / "docs" / "operating.md").read_text()
     (row,) = [line for line in docs.splitlines() if line.startswith("| `pipeline_jobs_processed_total`")]
     assert sorted(re.findall(r"`([a-z_]+)`", row.split("`outcome`", 1)[1].split(":")[0])) == sorted(made), row
+
+
+# -- an app's CLI ------------------------------------------------------------------------------------
+
+APP = '''
+import attrs
+import pipeline
+
+registry = pipeline.Registry()
+
+
+@attrs.frozen
+class Ping:
+    n: int = 0
+
+
+@registry.job()
+async def ping(job: Ping, ctx: pipeline.JobContext) -> None:
+    return None
+'''
+
+
+@pytest.fixture
+def app(db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """An application of its own, importable as e6app:registry, on the test's SQLite file."""
+    folder = tmp_path / "app"
+    folder.mkdir()
+    (folder / "e6app.py").write_text(APP)
+    monkeypatch.syspath_prepend(str(folder))
+    return "e6app:registry"
+
+
+def test_schedules_is_schedule(db: Path) -> None:
+    """`jobs`, `types` and `batches` are plural; `schedules` was "invalid choice"."""
+    code, out = run("schedules")
+    assert (code, out) == run("schedule") and code == 0
+    assert run("schedules", "add", "nightly", "0 3 * * *", "generate_sitemap")[0] == 0
+    code, out = run("schedules", "list", "--json")
+    assert code == 0 and [s["name"] for s in json_of(out)["schedules"]] == ["nightly"]
+    assert run("schedules", "pause", "nightly")[0] == 0 and run("schedule", "remove", "nightly")[0] == 0
+
+
+def json_of(text: str) -> dict[str, object]:
+    import json
+
+    value = json.loads(text)
+    assert isinstance(value, dict), f"a bare {type(value).__name__}, not the API's object"
+    return value
+
+
+def test_every_json_listing_has_the_admin_apis_shape(db: Path) -> None:
+    """`jobs --json` printed a bare list where GET /admin/jobs answers {"items", "total", "page", "per_page"};
+    `types --json` and `schedule list --json` bare lists where the API answers {"types"} and {"schedules"}."""
+    ids = [run("enqueue", "generate_sitemap")[1].strip() for _ in range(3)]
+    listed = json_of(run("jobs", "--json", "--limit", "2", "--page", "2")[1])
+    assert set(listed) == {"items", "total", "page", "per_page"}
+    assert (listed["total"], listed["page"], listed["per_page"]) == (3, 2, 2)
+    assert [j["id"] for j in listed["items"]] == ids[:1]  # type: ignore[attr-defined]  # newest first: the oldest is on page 2
+    assert "generate_sitemap" in [t["name"] for t in json_of(run("types", "--json")[1])["types"]]  # type: ignore[attr-defined]
+    assert json_of(run("schedule", "list", "--json")[1]) == {"schedules": []}
+
+
+def test_hints_carry_the_app_in_use(app: str, db: Path) -> None:
+    """`jobs show` of a batch's job said "python -m pipeline batches show ID", which, run as printed,
+    looks the batch up for the bundled demo, not for the app the operator was working on."""
+    import pipeline
+
+    e6app = __import__("e6app")
+    client = pipeline.Client(registry=e6app.registry)
+    try:
+        batch = client.enqueue_batch([e6app.Ping(1), e6app.Ping(2)])
+    finally:
+        client.close()
+    code, out = run("--app", app, "jobs", "show", batch.job_ids[0])
+    assert code == 0, out
+    assert f"(python -m pipeline --app {app} batches show {batch.id})" in out
+    code, again = run("--app", app, "batches", "show", batch.id)  # the hint, run as printed, finds it
+    assert code == 0 and batch.job_ids[1] in again
+
+
+def test_the_projects_own_tools_stay_out_of_an_apps_cli(app: str, db: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`diagrams` and `bench` redraw this repository's drawings and measure it: they are listed with the
+    bundled demo only, and an app's CLI says where they belong."""
+    with pytest.raises(SystemExit):
+        main(["--app", app, "--help"])
+    shown = capsys.readouterr().out
+    assert "diagrams" not in shown and "bench" not in shown and "ping" in shown
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "diagrams" in capsys.readouterr().out  # the bundled demo keeps them
+    for tool in ("diagrams", "bench"):
+        assert run("--app", app, tool)[0] == 2
+        assert f"run it without --app, as python -m pipeline {tool}" in capsys.readouterr().err

@@ -168,7 +168,7 @@ def run(*argv: str) -> tuple[int, str]:
 def listed() -> list[dict[str, object]]:
     code, out = run("schedule", "list", "--json")
     assert code == 0
-    return json.loads(out)  # type: ignore[no-any-return]
+    return json.loads(out)["schedules"]  # type: ignore[no-any-return]
 
 
 def test_the_cli_adds_lists_pauses_resumes_and_removes_schedules(db: Path) -> None:

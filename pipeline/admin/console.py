@@ -84,7 +84,8 @@ def schedules_table(out: TextIO, schedules: Sequence[ScheduleRecord]) -> None:
         con.print(table)
 
 
-def job_detail(out: TextIO, job: JobRecord, statuses: Mapping[str, str | None] | None = None) -> None:
+def job_detail(out: TextIO, job: JobRecord, statuses: Mapping[str, str | None] | None = None, *,
+               command: str = "python -m pipeline") -> None:
     """One job; for a job of a workflow also its parents, children and batch, each relative with its
     status from ``statuses`` (None there: no longer in the store)."""
     grid = Table.grid(padding=(0, 2))
@@ -109,7 +110,7 @@ def job_detail(out: TextIO, job: JobRecord, statuses: Mapping[str, str | None] |
         rows.append(("on parent failure", "run (it runs once every parent has ended)" if job.on_parent_failure == "run"
                      else "cancel (a parent that ends dead or cancelled cancels it)"))
     if job.batch_id is not None:
-        rows.append(("batch", Text(f"{job.batch_id}  (python -m pipeline batches show {job.batch_id})")))
+        rows.append(("batch", Text(f"{job.batch_id}  ({command} batches show {job.batch_id})")))  # command: with its --app
     if job.progress is not None:
         shown = f"{job.progress * 100:.0f}% {_bar(job.progress)}"
         rows.insert(3, ("progress", Text(shown + (f"  {job.progress_message}" if job.progress_message else ""))))
