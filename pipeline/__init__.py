@@ -24,6 +24,7 @@ if _typing.TYPE_CHECKING:
     from .engine.wiring import Enqueued, Pipeline, open_pipeline
     from .errors import (
         ClientClosed,
+        CommitUnknown,
         ConfigError,
         DatabaseUnavailable,
         InvalidPayload,
@@ -56,6 +57,7 @@ _MODULE_OF = {
     "Chain": "workflows",
     "Client": "client",
     "ClientClosed": "errors",
+    "CommitUnknown": "errors",
     "Config": "config",
     "ConfigError": "errors",
     "DatabaseUnavailable": "errors",
@@ -101,6 +103,7 @@ __all__ = [
     "Chain",
     "Client",
     "ClientClosed",
+    "CommitUnknown",
     "Config",
     "ConfigError",
     "DatabaseUnavailable",

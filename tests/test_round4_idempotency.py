@@ -288,3 +288,16 @@ async def test_a_commit_whose_answer_is_lost_and_cannot_be_asked_says_it_may_hav
             assert await jobs_of(config) == [job_id]  # it had been: the error said how to find out
         finally:
             proxy.close()
+
+
+# -- the public name ------------------------------------------------------------------------------------
+
+
+def test_commit_unknown_is_a_public_name_in_the_exception_tree() -> None:
+    """A caller catches it as ``pipeline.CommitUnknown`` (the docs name it), a StoreError like the
+    'retry later' it refines, and the errors module's tree draws it."""
+    assert "CommitUnknown" in pipeline.__all__
+    assert pipeline.CommitUnknown is pipeline.errors.CommitUnknown
+    assert issubclass(pipeline.CommitUnknown, pipeline.StoreError)
+    tree = pipeline.errors.__doc__ or ""
+    assert any(line.split("──")[-1].split()[0] == "CommitUnknown" for line in tree.splitlines() if "──" in line), tree
