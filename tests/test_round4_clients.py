@@ -526,3 +526,83 @@ async def test_clients_pause_and_resume_a_type(store_config: Config) -> None:
         assert await backend.paused_types() == {"echo"}
         await trio.to_thread.run_sync(resume_from_a_thread)
         assert await backend.paused_types() == set()
+
+
+# -- promises a mutation slipped past: tracestate travels; drain() answers oldest first ---------------
+
+
+@attrs.frozen
+class Traced:
+    n: int
+
+
+async def test_the_enqueuers_tracestate_is_stored_with_the_job_and_the_handlers_span_sees_it(store_config: Config) -> None:
+    import pipeline.otel
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    seen: list[tuple[str, TraceState]] = []
+    reg = Registry()
+
+    async def traced(job: Traced, ctx: pipeline.JobContext) -> None:
+        seen.append((ctx.trace or "", trace.get_current_span().get_span_context().trace_state))
+
+    reg.register("traced", Traced, traced)
+    pipeline.otel.instrument(reg, tracer_provider=provider)
+    # the request's incoming context, as a propagator extracts it from traceparent and tracestate headers
+    state = TraceState([("vendor", "a1b2"), ("other", "t61rcWkgMzE")])
+    incoming = SpanContext(trace_id=0x4BF92F3577B34DA6A3CE929D0E0E4736, span_id=0x00F067AA0BA902B7, is_remote=True,
+                           trace_flags=TraceFlags(TraceFlags.SAMPLED), trace_state=state)
+    try:
+        async with pipeline.open_pipeline(store_config, reg) as p:
+            token = otel_context.attach(trace.set_span_in_context(NonRecordingSpan(incoming)))
+            try:
+                with provider.get_tracer("test").start_as_current_span("handle request"):
+                    job_id = await p.enqueue(Traced(1))
+            finally:
+                otel_context.detach(token)
+            await wait_status(p, job_id, "completed")
+    finally:
+        provider.shutdown()
+    ((stored, handler_state),) = seen  # ctx.trace: the job's trace context as the store gave it back with the job
+    traceparent, _, tracestate = stored.partition(" ")
+    assert traceparent.startswith("00-4bf92f3577b34da6a3ce929d0e0e4736-"), stored
+    assert tracestate == state.to_header() == "vendor=a1b2,other=t61rcWkgMzE", stored
+    assert handler_state == state, handler_state  # the attempt's span continues the enqueuer's vendors' state
+
+
+@attrs.frozen
+class Step:
+    name: str
+    spawn: bool = False
+
+
+async def test_drain_answers_every_record_oldest_first_follow_ups_last() -> None:
+    reg = Registry()
+
+    async def step(job: Step, ctx: pipeline.JobContext) -> None:
+        if job.spawn:
+            await ctx.emit(Spawned(job.name))
+
+    reg.register("step", Step, step)
+    reg.add_event("spawned", Spawned, lambda event, config: [pipeline.Routed(Step(f"{event.name}'s follow-up"))])
+    async with pipeline.testing.open_test_pipeline(reg) as p:
+        # enqueued in this order, run in another (priority), so only the enqueue order explains the answer
+        ids = [await p.enqueue(Step("first"), priority=9), await p.enqueue(Step("second", spawn=True), priority=1),
+               await p.enqueue(Step("third"), priority=5)]
+        records = await p.drain()
+    assert [r.id for r in records][:3] == ids, [r.payload for r in records]  # oldest first, as docs/testing.md says
+    assert len(records) == 4 and "second's follow-up" in records[3].payload  # made last, listed last
+    assert [r.status for r in records] == ["completed"] * 4
+
+
+@attrs.frozen
+class Spawned:
+    name: str
