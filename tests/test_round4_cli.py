@@ -9,6 +9,7 @@ import io
 import re
 import shlex
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -134,7 +135,7 @@ def test_schedules_is_schedule(db: Path) -> None:
     assert run("schedules", "pause", "nightly")[0] == 0 and run("schedule", "remove", "nightly")[0] == 0
 
 
-def json_of(text: str) -> dict[str, object]:
+def json_of(text: str) -> dict[str, Any]:
     import json
 
     value = json.loads(text)
@@ -149,8 +150,8 @@ def test_every_json_listing_has_the_admin_apis_shape(db: Path) -> None:
     listed = json_of(run("jobs", "--json", "--limit", "2", "--page", "2")[1])
     assert set(listed) == {"items", "total", "page", "per_page"}
     assert (listed["total"], listed["page"], listed["per_page"]) == (3, 2, 2)
-    assert [j["id"] for j in listed["items"]] == ids[:1]  # type: ignore[attr-defined]  # newest first: the oldest is on page 2
-    assert "generate_sitemap" in [t["name"] for t in json_of(run("types", "--json")[1])["types"]]  # type: ignore[attr-defined]
+    assert [j["id"] for j in listed["items"]] == ids[:1]  # newest first: the oldest is on page 2
+    assert "generate_sitemap" in [t["name"] for t in json_of(run("types", "--json")[1])["types"]]
     assert json_of(run("schedule", "list", "--json")[1]) == {"schedules": []}
 
 

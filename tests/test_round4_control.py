@@ -75,7 +75,7 @@ async def test_bulk_cancel_reaches_every_running_job_while_some_end_between_page
 
         shifting = Shifting(backend, finish)
         with trio.fail_after(20):
-            outcome = await control.bulk(shifting, control.JobFilter("cancel", "running", "send_email"), batch=10)  # type: ignore[arg-type]
+            outcome = await control.bulk(shifting, control.JobFilter("cancel", "running", "send_email"), batch=10)
         assert shifting.lists >= 3  # the jobs did end in the middle of the walk
         still_running = {lease.id for lease in leases} - {lease.id for lease in newest}
         assert {job_id for job_id, _ in await backend.cancel_requests(OWNER)} == still_running  # none left unasked
@@ -107,7 +107,7 @@ async def test_bulk_retry_reaches_every_dead_job_while_some_are_removed_between_
 
         shifting.revive = revive  # type: ignore[attr-defined]
         with trio.fail_after(20):
-            outcome = await control.bulk(shifting, control.JobFilter("retry", "dead", "generate_sitemap"), batch=10)  # type: ignore[arg-type]
+            outcome = await control.bulk(shifting, control.JobFilter("retry", "dead", "generate_sitemap"), batch=10)
         assert sorted(tried) == sorted(lease.id for lease in leases)  # each tried, once
         assert (outcome.matched, outcome.done, outcome.skipped) == (30, 0, 30)
         assert outcome.reasons and "k" in outcome.reasons[0]
@@ -120,7 +120,7 @@ async def test_bulk_cancel_of_a_large_pending_backlog_reads_each_page_once(store
     async with open_backend(store) as backend:
         await backend.insert(rows(*(JobRequest("generate_sitemap", {}) for _ in range(25))))
         shifting = Shifting(backend, trio.lowlevel.checkpoint)
-        outcome = await control.bulk(shifting, control.JobFilter("cancel", "pending"), batch=10)  # type: ignore[arg-type]
+        outcome = await control.bulk(shifting, control.JobFilter("cancel", "pending"), batch=10)
         assert (outcome.matched, outcome.done) == (25, 25)
         assert shifting.lists == 4
 
