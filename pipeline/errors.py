@@ -12,9 +12,9 @@
     │   ├── DatabaseUnavailable    the file cannot be opened or is not a database
     │   └── CommitUnknown          the store dropped an enqueue's commit: it may have been written
     ├── PipelineClosed             enqueue/emit after the pipeline began shutting down
-    └── JobFailed                  result() of a job that ended dead (or cancelled)
     │   └── ClientClosed           a Client / AsyncClient call after close(), or a result() wait
     │                              that close() ended
+    └── JobFailed                  result() of a job that ended dead (or cancelled)
         └── JobCancelled           ... that ended cancelled
     └── JobError                   raised by handlers to steer what happens to a job
         ├── PermanentError         dead at once, no retry
@@ -80,6 +80,13 @@ class PipelineClosed(PipelineError):
     """The pipeline is shutting down and takes no new work."""
 
 
+class ClientClosed(PipelineClosed):
+    """A :class:`pipeline.Client` or :class:`pipeline.AsyncClient` call made after ``close()`` (or
+    on a client whose loop failed), or a ``result()`` wait that ``close()`` ended: what it waited for
+    is unchanged in the store (ask a new client). An ``Exception``, unlike the ``trio.Cancelled``
+    such a waiting thread used to get."""
+
+
 class JobFailed(PipelineError):
     """``result()`` of a job that ended without completing: ``status`` says how (dead, or cancelled for
     :class:`JobCancelled`), ``error`` is the job's last error."""
@@ -90,13 +97,6 @@ class JobFailed(PipelineError):
         self.job_id = job_id
         self.status = status
         self.error = error
-
-
-class ClientClosed(PipelineClosed):
-    """A :class:`pipeline.Client` or :class:`pipeline.AsyncClient` call made after ``close()`` (or
-    on a client whose loop failed), or a ``result()`` wait that ``close()`` ended: what it waited for
-    is unchanged in the store (ask a new client). An ``Exception``, unlike the ``trio.Cancelled``
-    such a waiting thread used to get."""
 
 
 class JobCancelled(JobFailed):
