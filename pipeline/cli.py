@@ -701,7 +701,17 @@ def _enqueue_file(args: argparse.Namespace, config: Config, app: Application, ou
         rows = inputs.read_jobs(source, name, reg, default_max_attempts=config.worker.default_max_attempts,
                                 on_lines=lambda n: bar.advance(task, n))
         window = config.retention.idempotency_seconds  # a line's "idempotency_key" holds for JOB_IDEMPOTENCY_SECONDS
-        rows = (row if row.idempotency_key is None else row._replace(idempotency_seconds=window) for row in rows)
+        keyed = False  # a line has an idempotency key: the summary's duplicates name both kinds of key
+
+        def windowed(rows: Any) -> Any:
+            nonlocal keyed
+            for row in rows:
+                if row.idempotency_key is not None:
+                    keyed = True
+                    row = row._replace(idempotency_seconds=window)
+                yield row
+
+        rows = windowed(rows)
         if args.json:
             rows = _keeping_ids(rows, ids)
 
@@ -722,8 +732,13 @@ def _enqueue_file(args: argparse.Namespace, config: Config, app: Application, ou
                          "job_ids": [held.get(job_id, job_id) for job_id in ids]})
     else:
         n = len(duplicates)
-        skipped = (f"; {n} duplicate{'' if n == 1 else 's'} of pending or running jobs (same type and unique key) "
-                   "not inserted" if duplicates else "")
+        if keyed:  # (which key answered a line is not told apart: a line may have both)
+            skipped = (f"; {n} duplicate{'' if n == 1 else 's'} not inserted (each answered by a pending or running job "
+                       "of the same type and unique key, or by the job of an idempotency key used within "
+                       "JOB_IDEMPOTENCY_SECONDS)" if duplicates else "")
+        else:
+            skipped = (f"; {n} duplicate{'' if n == 1 else 's'} of pending or running jobs (same type and unique key) "
+                       "not inserted" if duplicates else "")
         print(f"enqueued {committed} jobs from {name}" + (f" in {parts} transactions" if every else "") + skipped, file=out)
     return 0
 

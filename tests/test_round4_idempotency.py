@@ -12,6 +12,7 @@ Real stores (tests/backends/stores.py), real processes, real sockets."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -24,7 +25,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import trio
-from backends.stores import BACKENDS
+from backends.stores import BACKENDS, on_each_store
 from jobkit import Echo, registry
 
 import pipeline
@@ -34,6 +35,7 @@ from pipeline.config import RetentionSettings, WorkerSettings
 from pipeline.errors import UsageError
 
 TESTS = Path(__file__).parent
+ROOT = TESTS.parent
 
 
 @pytest.fixture(params=sorted(BACKENDS))
@@ -301,3 +303,76 @@ def test_commit_unknown_is_a_public_name_in_the_exception_tree() -> None:
     assert issubclass(pipeline.CommitUnknown, pipeline.StoreError)
     tree = pipeline.errors.__doc__ or ""
     assert any(line.split("──")[-1].split()[0] == "CommitUnknown" for line in tree.splitlines() if "──" in line), tree
+
+
+# -- the CLI (real `python -m pipeline` processes, on each store) -----------------------------------------
+
+
+async def cli(config: Config, folder: Path, *argv: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ADMIN_", "WORKER_", "LOG_", "DATABASE_", "JOB_"))}
+    env.update(DATABASE_URL=config.database_url, REDIS_ALLOW_NON_DURABLE="true",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])))
+    return await trio.to_thread.run_sync(lambda: subprocess.run(
+        [sys.executable, "-m", "pipeline", *argv], env=env, input=input, capture_output=True, text=True, timeout=60,
+        cwd=folder))
+
+
+@pytest.mark.slow
+async def test_the_cli_enqueues_once_per_idempotency_key_and_says_so(tmp_path: Path) -> None:
+    """`enqueue TYPE --idempotency-key K` twice: one job, the second run prints its id (exit 0) and says
+    the key answered; a bad key exits 2 naming the flag and writes nothing; `--from-file` lines with
+    "idempotency_key" (SQLite and Postgres) are answered by their keys like the flag (SQLite's bulk load
+    inserted them as plain rows: three jobs where one was due), and Redis's bulk load refuses them,
+    naming the key and the way out, with nothing of the file loaded."""
+    async def scenario(name: str, config: Config, folder: Path) -> None:
+        first = await cli(config, folder, "enqueue", "generate_sitemap", "--idempotency-key", "nightly-7", "--json")
+        assert first.returncode == 0, first.stderr
+        created = json.loads(first.stdout)
+        assert created["duplicate"] is False
+        again = await cli(config, folder, "enqueue", "generate_sitemap", "--idempotency-key", "nightly-7",
+                          "--priority", "1")
+        assert again.returncode == 0, again.stderr
+        assert again.stdout.strip() == created["id"]
+        assert "duplicate" in again.stderr and "idempotency key 'nightly-7'" in again.stderr, again.stderr
+        assert "nothing was inserted" in again.stderr and "unique key None" not in again.stderr
+        as_json = await cli(config, folder, "enqueue", "generate_sitemap", "--idempotency-key", "nightly-7", "--json")
+        assert as_json.returncode == 0, as_json.stderr
+        assert json.loads(as_json.stdout) == {**created, "duplicate": True}
+        assert await jobs_of(config) == [created["id"]]
+
+        for bad, words in (("", "must not be empty"), ("x" * 201, "at most 200")):
+            refused = await cli(config, folder, "enqueue", "generate_sitemap", "--idempotency-key", bad)
+            assert refused.returncode == 2, refused.stderr
+            assert "--idempotency-key" in refused.stderr and words in refused.stderr, refused.stderr
+        assert await jobs_of(config) == [created["id"]]
+
+        lines = [{"job_type": "generate_sitemap", "idempotency_key": "nightly-7"},  # answered by the first job
+                 {"job_type": "generate_sitemap", "idempotency_key": "weekly-1"},
+                 {"job_type": "generate_sitemap", "idempotency_key": "weekly-1"},  # answered by the line before
+                 {"job_type": "generate_sitemap"}]
+        text = "".join(json.dumps(line) + "\n" for line in lines)
+        loaded = await cli(config, folder, "enqueue", "--from-file", "-", "--json", input=text)
+        if name == "redis":
+            assert loaded.returncode == 2, loaded.stderr
+            said = loaded.stderr
+            assert "idempotency_key 'nightly-7'" in said and "--from-file" in said and "--idempotency-key" in said, said
+            assert "nothing was enqueued" in said, said
+            assert await jobs_of(config) == [created["id"]]  # nothing of the file, not even its plain line
+            # in parts: those committed before the keyed line are kept, and the message says how many
+            parted = await cli(config, folder, "enqueue", "--from-file", "-", "--commit-every", "1",
+                               input="".join(json.dumps(line) + "\n" for line in (lines[3], lines[3], lines[1])))
+            assert parted.returncode == 2 and "the 2 jobs before it were enqueued" in parted.stderr, parted.stderr
+            assert len(await jobs_of(config)) == 3
+            return
+        assert loaded.returncode == 0, loaded.stderr
+        report = json.loads(loaded.stdout)
+        assert (report["enqueued"], report["duplicates"]) == (2, 2), report
+        ids = report["job_ids"]
+        assert ids[0] == created["id"] and ids[1] == ids[2] and len(set(ids)) == 3
+        assert len(await jobs_of(config)) == 3
+        plain = await cli(config, folder, "enqueue", "--from-file", "-", input=json.dumps(lines[2]) + "\n")
+        assert plain.returncode == 0, plain.stderr
+        assert "enqueued 0 jobs" in plain.stdout and "idempotency key" in plain.stdout, plain.stdout
+        assert len(await jobs_of(config)) == 3
+
+    await on_each_store(tmp_path, scenario)

@@ -177,8 +177,12 @@ def _load_parts(db: Database, rows: Iterator[NewJob], commit_every: int | None,
             buffer: list[NewJob] = []
             for row in rows:
                 if row.idempotency_key is not None:  # (the staging list's rows have no room for one)
-                    raise UsageError(f"job {row.id}: an idempotency_key is not taken by a bulk load on Redis; "
-                                     "enqueue such jobs one call each (Client.enqueue, or the CLI without --from-file)")
+                    raise UsageError(
+                        f"the job with idempotency_key {row.idempotency_key!r} (type {row.job_type}): a bulk load on "
+                        "Redis (enqueue --from-file) takes no idempotency keys, its rows are staged and committed by "
+                        "one script that has no room for one; leave the field out of the file, or enqueue such jobs "
+                        "one at a time (enqueue TYPE --idempotency-key KEY, Client.enqueue(..., idempotency_key=KEY))"
+                        + ("" if committed else "; nothing was enqueued"))
                 buffer.append(row)
                 count += 1
                 if first is None and row.unique_key is None:

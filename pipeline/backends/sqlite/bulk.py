@@ -56,7 +56,7 @@ class BulkInsert:
     def __init__(self, conn: sqlite3.Connection, duplicates: list[tuple[str, str]] | None = None) -> None:
         self._conn = conn
         self._duplicates = duplicates  # (id, holder's id) of each row skipped for its unique key
-        self.skipped = 0  # rows not inserted: their unique key was held (written by the worker thread)
+        self.skipped = 0  # rows not inserted: their unique (or idempotency) key was held (written by the worker thread)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pipeline-insert")
         self._pending: list[Any] = []
         self._chunk: list[NewJob] = []
@@ -91,10 +91,12 @@ class BulkInsert:
         if not self._begun:
             self._conn.execute("BEGIN IMMEDIATE")
             self._begun = True
-        if any(r.unique_key is not None or r.trace is not None or linked(r) for r in rows):
-            # a row may find its key held: this chunk goes through insert_jobs, which says so
-            # (and which writes a trace context, and a workflow's rows and edges, which _INSERT_JSON
-            # leaves out; a row's parents may be in the chunks before: inserted already)
+        if any(r.unique_key is not None or r.idempotency_key is not None or r.trace is not None or linked(r)
+               for r in rows):
+            # a row may find its key held (a unique key, or an idempotency key recorded before, in
+            # this transaction too): this chunk goes through insert_jobs, which says so (and which
+            # records the idempotency keys, writes a trace context, and a workflow's rows and edges,
+            # which _INSERT_JSON leaves out; a row's parents may be in the chunks before: inserted already)
             self._pending.append(self._pool.submit(self._guarded, self._insert_keyed, rows))
         elif any("\x00" in r.payload or "\x00" in r.job_type for r in rows):
             # SQLite's JSON functions end text at a NUL character: this chunk goes row by row
