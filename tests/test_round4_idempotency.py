@@ -376,3 +376,58 @@ async def test_the_cli_enqueues_once_per_idempotency_key_and_says_so(tmp_path: P
         assert len(await jobs_of(config)) == 3
 
     await on_each_store(tmp_path, scenario)
+
+
+# -- the admin API (served for real on a loopback port, on each store) ---------------------------------------
+
+
+async def test_the_admin_api_answers_a_second_post_with_the_key_as_a_duplicate(store_config: Config) -> None:
+    """POST /admin/jobs with "idempotency_key" twice: 201, then 200 with the same job and "duplicate":
+    true (the unique key's shape); once the job is gone (retention, an operator) the key still
+    answers its id, 200 {"id", "duplicate": true} (it was a 404 "no job with id": a client retrying
+    a lost answer read it as a failure); a bad key is 422 naming the field, nothing stored; the
+    OpenAPI document lists the field and both answers."""
+    import httpx
+    from admin_harness import seed_registry
+
+    from pipeline.admin import run_admin_server
+    from pipeline.config import AdminSettings
+
+    config = store_config.replace(admin=AdminSettings(port=0))
+    async with open_pipeline(config, seed_registry()) as p, trio.open_nursery() as tn:
+        stop = trio.Event()
+        url = await tn.start(run_admin_server, p, None, stop.wait)
+        async with httpx.AsyncClient(base_url=url, headers={"Content-Type": "application/json"}, timeout=30) as client:
+            body = {"job_type": "generate_sitemap", "idempotency_key": "nightly-7"}
+            first = await client.post("/admin/jobs", json=body)
+            assert first.status_code == 201, first.text
+            assert first.json()["duplicate"] is False
+            job_id = first.json()["id"]
+            again = await client.post("/admin/jobs", json={**body, "priority": 1})
+            assert again.status_code == 200, again.text
+            assert again.json() == {**first.json(), "duplicate": True}  # the first job, unchanged
+            assert again.headers["location"] == f"/admin/jobs/{job_id}"
+            assert (await client.get("/admin/jobs")).json()["total"] == 1
+
+            await p.backend.delete(job_id)  # removed (retention, an operator): the key outlives it
+            assert await p.backend.get(job_id) is None
+            gone = await client.post("/admin/jobs", json=body)
+            assert gone.status_code == 200, gone.text
+            assert gone.json() == {"id": job_id, "duplicate": True}
+            assert gone.headers["location"] == f"/admin/jobs/{job_id}"
+            assert (await client.get("/admin/jobs")).json()["total"] == 0
+
+            for bad in ("", 7, "x" * 201, "a\u0000b"):  # (a lone surrogate: 400 for the whole body, as anywhere)
+                r = await client.post("/admin/jobs", content=json.dumps({"job_type": "generate_sitemap",
+                                                                          "idempotency_key": bad}))
+                assert r.status_code == 422, (bad, r.text)
+                assert "idempotency_key" in r.json()["error"]["message"], r.text
+            assert (await client.get("/admin/jobs")).json()["total"] == 0
+
+            schemas = (await client.get("/openapi.json")).json()["components"]["schemas"]
+            field = schemas["NewJob"]["properties"]["idempotency_key"]
+            assert (field["type"], field["minLength"], field["maxLength"]) == ("string", 1, 200)
+            duplicate = schemas["EnqueuedJob"]["allOf"][1]["properties"]["duplicate"]["description"]
+            assert "idempotency key" in duplicate, duplicate
+            assert set(schemas["EnqueuedJobRemoved"]["required"]) == {"id", "duplicate"}
+        stop.set()

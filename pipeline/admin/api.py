@@ -305,7 +305,8 @@ class AdminApi:
         "unique_key"?, "expires_at"?, "unique_while"?, "after"?, "on_parent_failure"?, "idempotency_key"?} → 201
         with the new job (``waiting`` when it has parents that have not completed); 200 with the job that holds
         the unique key, or that the idempotency key named (a duplicate: nothing inserted), ``duplicate`` saying
-        which. 422 naming an unknown parent (nothing inserted)."""
+        which; 200 {"id", "duplicate": true} when the idempotency key names a job removed since (the key
+        outlives its job for its window). 422 naming an unknown parent (nothing inserted)."""
         request_ = inputs.job_request(await self._body(request, required=True), "the request body")
         rows = prepare_rows(self.pipeline.registry, [request_], default_max_attempts=self.pipeline.config.worker.default_max_attempts)
         rows = [row._replace(idempotency_seconds=self.pipeline.config.retention.idempotency_seconds) for row in rows]
@@ -313,8 +314,10 @@ class AdminApi:
         duplicate = job_id != rows[0].id
         if not duplicate:
             self._forget_stats()
-        record = await self._job(job_id)
-        return JSONResponse({**record.to_json(), "duplicate": duplicate}, 200 if duplicate else 201,
+        record = await self.backend.get(job_id)
+        # (None: a key's job removed by retention or an operator; a retry must not read a 404 as a failure)
+        answer = {"id": job_id} if record is None else record.to_json()
+        return JSONResponse({**answer, "duplicate": duplicate}, 200 if duplicate else 201,
                             headers={"Location": f"/admin/jobs/{job_id}"})
 
     # -- batches ----------------------------------------------------------------------------

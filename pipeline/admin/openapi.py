@@ -183,9 +183,15 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
                 "type": "object",
                 "required": ["duplicate"],
                 "properties": {"duplicate": {"type": "boolean", "description": (
-                    "True: a pending or running job of the same type held the unique key; nothing was inserted, "
-                    "and this is that job.")}},
+                    "True: a pending or running job of the same type held the unique key, or the idempotency key "
+                    "was used within JOB_IDEMPOTENCY_SECONDS; nothing was inserted, and this is that job.")}},
             }],
+        },
+        "EnqueuedJobRemoved": {
+            "type": "object",
+            "required": ["id", "duplicate"],
+            "properties": {"id": {"type": "string"}, "duplicate": {"type": "boolean", "enum": [True], "description": (
+                "The idempotency key names this job, removed since (retention, a delete): nothing was inserted.")}},
         },
         "JobList": {
             "type": "object",
@@ -435,8 +441,10 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
                 "summary": "Enqueue one job",
                 "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("NewJob")}}},
                 "responses": _responses({"201": _json(_ref("EnqueuedJob"), "The new job (duplicate false)."),
-                                         "200": _json(_ref("EnqueuedJob"), "A duplicate: the pending or running job "
-                                                      "holding the unique key (duplicate true); nothing was inserted.")},
+                                         "200": _json({"anyOf": [_ref("EnqueuedJob"), _ref("EnqueuedJobRemoved")]},
+                                                      "A duplicate: the pending or running job holding the unique key, "
+                                                      "or the job the idempotency key names (duplicate true; only its "
+                                                      "id once it was removed); nothing was inserted.")},
                                         408, 413, 415, 422),
             },
         },
