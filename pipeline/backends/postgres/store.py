@@ -276,11 +276,14 @@ _KEYS_MOVE = """
 UPDATE idempotency_keys k SET job_id = u.holder
   FROM unnest(%(ids)s::text[], %(holders)s::text[]) AS u(id, holder) WHERE k.job_id = u.id
 """
+# expired keys, up to twice as many as the call takes (at least KEYS_SWEEP_MIN): they go faster than
+# they come however many keys a call has (through the index)
 _KEYS_SWEEP = """
 DELETE FROM idempotency_keys WHERE ctid = ANY(ARRAY(
-    SELECT ctid FROM idempotency_keys WHERE expires_at <= clock_timestamp() ORDER BY expires_at LIMIT 4
+    SELECT ctid FROM idempotency_keys WHERE expires_at <= clock_timestamp() ORDER BY expires_at LIMIT %(n)s
        FOR UPDATE SKIP LOCKED))
 """
+KEYS_SWEEP_MIN = 4
 
 
 def insert_idempotent(conn: psycopg.Connection[Any], rows: Sequence[NewJob],
@@ -317,7 +320,7 @@ def insert_idempotent(conn: psycopg.Connection[Any], rows: Sequence[NewJob],
         moved = [(job_id, holder) for job_id, holder in stored.items() if holder != job_id and job_id in mine]
         if moved:
             conn.execute(_KEYS_MOVE, {"ids": [a for a, _ in moved], "holders": [b for _, b in moved]})
-        conn.execute(_KEYS_SWEEP)
+        conn.execute(_KEYS_SWEEP, {"n": max(KEYS_SWEEP_MIN, 2 * len(keyed))})
     return [stored[row.id] if row.id in stored else stored.get(answered[row.id], answered[row.id]) for row in rows]
 
 

@@ -197,9 +197,11 @@ _KEY_RECORD = (
     "INSERT INTO idempotency_keys (job_type, key, job_id, expires_at) VALUES (?1, ?2, ?3, ?4) "
     "ON CONFLICT (job_type, key) DO UPDATE SET job_id = excluded.job_id, expires_at = excluded.expires_at"
 )
-# expired keys, a few per insert that records one: keys go at the pace they come (through the index)
+# expired keys, up to twice as many as the insert records (?2, at least KEY_SWEEP_MIN): keys go faster
+# than they come however many a call records (the Ledger writes many callers' rows in one call), through the index
 _KEY_SWEEP = ("DELETE FROM idempotency_keys WHERE rowid IN "
-              "(SELECT rowid FROM idempotency_keys WHERE expires_at <= ?1 ORDER BY expires_at LIMIT 4)")
+              "(SELECT rowid FROM idempotency_keys WHERE expires_at <= ?1 ORDER BY expires_at LIMIT ?2)")
+KEY_SWEEP_MIN = 4
 
 
 def insert_idempotent(conn: sqlite3.Connection, rows: Sequence[NewJob]) -> list[str]:
@@ -218,9 +220,12 @@ def insert_idempotent(conn: sqlite3.Connection, rows: Sequence[NewJob]) -> list[
             fresh.append(row)
             continue
         taken = first.get((row.job_type, key))
-        found = None if taken is not None else conn.execute(_KEY_JOB, (row.job_type, key, row.created_at)).fetchone()
-        if taken is not None or found is not None:
-            answered[row.id] = taken.id if taken is not None else str(found[0])
+        if taken is not None:
+            answered[row.id] = taken.id
+            continue
+        found = conn.execute(_KEY_JOB, (row.job_type, key, row.created_at)).fetchone()
+        if found is not None:
+            answered[row.id] = str(found[0])
             continue
         first[(row.job_type, key)] = row
         fresh.append(row._replace(idempotency_key=None))
@@ -229,7 +234,7 @@ def insert_idempotent(conn: sqlite3.Connection, rows: Sequence[NewJob]) -> list[
         until = format_ts(to_epoch(row.created_at) + row.idempotency_seconds)
         conn.execute(_KEY_RECORD, (job_type, key, stored[row.id], until))
     if first:
-        conn.execute(_KEY_SWEEP, (rows[0].created_at,))
+        conn.execute(_KEY_SWEEP, (rows[0].created_at, max(KEY_SWEEP_MIN, 2 * len(first))))
     return [stored[row.id] if row.id in stored else stored.get(answered[row.id], answered[row.id]) for row in rows]
 
 
