@@ -142,28 +142,25 @@ class RateBackend(CountingBackend):
         return max(0.0, inside[-limit] + window - now) if len(inside) >= limit else 0.0
 
 
-async def test_an_offer_cut_short_by_the_rate_window_has_the_poller_wait_for_the_window_not_a_poll() -> None:
-    """A rate-limited type's offer, answered by a batch whose claim the window cut short (another
-    process filled it), after the Poller's last claim of the type came back full (so it knows of no
-    window to wait for): the Poller claims itself then, learns when the window has room, and claims
-    then, instead of taking the short answer for "nothing more is due" and waiting for its 30 s poll."""
+async def test_a_rate_limited_type_is_never_offered_and_an_offers_answer_has_the_poller_claim_for_it() -> None:
+    """A rate-limited type's room never stands in an offer: the Poller times a rate-limited job's start
+    from when its claim was sent (pools.RATE_LATE), which it cannot tell of a batch's claim. An offer's
+    answer (a batch that may have inserted jobs of the type) has the Poller claim for the type itself,
+    not wait for its 30 s poll. (Issue 32; before, the offer held the type's room.)"""
     backend = RateBackend({"r": 2, "b": 0}, limit=3, window=1.0)
     async with polling(backend, "rb", rates={"r": (3, 1.0)}) as (pools, nudge_send, offers_recv):
         with trio.fail_after(5):  # r's claim came back full (1 of 1); b's room stands as the offer...
             first = await offers_recv.receive()  # ...which a batch takes
         assert first.wants == {"b": 1}
         r = pools["r"]
-        r.held.pop(r.recv.receive_nowait().id)  # r's job ends, freeing room the standing offer takes
-        r.outstanding -= 1  # (no nudge: the pool was not full counting that offer's room)
-        nudge_send.send_nowait(Claimed(first, []))  # nothing for b: the offer stands again, r's room in it
-        with trio.fail_after(5):
-            second = await offers_recv.receive()
-        assert second.wants == {"r": 1, "b": 1}
-        backend.at += [trio.current_time()] * 3  # another process fills r's window...
-        nudge_send.send_nowait(Claimed(second, backend.take(second.wants)))  # ...so the batch's claim gets nothing
-        with trio.fail_after(3):  # the window has room again after 1 s; the poll is 30 s away
+        r.held.pop(r.recv.receive_nowait().id)  # r's job ends, freeing room (a worker's nudge left out)
+        r.outstanding -= 1
+        nudge_send.send_nowait(Claimed(first, []))  # nothing for b: the Poller claims for r
+        with trio.fail_after(3):  # the poll is 30 s away
             while not r.held:  # (delivered: a claim reserves its room in outstanding before it is sent)
                 await trio.sleep(0.01)
+            second = await offers_recv.receive()
+        assert second.wants == {"b": 1}
         assert backend.due["r"] == 0
 
 

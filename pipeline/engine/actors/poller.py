@@ -9,6 +9,15 @@ backend nudged it (something due was committed), or when a pool full of claimed 
 a slot; otherwise every ``WORKER_POLL_INTERVAL_MS``, for jobs written by other processes and
 delayed jobs that came due. While it waits, its free room stands as an offer the backend
 may claim for in the transaction of the next insert (see :class:`Offer`).
+
+A rate limit bounds the handlers' starts, not the claims: the store keeps the window at the claim,
+and a job starts some time after (the claim's commit, its answer, the worker taking it). So the
+claims count the window over RATE_MARGIN more than its length, and a worker hands back a job it
+takes more than pools.RATE_LATE (less than the margin) after its claim was sent: no start comes
+later after its claim than the margin allows, and no window of the rate's length holds more starts
+than the limit (issue 32: ten starts at "5/s" fell within 0.994 s, the first five some ms after
+their claim, the next five at once). A rate-limited type is never in an offer: the Poller could
+not tell when a claim made in another transaction was sent.
 """
 
 from __future__ import annotations
@@ -22,12 +31,15 @@ import trio
 from ...backends.base import Backend, Claimed, ClaimOffer, Lease, Nudge
 from ...errors import PipelineError, StoreError
 from ..health import Health
-from .pools import Pool
+from .pools import RATE_LATE, Pool
 
 log = logging.getLogger("pipeline.poller")
 
 RETRY_MAX = 5.0  # seconds between claims while the store refuses them
 RATE_RECHECK = 0.01  # seconds before a rate-limited type whose window had room after a short claim is claimed again
+# seconds the claims add to a rate's window: more than a job may start after its claim was sent (RATE_LATE),
+# so that its start, not only its claim, is counted in every window that holds it
+RATE_MARGIN = RATE_LATE + 0.01
 
 
 class Claimer:
@@ -40,8 +52,9 @@ class Claimer:
         self.pools = pools
         # every claim carries the global limits of the types that have one (None: no type has)
         self.limits = {name: pool.global_limit for name, pool in pools.items() if pool.global_limit is not None} or None
-        # and their rate limits and per-key limits, the same way
-        self.rates = {name: pool.rate for name, pool in pools.items() if pool.rate is not None} or None
+        # and their rate limits (the window as the claims count it: RATE_MARGIN longer) and per-key limits
+        self.rates = {name: (pool.rate[0], pool.rate[1] + RATE_MARGIN) for name, pool in pools.items()
+                      if pool.rate is not None} or None
         self.key_limits = {name: pool.key_limit for name, pool in pools.items() if pool.key_limit is not None} or None
         # the claim's rates and key_limits, passed only when a type has them
         self.extra: dict[str, Any] = {name: value for name, value in (("rates", self.rates), ("key_limits", self.key_limits))
@@ -54,6 +67,10 @@ class Claimer:
 
     def room(self) -> dict[str, int]:
         return {name: pool.free for name, pool in self.pools.items() if pool.free > 0}
+
+    def rate_room(self) -> bool:
+        """A rate-limited type has room (never offered: the Poller claims for it itself)."""
+        return any(pool.rate is not None and pool.free > 0 for pool in self.pools.values())
 
     def starting(self, wants: Mapping[str, int]) -> dict[str, int]:
         """How many of ``wants`` a worker takes as soon as the claim commits (Pool.takers, less
@@ -70,10 +87,14 @@ class Claimer:
             self.pools[name].outstanding += n
         return wants, start
 
-    def deliver(self, wants: Mapping[str, int], leases: list[Lease]) -> dict[str, int]:
+    def deliver(self, wants: Mapping[str, int], leases: list[Lease], *, sent: float | None = None) -> dict[str, int]:
+        """``sent``: trio time the claim was sent (the Poller's own claims), which a rate-limited
+        job's worker checks as it takes it (pools.RATE_LATE)."""
         got: dict[str, int] = {}
         for lease in leases:
             pool = self.pools[lease.job_type]
+            if pool.rate is not None and sent is not None:
+                pool.claimed_at[(lease.id, lease.token)] = sent
             try:
                 pool.send.send_nowait(lease)  # cannot block: buffer == capacity >= outstanding
             except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -105,7 +126,7 @@ class Offer:
         if self.out is not None:
             return
         pools = self.claimer.pools
-        wants = self.claimer.room()
+        wants = {name: n for name, n in self.claimer.room().items() if pools[name].rate is None}
         if not wants:
             return
         offer = ClaimOffer(wants, self._owner, self._lease_seconds, self.claimer.starting(wants), self.claimer.limits,
@@ -179,7 +200,7 @@ async def run_poller(
                     wants, start = claimer.reserve()
                     more = False
                     if wants:
-                        health.claiming_since = trio.current_time()
+                        sent = health.claiming_since = trio.current_time()
                         try:
                             # shielded: a claim cancelled half-way would commit rows as ours
                             # that no worker holds. Every backend answers within its patience
@@ -205,7 +226,7 @@ async def run_poller(
                             log.warning("claims work again after %d failures", failures)
                             health.clear("poller")
                             failures = 0
-                        got = claimer.deliver(wants, leases)
+                        got = claimer.deliver(wants, leases, sent=sent)
                         more = any(got.get(name, 0) == n and pools[name].free > 0 for name, n in wants.items())
                         if claimer.rates:
                             await _rate_waits(backend, claimer, wants, got)
@@ -289,13 +310,5 @@ async def _wait(offer: Offer, nudge_recv: trio.MemoryReceiveChannel[Nudge], inte
             got = offer.answered(message)
             if owed or any(got.get(name, 0) == n for name, n in message.offer.wants.items()):
                 return  # it came back full (more is likely waiting), or we owe a claim of our own
-            if _cut_by_rate(offer.claimer, message.offer.wants, got):
-                return  # the window may have cut it short: our own claim learns when it has room
-
-
-def _cut_by_rate(claimer: Claimer, wants: Mapping[str, int], got: Mapping[str, int]) -> bool:
-    """An offer's short answer that a rate window may have cut, with no wake-up for it (a type
-    whose window the Poller has looked at always has one: see _rate_waits): its own claim then
-    reads when the window has room."""
-    rates = claimer.rates or {}
-    return any(name in rates and name not in claimer.rate_wake and got.get(name, 0) < n for name, n in wants.items())
+            if offer.claimer.rate_room():
+                return  # the batch may have inserted jobs of a rate-limited type, which no offer claims

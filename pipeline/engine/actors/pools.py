@@ -66,6 +66,10 @@ _LATE = (
     "trio.from_thread.check_cancelled, between steps)"
 )
 SETTLE_RETRY_MAX = 5.0  # seconds between tries to write an outcome the database refused
+# A rate-limited job its worker takes more than this many seconds after its claim was sent is handed
+# back, not started: the claims count the window over a margin longer than this (poller.RATE_MARGIN),
+# so that the starts keep the rate, not only the claims
+RATE_LATE = 0.04
 
 
 @attrs.frozen
@@ -180,6 +184,8 @@ class Pool:
     rate: tuple[int, float] | None = None
     # at most this many of the type's jobs of one limit key run at once across every process; None: not keyed
     key_limit: int | None = None
+    # Poller adds (a rate-limited type's leases), worker pops as it takes the job: trio time its claim was sent
+    claimed_at: dict[tuple[str, int], float] = attrs.field(factory=dict)
     # a sync handler's threads: ``concurrency`` of them, an abandoned one holding its slot until
     # it returns (trio releases it then); unused by an async handler
     limiter: trio.CapacityLimiter = attrs.field(init=False)
@@ -504,6 +510,7 @@ async def _begin(workers: Workers, pool: Pool, lease: Lease, counted: bool | Non
     attempt counted first if it is not yet (a job claimed ahead: ``counted`` False; None: as the
     lease says). ``started``: time.monotonic() as its worker took it."""
     key = (lease.id, lease.token)
+    claim_sent = pool.claimed_at.pop(key, None)
     if key in pool.lost:
         return Outcome("lost")  # another process took it over before it started here
     if key in pool.cancelling:
@@ -515,6 +522,8 @@ async def _begin(workers: Workers, pool: Pool, lease: Lease, counted: bool | Non
         return Outcome("cancelled", expired_error(lease.expires_at))
     if not (lease.started if counted is None else counted) and not await _count_start(workers, pool, lease):
         return Outcome("released") if pool.stopping else Outcome("lost")
+    if claim_sent is not None and trio.current_time() - claim_sent > RATE_LATE:
+        return _late_for_its_rate(lease, trio.current_time() - claim_sent)
     try:
         job = workers.decode(lease.job_type, lease.payload)
     except InvalidPayload as exc:
@@ -532,6 +541,16 @@ def _expired(lease: Lease) -> bool:
     """Its ``expires_at`` passed: as its worker takes it, a job claimed before then does not start.
     (The claim ends the expired jobs it finds; this is the check for those it held meanwhile.)"""
     return lease.expires_at is not None and _due_epoch(lease.expires_at) <= time.time()
+
+
+def _late_for_its_rate(lease: Lease, late: float) -> Outcome:
+    """A rate-limited job taken too long after its claim (see RATE_LATE): back to pending, its attempt
+    not counted, its claim still spending a start of the window (the safe side)."""
+    log.warning("job %s (%s) reached its worker %.3f s after its claim was sent, past the %g s its rate limit "
+                "allows (its window was counted from the claim): handed back to pending, it starts in a later "
+                "window. Often: the event loop or the store was slow (a handler blocking the loop)",
+                lease.id, lease.job_type, late, RATE_LATE)
+    return Outcome("released")
 
 
 def _cancelled(lease: Lease, *, started: bool) -> str:
