@@ -202,3 +202,45 @@ async def test_progress_is_stored_at_most_once_a_second_and_the_latest_report_wi
     assert [fraction for fraction, _ in writes] == [0.1, 0.4], writes
     assert writes[1][1] - writes[0][1] >= 0.9, f"the second write came {writes[1][1] - writes[0][1]:.3f} s after the first"
     assert (job.progress, job.progress_message) == (0.4, "step 0.4")
+
+
+# -- 2. a pause: what a process holds of a paused type does not start ------------------------------
+
+
+async def paused_here(p: pipeline.Pipeline, job_type: str) -> bool:
+    return p.pools[job_type].paused  # (the process has acknowledged the pause)
+
+
+@pytest.mark.parametrize("where", ["this process", "another process"])
+@pytest.mark.parametrize("store", sorted(BACKENDS))
+async def test_jobs_claimed_ahead_go_back_and_none_starts_once_a_pause_is_acknowledged(
+    store: str, where: str, tmp_path: Path,
+) -> None:
+    reg, started, go, ran = blocker_registry()
+    async with running(store, tmp_path, reg, prefetch=2) as p:
+        first = await p.enqueue(Work(0))
+        with trio.fail_after(15):
+            await started.wait()
+        ahead = [await p.enqueue(Work(1)), await p.enqueue(Work(2))]
+        for job_id in ahead:
+            await until(lambda: held(p, job_id), what=lambda: record(p, job_id))  # both behind the busy worker
+        if where == "this process":
+            await p.pause_type("slow")  # acknowledged here as it returns
+        else:
+            async with pipeline.backends.open_backend(p.config) as other:
+                await other.set_type_paused("slow", True)
+            await until(lambda: paused_here(p, "slow"))  # the process's look at the store
+        go.set()
+        await p.result(first, timeout=15)
+        for job_id in ahead:
+            await until(lambda: pending(p, job_id), what=lambda: record(p, job_id))
+        assert ran == [0], "a job of the paused type started"
+        assert [(await record(p, job_id)).attempts for job_id in ahead] == [0, 0]
+        await p.resume_type("slow")
+        for job_id in ahead:
+            await p.result(job_id, timeout=15)
+    assert sorted(ran) == [0, 1, 2]
+
+
+async def pending(p: pipeline.Pipeline, job_id: str) -> bool:
+    return (await record(p, job_id)).status == "pending"

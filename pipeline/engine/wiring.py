@@ -456,10 +456,19 @@ class Pipeline:
     async def pause_type(self, job_type: str) -> None:
         """No new job of this type starts, in any process sharing the store, until :meth:`resume_type`
         (kept in the store, across restarts); enqueues are still accepted; running jobs finish."""
-        await self.backend.set_type_paused(self._known_type(job_type), True)
+        await self._set_paused(job_type, True)
 
     async def resume_type(self, job_type: str) -> None:
-        await self.backend.set_type_paused(self._known_type(job_type), False)
+        await self._set_paused(job_type, False)
+
+    async def _set_paused(self, job_type: str, paused: bool) -> None:
+        # this process acknowledges its own pause at once (others at their canceller's next look):
+        # once pause_type returns, no job of the type starts here, those claimed ahead go back
+        await self.backend.set_type_paused(self._known_type(job_type), paused)
+        pool = self.pools.get(job_type)
+        if pool is not None:
+            pool.paused = paused
+            pool.pause_marks += 1
 
 
 KEYS_UNLIMITED = 2**31 - 1  # the key limit of a type with limit_key and no key_limit: round-robin alone

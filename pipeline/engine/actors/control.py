@@ -9,6 +9,12 @@ like any other, fenced by its lease token, so a cancel that races the job's own 
 exactly one of them. A process that dies before it stops the job leaves it to the rescue, which
 ends an expired lease whose cancel was requested as cancelled.
 
+At the same look it reads the paused types (``Backend.paused_types``) and tells each pool
+(``Pool.paused``): a paused type's workers start nothing, and what they take (jobs claimed ahead,
+before the pause) goes back to pending, its attempt not counted. So a pause made elsewhere is
+acknowledged here within half a second while this process holds jobs (with none, its claims skip the
+type); the process that pauses acknowledges it at once (Pipeline.pause_type).
+
 The progress writer keeps the latest report of each running job and writes those that changed,
 at most once a second per job (one ``Backend.set_progress`` each, fenced like an outcome: a report
 of a job that has since ended changes nothing). The first report of a quiet second goes at once.
@@ -44,17 +50,24 @@ async def run_canceller(
         if not any(pool.held for pool in pools.values()):
             await trio.sleep(IDLE_LOOK)
             continue
+        marks = {name: pool.pause_marks for name, pool in pools.items()}
         try:
             requests = await backend.cancel_requests(owner)
+            paused = await backend.paused_types()
         except PipelineClosed:
             return
         except (StoreError, PipelineError) as exc:
             if not failing:
-                log.warning("could not read cancel requests (%s); trying again", exc)
+                log.warning("could not read cancel requests and pauses (%s); trying again", exc)
             failing = True
             await trio.sleep(CANCEL_POLL)
             continue
         failing = False
+        for name, pool in pools.items():
+            if pool.pause_marks == marks[name] and pool.paused != (name in paused):  # (not one made here meanwhile)
+                pool.paused = name in paused
+                log.info("job type %s %s", name, "paused: its jobs claimed ahead go back to pending, none starts"
+                         if pool.paused else "resumed")
         for job_id, token in requests:
             for pool in pools.values():
                 if pool.request_cancel(job_id, token):

@@ -165,6 +165,11 @@ class Pool:
     watch: trio.Event = attrs.field(factory=trio.Event)  # wakes the watch (stop(); the last worker's end)
     live_workers: int = 0  # workers: how many of them run
     stopping: bool = False  # set by the wiring at shutdown: release, don't start
+    # the type is paused (Backend.set_type_paused), as this process last learned it: by the canceller's
+    # look at the store, or at once from this process's Pipeline.pause_type / resume_type. Its workers
+    # start nothing meanwhile: what they take goes back to pending, its attempt not counted
+    paused: bool = False
+    pause_marks: int = 0  # Pipeline.pause_type / resume_type: +1 each (a look read before one is not applied)
     stop_deadline: float = float("inf")  # trio time by which the grace is over
     lost: set[tuple[str, int]] = attrs.field(factory=set)  # heartbeat: leases another process now holds
     # the canceller: leases whose cancel was requested (Backend.cancel_requests), until they settle
@@ -482,7 +487,7 @@ async def _finish(
         if flushed is not None:
             await flushed.wait()
     following: Lease | None = None
-    if recv is not None and not pool.stopping:
+    if recv is not None and not pool.stopping and not pool.paused:
         try:
             following = recv.receive_nowait()
         except (trio.WouldBlock, trio.EndOfChannel):
@@ -515,7 +520,7 @@ async def _begin(workers: Workers, pool: Pool, lease: Lease, counted: bool | Non
         return Outcome("lost")  # another process took it over before it started here
     if key in pool.cancelling:
         return Outcome("cancelled", _cancelled(lease, started=False))
-    if pool.stopping:
+    if pool.stopping or pool.paused:  # (paused: it goes back, and is claimed again once the type is resumed)
         return Outcome("released")
     if _expired(lease):  # claimed before its expiry, taken by its worker after it: it never starts
         assert lease.expires_at is not None
