@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -63,7 +64,7 @@ async def test_a_second_enqueue_with_the_key_answers_the_first_job_whatever_its_
         await p.backend.cancel([first], reason="test")
         assert await p.enqueue(Echo("four"), idempotency_key="order-42") == first
         # and once retention (or an operator) removed it: the key outlives the job for its window
-        assert await p.backend.delete(first) or True
+        await p.backend.delete(first)
         assert await p.backend.get(first) is None
         assert await p.enqueue(Echo("five"), idempotency_key="order-42") == first
         # enqueue_many: one key per job; a key held answers its job, two of one call the first's
@@ -147,7 +148,7 @@ async def test_two_processes_racing_with_one_key_leave_one_job(kind: str, tmp_pa
         racers = [subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True, bufsize=1) for _ in range(2)]
         try:
-            def line_of(racer: subprocess.Popen[str]) -> str:
+            def line_of(racer: subprocess.Popen[str]) -> list[str]:
                 line = racer.stdout.readline()  # type: ignore[union-attr]
                 assert line, racer.stderr.read()  # type: ignore[union-attr]
                 return line.split()
@@ -199,9 +200,9 @@ async def test_existing_databases_get_the_keys_table(tmp_path: Path) -> None:
 
         async with open_backend(config):
             pass
-        with psycopg.connect(config.database_url, autocommit=True) as conn:
-            conn.execute("DROP TABLE idempotency_keys")
-            conn.execute("DELETE FROM pipeline_migrations WHERE version = 10")
+        with psycopg.connect(config.database_url, autocommit=True) as pg:
+            pg.execute("DROP TABLE idempotency_keys")
+            pg.execute("DELETE FROM pipeline_migrations WHERE version = 10")
         async with open_pipeline(config.replace(worker=WorkerSettings(enabled=False)), registry()) as p:
             first = await p.enqueue(Echo("x"), idempotency_key="k")
             assert await p.enqueue(Echo("y"), idempotency_key="k") == first
@@ -479,11 +480,11 @@ async def keys_stored(config: Config) -> int:
         import sqlite3
 
         def count() -> int:
-            conn = sqlite3.connect(config.database_path)
+            db = sqlite3.connect(config.database_path)
             try:
-                return int(conn.execute("SELECT count(*) FROM idempotency_keys").fetchone()[0])
+                return int(db.execute("SELECT count(*) FROM idempotency_keys").fetchone()[0])
             finally:
-                conn.close()
+                db.close()
     return await trio.to_thread.run_sync(count)
 
 
@@ -504,3 +505,143 @@ async def test_expired_keys_go_as_fast_as_keys_come_in_calls_of_many(kind: str, 
         # the 50 of each round are gone within the next round: what is left is the last round's 50 and
         # the last key; at 4 a call it was 8 x 50 - 8 x 4 + 1 = 369 (less what the Ledger batched apart)
         assert await keys_stored(config) <= 60
+
+
+# -- Postgres: a key whose first enqueue has not committed yet ------------------------------------------------
+
+
+@pytest.mark.parametrize("first_ends", ["commit", "rollback"])
+async def test_postgres_an_enqueue_waits_for_the_open_transaction_holding_its_key(first_ends: str, tmp_path: Path) -> None:
+    """While another transaction has taken the key and not yet committed, a second enqueue of it
+    waits (the primary key's lock), neither answering nor inserting; that transaction commits: the
+    second answers its job; it rolls back: the second inserts its own."""
+    import psycopg
+
+    from pipeline.backends.postgres import store as pg_store
+
+    async with BACKENDS["postgres"](tmp_path) as config:
+        config = config.replace(worker=WorkerSettings(enabled=False))
+        async with open_pipeline(config, registry()) as p:
+            row = p.new_job(Echo("first"), idempotency_key="open")
+            conn = psycopg.connect(config.database_url)
+            try:
+                tx = conn.transaction()
+                tx.__enter__()
+                (first,) = pg_store.insert_idempotent(conn, [row], lambda c, rows: pg_store.insert_jobs(c, rows, notify=False))
+                answers: list[str] = []
+
+                async def second() -> None:
+                    answers.append(await p.enqueue(Echo("second"), idempotency_key="open"))
+
+                async with trio.open_nursery() as tn:
+                    tn.start_soon(second)
+                    with psycopg.connect(config.database_url, autocommit=True) as watch, trio.fail_after(30):
+                        while not watch.execute("SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                                "AND query LIKE '%%idempotency_keys%%'").fetchone():
+                            await trio.sleep(0.02)
+                    assert answers == []  # waiting on the key, not answered
+                    if first_ends == "commit":
+                        tx.__exit__(None, None, None)
+                    else:
+                        tx.__exit__(RuntimeError, RuntimeError("rolled back"), None)
+                    conn.commit()
+            finally:
+                conn.close()
+            stored = await jobs_of(config)
+            if first_ends == "commit":
+                assert answers == [first] and stored == [first]
+            else:
+                assert answers != [first] and stored == answers
+
+
+# -- an enqueue without a key pays nothing for keys ------------------------------------------------------------
+
+
+@pytest.fixture
+def statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """What this process sends Postgres, recorded on the real connections (psycopg's Cursor.execute)."""
+    import psycopg
+
+    sent: list[str] = []  # "<the connection's options> <the statement>" (other tests' schemas are made meanwhile)
+    execute = psycopg.Cursor.execute
+
+    def recording(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(f"{self.connection.info.get_parameters().get('options', '')} "
+                    f"{query if isinstance(query, str) else repr(query)}")
+        return execute(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", recording)
+    return sent
+
+
+async def test_an_enqueue_without_a_key_sends_nothing_for_keys(store_config: Config, statements: list[str]) -> None:
+    """A plain enqueue's statements (SQLite: the Ledger's connection traced; Postgres: every statement
+    this process sends; Redis: MONITOR on a connection of its own) are the ones it sent before keys
+    existed: none names the keys' table or script, and there are as many as for a plain enqueue made
+    once keys were used (a sweep or a look-up on every insert would add some). A keyed enqueue, for
+    contrast, is seen using them."""
+    from pipeline.backends.redis.scripts import ALL
+
+    kind = store_config.database_url.split(":", 1)[0].removesuffix("ql")  # sqlite, postgres(ql), redis
+    async with open_pipeline(store_config, registry()) as p:
+        await p.enqueue(Echo("warm"))  # (connections, scripts loaded)
+        seen: list[str] = []
+        if kind == "sqlite":
+            def trace(conn: Any) -> None:
+                conn.set_trace_callback(seen.append)
+            await p.backend._db.write(trace)  # type: ignore[attr-defined]
+            sent = seen
+        elif kind == "redis":
+            import redis as redis_py
+
+            monitor_client = redis_py.Redis.from_url(store_config.database_url.split("?", 1)[0])
+            monitor = monitor_client.monitor()
+            monitor.__enter__()
+            started = trio.Event()
+            token = trio.lowlevel.current_trio_token()
+
+            def listen() -> None:
+                try:
+                    for command in monitor.listen():
+                        trio.from_thread.run_sync(started.set, trio_token=token)
+                        seen.append(command["command"])
+                except (redis_py.RedisError, OSError, trio.RunFinishedError):
+                    pass  # the monitor closed at the test's end
+
+            threading.Thread(target=listen, daemon=True).start()
+            monitor_client.ping()
+            with trio.fail_after(30):
+                while not started.is_set():
+                    await trio.to_thread.run_sync(monitor_client.ping)
+                    await trio.sleep(0.02)
+            sent = seen
+        else:
+            sent = statements
+            schema = store_config.database_url.rsplit("search_path%3D", 1)[1]
+
+        async def sent_by(**kwargs: Any) -> list[str]:
+            await trio.sleep(0.1)  # (the Redis monitor's echo of what came before)
+            sent.clear()
+            await p.enqueue(Echo("x"), **kwargs)
+            await trio.sleep(0.1)
+            # what an insert sends (the pipeline's other actors write now and then meanwhile)
+            if kind == "redis":
+                inserts = {ALL[name].sha for name in ALL if name.startswith("insert")}
+                prefix = store_config.database_url.rsplit("prefix=", 1)[1].split("&", 1)[0]  # (other tests' commands)
+                return [c for c in sent if c.upper().startswith("EVALSHA") and any(sha in c for sha in inserts)
+                        and prefix in c]
+            mine = [s for s in sent if kind == "sqlite" or schema in s.split(" ", 1)[0]]
+            return [s for s in mine if "INSERT" in s.upper() or "idempotency" in s]
+
+        plain_before = await sent_by()
+        keyed = await sent_by(idempotency_key="k")
+        plain_after = await sent_by()
+        if kind == "redis":
+            monitor.__exit__(None, None, None)
+            marks = (ALL["insert_idempotent"].sha,)
+        else:
+            marks = ("idempotency_keys",)
+        assert any(mark in s for s in keyed for mark in marks), keyed
+        for plain in (plain_before, plain_after):
+            assert not any(mark in s for s in plain for mark in marks), plain
+        assert len(plain_before) == len(plain_after), [[s[:100] for s in ss] for ss in (plain_before, plain_after)]
