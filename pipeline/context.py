@@ -109,6 +109,8 @@ class JobContext:
         of no batch."""
         def paged(outcome: BatchOutcome) -> BatchOutcome:  # members() reads each page from where it runs
             page = outcome._page
+            if page is None:  # an outcome made without a store to page through
+                return outcome
             return attrs.evolve(outcome, fetch=lambda limit, offset: self._read(lambda w: page(limit, offset)))
 
         if trio.lowlevel.in_trio_run():
