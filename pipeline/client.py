@@ -74,7 +74,7 @@ class Client:
         self._nursery: trio.Nursery | None = None
         self._stop: trio.Event | None = None
         self._waits: set[trio.CancelScope] = set()  # result() waits in flight: close() ends them; the loop's only
-        self._store_identity: tuple[str, str] | None = None  # Postgres: (database, schema), once asked
+        self._store_identity: Any = None  # Postgres: where its tables are (outbox.Store), once asked
         self._closed = False
         self._start_loop()
         if self._failure is not None:
@@ -280,9 +280,9 @@ class Client:
 
         outbox.check_joinable(connection.info, connection.autocommit)  # before any statement of ours on it
         if self._store_identity is None:
-            self._store_identity = self._call(lambda p: p.backend.database.run(outbox.identity))  # type: ignore[attr-defined]
-        self._same_store(outbox.identity(connection))
-        written = outbox.write_in_transaction(connection, rows, batch)
+            self._store_identity = self._call(lambda p: p.backend.database.run(outbox.store_of))  # type: ignore[attr-defined]
+        outbox.check_store(connection, self._store_identity)  # the same database; its search_path may be the app's
+        written = outbox.write_in_transaction(connection, rows, batch, self._store_identity.schema)
         self._confirm_after_commit(written)
         return written.ids
 
@@ -340,12 +340,6 @@ class Client:
         if kind == "redis":
             raise UsageError("the Redis store has no transaction of yours to join (connection=): enqueue without it")
         raise UsageError(f"connection= takes a sqlite3 or psycopg connection, not {type(connection).__name__}")
-
-    def _same_store(self, theirs: tuple[str, str]) -> None:
-        ours = self._store_identity
-        if ours is not None and theirs != ours:
-            raise UsageError(f"connection= is on database {theirs[0]!r}, schema {theirs[1]!r}; this client's jobs are in "
-                             f"database {ours[0]!r}, schema {ours[1]!r}")
 
     def emit(self, event: Any) -> builtins.list[str]:
         """Route a domain event by the registry's routes; the ids of its jobs, once committed."""
@@ -515,9 +509,9 @@ class AsyncClient:
 
         outbox.check_joinable(connection.info, connection.autocommit)  # before any statement of ours on it
         if client._store_identity is None:
-            client._store_identity = await self._call(lambda p: p.backend.database.run(outbox.identity))  # type: ignore[attr-defined]
-        client._same_store(await outbox.identity_async(connection))
-        written = await outbox.write_in_transaction_async(connection, rows, batch)
+            client._store_identity = await self._call(lambda p: p.backend.database.run(outbox.store_of))  # type: ignore[attr-defined]
+        await outbox.check_store_async(connection, client._store_identity)
+        written = await outbox.write_in_transaction_async(connection, rows, batch, client._store_identity.schema)
         client._confirm_after_commit(written)
         return written.ids
 

@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 
 from ..base import BatchMember, BatchRecord, NewBatch, NewJob, check_after, parent_failed, unknown_parents
-from .store import ENDED, MS, NOTIFY, Plan, _text, apply_edges, deadlocks_retried, run_plan, unique_rounds
+from .store import ENDED, MS, NOTIFY, SCHEMA, Plan, _text, apply_edges, deadlocks_retried, run_plan, unique_rounds
 
 
 def is_linked(row: NewJob) -> bool:
@@ -36,22 +36,22 @@ def is_linked(row: NewJob) -> bool:
 # that changed one first has committed (READ COMMITTED reads the row as it left it). They are
 # flagged has_children (once): the statement that ends one hands it to apply_edges, and reading or
 # removing one looks for its edges.
-_LOCK_PARENTS = """
+_LOCK_PARENTS = f"""
 WITH locked AS MATERIALIZED (
-    SELECT id, status, has_children FROM jobs WHERE id = ANY(%(ids)s::text[]) ORDER BY id FOR UPDATE),
+    SELECT id, status, has_children FROM {SCHEMA}jobs WHERE id = ANY(%(ids)s::text[]) ORDER BY id FOR UPDATE),
 flagged AS (
-    UPDATE jobs j SET has_children = true FROM locked l
+    UPDATE {SCHEMA}jobs j SET has_children = true FROM locked l
      WHERE j.id = ANY(%(ids)s::text[]) AND j.id = l.id AND l.has_children IS NOT TRUE)
 SELECT id, status FROM locked
 """
 # A bulk load's read of the parents its rows name outside their chunk: no lock at all (any lock held
 # to the end of a long load would hold up a claim, a cancel or a delete of the job); confirmed just
 # before the commit (:func:`confirm_parents`).
-_READ_PARENTS = "SELECT id, status FROM jobs WHERE id = ANY(%(ids)s::text[])"
+_READ_PARENTS = f"SELECT id, status FROM {SCHEMA}jobs WHERE id = ANY(%(ids)s::text[])"
 # Rows without a unique key, placed (status, waiting_for, ...) by :func:`insert_plan`; a row
 # cancelled at insert (a parent had failed) is finished now.
 _INSERT_LINKED = f"""
-INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, created_at, updated_at, priority,
+INSERT INTO {SCHEMA}jobs (id, job_type, payload, status, attempts, max_attempts, run_after, created_at, updated_at, priority,
                   trace, expires_at, limit_key, error, waiting_for, has_children, runs_on_parent_failure, batch_id,
                   batch_position)
 SELECT id, job_type, payload, status, 0, max_attempts, run_after::timestamptz, created_at::timestamptz,
@@ -69,17 +69,17 @@ SELECT id, job_type, payload, status, 0, max_attempts, run_after::timestamptz, c
 # holding the key as a waiting row would), then placed here once the parents are read; rows of
 # this transaction, which nobody else sees yet.
 _PLACE_KEYED = f"""
-UPDATE jobs j SET status = r.status, error = r.error, waiting_for = r.waiting_for, runs_on_parent_failure = r.runs,
+UPDATE {SCHEMA}jobs j SET status = r.status, error = r.error, waiting_for = r.waiting_for, runs_on_parent_failure = r.runs,
        updated_at = CASE WHEN r.status = 'cancelled' THEN {MS} ELSE j.updated_at END
   FROM unnest(%(ids)s::text[], %(statuses)s::text[], %(errors)s::text[], %(waiting)s::int[], %(runs)s::bool[])
        AS r(id, status, error, waiting_for, runs)
  WHERE j.id = ANY(%(ids)s::text[]) AND j.id = r.id
 """
-_INSERT_EDGES = """
-INSERT INTO job_edges (parent_id, child_id, position, counted)
+_INSERT_EDGES = f"""
+INSERT INTO {SCHEMA}job_edges (parent_id, child_id, position, counted)
 SELECT * FROM unnest(%(parents)s::text[], %(children)s::text[], %(positions)s::int[], %(counted)s::bool[])
 """
-_INSERT_BATCH = "INSERT INTO batches (id, callback_id, created_at) VALUES (%(id)s, %(callback)s, %(created)s::timestamptz)"
+_INSERT_BATCH = f"INSERT INTO {SCHEMA}batches (id, callback_id, created_at) VALUES (%(id)s, %(callback)s, %(created)s::timestamptz)"
 
 
 def _runs(row: NewJob) -> bool | None:

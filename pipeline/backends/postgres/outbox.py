@@ -4,34 +4,105 @@ transaction, so a rollback leaves no job and the commit delivers the wake-up wit
 Nothing here commits.
 
 The statements are one plan (:func:`statements`, see store.Plan), run on a ``Connection`` by
-store.run_plan and awaited on an ``AsyncConnection`` here.
+store.run_plan and awaited on an ``AsyncConnection`` here. The caller's connection is the
+application's: its search_path is the application's own (``public``), where the pipeline's tables may
+not be (docs/backends.md advises a schema of their own). So the plan's statements name the pipeline's
+schema (:func:`in_schema`), and the connection need only be on the same database (:func:`check_store`);
+its search_path is never changed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import psycopg
+from psycopg import sql
 from psycopg.pq import TransactionStatus
 
 from ...errors import UsageError
 from ..base import NewBatch, NewJob
 from . import graph, store
 
-IDENTITY = "SELECT current_database(), current_schema()"
+T = TypeVar("T")
 
-def identity(conn: psycopg.Connection[Any]) -> tuple[str, str]:
-    """Which store a connection is on: its database and the schema its tables are found in."""
-    row = conn.execute(IDENTITY).fetchone()
+
+class Store(NamedTuple):
+    """Where a pipeline's tables are, as its own connection sees them: the database, the schema
+    (its search_path's first) and the oid of its ``jobs`` table (the same database on another
+    server, or a copy of it, has another)."""
+
+    database: str
+    schema: str
+    jobs: int
+
+
+_STORE = "SELECT current_database(), current_schema(), 'jobs'::regclass::oid"
+
+
+def store_of(conn: psycopg.Connection[Any]) -> Store:
+    """The pipeline's store, on one of its own connections (once per client)."""
+    row = conn.execute(_STORE).fetchone()
     assert row is not None
-    return str(row[0]), str(row[1])
+    return Store(str(row[0]), str(row[1]), int(row[2]))
 
 
-async def identity_async(conn: psycopg.AsyncConnection[Any]) -> tuple[str, str]:
-    row = await (await conn.execute(IDENTITY)).fetchone()
+# A caller's connection: its database and role, and the pipeline's jobs table as seen from it, read in
+# the catalog (which every role may read: a statement that failed here would fail the caller's
+# transaction), with the privileges an enqueue needs.
+_SEEN = """
+SELECT current_database(), current_user, c.oid, has_schema_privilege(n.oid, 'USAGE'),
+       has_table_privilege(c.oid, 'INSERT') AND has_table_privilege(c.oid, 'SELECT')
+  FROM (SELECT 1) AS one
+  LEFT JOIN pg_namespace n ON n.nspname = %(schema)s
+  LEFT JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = 'jobs' AND c.relkind IN ('r', 'p')
+"""
+
+
+def check_store(conn: psycopg.Connection[Any], ours: Store) -> None:
+    """UsageError, naming the problem and the fix, unless the caller's connection is on the
+    pipeline's database and may write its tables. Any search_path will do."""
+    row = conn.execute(_SEEN, {"schema": ours.schema}).fetchone()
+    _check_seen(row, ours)
+
+
+async def check_store_async(conn: psycopg.AsyncConnection[Any], ours: Store) -> None:
+    row = await (await conn.execute(_SEEN, {"schema": ours.schema})).fetchone()
+    _check_seen(row, ours)
+
+
+def _check_seen(row: Any, ours: Store) -> None:
     assert row is not None
-    return str(row[0]), str(row[1])
+    database, role, jobs, usage, writable = row
+    if database != ours.database:
+        raise UsageError(
+            f"connection= is on database {database!r}, but this client's jobs are in database {ours.database!r} "
+            f"(schema {ours.schema!r}): pass a connection to that database (DATABASE_URL's; any search_path will "
+            "do: the enqueue names the schema), or enqueue without connection= (a transaction of its own)")
+    if jobs != ours.jobs:
+        raise UsageError(
+            f"connection= is on a database named {database!r} whose schema {ours.schema!r} does not hold this "
+            "client's jobs table (another server, or a copy of the database?): connect it to the server and "
+            "database of DATABASE_URL, or enqueue without connection=")
+    if not (usage and writable):
+        raise UsageError(
+            f"connection= is on database {database!r} as role {role!r}, which may not write the pipeline's tables "
+            f"in schema {ours.schema!r}: GRANT USAGE ON SCHEMA {ours.schema} TO {role}; GRANT SELECT, INSERT, UPDATE "
+            f"ON ALL TABLES IN SCHEMA {ours.schema} TO {role}; or enqueue without connection=")
+
+
+def in_schema(plan: store.Plan[T], schema: str, conn: Any) -> store.Plan[T]:
+    """``plan`` with every statement naming the tables of ``schema`` (where store.SCHEMA marks
+    them) and ``schema`` as the NOTIFY's payload, quoted for ``conn`` (the caller's)."""
+    prefix = sql.Identifier(schema).as_string(conn) + "."
+    literal = sql.Literal(schema).as_string(conn)
+    try:
+        text, params = next(plan)
+        while True:
+            rows = yield text.replace(store.SCHEMA, prefix).replace("current_schema()", literal), params
+            text, params = plan.send(rows)
+    except StopIteration as done:
+        return done.value
 
 
 def check_joinable(info: Any, autocommit: bool) -> None:
@@ -84,17 +155,24 @@ def statements(rows: Sequence[NewJob], batch: NewBatch | None = None) -> store.P
     return Written([stored.get(row.id, row.id) for row in rows])
 
 
-def write_in_transaction(conn: psycopg.Connection[Any], rows: Sequence[NewJob], batch: NewBatch | None = None) -> Written:
-    """:func:`statements` run on the caller's connection (the clients' ``connection=``)."""
+def _plan(conn: Any, rows: Sequence[NewJob], batch: NewBatch | None, schema: str | None) -> store.Plan[Written]:
+    plan = statements(rows, batch)
+    return plan if schema is None else in_schema(plan, schema, conn)
+
+
+def write_in_transaction(conn: psycopg.Connection[Any], rows: Sequence[NewJob], batch: NewBatch | None = None,
+                         schema: str | None = None) -> Written:
+    """:func:`statements` run on the caller's connection (the clients' ``connection=``), naming the
+    tables of ``schema`` (None: those its search_path finds)."""
     check_joinable(conn.info, conn.autocommit)
-    return store.run_plan(conn, statements(rows, batch))
+    return store.run_plan(conn, _plan(conn, rows, batch, schema))
 
 
 async def write_in_transaction_async(conn: psycopg.AsyncConnection[Any], rows: Sequence[NewJob],
-                                     batch: NewBatch | None = None) -> Written:
+                                     batch: NewBatch | None = None, schema: str | None = None) -> Written:
     """:func:`statements` awaited on the caller's ``AsyncConnection``."""
     check_joinable(conn.info, conn.autocommit)
-    plan = statements(rows, batch)
+    plan = _plan(conn, rows, batch, schema)
     try:
         sql, params = next(plan)
         while True:

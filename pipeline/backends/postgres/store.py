@@ -39,6 +39,13 @@ from ..base import NewJob, Settlement, cancelled_running_error, expired_error
 # the statement's "now", as stored: rounded to the nearest millisecond, as clock.format_ts rounds
 MS = "date_trunc('milliseconds', now() + interval '500 microseconds')"
 CHANNEL = "pipeline_jobs"  # NOTIFY channel; the payload is the schema whose jobs became due
+# Where a statement that also runs on a caller's connection (Client.enqueue(connection=...): outbox.py)
+# names a table. The caller's search_path is the application's own ("public"), not the pipeline's, so
+# there it must name the pipeline's schema: outbox.in_schema writes the schema in the marker's place, and
+# in ``current_schema()``'s (the NOTIFY's payload, the schema whose jobs became due). On the pipeline's
+# own connections the marker is a comment, and the table is found through the URL's search_path as
+# every other statement's is: the hot path's text, and its cost, are unchanged.
+SCHEMA = "/*schema*/"
 
 
 def seconds_after(value: str) -> str:
@@ -54,13 +61,13 @@ _ROWS = (
     "%(max_attempts)s::bigint[], %(run_after)s::text[], %(priorities)s::bigint[], %(created)s::text[]) "
     "AS r(id, job_type, payload, max_attempts, run_after, priority, created_at)"
 )
-_INSERT_INTO = "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, created_at, updated_at, priority) "
+_INSERT_INTO = f"INSERT INTO {SCHEMA}jobs (id, job_type, payload, status, attempts, max_attempts, run_after, created_at, updated_at, priority) "
 _INSERT = _INSERT_INTO + _ROWS
 # Rows of which some have a trace context, an expiry or a limit key: _INSERT's rows, their traces,
 # their expires_at and their limit_key. A statement of its own (and batch variants), so that
 # _INSERT, the hot path's, binds what it did before these.
 _INSERT_TRACED = (
-    "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, created_at, updated_at, priority, "
+    f"INSERT INTO {SCHEMA}jobs (id, job_type, payload, status, attempts, max_attempts, run_after, created_at, updated_at, priority, "
     "trace, expires_at, limit_key) SELECT id, job_type, payload, 'pending', 0, max_attempts, run_after::timestamptz, "
     "created_at::timestamptz, created_at::timestamptz, priority, trace, expires_at::timestamptz, limit_key FROM "
     "unnest(%(ids)s::text[], %(types)s::text[], %(payloads)s::text[], %(max_attempts)s::bigint[], %(run_after)s::text[], "
@@ -105,7 +112,7 @@ HOLDS = ("unique_key IS NOT NULL AND status IN ('waiting', 'pending', 'running')
 # still fails the statement. Its own statement: _INSERT, the hot path's, is the same as before
 # unique keys.
 _INSERT_UNIQUE = (
-    "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, created_at, updated_at, priority, "
+    f"INSERT INTO {SCHEMA}jobs (id, job_type, payload, status, attempts, max_attempts, run_after, created_at, updated_at, priority, "
     "unique_key, trace, expires_at, limit_key, unique_token) SELECT id, job_type, payload, 'pending', 0, max_attempts, "
     "run_after::timestamptz, created_at::timestamptz, created_at::timestamptz, priority, unique_key, trace, "
     "expires_at::timestamptz, limit_key, unique_token FROM "
@@ -115,8 +122,8 @@ _INSERT_UNIQUE = (
     "AS r(id, job_type, payload, max_attempts, run_after, priority, created_at, unique_key, trace, expires_at, limit_key, "
     f"unique_token) ON CONFLICT (job_type, unique_key) WHERE {HOLDS} DO NOTHING RETURNING id"
 )
-_HOLDERS = """
-SELECT j.job_type, j.unique_key, j.id FROM jobs j
+_HOLDERS = f"""
+SELECT j.job_type, j.unique_key, j.id FROM {SCHEMA}jobs j
   JOIN unnest(%(types)s::text[], %(keys)s::text[]) AS k(job_type, unique_key)
     ON j.job_type = k.job_type AND j.unique_key = k.unique_key
  WHERE j.unique_key IS NOT NULL AND j.status IN ('waiting', 'pending', 'running')

@@ -1,0 +1,207 @@
+"""The Postgres store beside an application (issue 34, item 4), on a real server: ``connection=`` from the
+application's own connection, whose search_path is its own schema; ``application_name`` on every session
+the pipeline opens; payloads and results an operator reads with ``->>``."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import attrs
+import pytest
+import trio
+from backends.stores import POSTGRES_URL, postgres_store
+from jobkit import Echo, Tick, registry, wait_status
+
+import pipeline
+from pipeline import Config
+
+psycopg = pytest.importorskip("psycopg")
+
+LONG_POLL_MS = 60_000  # a job found within seconds was found by its NOTIFY, not by a poll
+
+
+def _quiet(config: Config) -> Config:
+    return config.replace(worker=attrs.evolve(config.worker, poll_interval_ms=LONG_POLL_MS))
+
+
+def _with_options(url: str, options: str) -> str:
+    """The store's URL (its database) with other libpq options than the test's search_path."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(query=options))
+
+
+# -- connection= from the application's own schema ----------------------------------------------------------
+
+# The application's schema holds tables named as the pipeline's, of another shape: a statement that named
+# a table without its schema would find these (the caller's search_path) and fail, or write the app's rows.
+_APP_TABLES = """
+CREATE SCHEMA {app};
+CREATE TABLE {app}.orders (id serial PRIMARY KEY, note text);
+CREATE TABLE {app}.jobs (order_ref integer);
+CREATE TABLE {app}.job_edges (order_ref integer);
+CREATE TABLE {app}.batches (order_ref integer);
+"""
+
+
+@contextmanager
+def _app_schema(config: Config) -> Iterator[tuple[str, str]]:
+    """The application's schema beside the pipeline's, on the same database: its name, and the URL of
+    the application's connections (their search_path that schema alone)."""
+    app = "app_" + config.database_url.rsplit("search_path%3D", 1)[1]
+    with psycopg.connect(config.database_url, autocommit=True) as admin:
+        admin.execute(_APP_TABLES.format(app=app))
+    try:
+        yield app, _with_options(config.database_url, f"options=-csearch_path%3D{app}")
+    finally:
+        with psycopg.connect(config.database_url, autocommit=True) as admin:
+            admin.execute(f"DROP SCHEMA {app} CASCADE")
+
+
+async def test_connection_from_the_apps_own_search_path_enqueues_into_the_pipelines_schema(tmp_path: Path) -> None:
+    """Every kind of enqueue in the caller's transaction (plain, with an expiry, unique keys and their
+    holder, after= a job in the store and in the call, a batch with its callback) from a connection
+    whose search_path is the app's schema: its rows commit with the app's row, the service starts them
+    by the NOTIFY (its payload the pipeline's schema), the app's same-named tables are untouched, and its
+    search_path is as it was."""
+    reg = registry()
+    async with postgres_store(tmp_path) as config, pipeline.open_pipeline(_quiet(config), reg) as service:
+        with _app_schema(config) as (app, app_url):
+            client = await trio.to_thread.run_sync(lambda: pipeline.Client(registry=reg, config=config))
+            try:
+                existing = await trio.to_thread.run_sync(lambda: client.enqueue(Tick(0), delay=3600))
+
+                def in_the_apps_transaction() -> tuple[list[str], str, list[tuple[Any, ...]]]:
+                    with psycopg.connect(app_url) as conn:
+                        (before,) = conn.execute("SHOW search_path").fetchone()
+                        conn.execute("INSERT INTO orders (note) VALUES ('rolled back')")
+                        gone = client.enqueue(Echo("rolled back"), connection=conn)
+                        conn.rollback()
+                        conn.execute("INSERT INTO orders (note) VALUES ('committed')")
+                        ids = [client.enqueue(Echo("plain"), connection=conn),
+                               client.enqueue(Echo("expiring"), expires_at=time.time() + 3600, connection=conn),
+                               *client.enqueue_many([Tick(1), Tick(2)], unique_keys=["k", None], connection=conn),
+                               client.enqueue(Tick(3), unique_key="k", connection=conn)]  # the holder's id
+                        assert ids[4] == ids[2]
+                        ids.append(client.enqueue(Tick(4), after=[existing], connection=conn))  # waits for it
+                        first = client.enqueue(Echo("first"), connection=conn)
+                        ids += [first, client.enqueue(Echo("then"), after=[first], connection=conn)]
+                        batch = client.enqueue_batch([Tick(5), Tick(6)], then=Echo("callback"), connection=conn)
+                        ids += [*batch.job_ids, batch.callback_id]
+                        (during,) = conn.execute("SHOW search_path").fetchone()
+                        conn.commit()
+                        (after,) = conn.execute("SHOW search_path").fetchone()
+                        assert before == during == after, (before, during, after)
+                        app_rows = [conn.execute(f"SELECT count(*) FROM {name}").fetchone()
+                                    for name in ("orders", "jobs", "job_edges", "batches")]
+                    return [gone, *ids], before, app_rows
+
+                (gone, *ids), search_path, app_rows = await trio.to_thread.run_sync(in_the_apps_transaction)
+                assert search_path == app
+                assert app_rows == [(1,), (0,), (0,), (0,)]  # the app's order; its own same-named tables untouched
+                for job_id in (ids[0], ids[1], ids[3], ids[6], ids[7], ids[8], ids[9], ids[10]):
+                    await wait_status(service, job_id, "completed", timeout=20)
+                assert await service.backend.get(gone) is None
+                assert (await service.backend.get(ids[2])).status == "completed"  # type: ignore[union-attr]
+                assert (await service.backend.get(ids[5])).status == "waiting"  # type: ignore[union-attr]
+
+                # the NOTIFY written in the app's transaction wakes the service: its payload is the pipeline's
+                # schema (the listener ignores any other). Alone here: the confirmation of after= above sent one
+                # of its own, on the client's connection.
+                await trio.sleep(0.5)  # the service idle, waiting on its listener (a minute's poll)
+
+                def alone() -> str:
+                    with psycopg.connect(app_url) as conn:
+                        return client.enqueue(Echo("woken"), connection=conn)
+
+                started = time.monotonic()
+                woken = await trio.to_thread.run_sync(alone)
+                await wait_status(service, woken, "completed", timeout=20)
+                assert time.monotonic() - started < LONG_POLL_MS / 1000 / 3, "found by a poll, not by the NOTIFY"
+            finally:
+                await trio.to_thread.run_sync(client.close)
+
+
+async def test_an_async_connection_from_the_apps_own_search_path_enqueues_too(tmp_path: Path) -> None:
+    reg = registry()
+    async with postgres_store(tmp_path) as config, pipeline.open_pipeline(_quiet(config), reg) as service:
+        with _app_schema(config) as (_, app_url):
+            async def asyncio_app() -> list[str]:
+                async with pipeline.AsyncClient(registry=reg, config=config) as aclient:
+                    async with await psycopg.AsyncConnection.connect(app_url) as aconn:
+                        async with aconn.transaction():
+                            await aconn.execute("INSERT INTO orders (note) VALUES ('async')")
+                            ids = await aclient.enqueue_many([Echo("async"), Tick(1)], unique_keys=[None, "k"],
+                                                             connection=aconn)
+                            first = await aclient.enqueue(Echo("first"), connection=aconn)
+                            ids += [first, await aclient.enqueue(Echo("then"), after=[first], connection=aconn)]
+                        jobs = await (await aconn.execute("SELECT count(*) FROM jobs")).fetchone()
+                        assert jobs == (0,)
+                return ids
+
+            ids = await trio.to_thread.run_sync(lambda: asyncio.run(asyncio_app()))
+            for job_id in ids:
+                await wait_status(service, job_id, "completed", timeout=10)
+
+
+async def test_a_connection_to_another_database_is_refused_naming_it_and_the_fix(tmp_path: Path) -> None:
+    """The refusal that remains: another database (any schema, any search_path). The message names both
+    databases and what to do; nothing is written, and the caller's transaction is not failed by the check."""
+    reg = registry()
+    async with postgres_store(tmp_path) as config:
+        def refused() -> str:
+            with pipeline.Client(registry=reg, config=config) as client, psycopg.connect(POSTGRES_URL) as other:
+                other.execute("SELECT 1")
+                with pytest.raises(pipeline.UsageError) as caught:
+                    client.enqueue(Echo("x"), connection=other)
+                assert other.execute("SELECT 2").fetchone() == (2,)  # its transaction still usable
+                return str(caught.value)
+
+        message = await trio.to_thread.run_sync(refused)
+        ours = urlsplit(config.database_url).path.lstrip("/")
+        theirs = urlsplit(POSTGRES_URL).path.lstrip("/")
+        assert repr(theirs) in message and repr(ours) in message, message
+        assert "pass a connection to that database" in message and "any search_path" in message, message
+
+
+async def test_a_role_that_may_not_write_the_pipelines_tables_is_told_the_grants(tmp_path: Path) -> None:
+    """The app's own role (not the pipeline's): refused before anything is written, the message giving the
+    GRANTs; once granted, the enqueue commits with the app's transaction."""
+    reg = registry()
+    async with postgres_store(tmp_path) as config, pipeline.open_pipeline(_quiet(config), reg) as service:
+        schema = config.database_url.rsplit("search_path%3D", 1)[1]
+        role = f"app_role_{schema}"
+        with psycopg.connect(config.database_url, autocommit=True) as admin:
+            admin.execute(f"CREATE ROLE {role} LOGIN")
+        try:
+            with _app_schema(config) as (app, app_url):
+                with psycopg.connect(config.database_url, autocommit=True) as admin:
+                    admin.execute(f"GRANT ALL ON SCHEMA {app} TO {role}; GRANT ALL ON ALL TABLES IN SCHEMA {app} TO {role}; "
+                                  f"GRANT ALL ON ALL SEQUENCES IN SCHEMA {app} TO {role}")
+                parts = urlsplit(app_url)
+                as_role = urlunsplit(parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port or 5432}"))
+
+                def enqueue_as_the_app() -> str:
+                    with pipeline.Client(registry=reg, config=config) as client, psycopg.connect(as_role) as conn:
+                        conn.execute("INSERT INTO orders (note) VALUES ('x')")
+                        job_id = client.enqueue(Echo("as the app's role"), connection=conn)
+                        conn.commit()
+                        return job_id
+
+                with pytest.raises(pipeline.UsageError) as caught:
+                    await trio.to_thread.run_sync(enqueue_as_the_app)
+                message = str(caught.value)
+                assert role in message and f"GRANT USAGE ON SCHEMA {schema} TO {role}" in message, message
+                with psycopg.connect(config.database_url, autocommit=True) as admin:
+                    admin.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}; "
+                                  f"GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA {schema} TO {role}")
+                job_id = await trio.to_thread.run_sync(enqueue_as_the_app)
+                await wait_status(service, job_id, "completed", timeout=20)
+        finally:
+            with psycopg.connect(config.database_url, autocommit=True) as admin:
+                admin.execute(f"DROP OWNED BY {role}; DROP ROLE {role}")
