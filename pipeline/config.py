@@ -383,9 +383,6 @@ class WorkerSettings:
     # a handler's return value is stored as the job's result, as JSON of at most this many bytes
     # (a larger one fails the attempt, saying so)
     result_max_bytes: int = setting(65_536, "WORKER_RESULT_MAX_BYTES", int_at_least(1))
-    # the event loop a worker process hosts for its asyncio handlers (runtime="asyncio"): "asyncio" (the
-    # standard library's) or "uvloop" (the `asyncio` extra; refused at start when not installed)
-    asyncio_loop: str = setting("asyncio", "WORKER_ASYNCIO_LOOP", choice("asyncio", "uvloop"))
 
     @property
     def backoff_base_seconds(self) -> float:
@@ -479,6 +476,8 @@ class RetentionSettings:
 class LogSettings:
     level: str = setting("info", "LOG_LEVEL", choice("debug", "info", "warning", "error"))
     format: str = setting("text", "LOG_FORMAT", choice("text", "json"))
+    # false: `python -m pipeline` leaves the root logger to the application's own set-up (logs.configure)
+    configure: bool = setting(True, "LOG_CONFIGURE", boolean)
 
 
 ENGINE_SECTIONS = {

@@ -15,8 +15,8 @@ import pytest
 import trio
 from conftest import config_of, fast_config
 
-from pipeline import PermanentError, Registry, open_pipeline
-from pipeline.logs import configure
+from pipeline import Config, PermanentError, Registry, open_pipeline
+from pipeline.logs import configure as configure_logging
 from pipeline.site import SendEmail, types_registry
 
 TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
@@ -24,11 +24,20 @@ TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
 @pytest.fixture
 def log_stream() -> Iterator[io.StringIO]:
-    """Where `configure` sends the pipeline's log; the logger is restored afterwards."""
-    logger = logging.getLogger("pipeline")
-    saved = (logger.handlers[:], logger.level, logger.propagate)
+    """Where `configure` sends the log; the loggers it changes are restored afterwards."""
+    root, logger = logging.getLogger(), logging.getLogger("pipeline")
+    saved = (root.handlers[:], root.level, logger.handlers[:], logger.level, logger.propagate)
     yield io.StringIO()
-    logger.handlers[:], logger.level, logger.propagate = saved[0], saved[1], saved[2]
+    root.handlers[:], logger.handlers[:] = saved[0], saved[2]
+    root.level, logger.level, logger.propagate = saved[1], saved[3], saved[4]
+    logging.captureWarnings(False)
+
+
+def configure(config: Config, stream: io.StringIO) -> None:
+    """``logs.configure`` as in a service process, whose root logger has no handler yet (pytest's
+    capture handlers would be replaced, and the log would say so)."""
+    logging.getLogger().handlers[:] = []
+    configure_logging(config, stream)
 
 
 def registry() -> Registry:
@@ -60,7 +69,7 @@ async def run_jobs(db_path: Path) -> dict[str, str]:
 
 
 async def test_json_lines_carry_each_job_outcome(db_path: Path, log_stream: io.StringIO) -> None:
-    configure(config_of(log_format="json", log_level="info"), stream=log_stream)
+    configure(config_of(log_format="json", log_level="info"), log_stream)
     ids = await run_jobs(db_path)
     records = [json.loads(line) for line in log_stream.getvalue().splitlines()]  # every line is JSON
     outcomes = [r for r in records if "job_id" in r]
@@ -87,7 +96,7 @@ async def test_json_lines_carry_each_job_outcome(db_path: Path, log_stream: io.S
 
 
 async def test_text_lines_for_people(db_path: Path, log_stream: io.StringIO) -> None:
-    configure(config_of(log_format="text", log_level="info"), stream=log_stream)
+    configure(config_of(log_format="text", log_level="info"), log_stream)
     ids = await run_jobs(db_path)
     text = log_stream.getvalue()
     assert re.search(rf" INFO pipeline: job {ids['fine']} send_email attempt 1/3 ok → completed in \d+\.\d (ms|s)$", text, re.M), text
@@ -101,7 +110,7 @@ async def test_text_lines_for_people(db_path: Path, log_stream: io.StringIO) -> 
 
 
 async def test_log_level_filters(db_path: Path, log_stream: io.StringIO) -> None:
-    configure(config_of(log_format="json", log_level="warning"), stream=log_stream)
+    configure(config_of(log_format="json", log_level="warning"), log_stream)
     ids = await run_jobs(db_path)
     records = [json.loads(line) for line in log_stream.getvalue().splitlines()]
     assert {r["job_id"] for r in records if "job_id" in r} == {ids["flaky"], ids["never"]}
@@ -109,7 +118,7 @@ async def test_log_level_filters(db_path: Path, log_stream: io.StringIO) -> None
 
 
 def test_exceptions_are_one_json_line(log_stream: io.StringIO) -> None:
-    configure(config_of(log_format="json"), stream=log_stream)
+    configure(config_of(log_format="json"), log_stream)
     try:
         raise ValueError("boom\nsecond line")
     except ValueError:
@@ -133,7 +142,7 @@ def test_outcome_lines_keep_their_place_before_a_later_record(log_stream: io.Str
     logging.getLogger("pipeline.poller").warning("a later warning")
     text = log_stream.getvalue().splitlines()
     assert [line.split(": ", 1)[1] for line in text] == ["job 0 ok", "job 1 ok", "job 2 ok", "a later warning"]
-    assert all(re.match(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (INFO|WARNING) pipeline", line) for line in text)
+    assert all(re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (INFO|WARNING) pipeline", line) for line in text)  # UTC
 
 
 def test_outcome_lines_are_written_within_a_tenth_of_a_second(log_stream: io.StringIO) -> None:
