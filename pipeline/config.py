@@ -383,6 +383,9 @@ class WorkerSettings:
     # a handler's return value is stored as the job's result, as JSON of at most this many bytes
     # (a larger one fails the attempt, saying so)
     result_max_bytes: int = setting(65_536, "WORKER_RESULT_MAX_BYTES", int_at_least(1))
+    # the event loop a worker process hosts for its asyncio handlers (runtime="asyncio"): "asyncio" (the
+    # standard library's) or "uvloop" (the `asyncio` extra; refused at start when not installed)
+    asyncio_loop: str = setting("asyncio", "WORKER_ASYNCIO_LOOP", choice("asyncio", "uvloop"))
 
     @property
     def backoff_base_seconds(self) -> float:

@@ -6,6 +6,7 @@ Its own module, beneath the registry (which names it in a handler's type) and th
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Awaitable, Callable, Container, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
@@ -32,6 +33,20 @@ class HandlerThread(Protocol):
 
     def over(self) -> bool:
         """On the loop: whether the attempt is over, or past its deadline (its end is on the way)."""
+
+
+class LoopHost(Protocol):
+    """The asyncio loop an asyncio handler runs on, as its context needs it (engine/asyncio_host.py's
+    AsyncioHost): how its ctx reaches the trio side from the handler's asyncio task, or from a thread
+    it started (``asyncio.to_thread``)."""
+
+    token: trio.lowlevel.TrioToken
+
+    def on_loop(self) -> bool:
+        """In the loop's thread, outside a trio task (an asyncio task)."""
+
+    def run_trio(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> Awaitable[Any]:
+        """From an asyncio task: ``fn(*args)`` as a trio task, awaited."""
 
 
 class Workflows(Protocol):
@@ -74,6 +89,12 @@ class JobContext:
     _deadlines: Mapping[tuple[str, int], float] | None = attrs.field(default=None, alias="deadlines", eq=False,
                                                                      repr=False)
     _clock: trio.abc.Clock | None = attrs.field(default=None, alias="clock", eq=False, repr=False)
+    # what the registry's lifespan yielded (``@registry.lifespan``), the same object in every handler of
+    # the process; None without one
+    state: Any = attrs.field(default=None, eq=False, repr=False)
+    # an asyncio handler's loop (runtime="asyncio"): its awaits (emit, progress, parent_results, batch)
+    # are asyncio's, reaching the trio side through it. None for a trio or sync handler.
+    _aio: LoopHost | None = attrs.field(default=None, alias="aio", eq=False, repr=False)
 
     def time_left(self) -> float:
         """Seconds until this attempt is cancelled: its timeout (``timeout=``, WORKER_JOB_TIMEOUT_SECONDS),
@@ -124,6 +145,12 @@ class JobContext:
         workflows = self._workflows
         if workflows is None:
             raise UsageError("this context belongs to no pipeline: there is no store to read")
+        aio = self._aio
+        if aio is not None:  # an asyncio handler: from its task, an asyncio awaitable; from its threads, the value
+            if aio.on_loop():
+                return aio.run_trio(read, workflows)
+            if not trio.lowlevel.in_trio_run():
+                return trio.from_thread.run(read, workflows, trio_token=aio.token)
         if trio.lowlevel.in_trio_run():
             return read(workflows)
         thread = self._thread
@@ -155,6 +182,14 @@ class JobContext:
                 raise UsageError(f"a progress message must be text, got {type(message).__name__}")
             message = message[:MAX_PROGRESS_MESSAGE].encode("utf-8", "backslashreplace").decode("utf-8")
         fraction = float(fraction)
+        aio = self._aio
+        if aio is not None:
+            if aio.on_loop():
+                return self._report_asyncio(fraction, message)
+            if not trio.lowlevel.in_trio_run():  # a thread the asyncio handler started
+                if self._report is not None and not self._attempt_over():
+                    trio.from_thread.run_sync(self._report, self.id, self._token, fraction, message, trio_token=aio.token)
+                return None
         if trio.lowlevel.in_trio_run():
             return self._report_async(fraction, message)
         thread = self._thread
@@ -171,12 +206,29 @@ class JobContext:
             self._report(self.id, self._token, fraction, message)
         await trio.lowlevel.checkpoint()
 
+    async def _report_asyncio(self, fraction: float, message: str | None) -> None:
+        # on the loop's thread, where the trio run is: the board is written directly (no hop)
+        if self._report is not None and not self._attempt_over():
+            self._report(self.id, self._token, fraction, message)
+        await asyncio.sleep(0)
+
+    def _attempt_over(self) -> bool:
+        """An asyncio handler's attempt has ended (its run left the pool: it was abandoned)."""
+        deadlines = self._deadlines
+        return deadlines is not None and (self.id, self._token) not in deadlines
+
     def emit(self, event: Any) -> Any:
         """Publish a domain event: the ids of the jobs it routed to, once committed. In an
         async handler, ``await ctx.emit(event)``; from a thread (a sync handler, or a thread it
         started), ``ctx.emit(event)`` blocks until committed and returns the ids. Refused
         (UsageError) once the attempt is over, from any thread (one the pool abandoned at a timeout,
         or one the handler started and left running): its retry emits instead."""
+        aio = self._aio
+        if aio is not None:  # an asyncio handler: from its task, an asyncio awaitable; from its threads, the ids
+            if aio.on_loop():
+                return aio.run_trio(self._emit_in_run, event)
+            if not trio.lowlevel.in_trio_run():
+                return trio.from_thread.run(self._emit_in_run, event, trio_token=aio.token)
         if trio.lowlevel.in_trio_run():  # on the loop: the coroutine, to await
             return self._emit(event)
         thread = self._thread
@@ -190,6 +242,12 @@ class JobContext:
         # looked at again on the loop, where the attempt ends: an emit the thread sent as its
         # deadline passed is refused, not committed beside the job's timeout
         if thread.over():
+            raise self._over()
+        return await self._emit(event)
+
+    async def _emit_in_run(self, event: Any) -> list[str]:
+        # an asyncio handler's: refused once its run left the pool (abandoned after its cancellation)
+        if self._attempt_over():
             raise self._over()
         return await self._emit(event)
 

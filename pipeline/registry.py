@@ -9,7 +9,10 @@ A new job type is one payload class (attrs or dataclass) plus one handler::
     async def resize_avatar(job: ResizeAvatar, ctx: pipeline.JobContext) -> None: ...
 
 (or ``registry.register("resize_avatar", ResizeAvatar, resize_avatar, concurrency=4)``). A plain
-``def`` handler runs in a thread of its own (see engine/actors/pools.py).
+``def`` handler runs in a thread of its own (see engine/actors/pools.py); an ``async def`` one on trio, or
+with ``runtime="asyncio"`` (or ``Registry(runtime="asyncio")``) as a task of the worker process's asyncio
+loop (engine/asyncio_host.py). ``@registry.lifespan`` opens what handlers share (``ctx.state``) once per
+worker process.
 
 The registry owns the one cattrs converter, used only at the edges (database rows,
 HTTP, CLI). Structuring is strict: a string where an int is expected, a missing field
@@ -36,7 +39,7 @@ import cattrs
 from cattrs.cols import homogenous_tuple_structure_factory, is_any_set, is_sequence, list_structure_factory
 
 from .config import RATE_FORMS, parse_rate
-from .errors import InvalidPayload, UnknownEvent, UnknownJobType
+from .errors import InvalidPayload, UnknownEvent, UnknownJobType, UsageError
 from .schedules import Schedule, make_schedule
 
 if TYPE_CHECKING:
@@ -49,6 +52,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 # middleware(ctx) -> an async context manager entered around each handler call
 Middleware = Callable[["JobContext"], AbstractAsyncContextManager[Any]]
 M = TypeVar("M", bound=Middleware)
+L = TypeVar("L", bound=Callable[..., Any])
 
 
 @attrs.frozen
@@ -68,6 +72,10 @@ ResourceFactory = Callable[["Config", "Registry"], AbstractAsyncContextManager[A
 MAX_PAYLOAD_BYTES = 1_048_576  # a job's JSON payload (and an event's data) may be at most 1 MiB
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,99}$")
+
+RUNTIMES = ("trio", "asyncio")  # what an ``async def`` handler runs on; a plain ``def`` runs in a thread
+# lifespan(), or lifespan(config): an async generator function that opens, yields the state, closes
+Lifespan = Callable[..., abc.AsyncIterator[Any]]
 
 
 @attrs.frozen
@@ -89,6 +97,9 @@ class JobSpec:
     key_limit: int | None = None  # at most this many jobs of one key run at once across every process
     # the registry's middleware, outermost first: filled by Registry.handled() for the pools
     middleware: tuple[Middleware, ...] = ()
+    # where the handler runs: "trio" (an async def, on the pipeline's trio loop), "asyncio" (an async
+    # def, as a task of the process's asyncio loop: engine/asyncio_host.py) or "thread" (a plain def)
+    runtime: str = "trio"
 
 
 @attrs.frozen
@@ -185,7 +196,11 @@ def _compact_json() -> Callable[[Any], str]:
 class Registry:
     """Job types and events known to one pipeline. Build it before ``open_pipeline``."""
 
-    def __init__(self, *, max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> None:
+    def __init__(self, *, max_payload_bytes: int = MAX_PAYLOAD_BYTES, runtime: str = "trio") -> None:
+        """``runtime``: what the ``async def`` handlers registered without their own ``runtime=`` run on,
+        and the lifespan's: "trio" (the default) or "asyncio" (a task of the worker process's asyncio loop,
+        for asyncpg, redis.asyncio, aiohttp...). A plain ``def`` handler runs in a thread either way."""
+        self.runtime = _check_runtime(runtime, "Registry(runtime=...)")
         self.max_payload_bytes = max_payload_bytes
         self._jobs: dict[str, JobSpec] = {}
         self._names_by_cls: dict[type, str] = {}
@@ -194,6 +209,7 @@ class Registry:
         self._resources: dict[str, ResourceFactory] = {}
         self._schedules: dict[str, Schedule] = {}
         self._middleware: list[Middleware] = []
+        self._lifespan: Lifespan | None = None
         # What a producer's trace context is now, captured by every enqueue and emit and stored
         # with its jobs (W3C traceparent text, or None for none); set by pipeline.otel.instrument.
         # The core never imports a tracing library: this is the one hook.
@@ -216,6 +232,7 @@ class Registry:
         rate_limit: str | None = None,
         limit_key: Callable[[Any], Any] | None = None,
         key_limit: int | None = None,
+        runtime: str | None = None,
     ) -> JobSpec:
         """Declare a job type (or attach a handler to one already declared with the same class).
         ``global_limit``: at most this many of its jobs run at once across every process
@@ -223,7 +240,9 @@ class Registry:
         ``rate_limit``: "N/s", "N/m" or "N/h": no window of that length sees more than N of its jobs
         start, across every process (WORKER_RATE_LIMITS takes precedence). ``limit_key``: a function of
         the job giving the key it counts under (a tenant's id); ``key_limit``: at most that many jobs of
-        one key run at once, across every process, and due jobs are taken round-robin across keys."""
+        one key run at once, across every process, and due jobs are taken round-robin across keys.
+        ``runtime``: "trio" or "asyncio", what an ``async def`` handler runs on (None: the registry's); a
+        plain ``def`` handler runs in a thread, and ``runtime="asyncio"`` on one is refused (UsageError)."""
         if not _NAME.match(name):
             raise ValueError(f"job type name {name!r} must match {_NAME.pattern}")
         _check_payload_class(f"job type {name!r}", cls)
@@ -250,6 +269,14 @@ class Registry:
         if limit_key is not None and not callable(limit_key):
             raise ValueError(f"job type {name!r}: limit_key must be a function of the job, got {limit_key!r}")
         sync = handler is not None and _check_handler(name, handler)
+        if runtime is not None:
+            _check_runtime(runtime, f"job type {name!r}: runtime")
+            if sync and runtime == "asyncio":
+                raise UsageError(
+                    f"job type {name!r}: runtime='asyncio' is for an `async def` handler, and {_describe(handler)} is a "
+                    "plain `def`, which runs in a thread whatever the runtime: make it `async def`, or drop runtime="
+                )
+        kind = "thread" if sync else (runtime or self.runtime)
         existing = self._jobs.get(name)
         if existing is not None and existing.cls is not cls:
             raise ValueError(f"job type {name!r} is already registered with {existing.cls.__name__}")
@@ -259,7 +286,7 @@ class Registry:
             raise ValueError(f"job type {name!r}: its payload class {cls.__name__} is already job type {other!r}'s; "
                              "give each job type a class of its own")
         spec = JobSpec(name, cls, handler, concurrency, timeout, max_attempts, global_limit, sync, rate_limit=rate,
-                       limit_key=limit_key, key_limit=key_limit)
+                       limit_key=limit_key, key_limit=key_limit, runtime=kind)
         self._jobs[name] = spec
         self._names_by_cls[cls] = name
         return spec
@@ -271,13 +298,13 @@ class Registry:
     def job(
         self, name: str | None = None, *, concurrency: int | None = None, timeout: float | None = None,
         max_attempts: int | None = None, global_limit: int | None = None, rate_limit: str | None = None,
-        limit_key: Callable[[Any], Any] | None = None, key_limit: int | None = None,
+        limit_key: Callable[[Any], Any] | None = None, key_limit: int | None = None, runtime: str | None = None,
     ) -> Callable[[F], F]: ...
 
     def job(
         self, name: Any = None, *, concurrency: int | None = None, timeout: float | None = None,
         max_attempts: int | None = None, global_limit: int | None = None, rate_limit: str | None = None,
-        limit_key: Callable[[Any], Any] | None = None, key_limit: int | None = None,
+        limit_key: Callable[[Any], Any] | None = None, key_limit: int | None = None, runtime: str | None = None,
     ) -> Any:
         """Decorator: declare a job type by its handler. The payload class is the annotation of
         the handler's first parameter (an attrs class or a dataclass); the type's name is
@@ -291,7 +318,7 @@ class Registry:
                 raise TypeError(f"handler {fn!r} has no __name__: name its job type, @registry.job('my_job')")
             self.register(type_name, _payload_class(fn), fn, concurrency=concurrency, timeout=timeout,
                           max_attempts=max_attempts, global_limit=global_limit, rate_limit=rate_limit,
-                          limit_key=limit_key, key_limit=key_limit)
+                          limit_key=limit_key, key_limit=key_limit, runtime=runtime)
             return fn
 
         if callable(name):  # @registry.job, without parentheses
@@ -323,6 +350,48 @@ class Registry:
         registered so far (a pipeline takes them as they are when it opens)."""
         middleware = tuple(self._middleware)
         return {name: attrs.evolve(spec, middleware=middleware) for name, spec in self._jobs.items() if spec.handler is not None}
+
+    def uses_asyncio(self) -> bool:
+        """Whether a process running this registry's jobs needs an asyncio loop: an ``async def`` handler
+        with runtime "asyncio", or a lifespan on a registry whose runtime is "asyncio"."""
+        return any(spec.runtime == "asyncio" for spec in self._jobs.values() if spec.handler is not None) or (
+            self._lifespan is not None and self.runtime == "asyncio")
+
+    # -- lifespan ---------------------------------------------------------------------------
+
+    def lifespan(self, fn: L) -> L:
+        """Decorator: what every handler of a worker process shares, opened once per process before its
+        first job and closed at shutdown after its last (Starlette's form)::
+
+            @registry.lifespan
+            async def lifespan(config: pipeline.Config):   # or no parameter at all
+                pool = await asyncpg.create_pool(...)
+                yield {"db": pool}                          # ctx.state in every handler
+                await pool.close()
+
+        It runs on the registry's runtime (``Registry(runtime="asyncio")``: as one asyncio task, so
+        asyncio libraries work in it). An error while it opens stops the process (its pipeline does not
+        open). One per registry. The function is returned unchanged. ``pipeline.engine.lifespan.open_lifespan``
+        opens it (open_pipeline does; so does pipeline.testing)."""
+        target = inspect.unwrap(fn.func if isinstance(fn, functools.partial) else fn)
+        if not inspect.isasyncgenfunction(target):
+            raise UsageError(
+                f"lifespan {_describe(target)} must be an async generator function: `async def lifespan(config):` "
+                "that opens what handlers share, `yield`s it once (handlers see it as ctx.state) and closes it"
+            )
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if len(params) > 1:
+            raise UsageError(f"lifespan {_describe(target)} takes at most one parameter (the pipeline's Config), "
+                             f"not {len(params)}")
+        if self._lifespan is not None:
+            raise UsageError(f"this registry already has a lifespan ({_describe(self._lifespan)}): one per registry")
+        self._lifespan = fn
+        return fn
+
+    def lifespan_function(self) -> Lifespan | None:
+        """The function ``@registry.lifespan`` declared, or None."""
+        return self._lifespan
 
     # -- middleware -------------------------------------------------------------------------
 
@@ -485,6 +554,13 @@ class Registry:
 
     def route(self, event: Any, config: Config) -> list[Routed]:
         return self.event_spec(self.event_name_of(event)).route(event, config)
+
+
+def _check_runtime(runtime: Any, what: str) -> str:
+    if runtime not in RUNTIMES:
+        raise UsageError(f"{what} must be one of {', '.join(map(repr, RUNTIMES))} (what an `async def` handler runs on; "
+                         f"a plain `def` runs in a thread), got {runtime!r:.60}")
+    return str(runtime)
 
 
 def _check_payload_class(what: str, cls: Any) -> None:

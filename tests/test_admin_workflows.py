@@ -172,6 +172,7 @@ def test_the_openapi_document_describes_the_workflow_fields() -> None:
         schemas["Job"]["required"])
     assert "waiting" in schemas["Job"]["properties"]["status"]["enum"]
     assert {"after", "on_parent_failure"} <= set(schemas["NewJob"]["properties"])
-    assert set(schemas["NewBatchJob"]["properties"]) == set(schemas["NewJob"]["properties"]) - {"unique_key", "unique_while"}
+    assert set(schemas["NewBatchJob"]["properties"]) == set(schemas["NewJob"]["properties"]) - {"unique_key", "unique_while",
+                                                                                                     "idempotency_key"}
     assert set(schemas["NewBatchCallback"]["properties"]) == set(schemas["NewBatchJob"]["properties"]) - {
         "after", "on_parent_failure"}

@@ -136,7 +136,7 @@ async def test_an_application_of_its_own_gets_only_the_engines_tables(db_path: P
         assert p.resources == {}
     conn = store.connect(db_path)
     assert tables(conn) == {"jobs", "workers", "scheduled_jobs", "upkeep", "schema_migrations", "paused_types",
-                            "rate_claims", "key_cursors", "edges", "batches"}
+                            "rate_claims", "key_cursors", "edges", "batches", "idempotency_keys"}
     conn.close()
 
 

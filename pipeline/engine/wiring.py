@@ -62,8 +62,10 @@ from .actors.poller import run_poller
 from .actors.pools import Outcome, Pool, ResultRefused, Workers, describe_outcome, run_timeouts, run_worker
 from .actors.retention import run_retention
 from .actors.scheduler import run_scheduler
+from .asyncio_host import current_host
 from .diagrams import Wiring
 from .health import Health
+from .lifespan import open_lifespan, require_loop
 
 log = logging.getLogger("pipeline")
 
@@ -114,6 +116,8 @@ class Pipeline:
         self.progress_board = ProgressBoard()  # ctx.progress reports, until the progress writer stores them
         self.pools: Mapping[str, Pool] = {}  # the handler pools, once made (a producer-only pipeline has none)
         self._finished: dict[str, trio.Event] = {}  # result(): jobs waited for, set as an outcome of theirs is seen here
+        self.state: Any = None  # what the registry's lifespan yielded (ctx.state), once open_pipeline opened it
+        self.aio = current_host()  # the asyncio loop this trio run is the guest of (asyncio handlers'), or None
 
     # -- producing work -------------------------------------------------------------------
 
@@ -383,7 +387,8 @@ class Pipeline:
         return JobContext(lease.id, lease.job_type, lease.attempts, lease.max_attempts, self._emit, self.resources, self.config,
                           trace=lease.trace, report=self.progress_board.report, token=lease.token,
                           cancelling=None if pool is None else pool.cancelling, workflows=self,
-                          deadlines=None if pool is None else pool.deadlines, clock=self._clock)
+                          deadlines=None if pool is None else pool.deadlines, clock=self._clock, state=self.state,
+                          aio=self.aio if pool is not None and pool.spec.runtime == "asyncio" else None)
 
     def encode_result(self, value: Any) -> str | None:
         """A handler's return value as the JSON text stored as its job's result (JSON-able values, attrs
@@ -584,7 +589,7 @@ async def _run_workers(
     decode = functools.partial(pipeline.registry.decode, stored=True)
     workers = Workers(backend, decode, config.worker.backoff_base_seconds, nudge_send,
                       pipeline.observe, pipeline.context_for, encode_result=pipeline.encode_result,
-                      max_snoozes=config.worker.max_snoozes, flush_progress=pipeline.progress_board.flush)
+                      max_snoozes=config.worker.max_snoozes, flush_progress=pipeline.progress_board.flush, aio=pipeline.aio)
     async with trio.open_nursery() as tn, nudge_send:  # the workers' nudges end with the workers
         for pool in pools.values():
             for _ in range(pool.concurrency):
@@ -618,12 +623,14 @@ async def open_pipeline(config: Config | None = None, registry: Registry | None 
     registry = registry if registry is not None else Registry()
     global_limits(config, registry)  # refused before anything opens
     rate_limits(config, registry)
+    working = config.worker.enabled
+    if working:
+        require_loop(registry)  # asyncio handlers, and no asyncio loop to run them on
     wiring = Wiring()
     health = Health()  # the backend's listener reports in it too
     # the Poller's two channels across the backend boundary (see backends.base.ClaimOffer)
     nudge_send, nudge_recv = wiring.channel("Backend", "Poller", "nudge: work due, or the offer's claim", NUDGE_BUFFER)
     offers_send, offers_recv = wiring.channel("Poller", "Backend", "offer: free capacity for the next insert", 1)
-    working = config.worker.enabled
     async with AsyncExitStack() as stack:
         stack.callback(_flush_outcome_lines)  # the last outcomes' lines are out once the block is left
         backend = await stack.enter_async_context(open_backend(
@@ -637,6 +644,8 @@ async def open_pipeline(config: Config | None = None, registry: Registry | None 
         await backend.sync_code_schedules([ScheduleRecord.of(schedule, origin="code") for schedule in registry.schedules()],
                                           owned=set(registry.handled()) if working else set())
         await stack.enter_async_context(_open_resources(pipeline))
+        if working:  # the registry's lifespan, once per process that runs jobs: ctx.state (closed after the last job)
+            pipeline.state = await stack.enter_async_context(open_lifespan(registry, config))
         pools = pipeline.pools = _make_pools(config, registry, wiring) if working else {}
         await stack.enter_async_context(_run_keeper_and_bus(pipeline, pools))
         if working:

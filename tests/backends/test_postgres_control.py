@@ -36,7 +36,7 @@ REQUESTED = "cancelled while running (cancel requested); its attempt ended: "
 @contextmanager
 def connection(config: Config) -> Iterator[psycopg.Connection[Any]]:
     """A connection as the backend's (autocommit, UTC, times read as text)."""
-    conn = connect(config.database_url)
+    conn = connect(config.database_url, "test")
     try:
         yield conn
     finally:
@@ -66,7 +66,7 @@ async def test_a_schema_of_version_5_is_upgraded_in_place_and_its_jobs_go_on(tmp
             conn.execute(_OLD_ROWS)
             with pytest.raises(psycopg.errors.CheckViolation):  # version 5 knows no cancelled status
                 conn.execute("UPDATE jobs SET status = 'cancelled' WHERE id = %s", (PENDING,))
-            assert schema.migrate(conn, "test") == [6, 7, 8, 9]
+            assert schema.migrate(conn, "test") == [6, 7, 8, 9, 10]
             assert schema.migrate(conn, "test") == []
             # the new check is in force and validated: every row was read against it
             valid = conn.execute("SELECT convalidated FROM pg_constraint WHERE conname = 'jobs_status_check' "

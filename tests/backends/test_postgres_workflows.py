@@ -56,7 +56,7 @@ async def test_a_schema_of_version_7_is_upgraded_and_its_jobs_take_part_in_workf
             conn.execute(_V7_ROWS)
             with pytest.raises(psycopg.errors.CheckViolation):  # version 7 knows no waiting status
                 conn.execute("UPDATE jobs SET status = 'waiting' WHERE id = %s", (PENDING,))
-            assert schema.migrate(conn, "test") == [8, 9]
+            assert schema.migrate(conn, "test") == [8, 9, 10]
             assert schema.migrate(conn, "test") == []
             indexes = dict(conn.execute("SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema()")
                            .fetchall())
@@ -87,7 +87,7 @@ async def test_a_schema_of_version_7_is_upgraded_and_its_jobs_take_part_in_workf
 
 @contextmanager
 def connections(config: Config, n: int) -> Iterator[list[psycopg.Connection[Any]]]:
-    opened = [connect(config.database_url) for _ in range(n)]
+    opened = [connect(config.database_url, "test") for _ in range(n)]
     try:
         yield opened
     finally:
@@ -346,7 +346,7 @@ async def test_an_expired_parent_a_claim_sees_is_ended_with_its_edges_at_once(tm
         with connection(config) as conn:
             parked = conn.execute(store._CLAIM, {"types": ["t"], "limits": [5], "starts": [5], "owner": "w",
                                                  "lease": LONG}).fetchall()
-            assert parked == [(None,) * 11]
+            assert parked == [(None,) * 12]
             assert (await record(backend, plain.id)).status == "cancelled"
             assert (await record(backend, parent.id)).status == "pending"  # left to the claim's next step
         assert await backend.claim({"t": 5}, owner="w", lease_seconds=LONG) == []

@@ -40,10 +40,11 @@ def prune(conn: psycopg.Connection[Any], status: str, older_than_seconds: float,
 
 # A job of a batch whose callback has not finished is kept: the callback reads every job of its batch
 # (ctx.batch()), and the batch's record goes with the last of them (graph.forget). A plain job pays the
-# NULL test.
+# NULL test. The callback's status is a scalar subquery, so it is read by primary key: as a join, the
+# planner read the whole jobs table to hash it.
 KEPT_FOR_ITS_CALLBACK = (
-    "EXISTS (SELECT 1 FROM batches b JOIN jobs c ON c.id = b.callback_id WHERE b.id = j.batch_id "
-    "AND c.status NOT IN ('completed', 'dead', 'cancelled'))"
+    "EXISTS (SELECT 1 FROM batches b WHERE b.id = j.batch_id "
+    "AND (SELECT c.status FROM jobs c WHERE c.id = b.callback_id) NOT IN ('completed', 'dead', 'cancelled'))"
 )
 # By status and age: jobs_finished for completed and dead jobs, jobs_cancelled for cancelled ones;
 # then = ANY(ARRAY(...)), the rows by primary key (as IN (...), a hash join that read the whole

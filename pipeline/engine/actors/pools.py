@@ -26,6 +26,18 @@ cancelled: at a timeout (or a lost lease, or the end of the shutdown grace) it i
 whatever the thread does later is ignored (its ``ctx.emit`` refused); it keeps its thread slot
 until it returns, so a type's threads never outnumber its concurrency. The registry's
 middleware wraps every call, sync or async, on the trio side.
+
+An asyncio handler (``runtime="asyncio"``) runs as a task of the process's asyncio loop, which the
+trio run is the guest of (engine/asyncio_host.py), created in a copy of its worker's context (the
+middleware's context variables, the span). Its worker waits for it under the same scope as for a
+trio handler: when that scope is cancelled, the task is cancelled (``asyncio.CancelledError``) and
+waited for, so the job ends timeout / cancelled / released exactly as a trio one. A task that
+catches its CancelledError and goes on is given ASYNCIO_GRACE seconds, then abandoned as a thread
+is (a warning says so; what it does later is ignored, its ``ctx.emit`` refused).
+
+A handler that uses the other runtime's library (asyncio in a trio handler: "no running event loop";
+trio in an asyncio one: "must be called from async context") fails for good at its first attempt,
+its error saying which ``runtime=`` to declare: running it again could never work.
 """
 
 from __future__ import annotations
@@ -55,6 +67,7 @@ from ...states import Transition
 
 if TYPE_CHECKING:
     from ...registry import JobSpec
+    from ..asyncio_host import AsyncioHost
 
 log = logging.getLogger("pipeline.jobs")
 
@@ -71,6 +84,10 @@ SETTLE_RETRY_MAX = 5.0  # seconds between tries to write an outcome the database
 # back, not started: the claims count the window over a margin longer than this (poller.RATE_MARGIN),
 # so that the starts keep the rate, not only the claims
 RATE_LATE = 0.04
+# seconds an asyncio handler has to end once cancelled (its timeout, a cancel request, the end of a stop's
+# grace) before it is abandoned: time for its own clean-up (asyncio's cancellation is delivered once, where
+# trio's is delivered again at every checkpoint), bounded so that one swallowing it cannot hold a worker
+ASYNCIO_GRACE = 2.0
 
 
 @attrs.frozen
@@ -91,6 +108,9 @@ class Workers:
     # a run ended: an event set once the job's last ctx.progress report is stored, or None if none waits
     # (the progress writer's ProgressBoard.flush); its outcome is written after it
     flush_progress: Callable[[str, int], trio.Event | None] = lambda job_id, token: None
+    # the asyncio loop this trio run is the guest of, where asyncio handlers run; None under trio.run
+    # (open_pipeline refuses asyncio handlers then)
+    aio: AsyncioHost | None = None
 
     async def settle(self, lease: Lease, outcome: Outcome, start: Lease | None = None) -> tuple[str | None, bool]:
         """Write the outcome; what the job became, or None if the lease was stale. ``start``:
@@ -351,12 +371,12 @@ class ResultRefused(Exception):
 async def _invoke(workers: Workers, spec: JobSpec, pool: Pool, job: Any, ctx: JobContext, thread: _Thread | None) -> Outcome:
     try:
         if not spec.middleware:
-            value = await _call(spec, pool, job, ctx, thread)
+            value = await _call(workers, spec, pool, job, ctx, thread)
         else:
             async with contextlib.AsyncExitStack() as stack:
                 for middleware in spec.middleware:  # the first registered outermost
                     await stack.enter_async_context(_entered(middleware, ctx))
-                value = await _call(spec, pool, job, ctx, thread)
+                value = await _call(workers, spec, pool, job, ctx, thread)
         result = None if value is None else workers.encode_result(value)
     except ResultRefused as exc:
         # for good, not retried: a retry would run the handler again, side effects included, to
@@ -364,18 +384,81 @@ async def _invoke(workers: Workers, spec: JobSpec, pool: Pool, job: Any, ctx: Jo
         return Outcome("permanent", _text(f"job type {spec.name}: the attempt fails for good, its result cannot be "
                                           f"stored (running it again would repeat its work): {exc}"))
     except (Exception, SystemExit) as exc:  # handler exceptions are data (sys.exit() in one too); Cancelled is not
+        if not spec.sync:  # (a thread may use either library as it likes)
+            wrong = wrong_runtime(spec.name, spec.runtime, exc)
+            if wrong is not None:
+                return Outcome("permanent", _text(wrong))
         return Outcome.failed(exc)
     return Outcome("ok", result=result)
 
 
-async def _call(spec: JobSpec, pool: Pool, job: Any, ctx: JobContext, thread: _Thread | None) -> Any:
+async def _call(workers: Workers, spec: JobSpec, pool: Pool, job: Any, ctx: JobContext, thread: _Thread | None) -> Any:
     if thread is None:
+        if spec.runtime == "asyncio":
+            return await _call_on_asyncio(workers, spec, pool, job, ctx)
         return await spec.handler(job, ctx)  # type: ignore[misc]
     thread.waiting = True
     await trio.to_thread.run_sync(
         thread.run, job, ctx, limiter=pool.limiter, abandon_on_cancel=True, thread_name=f"pipeline job {ctx.id} ({ctx.job_type})"
     )
     return thread.value
+
+
+async def _call_on_asyncio(workers: Workers, spec: JobSpec, pool: Pool, job: Any, ctx: JobContext) -> Any:
+    """An asyncio handler's call: a task of the host's loop in a copy of this worker's context,
+    cancelled with the worker's scope (see engine/asyncio_host.py, AsyncioHost.run_asyncio)."""
+    aio = workers.aio
+    if aio is None:  # open_pipeline refuses asyncio handlers without a host: a bug if it comes to this
+        raise RuntimeError(f"job type {spec.name} has runtime='asyncio', but this trio run has no asyncio loop")
+
+    def abandoned() -> None:
+        key = (ctx.id, ctx._token)
+        why = ("its cancel was requested" if key in pool.cancelling else "the shutdown's grace ended" if pool.stopping
+               else "it lost its lease to another run" if key in pool.lost else f"it timed out after {pool.timeout:g} s")
+        log.warning(
+            "job %s (%s), attempt %d: %s, and its asyncio handler did not end within %g s of its cancellation (it caught "
+            "asyncio.CancelledError and went on): it was abandoned. It keeps running on the loop and may still finish "
+            "its work (side effects included); what it returns or raises is ignored, its ctx.emit is refused, and a "
+            "retry may run beside it. Let CancelledError propagate (clean up in finally) to stop at once.",
+            ctx.id, ctx.job_type, ctx.attempt, why, ASYNCIO_GRACE,
+        )
+
+    return await aio.run_asyncio(spec.handler, job, ctx, grace=ASYNCIO_GRACE, abandoned=abandoned)  # type: ignore[arg-type]
+
+
+# What a handler raises when it uses the other runtime's library: asyncio from trio (under trio.run, or
+# trio's answer to an asyncio future yielded to it in guest mode), trio from an asyncio task
+_ASYNCIO_IN_TRIO = ("no running event loop", "There is no current event loop", "trio.run received unrecognized yield message")
+_TRIO_IN_ASYNCIO = ("must be called from async context", "Task got bad yield")
+
+
+def wrong_runtime(name: str, runtime: str, exc: BaseException) -> str | None:
+    """The error of a handler that failed because it used the other runtime's library, saying what to
+    declare; None for any other failure. Looks through the exception's causes and a group's leaves."""
+    signs, other = (_ASYNCIO_IN_TRIO, "asyncio") if runtime == "trio" else (_TRIO_IN_ASYNCIO, "trio")
+    seen: set[int] = set()
+    pending: list[BaseException] = [exc]
+    while pending and len(seen) < 32:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, BaseExceptionGroup):
+            pending.extend(current.exceptions)
+        elif isinstance(current, (RuntimeError, TypeError)) and any(sign in str(current) for sign in signs):
+            first = str(current).splitlines()[0][:200]
+            if runtime == "trio":
+                fix = ('declare the job type with runtime="asyncio" (@registry.job(runtime="asyncio"), or '
+                       'pipeline.Registry(runtime="asyncio")) to run it as a task of the worker process\'s asyncio loop')
+            else:
+                fix = ('await asyncio\'s own calls in it (asyncio.sleep, asyncio.to_thread), or declare the job type with '
+                       'runtime="trio" to run it on trio')
+            return (f"job type {name}: its handler runs on {runtime} (runtime={runtime!r}) but used {other} "
+                    f"({type(current).__name__}: {first}); this can never work, so the job is not retried: {fix}")
+        for linked in (current.__cause__, current.__context__):
+            if linked is not None:
+                pending.append(linked)
+    return None
 
 
 def _entered(middleware: Callable[[JobContext], Any], ctx: JobContext) -> contextlib.AbstractAsyncContextManager[Any]:
