@@ -591,7 +591,7 @@ def _with_backend(config: Config, work: Callable[[Backend], Awaitable[T]]) -> T:
     from .backends import open_backend
 
     async def main() -> T:
-        async with open_backend(config) as backend:
+        async with open_backend(config, role="cli") as backend:
             return await work(backend)
 
     try:

@@ -71,7 +71,8 @@ async def _serve(config: Config, registry: Registry, listener: Any, ready: Calla
         async with trio.open_nursery() as tn:
             tn.start_soon(watch)
             # the admin server's nursery is inside the pipeline's block: it stops first
-            async with open_pipeline(config, registry) as pipeline, trio.open_nursery() as admin_tn:
+            role = "worker" if config.worker.enabled else "admin"  # its Postgres sessions' application_name
+            async with open_pipeline(config, registry, role=role) as pipeline, trio.open_nursery() as admin_tn:
                 opened.append(pipeline)
                 if supervised():  # a worker process of `--processes N` (both end with the outer nursery)
                     tn.start_soon(_watch_supervisor, stop)

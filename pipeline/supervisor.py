@@ -330,7 +330,8 @@ async def _supervisor_pipeline(config: Config, registry: Registry) -> AsyncItera
     """The supervisor's own pipeline: no workers; the admin API's reads and writes."""
     from .engine.wiring import open_pipeline
 
-    async with open_pipeline(config.replace(worker=attrs.evolve(config.worker, enabled=False)), registry) as pipeline:
+    async with open_pipeline(config.replace(worker=attrs.evolve(config.worker, enabled=False)), registry,
+                             role="supervisor") as pipeline:
         yield pipeline
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,7 +17,9 @@ import attrs
 import pytest
 import trio
 from backends.stores import POSTGRES_URL, postgres_store
+from conftest import fast_config, require_service
 from jobkit import Echo, Tick, registry, wait_status
+from supervisor_harness import Service
 
 import pipeline
 from pipeline import Config
@@ -205,3 +208,65 @@ async def test_a_role_that_may_not_write_the_pipelines_tables_is_told_the_grants
         finally:
             with psycopg.connect(config.database_url, autocommit=True) as admin:
                 admin.execute(f"DROP OWNED BY {role}; DROP ROLE {role}")
+
+
+# -- application_name on every session --------------------------------------------------------------------------
+
+
+@contextmanager
+def _database_of_its_own() -> Iterator[str]:
+    """A database for one test: every client session on it is the pipeline's, or the test's own observer."""
+    require_service("PostgreSQL", urlsplit(POSTGRES_URL).hostname or "127.0.0.1", urlsplit(POSTGRES_URL).port or 5432)
+    name = f"seams_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+    try:
+        yield urlunsplit(urlsplit(POSTGRES_URL)._replace(path=f"/{name}"))
+    finally:
+        with psycopg.connect(POSTGRES_URL, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def _sessions(observer: Any) -> list[tuple[str, str]]:
+    """(application_name, what it runs) of every client session on the observer's database but its own."""
+    return observer.execute(
+        "SELECT application_name, query FROM pg_stat_activity WHERE datname = current_database() "
+        "AND backend_type = 'client backend' AND pid <> pg_backend_pid()").fetchall()
+
+
+def _wait_sessions(observer: Any, want: set[str], timeout: float = 30.0) -> list[tuple[str, str]]:
+    deadline = time.monotonic() + timeout
+    while True:
+        sessions = _sessions(observer)
+        if want <= {name for name, _ in sessions} or time.monotonic() > deadline:
+            return sessions
+        time.sleep(0.05)
+
+
+def test_every_session_of_a_supervisor_its_workers_and_clients_names_its_role(tmp_path: Path) -> None:
+    """A real supervisor with two worker processes, a Client, and a Client whose URL names its own
+    application_name: in pg_stat_activity no session is anonymous, each role of the pipeline is there
+    (pipeline-worker, -listener, -heartbeat, -supervisor, -client), and the user's name wins."""
+    reg = registry()
+    with _database_of_its_own() as url, psycopg.connect(url, autocommit=True, application_name="test-observer") as observer:
+        service = Service(tmp_path, "--processes", "2", database_url=url, ADMIN_ENABLED="false")
+        try:
+            service.wait_line(r"pipeline running on .*2 worker processes")
+            config = fast_config(tmp_path / "unused.db", database_url=url)
+            own = config.replace(database_url=f"{url}?application_name=shop-web")
+            with pipeline.Client(registry=reg, config=config) as client, pipeline.Client(registry=reg, config=own) as shop:
+                ids = [client.enqueue(Echo("named")), shop.enqueue(Echo("named too"))]
+                for job_id in ids:
+                    assert client.result(job_id, timeout=30) is None
+                want = {"pipeline-worker", "pipeline-listener", "pipeline-heartbeat", "pipeline-supervisor",
+                        "pipeline-client", "shop-web"}
+                sessions = _wait_sessions(observer, want)
+            names = [name for name, _ in sessions]
+            assert "" not in names, sessions  # no anonymous session
+            assert set(names) == want, sessions
+            # two worker processes: a listener and a heartbeat each; every other role's sessions are its pool's
+            assert names.count("pipeline-listener") == 2 and names.count("pipeline-heartbeat") == 2, sessions
+            listening = {name for name, query in sessions if query.startswith("LISTEN")}
+            assert listening == {"pipeline-listener"}, sessions
+        finally:
+            service.stop()

@@ -52,12 +52,15 @@ async def open_backend(
     offers_recv: trio.MemoryReceiveChannel[ClaimOffer] | None = None,
     wiring: Topology | None = None,
     health: HealthReport | None = None,
+    role: str | None = None,
 ) -> AsyncIterator[Backend]:
     """The backend DATABASE_URL names, open (its schema created or migrated) until the block ends.
 
     ``nudge_send`` is where the backend tells the Poller that work may be due (and answers
     its :class:`ClaimOffer` from ``offers_recv``, if the backend can claim with an insert).
-    ``health``: where the server backends' wake-up listener says while it cannot listen."""
+    ``health``: where the server backends' wake-up listener says while it cannot listen.
+    ``role``: what this process is to the store (Postgres: its sessions' application_name,
+    ``pipeline-ROLE``); by default ``worker`` when a Poller listens for nudges, else ``client``."""
     url = config.database_url
     kind = config.backend
     if kind == "sqlite":
@@ -78,7 +81,7 @@ async def open_backend(
                 "install it with: pip install 'trio-pipeline[postgres]'"
             ) from None
         async with open_postgres_backend(url, nudge_send=nudge_send, offers_recv=offers_recv, wiring=wiring,
-                                          health=health) as backend:
+                                          health=health, role=role or ("client" if nudge_send is None else "worker")) as backend:
             yield backend
         return
     if kind == "redis":

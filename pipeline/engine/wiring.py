@@ -612,8 +612,11 @@ async def _run_workers(
 
 
 @asynccontextmanager
-async def open_pipeline(config: Config | None = None, registry: Registry | None = None, *, owner: str | None = None) -> AsyncIterator[Pipeline]:
-    """Run the pipeline's actors inside the caller's trio program.
+async def open_pipeline(config: Config | None = None, registry: Registry | None = None, *, owner: str | None = None,
+                        role: str | None = None) -> AsyncIterator[Pipeline]:
+    """Run the pipeline's actors inside the caller's trio program. ``role``: what this process is to
+    the store, as its Postgres sessions say (application_name ``pipeline-ROLE``): by default
+    ``worker`` with WORKER_ENABLED, else ``client``.
 
     Leaving the block shuts down gracefully: no new claims; in-flight jobs get
     WORKER_SHUTDOWN_TIMEOUT seconds, then are returned to pending without counting the
@@ -635,7 +638,7 @@ async def open_pipeline(config: Config | None = None, registry: Registry | None 
         stack.callback(_flush_outcome_lines)  # the last outcomes' lines are out once the block is left
         backend = await stack.enter_async_context(open_backend(
             config, nudge_send=nudge_send.clone() if working else None, offers_recv=offers_recv.clone() if working else None,
-            wiring=wiring, health=health,
+            wiring=wiring, health=health, role=role,
         ))
         pipeline = Pipeline(config, registry, backend, wiring, owner=owner or default_owner(), health=health)
         # the schedules declared in code, written at start; a code schedule no longer declared is

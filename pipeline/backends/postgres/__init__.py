@@ -108,7 +108,7 @@ class PostgresBackend(ServerBackend[Database]):
     def _ask(self, rows: builtins.list[NewJob]) -> builtins.list[tuple[bool, str | None]]:
         # on a connection of its own, not the pool's: a pool whose server went away makes a caller
         # wait its whole timeout for a connection, where a connect of our own is refused at once
-        conn = connect(self._db.url)
+        conn = connect(self._db.url, self._db.role)
         try:
             return store.insert_outcome(conn, rows)
         except psycopg.Error as exc:
@@ -130,7 +130,7 @@ class PostgresBackend(ServerBackend[Database]):
         duplicates: builtins.list[tuple[str, str]] | None = None,
     ) -> int:
         """COPY on a connection of its own, in a thread: the iterable is consumed as the rows stream."""
-        return await trio.to_thread.run_sync(_bulk_load, self._db.url, jobs, commit_every, duplicates)
+        return await trio.to_thread.run_sync(_bulk_load, self._db.url, self._db.role, jobs, commit_every, duplicates)
 
     async def rescue_waiting(self, *, limit: int = 500) -> int:
         return await self._db.run(functools.partial(graph.rescue_waiting, limit=limit))
@@ -171,7 +171,7 @@ def _idempotent_rest(batch: NewBatch | None = None, later: set[str] | None = Non
 KEYED_CHUNK = 1000  # rows with a unique key inserted per statement during a bulk load
 
 
-def _bulk_load(url: str, jobs: Iterable[NewJob], commit_every: int | None,
+def _bulk_load(url: str, role: str, jobs: Iterable[NewJob], commit_every: int | None,
                duplicates: builtins.list[tuple[str, str]] | None = None) -> int:
     """COPY every row in one transaction, or ``commit_every`` at a time; an error (a bad line
     raised by the iterable, a duplicate id) keeps the parts committed before it and says so.
@@ -181,7 +181,7 @@ def _bulk_load(url: str, jobs: Iterable[NewJob], commit_every: int | None,
     and rows with parents or a batch, after the others: graph.insert_plan, whose parents may be rows copied or
     committed before them: read without a lock an outcome waits for, then locked just before the commit,
     graph.confirm_parents)."""
-    conn = connect(url)
+    conn = connect(url, role)
     committed = 0
     try:
         rows = iter(jobs)
@@ -257,7 +257,7 @@ class PostgresLeaseRenewer:
     def _run(self, fn: Any) -> Any:
         if self._conn is None or self._conn.closed or self._conn.broken:
             self.close()
-            self._conn = connect(self._url)
+            self._conn = connect(self._url, "heartbeat")
         try:
             return fn(self._conn)
         except psycopg.Error as exc:
@@ -295,16 +295,18 @@ async def open_postgres_backend(
     offers_recv: trio.MemoryReceiveChannel[ClaimOffer] | None = None,
     wiring: Topology | None = None,
     health: HealthReport | None = None,
+    role: str = "worker",
 ) -> AsyncIterator[PostgresBackend]:
     """Open the pool, create or migrate the tables, run the Ledger and (when someone listens
     for nudges) the listener until the block ends; then the Ledger writes whatever is still in
     its inbox and stops. The Ledger takes the Poller's offers from ``offers_recv``; the
-    listener says in ``health`` while it cannot listen."""
+    listener says in ``health`` while it cannot listen. ``role``: what this process is to the
+    store, in its sessions' application_name (``pipeline-worker``; db.session_name)."""
     listening = nudge_send is not None
     if nudge_send is None:
         nudge_send, nudge_recv = trio.open_memory_channel[Nudge](NUDGE_BUFFER)
         nudge_recv.close()  # nobody listens: nudges are dropped
-    db = Database(url)
+    db = Database(url, role=role)
     try:
         await trio.to_thread.run_sync(db.open)
         await db.run(schema.migrate, db.shown)

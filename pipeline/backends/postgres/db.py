@@ -9,7 +9,10 @@ waits on the socket from trio itself is the LISTEN connection (listener.py).
 
 The pool holds connections for the Ledger (one at a time, and always one left for it), the
 Poller's claims, the lease keeper and the operators' reads (admin API, CLI); the heartbeat
-thread and the listener each own one connection outside it. Every connection talks UTC in ISO
+thread and the listener each own one connection outside it. Every session says whose it is in
+``pg_stat_activity``: its ``application_name`` is ``pipeline-`` and the role of its process (the
+pool's: ``worker``, ``client``, ``supervisor``, ``admin``, ``cli``) or of the connection (``listener``,
+``heartbeat``), unless the URL (or ``PGAPPNAME``) names one (:func:`session_name`). Every connection talks UTC in ISO
 DateStyle, whatever the server's or the role's defaults (configure), and times come
 back as the protocol's text (``2026-01-01T00:00:00.000Z``) straight from the wire format
 (:class:`TextTimes`), without a datetime in between.
@@ -67,11 +70,23 @@ def configure(conn: psycopg.Connection[Any]) -> None:
     conn.execute(_SESSION)
 
 
-def connect(url: str, **params: Any) -> psycopg.Connection[Any]:
-    """A connection outside the pool (the heartbeat's, the bulk loader's, the listener's);
-    ``params``: libpq's, over the URL's (the listener's keepalives)."""
+def session_name(url: str, role: str) -> dict[str, Any]:
+    """The libpq parameter that names a session ``pipeline-ROLE`` in ``pg_stat_activity``:
+    ``fallback_application_name``, which libpq uses only when neither the URL's
+    ``application_name`` nor ``PGAPPNAME`` names one (the user's own name wins). A URL that sets
+    its own fallback keeps it."""
+    if "fallback_application_name" in psycopg.conninfo.conninfo_to_dict(url):
+        return {}
+    return {"fallback_application_name": f"pipeline-{role}"}
+
+
+def connect(url: str, role: str, **params: Any) -> psycopg.Connection[Any]:
+    """A connection outside the pool (the heartbeat's, the bulk loader's, the listener's),
+    named for ``role`` (:func:`session_name`); ``params``: libpq's, over the URL's (the
+    listener's keepalives)."""
     try:
-        conn = psycopg.connect(url, autocommit=True, connect_timeout=int(CONNECT_TIMEOUT), **params)
+        conn = psycopg.connect(url, autocommit=True, connect_timeout=int(CONNECT_TIMEOUT), **session_name(url, role),
+                               **params)
     except psycopg.Error as exc:
         raise describe(exc, url) from None
     configure(conn)
@@ -128,13 +143,19 @@ def _idle_and_sound(conn: psycopg.Connection[Any]) -> bool:
 
 
 class Database:
-    """The pool, and how trio code runs a blocking function on one of its connections."""
+    """The pool, and how trio code runs a blocking function on one of its connections. ``role``:
+    what this process is to the store (its sessions' application_name, :func:`session_name`)."""
 
-    def __init__(self, url: str, *, size: int = POOL_SIZE) -> None:
+    def __init__(self, url: str, *, role: str = "worker", size: int = POOL_SIZE) -> None:
         self.url = url
+        self.role = role
         self.shown = masked_url(url)
+        try:
+            named = session_name(url, role)
+        except psycopg.Error:
+            named = {}  # a URL libpq cannot parse: open() says so, masked
         self.pool = ConnectionPool(
-            url, min_size=2, max_size=size, kwargs={"autocommit": True}, configure=configure, open=False,
+            url, min_size=2, max_size=size, kwargs={"autocommit": True, **named}, configure=configure, open=False,
             name="pipeline", timeout=CONNECT_TIMEOUT, reconnect_timeout=365 * 86400.0,  # keep trying: a server restart ends
         )
         self.write_limiter = trio.CapacityLimiter(1)  # the Ledger: one batch at a time
@@ -154,7 +175,7 @@ class Database:
             # one connection first: a server that answers and refuses (a role, a password, a
             # database that does not exist, a certificate) is said at once, not after the pool's
             # CONNECT_TIMEOUT of retries; one that does not answer yet is the pool's to wait for
-            connect(self.url).close()
+            connect(self.url, self.role).close()
         except StoreError as exc:
             if refused_for_good(str(exc)):
                 raise
@@ -162,7 +183,7 @@ class Database:
             self.pool.open(wait=True, timeout=CONNECT_TIMEOUT)
         except PoolTimeout:
             # the pool's own error says only "timeout": connect once to learn why
-            connect(self.url).close()
+            connect(self.url, self.role).close()
             raise StoreError(f"database {self.shown}: no connection within {CONNECT_TIMEOUT:g} s") from None
 
     def close(self) -> None:

@@ -39,7 +39,7 @@ log = logging.getLogger("pipeline.postgres")
 
 def _listening(url: str) -> tuple[psycopg.Connection[Any], str]:
     idle, interval, count = batches.LISTENER_KEEPALIVE
-    conn = connect(url, keepalives=1, keepalives_idle=idle, keepalives_interval=interval, keepalives_count=count)
+    conn = connect(url, "listener", keepalives=1, keepalives_idle=idle, keepalives_interval=interval, keepalives_count=count)
     try:
         row = conn.execute("SELECT current_schema()").fetchone()
         conn.execute(f"LISTEN {CHANNEL}")
