@@ -33,6 +33,7 @@ from pipeline.config import Config, WorkerSettings
 
 LOGAPP = textwrap.dedent('''
     """An application's jobs that log the way any Python module does."""
+    import asyncio
     import contextlib
     import logging
     import os
@@ -49,10 +50,8 @@ LOGAPP = textwrap.dedent('''
         time.tzset()
 
     log = logging.getLogger(__name__)
-    registry = pipeline.Registry()
 
 
-    @registry.middleware
     @contextlib.asynccontextmanager
     async def announce(ctx):
         log.info("middleware enters %s", ctx.id)
@@ -64,7 +63,6 @@ LOGAPP = textwrap.dedent('''
         name: str
 
 
-    @registry.job
     async def greet(job: Greet, ctx) -> None:
         log.info("info from %s", job.name)
         log.warning("warning from %s", job.name)
@@ -83,9 +81,36 @@ LOGAPP = textwrap.dedent('''
         name: str
 
 
-    @registry.job
     def greet_sync(job: GreetSync, ctx) -> None:
         log.info("thread of %s", job.name)
+
+
+    @attrs.frozen
+    class GreetAio:
+        name: str
+
+
+    async def greet_aio(job: GreetAio, ctx) -> None:
+        log.info("asyncio of %s", job.name)
+
+        async def side_task():
+            log.info("asyncio task of %s", job.name)
+
+        await asyncio.create_task(side_task())
+
+
+    def build(*, with_asyncio: bool) -> pipeline.Registry:
+        registry = pipeline.Registry()
+        registry.middleware(announce)
+        registry.register("greet", Greet, greet)
+        registry.register("greet_sync", GreetSync, greet_sync)
+        if with_asyncio:  # its worker processes run on an asyncio loop, trio its guest
+            registry.register("greet_aio", GreetAio, greet_aio, runtime="asyncio")
+        return registry
+
+
+    registry = build(with_asyncio=False)
+    with_asyncio = build(with_asyncio=True)
 ''')
 
 # an application that sets up logging itself, in its module, as a script or a framework does; the
@@ -118,10 +143,16 @@ class GreetSync:
     name: str
 
 
+@attrs.frozen
+class GreetAio:
+    name: str
+
+
 def types() -> Registry:
     reg = Registry()
     reg.register("greet", Greet)
     reg.register("greet_sync", GreetSync)
+    reg.register("greet_aio", GreetAio)
     return reg
 
 
@@ -133,10 +164,11 @@ def folder(tmp_path: Path) -> Path:
 
 
 def enqueue(folder: Path, names: list[str]) -> dict[str, str]:
-    """Enqueue greet NAME for each name (greet_sync for one starting with 'sync'): {name: job id}."""
+    """Enqueue greet NAME for each name (greet_sync for one starting with 'sync', greet_aio with 'aio'): {name: job id}."""
     client = Client(f"sqlite:///{folder / 'jobs.db'}", registry=types())
+    kinds = {"sync": GreetSync, "aio": GreetAio}
     try:
-        return {name: client.enqueue(GreetSync(name) if name.startswith("sync") else Greet(name)) for name in names}
+        return {name: client.enqueue(kinds.get(name.partition("-")[0], Greet)(name)) for name in names}
     finally:
         client.close()
 
@@ -168,10 +200,10 @@ UTC_TIME = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}(Z|\+00:00)"
 def test_json_lines_of_the_supervisor_its_workers_and_the_apps_loggers(folder: Path) -> None:
     """TZ=Asia/Tokyo, two worker processes under a supervisor: every line of the log is one JSON
     object with a UTC time; the app's info and warning records are there, each carrying the job it
-    was made in, from the handler, a task it started, the middleware and a sync handler's thread;
-    and a warnings.warn in a handler."""
-    ids = enqueue(folder, ["ada", "bob", "sync-cy"])
-    lines = run_service(folder, "logapp:registry", ids, "completed", processes=2, LOG_FORMAT="json", TZ="Asia/Tokyo")
+    was made in, from the handler, a task it started, the middleware, a sync handler's thread, an
+    asyncio handler (runtime="asyncio") and an asyncio task it created; and a warnings.warn."""
+    ids = enqueue(folder, ["ada", "bob", "sync-cy", "aio-di"])
+    lines = run_service(folder, "logapp:with_asyncio", ids, "completed", processes=2, LOG_FORMAT="json", TZ="Asia/Tokyo")
     records = []
     for line in lines:
         try:
@@ -196,6 +228,9 @@ def test_json_lines_of_the_supervisor_its_workers_and_the_apps_loggers(folder: P
     assert "UserWarning: a warning of Python's from bob" in warned["message"] and warned["job_id"] == ids["bob"]
     assert made_in("thread of sync-cy").items() >= {"job_id": ids["sync-cy"], "job_type": "greet_sync", "attempt": 1}.items()
     assert made_in(f"middleware enters {ids['sync-cy']}")["job_type"] == "greet_sync"
+    aio = {"job_id": ids["aio-di"], "job_type": "greet_aio", "attempt": 1}
+    assert made_in("asyncio of aio-di").items() >= aio.items()  # an asyncio handler, and a task it creates
+    assert made_in("asyncio task of aio-di").items() >= aio.items()
     # the records made outside a job carry none (the worker's next job, the service's own lines)
     outside = [r for r in records if r["logger"].startswith("pipeline") and "outcome" not in r]
     assert outside and not any("job_id" in r for r in outside)
