@@ -79,6 +79,10 @@ _LATE = (
     + ", or waiting on such a thread, which a timeout cannot interrupt (it can stop one only where it calls "
     "trio.from_thread.check_cancelled, between steps)"
 )
+_LATE_ASYNCIO = (
+    "its asyncio handler did not end when cancelled: it caught asyncio.CancelledError and went on (abandoned after "
+    "the grace, see the warning before), or it blocked the event loop (run blocking code in asyncio.to_thread)"
+)
 SETTLE_RETRY_MAX = 5.0  # seconds between tries to write an outcome the database refused
 # A rate-limited job its worker takes more than this many seconds after its claim was sent is handed
 # back, not started: the claims count the window over a margin longer than this (poller.RATE_MARGIN),
@@ -541,7 +545,7 @@ def _judge(pool: Pool, run: _Run, ran_as: Outcome | None, *, cancelled: bool, ca
             # The cancellation could only land when the handler next reached a checkpoint.
             # From here the two causes look alike (a loop blocked by the handler; a thread
             # the task waited on, which the loop cannot interrupt): the message names both.
-            message += f"; it ran {ran:.1f} s: {_LATE}"
+            message += f"; it ran {ran:.1f} s: {_LATE_ASYNCIO if pool.spec.runtime == 'asyncio' else _LATE}"
         outcome = Outcome("timeout", message)
     else:
         assert ran_as is not None
