@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import trio
 from app_harness import Service, app_env
+from conftest import fast_config
 
 import pipeline
 from pipeline.engine import asyncio_host
@@ -390,3 +391,88 @@ def test_check_loop_names_the_variable() -> None:
     with pytest.raises(ConfigError, match="WORKER_ASYNCIO_LOOP='trio' is not valid"):
         asyncio_host.check_loop("trio")
 
+
+
+# -- a handler on the wrong runtime: refused at its first attempt -------------------------------------
+
+
+@dataclasses.dataclass
+class Touch:
+    library: str
+
+
+async def touches_asyncio(job: Touch, ctx: pipeline.JobContext) -> None:
+    if job.library == "asyncio.sleep":
+        await asyncio.sleep(0.01)
+    elif job.library == "asyncio.to_thread":
+        await asyncio.to_thread(lambda: None)
+    elif job.library == "redis.asyncio":
+        import redis.asyncio
+
+        client = redis.asyncio.Redis(host="127.0.0.1", port=6379)
+        try:
+            await client.ping()
+        finally:
+            await client.aclose()
+
+
+async def touches_trio(job: Touch, ctx: pipeline.JobContext) -> None:
+    if job.library == "trio.sleep":
+        await trio.sleep(0.01)
+    elif job.library == "trio.to_thread":
+        await trio.to_thread.run_sync(lambda: None)
+
+
+async def _refused(config: pipeline.Config, runtime: str, handler: Any, libraries: list[str]) -> dict[str, Any]:
+    reg = pipeline.Registry()
+    reg.register("touch", Touch, handler, runtime=runtime, max_attempts=3)
+    async with pipeline.open_pipeline(config, reg) as p:
+        ids = {library: await p.enqueue(Touch(library)) for library in libraries}
+        ended: dict[str, Any] = {}
+        with trio.fail_after(10):
+            while len(ended) < len(ids):  # each once its first attempt ended (an error written, or completed)
+                for library, job_id in ids.items():
+                    job = await p.backend.get(job_id)
+                    if job is not None and (job.error is not None or job.status == "completed"):
+                        ended[library] = job
+                await trio.sleep(0.01)
+        return ended
+
+
+ASYNCIO_LIBRARIES = ["asyncio.sleep", "asyncio.to_thread", "redis.asyncio"]
+
+
+async def test_a_trio_handler_that_uses_asyncio_is_dead_at_once_saying_to_declare_runtime_asyncio(
+        config: pipeline.Config) -> None:
+    """Under a plain trio.run ("no running event loop")."""
+    for library, job in (await _refused(config, "trio", touches_asyncio, ASYNCIO_LIBRARIES)).items():
+        assert (job.status, job.attempts) == ("dead", 1), (library, job.error)
+        assert "its handler runs on trio (runtime='trio') but used asyncio" in job.error, library
+        assert 'declare the job type with runtime="asyncio"' in job.error
+        if library.startswith("asyncio."):  # (redis.asyncio fails further in, in one of the ways listed in pools.py)
+            assert "RuntimeError: no running event loop" in job.error
+
+
+def test_as_a_guest_of_asyncio_too_a_trio_handler_that_uses_asyncio_is_dead_at_once(tmp_path: Path) -> None:
+    """With a loop running in the thread, trio refuses the asyncio future yielded to it instead."""
+    got = asyncio_host.run(_refused, fast_config(tmp_path / "jobs.db"), "trio", touches_asyncio, ASYNCIO_LIBRARIES)
+    for library, job in got.items():
+        assert (job.status, job.attempts) == ("dead", 1), (library, job.error)
+        assert 'used asyncio (TypeError: trio.run received unrecognized yield message' in job.error, library
+        assert 'declare the job type with runtime="asyncio"' in job.error
+
+
+def test_an_asyncio_handler_that_uses_trio_is_dead_at_once_saying_so(tmp_path: Path) -> None:
+    got = asyncio_host.run(_refused, fast_config(tmp_path / "jobs.db"), "asyncio", touches_trio, ["trio.sleep", "trio.to_thread"])
+    for library, job in got.items():
+        assert (job.status, job.attempts) == ("dead", 1), (library, job.error)
+        assert "its handler runs on asyncio (runtime='asyncio') but used trio (RuntimeError: must be called from async " \
+               "context)" in job.error and 'runtime="trio"' in job.error, library
+
+
+def test_other_failures_are_retried_as_before(tmp_path: Path) -> None:
+    async def fails(job: Touch, ctx: pipeline.JobContext) -> None:
+        raise RuntimeError("something else went wrong")
+
+    got = asyncio_host.run(_refused, fast_config(tmp_path / "jobs.db"), "asyncio", fails, ["none"])
+    assert got["none"].status == "pending" and got["none"].attempts == 1  # retried after its backoff
