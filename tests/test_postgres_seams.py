@@ -270,3 +270,63 @@ def test_every_session_of_a_supervisor_its_workers_and_clients_names_its_role(tm
             assert listening == {"pipeline-listener"}, sessions
         finally:
             service.stop()
+
+
+# -- payloads and results an operator reads with ->> ------------------------------------------------------------
+
+
+@attrs.frozen
+class Order:
+    """Fields out of alphabetical order, numbers JSON writes in more than one way, a NUL, non-ASCII text."""
+
+    zeta: str
+    alpha: float
+    big: float
+    nested: dict[str, Any]
+
+
+async def _ship(job: Order, ctx: pipeline.JobContext) -> dict[str, Any]:
+    return {"shipped": job.zeta, "weight": job.alpha, "big": job.big, "tags": job.nested["tags"]}
+
+
+ORDERS = [
+    Order("ord-1", 2.5, 1e16, {"tags": ["ünïcode", "€"], "b": 1, "a": 2}),
+    Order("ord-2 with a NUL \x00 inside", -0.0, 1e-7, {"tags": ["x\x00y"], "b": None, "a": [1.0, 10]}),
+]
+
+
+async def test_payloads_and_results_are_read_with_the_jsonb_cast_and_their_text_round_trips_exactly(tmp_path: Path) -> None:
+    """docs/backends.md: payload and result are text, the JSON the engine wrote, read back byte for byte (field
+    order, 1e+16 and -0.0 as written, NUL escaped), which jsonb would not keep (it sorts keys, writes 1e16 as an
+    integer and -0.0 as 0.0, and refuses \\u0000); an operator reads them with ``payload::jsonb ->> 'field'``,
+    leaving out the rows holding a NUL, which the cast refuses."""
+    reg = pipeline.Registry()
+    reg.register("ship", Order, _ship)
+    async with postgres_store(tmp_path) as config, pipeline.open_pipeline(config, reg) as service:
+        ids = [await service.enqueue(order) for order in ORDERS]
+        for job_id in ids:
+            await wait_status(service, job_id, "completed", timeout=20)
+        for job_id, order in zip(ids, ORDERS):
+            record = await service.backend.get(job_id)
+            assert record is not None
+            assert record.payload == reg.encode(order)[1]  # the text written, byte for byte
+            assert reg.decode("ship", record.payload) == order  # the NUL, -0.0's sign, the field types
+            assert record.result == service.encode_result(await _ship(order, None))  # type: ignore[arg-type]
+        first = await service.backend.get(ids[0])
+        assert first is not None and first.payload.index('"zeta"') < first.payload.index('"alpha"')
+        assert '"big":1e+16' in first.payload and '"alpha":-0.0' in (await service.backend.get(ids[1])).payload  # type: ignore[union-attr]
+
+        def as_an_operator() -> tuple[list[tuple[Any, ...]], str]:
+            with psycopg.connect(config.database_url) as conn:
+                read = conn.execute(
+                    r"SELECT payload::jsonb ->> 'zeta', payload::jsonb -> 'nested' -> 'tags' ->> 0, "
+                    r"       result::jsonb ->> 'shipped', (result::jsonb ->> 'weight')::float8 "
+                    r"  FROM jobs WHERE job_type = 'ship' AND payload NOT LIKE '%\\u0000%' AND result NOT LIKE '%\\u0000%'"
+                ).fetchall()
+                with pytest.raises(psycopg.errors.UntranslatableCharacter) as refused:
+                    conn.execute("SELECT payload::jsonb FROM jobs WHERE id = %s", (ids[1],)).fetchall()
+            return read, str(refused.value)
+
+        read, refused = await trio.to_thread.run_sync(as_an_operator)
+        assert read == [("ord-1", "ünïcode", "ord-1", 2.5)]
+        assert "\\u0000 cannot be converted to text" in refused
