@@ -31,7 +31,7 @@ import trio
 from ...backends.base import Backend, Claimed, ClaimOffer, Lease, Nudge
 from ...errors import PipelineError, StoreError
 from ..health import Health
-from .pools import RATE_LATE, Pool
+from .pools import RATE_LATE, RATE_SLACK, Pool
 
 log = logging.getLogger("pipeline.poller")
 
@@ -39,7 +39,7 @@ RETRY_MAX = 5.0  # seconds between claims while the store refuses them
 RATE_RECHECK = 0.01  # seconds before a rate-limited type whose window had room after a short claim is claimed again
 # seconds the claims add to a rate's window: more than a job may start after its claim was sent (RATE_LATE),
 # so that its start, not only its claim, is counted in every window that holds it
-RATE_MARGIN = RATE_LATE + 0.01
+RATE_MARGIN = RATE_LATE + RATE_SLACK  # (as Pool.rate_margin starts: a worker widens it, see pools._late_for_its_rate)
 
 
 class Claimer:
@@ -52,18 +52,24 @@ class Claimer:
         self.pools = pools
         # every claim carries the global limits of the types that have one (None: no type has)
         self.limits = {name: pool.global_limit for name, pool in pools.items() if pool.global_limit is not None} or None
-        # and their rate limits (the window as the claims count it: RATE_MARGIN longer) and per-key limits
-        self.rates = {name: (pool.rate[0], pool.rate[1] + RATE_MARGIN) for name, pool in pools.items()
-                      if pool.rate is not None} or None
         self.key_limits = {name: pool.key_limit for name, pool in pools.items() if pool.key_limit is not None} or None
-        # the claim's rates and key_limits, passed only when a type has them
-        self.extra: dict[str, Any] = {name: value for name, value in (("rates", self.rates), ("key_limits", self.key_limits))
-                                      if value}
         # trio time by which a rate-limited type whose last claim came back short has room in its window again
         self.rate_wake: dict[str, float] = {}
         # rate-limited types whose short claim was followed by a window with room: claimed once more
         # soon after (the window may have freed between the claim and the look), not again and again
         self.rate_rechecked: set[str] = set()
+
+    @property
+    def rates(self) -> dict[str, tuple[int, float]] | None:
+        """The rate limits, the window as the claims count it: the pool's rate_margin longer (RATE_MARGIN,
+        or wider once a worker saw its jobs come later: read at every claim)."""
+        return {name: (pool.rate[0], pool.rate[1] + pool.rate_margin) for name, pool in self.pools.items()
+                if pool.rate is not None} or None
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        """The claim's rates and key_limits, passed only when a type has them."""
+        return {name: value for name, value in (("rates", self.rates), ("key_limits", self.key_limits)) if value}
 
     def room(self) -> dict[str, int]:
         return {name: pool.free for name, pool in self.pools.items() if pool.free > 0}
@@ -87,14 +93,17 @@ class Claimer:
             self.pools[name].outstanding += n
         return wants, start
 
-    def deliver(self, wants: Mapping[str, int], leases: list[Lease], *, sent: float | None = None) -> dict[str, int]:
-        """``sent``: trio time the claim was sent (the Poller's own claims), which a rate-limited
-        job's worker checks as it takes it (pools.RATE_LATE)."""
+    def deliver(self, wants: Mapping[str, int], leases: list[Lease], *, sent: float | None = None,
+                rates: Mapping[str, tuple[int, float]] | None = None) -> dict[str, int]:
+        """``sent``: trio time the claim was sent (the Poller's own claims), and ``rates``: the rate
+        windows that claim counted; a rate-limited job's worker checks, as it takes it, that it is no
+        later than that window's margin allows (pools.RATE_LATE)."""
         got: dict[str, int] = {}
         for lease in leases:
             pool = self.pools[lease.job_type]
-            if pool.rate is not None and sent is not None:
-                pool.claimed_at[(lease.id, lease.token)] = sent
+            if pool.rate is not None and sent is not None and rates is not None and lease.job_type in rates:
+                margin = rates[lease.job_type][1] - pool.rate[1]
+                pool.claimed_at[(lease.id, lease.token)] = (sent, margin - RATE_SLACK)
             try:
                 pool.send.send_nowait(lease)  # cannot block: buffer == capacity >= outstanding
             except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -205,9 +214,10 @@ async def run_poller(
                             # shielded: a claim cancelled half-way would commit rows as ours
                             # that no worker holds. Every backend answers within its patience
                             # (a failure is an answer), and /healthz tells of a claim that waits long.
+                            extra = claimer.extra  # (the rate margins as this claim counts them)
                             with trio.CancelScope(shield=True):
                                 leases = await backend.claim(wants, owner=owner, lease_seconds=lease_seconds, start=start,
-                                                             limits=claimer.limits, **claimer.extra)
+                                                             limits=claimer.limits, **extra)
                         except StoreError as exc:
                             claimer.deliver(wants, [])
                             failures += 1
@@ -226,7 +236,7 @@ async def run_poller(
                             log.warning("claims work again after %d failures", failures)
                             health.clear("poller")
                             failures = 0
-                        got = claimer.deliver(wants, leases, sent=sent)
+                        got = claimer.deliver(wants, leases, sent=sent, rates=extra.get("rates"))
                         more = any(got.get(name, 0) == n and pools[name].free > 0 for name, n in wants.items())
                         if claimer.rates:
                             await _rate_waits(backend, claimer, wants, got)

@@ -88,6 +88,7 @@ SETTLE_RETRY_MAX = 5.0  # seconds between tries to write an outcome the database
 # back, not started: the claims count the window over a margin longer than this (poller.RATE_MARGIN),
 # so that the starts keep the rate, not only the claims
 RATE_LATE = 0.04
+RATE_SLACK = 0.01  # a claim's margin (Pool.rate_margin) less the lateness it allows its jobs
 # seconds an asyncio handler has to end once cancelled (its timeout, a cancel request, the end of a stop's
 # grace) before it is abandoned: time for its own clean-up (asyncio's cancellation is delivered once, where
 # trio's is delivered again at every checkpoint), bounded so that one swallowing it cannot hold a worker
@@ -214,8 +215,14 @@ class Pool:
     rate: tuple[int, float] | None = None
     # at most this many of the type's jobs of one limit key run at once across every process; None: not keyed
     key_limit: int | None = None
-    # Poller adds (a rate-limited type's leases), worker pops as it takes the job: trio time its claim was sent
-    claimed_at: dict[tuple[str, int], float] = attrs.field(factory=dict)
+    # Poller adds (a rate-limited type's leases), worker pops as it takes the job: trio time its claim was
+    # sent, and how late after it the job may start (the margin that claim counted, less RATE_SLACK)
+    claimed_at: dict[tuple[str, int], tuple[float, float]] = attrs.field(factory=dict)
+    # seconds a rate-limited type's claims add to its window (poller.Claimer.rates): RATE_LATE + RATE_SLACK,
+    # widened by a worker that takes a job later than its claim allowed (_late_for_its_rate), never narrowed:
+    # a claim counts at least the margin of every claim before it, so each start stays in its windows.
+    # Without it, a store whose claims take longer than RATE_LATE (a round trip of 40 ms) starved the type
+    rate_margin: float = RATE_LATE + RATE_SLACK
     # a sync handler's threads: ``concurrency`` of them, an abandoned one holding its slot until
     # it returns (trio releases it then); unused by an async handler
     limiter: trio.CapacityLimiter = attrs.field(init=False)
@@ -618,8 +625,8 @@ async def _begin(workers: Workers, pool: Pool, lease: Lease, counted: bool | Non
         return Outcome("cancelled", expired_error(lease.expires_at))
     if not (lease.started if counted is None else counted) and not await _count_start(workers, pool, lease):
         return Outcome("released") if pool.stopping else Outcome("lost")
-    if claim_sent is not None and trio.current_time() - claim_sent > RATE_LATE:
-        return _late_for_its_rate(lease, trio.current_time() - claim_sent)
+    if claim_sent is not None and trio.current_time() - claim_sent[0] > claim_sent[1]:
+        return _late_for_its_rate(pool, lease, trio.current_time() - claim_sent[0], claim_sent[1])
     try:
         job = workers.decode(lease.job_type, lease.payload)
     except InvalidPayload as exc:
@@ -639,13 +646,19 @@ def _expired(lease: Lease) -> bool:
     return lease.expires_at is not None and _due_epoch(lease.expires_at) <= time.time()
 
 
-def _late_for_its_rate(lease: Lease, late: float) -> Outcome:
+def _late_for_its_rate(pool: Pool, lease: Lease, late: float, allowed: float) -> Outcome:
     """A rate-limited job taken too long after its claim (see RATE_LATE): back to pending, its attempt
-    not counted, its claim still spending a start of the window (the safe side)."""
-    log.warning("job %s (%s) reached its worker %.3f s after its claim was sent, past the %g s its rate limit "
-                "allows (its window was counted from the claim): handed back to pending, it starts in a later "
-                "window. Often: the event loop or the store was slow (a handler blocking the loop)",
-                lease.id, lease.job_type, late, RATE_LATE)
+    not counted, its claim still spending a start of the window (the safe side). The type's claims
+    count a margin wide enough for this lateness from now on (half the window at most), so that a
+    store this slow (or far away) costs the type some of its rate, not all of it."""
+    assert pool.rate is not None
+    widest = max(RATE_LATE + RATE_SLACK, pool.rate[1] / 2)
+    pool.rate_margin = min(widest, max(pool.rate_margin, late * 1.5 + RATE_SLACK))
+    log.warning("job %s (%s) reached its worker %.3f s after its claim was sent, past the %.3f s its rate limit "
+                "allowed (its window was counted from the claim): handed back to pending, it starts in a later "
+                "window; the type's claims now count a window %.3f s longer than its rate's. Often: the store is "
+                "far away or slow, or the event loop was (a handler blocking the loop)",
+                lease.id, lease.job_type, late, allowed, pool.rate_margin)
     return Outcome("released")
 
 
