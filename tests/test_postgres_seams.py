@@ -5,6 +5,9 @@ the pipeline opens; payloads and results an operator reads with ``->>``."""
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,7 +22,7 @@ import trio
 from backends.stores import POSTGRES_URL, postgres_store
 from conftest import fast_config, require_service
 from jobkit import Echo, Tick, registry, wait_status
-from supervisor_harness import Service
+from supervisor_harness import ROOT, Service, service_env
 
 import pipeline
 from pipeline import Config
@@ -330,3 +333,30 @@ async def test_payloads_and_results_are_read_with_the_jsonb_cast_and_their_text_
         read, refused = await trio.to_thread.run_sync(as_an_operator)
         assert read == [("ord-1", "ünïcode", "ord-1", 2.5)]
         assert "\\u0000 cannot be converted to text" in refused
+
+
+def test_the_admin_only_service_and_the_cli_name_their_sessions_too(tmp_path: Path) -> None:
+    """`python -m pipeline` with WORKER_ENABLED=false (the admin API alone) and a CLI command, real processes,
+    each caught at its start waiting for the migrations' lock the test holds: pipeline-admin, pipeline-cli."""
+    with _database_of_its_own() as url, psycopg.connect(url, autocommit=True, application_name="test-observer") as observer:
+        env = service_env(url, WORKER_ENABLED="false", PYTHONPATH=f"{ROOT}:{Path(__file__).parent}")
+        holder = psycopg.connect(url, application_name="test-holder")
+        holder.execute("SELECT pg_advisory_xact_lock(hashtext('pipeline migrations ' || current_schema()))")
+        admin = subprocess.Popen([sys.executable, "-m", "pipeline", "--app", "jobkit:registry"], env=env, cwd=tmp_path,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        cli = subprocess.Popen([sys.executable, "-m", "pipeline", "--app", "jobkit:registry", "jobs", "list"], env=env,
+                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            want = {"pipeline-admin", "pipeline-cli", "test-holder"}
+            sessions = _wait_sessions(observer, want)
+            waiting = {name for name, query in sessions if "pg_advisory_xact_lock" in query}
+            assert {"pipeline-admin", "pipeline-cli"} <= waiting, sessions
+            assert {name for name, _ in sessions} == want, sessions
+            holder.rollback()  # the lock goes: both start
+            out, err = cli.communicate(timeout=60)
+            assert cli.returncode == 0, err
+        finally:
+            holder.close()
+            for proc in (admin, cli):
+                proc.send_signal(signal.SIGTERM)
+                proc.communicate(timeout=30)
