@@ -89,3 +89,63 @@ async def test_a_rate_limited_type_runs_on_a_store_farther_away_than_the_start_m
     assert len(starts) == 6
     for i, start in enumerate(starts):  # no window of a second holds more than four starts
         assert sum(1 for other in starts[i:] if other - start < 1.0) <= 4, starts
+
+
+# -- 2. pause: a process that saw a pause handed back the type's jobs after a resume elsewhere (a0743f9) --
+
+
+@dataclasses.dataclass
+class Slow:
+    n: int = 0
+
+
+@pytest.mark.parametrize("store", sorted(BACKENDS))
+async def test_a_resume_made_elsewhere_starts_the_types_jobs_without_handing_them_back(store: str, tmp_path: Path) -> None:
+    """A process learns a pause of its type only at its canceller's look, which runs while it holds
+    jobs. Once it had seen one and let its held jobs go, a resume made by another process (the CLI,
+    the admin API) was not seen until it held jobs again: every job its claims then got was handed
+    back as 'paused', claimed again at once and handed back again, a few hundred times (commits and
+    outcome lines) until the look. A claim sent after this process learned of the pause that gets
+    the type's jobs proves the store resumed it (a claim skips a paused type in its own transaction)."""
+    reg = pipeline.Registry()
+    started, go = trio.Event(), trio.Event()
+    ran: list[int] = []
+
+    @reg.job(concurrency=1)
+    async def slow(job: Slow, ctx: pipeline.JobContext) -> None:
+        ran.append(job.n)
+        if job.n == 0:
+            started.set()
+            await go.wait()
+
+    async with BACKENDS[store](tmp_path) as config:
+        config = attrs.evolve(config, worker=attrs.evolve(config.worker, prefetch=1))
+        async with pipeline.open_pipeline(config, reg) as p, pipeline.backends.open_backend(config) as other:
+            first = await p.enqueue(Slow(0))
+            with trio.fail_after(15):
+                await started.wait()
+            ahead = await p.enqueue(Slow(1))
+            with trio.fail_after(15):
+                while (await p.backend.get(ahead)).status != "running":  # type: ignore[union-attr]
+                    await trio.sleep(0.01)  # held here, behind the busy worker
+            await other.set_type_paused("slow", True)  # another process pauses the type...
+            with trio.fail_after(15):
+                while not p.pools["slow"].paused:
+                    await trio.sleep(0.01)  # ...and this one acknowledges it at its look
+            go.set()
+            await p.result(first, timeout=15)
+            with trio.fail_after(15):
+                while (await p.backend.get(ahead)).status != "pending":  # type: ignore[union-attr]
+                    await trio.sleep(0.01)  # handed back, unstarted: this process holds nothing now
+            released: list[str] = []
+            real = p.backend.settle
+
+            async def counted(settlements: Any) -> Any:
+                released.extend(s.id for s in settlements if s.transition is Transition.RELEASE)
+                return await real(settlements)
+
+            p.backend.settle = counted  # type: ignore[method-assign]  # the store's own call, counted
+            await other.set_type_paused("slow", False)  # another process resumes it
+            await p.result(ahead, timeout=15)
+    assert ran == [0, 1]
+    assert released == [], f"handed back {len(released)} times after the resume"

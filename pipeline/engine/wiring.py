@@ -474,6 +474,8 @@ class Pipeline:
         if pool is not None:
             pool.paused = paused
             pool.pause_marks += 1
+            if paused:
+                pool.paused_at = trio.current_time()
 
 
 KEYS_UNLIMITED = 2**31 - 1  # the key limit of a type with limit_key and no key_limit: round-robin alone

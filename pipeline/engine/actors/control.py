@@ -66,6 +66,8 @@ async def run_canceller(
         for name, pool in pools.items():
             if pool.pause_marks == marks[name] and pool.paused != (name in paused):  # (not one made here meanwhile)
                 pool.paused = name in paused
+                if pool.paused:
+                    pool.paused_at = trio.current_time()
                 log.info("job type %s %s", name, "paused: its jobs claimed ahead go back to pending, none starts"
                          if pool.paused else "resumed")
         for job_id, token in requests:

@@ -101,6 +101,12 @@ class Claimer:
         got: dict[str, int] = {}
         for lease in leases:
             pool = self.pools[lease.job_type]
+            if pool.paused and sent is not None and sent > pool.paused_at:
+                # claimed by a claim sent after this process learned of the pause: the store has it
+                # resumed (a resume made by another process, which this one would see only at its look)
+                pool.paused = False
+                pool.pause_marks += 1  # (a look read before this is not applied)
+                log.info("job type %s resumed: a claim got its jobs", lease.job_type)
             if pool.rate is not None and sent is not None and rates is not None and lease.job_type in rates:
                 margin = rates[lease.job_type][1] - pool.rate[1]
                 pool.claimed_at[(lease.id, lease.token)] = (sent, margin - RATE_SLACK)
@@ -130,6 +136,7 @@ class Offer:
         self.claimer, self._send, self._recv = claimer, send, recv
         self._owner, self._lease_seconds = owner, lease_seconds
         self.out: ClaimOffer | None = None
+        self.posted = 0.0  # trio time the offer out was posted: its claim runs after it
 
     def post(self) -> None:
         if self.out is not None:
@@ -146,7 +153,7 @@ class Offer:
             return  # no backend takes offers
         for name, n in wants.items():
             pools[name].offered += n
-        self.out = offer
+        self.out, self.posted = offer, trio.current_time()
 
     def _unreserve(self, offer: ClaimOffer) -> None:
         for name, n in offer.wants.items():
@@ -168,7 +175,7 @@ class Offer:
         self._unreserve(claimed.offer)
         for name, n in claimed.offer.wants.items():
             self.claimer.pools[name].outstanding += n  # what deliver hands back when unused
-        return self.claimer.deliver(claimed.offer.wants, claimed.leases)
+        return self.claimer.deliver(claimed.offer.wants, claimed.leases, sent=self.posted)
 
 
 async def run_poller(

@@ -195,7 +195,13 @@ class Pool:
     # look at the store, or at once from this process's Pipeline.pause_type / resume_type. Its workers
     # start nothing meanwhile: what they take goes back to pending, its attempt not counted
     paused: bool = False
-    pause_marks: int = 0  # Pipeline.pause_type / resume_type: +1 each (a look read before one is not applied)
+    # Pipeline.pause_type / resume_type, and the Poller's inference below: +1 each (a look read before one
+    # is not applied)
+    pause_marks: int = 0
+    # trio time ``paused`` last became True. A claim sent after it that gets the type's jobs proves the store
+    # resumed the type meanwhile (a claim skips a paused type in its own transaction): the Poller's deliver
+    # then clears ``paused``, rather than have them handed back, claimed and handed back again until a look
+    paused_at: float = float("inf")
     stop_deadline: float = float("inf")  # trio time by which the grace is over
     lost: set[tuple[str, int]] = attrs.field(factory=set)  # heartbeat: leases another process now holds
     # the canceller: leases whose cancel was requested (Backend.cancel_requests), until they settle
