@@ -46,7 +46,7 @@ async def far_away(config: Config, delay: float) -> AsyncIterator[Config]:
     """``config`` with its DATABASE_URL through a proxy adding ``delay`` seconds each way (a round
     trip ``2 * delay`` longer, as a store in another region)."""
     parts = urlsplit(config.database_url)
-    host, port = parts.hostname or "127.0.0.1", parts.port
+    host, port = parts.hostname or "127.0.0.1", parts.port or 0
 
     async def handle(client: trio.SocketStream) -> None:
         upstream = await trio.open_tcp_stream(host, port)
@@ -144,7 +144,7 @@ async def test_a_resume_made_elsewhere_starts_the_types_jobs_without_handing_the
                 released.extend(s.id for s in settlements if s.transition is Transition.RELEASE)
                 return await real(settlements)
 
-            p.backend.settle = counted  # type: ignore[method-assign]  # the store's own call, counted
+            p.backend.settle = counted  # type: ignore[method-assign,assignment]  # the store's own call, counted
             await other.set_type_paused("slow", False)  # another process resumes it
             await p.result(ahead, timeout=15)
     assert ran == [0, 1]
