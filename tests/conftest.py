@@ -15,6 +15,10 @@ from hypothesis import settings
 
 from pipeline import Config
 
+# tests/user_project is a user's own project, run by tests/test_testing_any_loop.py in processes of its
+# own under each async plugin: not a part of this suite
+collect_ignore = ["user_project"]
+
 # No per-example deadline (hypothesis's 200 ms): a loaded machine's pause in one example is not a defect
 settings.register_profile("pipeline", deadline=None)
 settings.load_profile("pipeline")
