@@ -470,6 +470,9 @@ async def _open_as_guest(registry: Registry, config: Config) -> AsyncIterator[Te
     test's own loop, beside its fixtures."""
     import asyncio
 
+    if trio.lowlevel.in_trio_run():  # this loop hosts a trio guest already (pipeline.aio.open_pipeline)
+        raise UsageError("this asyncio loop already runs a trio guest (pipeline.aio.open_pipeline?), and a thread runs one "
+                         "trio run at a time: open the test pipeline in a test without it, or test with that pipeline")
     loop = asyncio.get_running_loop()
     remote = _Remote(registry, config)
     opened: asyncio.Future[None] = loop.create_future()

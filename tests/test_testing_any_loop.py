@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,6 +27,7 @@ import pipeline
 from pipeline.testing import TestJobRecord, open_test_pipeline, run
 
 USER_PROJECT = Path(__file__).parent / "user_project"
+DOCS = Path(__file__).parent.parent / "docs" / "testing.md"
 
 
 @attrs.frozen
@@ -299,6 +301,33 @@ def test_a_plain_with_inside_a_running_loop_is_refused_naming_async_with() -> No
     trio.run(main)
 
 
+def test_a_loop_that_hosts_a_trio_guest_already_is_told_so() -> None:
+    from pipeline.engine.asyncio_host import run_as_guest
+
+    async def inside_the_guest() -> None:
+        async def from_asyncio() -> None:  # asyncio code on the loop that hosts this trio run
+            with pytest.raises(pipeline.UsageError, match="already runs a trio guest"):
+                async with open_test_pipeline(make_registry()):
+                    pass
+
+        host = asyncio_host_of_this_run()
+        await trio.to_thread.run_sync(lambda: None)  # (a tick of the guest: the loop is running)
+        await host.run_asyncio(from_asyncio)
+
+    async def main() -> None:
+        await run_as_guest(inside_the_guest)
+
+    asyncio.run(main())
+
+
+def asyncio_host_of_this_run() -> Any:
+    from pipeline.engine.asyncio_host import current_host
+
+    host = current_host()
+    assert host is not None
+    return host
+
+
 # -- the registry's lifespan and asyncio handlers, in each style --------------------------------------------
 
 
@@ -376,6 +405,27 @@ RUNNERS = {
     "anyio": (["-p", "anyio.pytest_plugin", "test_user_jobs_anyio.py"], 4),  # each test on asyncio and on trio
     "plain": (["-k", "plain", "test_user_jobs.py"], 3),  # no async plugin: the plain tests alone
 }
+
+
+def test_the_examples_of_docs_testing_md_pass(tmp_path: Path) -> None:
+    """Each of docs/testing.md's code blocks that names its file (``# test_jobs_asyncio.py``) is written as
+    that file, and the lot run by pytest with pytest-asyncio, pytest-trio and anyio loaded (each in its
+    default mode: a test runs under the plugin its mark names) and none of this repository's plugins."""
+    blocks = re.findall(r"```python\n# ([\w/]+\.py)\n(.*?)```", DOCS.read_text(), re.S)
+    assert {name for name, _ in blocks} >= {"myapp/jobs.py", "test_jobs_asyncio.py", "test_jobs_trio.py",
+                                            "test_jobs_plain.py", "test_jobs_workflows.py"}
+    for name, code in blocks:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(code)
+    (tmp_path / "pyproject.toml").write_text('[tool.pytest.ini_options]\naddopts = "-p no:cacheprovider"\n'
+                                             'asyncio_default_fixture_loop_scope = "function"\n')
+    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    env.pop("PYTEST_ADDOPTS", None)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "pytest_asyncio.plugin", "-p", "pytest_trio.plugin",
+                           "-p", "anyio.pytest_plugin"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = done.stdout.strip().splitlines()[-1]
+    assert summary.startswith("8 passed") and "warning" not in summary, done.stdout
 
 
 @pytest.mark.parametrize("runner", list(RUNNERS))
