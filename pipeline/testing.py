@@ -216,9 +216,9 @@ class TestPipeline:
         options.setdefault("trace", self.pipeline.trace_context() or "")
         return await self._runs(lambda e: e.pipeline.enqueue_batch(jobs, then=then, **options))
 
-    async def emit(self, event: Any) -> list[str]:
+    async def emit(self, event: Any, *, trace: str | None = None) -> list[str]:
         """Route an event by the registry's routes; the ids of its jobs."""
-        trace = self.pipeline.trace_context() or ""
+        trace = (self.pipeline.trace_context() or "") if trace is None else trace
         return await self._runs(lambda e: e.pipeline.emit(event, trace=trace))
 
     async def cancel(self, job_id: str) -> str:
@@ -271,9 +271,9 @@ class SyncTestPipeline:
         options.setdefault("trace", self._trace() or "")
         return self._remote.call(lambda e: e.pipeline.enqueue_batch(jobs, then=then, **options))
 
-    def emit(self, event: Any) -> list[str]:
+    def emit(self, event: Any, *, trace: str | None = None) -> list[str]:
         """As :meth:`TestPipeline.emit`."""
-        trace = self._trace() or ""
+        trace = (self._trace() or "") if trace is None else trace
         return self._remote.call(lambda e: e.pipeline.emit(event, trace=trace))
 
     def cancel(self, job_id: str) -> str:
@@ -571,20 +571,31 @@ async def _open_in_thread_from_trio(registry: Registry, config: Config) -> Async
     so the engine runs in a thread of its own on one (as for a plain test), answering on the test's run."""
     remote = _Remote(registry, config)
     opened, ended = _start_thread(remote, registry, config)
-    assert remote.thread is not None
-    await trio.to_thread.run_sync(opened.wait)
-    if ended:
+    thread = remote.thread
+    assert thread is not None
+
+    async def ended_here() -> None:
+        with trio.CancelScope(shield=True):  # the block is not left before the engine has stopped
+            await trio.to_thread.run_sync(thread.join)
+
+    try:
+        await trio.to_thread.run_sync(opened.wait)
+    except BaseException:  # cancelled while it opened
+        remote.cancel()
+        await ended_here()
+        raise
+    if ended:  # it ended before it opened: why
         ended[0].unwrap()
     assert remote.engine is not None
     try:
         yield TestPipeline(remote.engine, remote.call_from_trio)
     except BaseException:
         remote.leave(failed=True)
-        await trio.to_thread.run_sync(remote.thread.join)
+        await ended_here()
         _raise_unless_left(ended[0])
         raise
     remote.leave(failed=False)
-    await trio.to_thread.run_sync(remote.thread.join)
+    await ended_here()
     ended[0].unwrap()
 
 

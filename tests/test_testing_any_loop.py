@@ -395,6 +395,22 @@ def test_a_plain_with_runs_the_lifespan_and_asyncio_handlers() -> None:
         assert run(reg, Where()).result == "hello"
 
 
+async def test_under_trio_a_cancelled_block_leaves_once_the_engines_thread_has_ended() -> None:
+    reg = pipeline.Registry(runtime="asyncio")
+
+    @reg.job
+    async def hang(job: Hang, ctx: pipeline.JobContext) -> None:
+        seen["hanging"] = True
+        await asyncio.sleep(3600)
+
+    with trio.move_on_after(0.5) as waited:
+        async with open_test_pipeline(reg) as p:  # asyncio handlers: the engine in a thread of its own
+            await p.enqueue(Hang())
+            await p.drain(timeout=600)
+    assert waited.cancelled_caught and seen["hanging"]
+    assert [t.name for t in threading.enumerate() if t.name == "pipeline-test"] == []  # not left running
+
+
 # -- a user's test file, run by each runner ----------------------------------------------------------------
 
 RUNNERS = {
