@@ -24,15 +24,14 @@ asyncio it runs as a guest of the test's asyncio loop (the asyncio host, pipelin
 one thread, the asyncio loop drives trio's ticks), so the registry's asyncio handlers and lifespan run
 on the test's own loop, beside its fixtures. In a plain ``with`` it runs in a thread of its own, as
 :class:`pipeline.Client`'s loop does (on a new asyncio loop when the registry has asyncio handlers,
-as a worker process does), and each call blocks until that loop answers; so does a trio test's whose
-registry has asyncio handlers, its calls awaited. The registry's lifespan runs in each (``ctx.state``).
+as a worker process does), and each call blocks until that loop answers. A trio test whose registry
+has asyncio handlers gets such a thread too (no asyncio loop runs in a trio run), its calls awaited. The registry's lifespan runs in each (``ctx.state``).
 Errors come out as themselves (InvalidPayload, UsageError, JobFailed...), never wrapped in the
 engine's nurseries' exception groups; several at once stay a group.
 """
 
 from __future__ import annotations
 
-import json
 import tempfile
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
@@ -55,7 +54,7 @@ from .errors import PipelineClosed, UsageError
 from .registry import Registry
 from .requests import check_job_id
 from .sqlite_files import connect
-from .workflows import Batch
+from .workflows import Batch, decoded
 
 __all__ = ["SyncTestPipeline", "TestJobRecord", "TestPipeline", "open_test_pipeline", "run"]
 
@@ -77,7 +76,7 @@ class TestJobRecord(JobRecord):
     @classmethod
     def of(cls, record: JobRecord) -> TestJobRecord:
         fields = attrs.asdict(record, recurse=False)
-        return cls(**{**fields, "result": None if record.result is None else json.loads(record.result)})
+        return cls(**{**fields, "result": decoded(record.result)})
 
     def to_json(self) -> dict[str, Any]:
         data = JobRecord.to_json(attrs.evolve(self, result=None))
@@ -177,8 +176,8 @@ def _counted(left: dict[str, int]) -> str:
 
 
 class _Runs(Protocol):
-    """How a call reaches the engine: awaited on the test's own trio loop, or handed to the engine's
-    loop elsewhere (a guest of asyncio). ``wait``: the call waits for jobs (drain, result), so a caller
+    """How a call reaches the engine: awaited in the test's own trio run, or handed to the engine's run
+    elsewhere (a guest of the test's asyncio loop, a thread). ``wait``: the call waits for jobs (drain, result), so a caller
     that stops waiting (cancelled) stops it; any other call (an enqueue) runs to its end."""
 
     def __call__(self, fn: Callable[[_Engine], Awaitable[T]], *, wait: bool = False) -> Awaitable[T]: ...
