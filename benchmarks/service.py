@@ -23,6 +23,16 @@ by stage as py-spy's samples of that thread are sorted (STAGES: the log line, me
 payload decode, the database thread's SQL, thread hops, the outcome, claims and leases, dispatch, the
 heartbeat, the supervisor, trio's scheduler). py-spy also counts some waits as running (WAITS: a lock
 wait with a timeout, epoll, fsync, the GIL after a system call): those samples are left out.
+
+`--runtime trio asyncio uvloop` (issue 33) compares handlers' runtimes instead, in the same rounds,
+alternating: an app of no-op `async def` handlers (RUNTIME_APP) on trio, on asyncio
+(`Registry(runtime="asyncio")`: the worker process's trio run a guest of an asyncio loop) and on asyncio
+with WORKER_ASYNCIO_LOOP=uvloop, each under `python -m pipeline --app ... --processes 1`. For each: the
+drain rate and CPU per job as above (always with --cpu's subtraction of an empty start and stop), the pickup
+latency (a running, idle service: one job enqueued at a time by pipeline.Client, from the enqueue call to
+its handler's first line, --probes of them), and how long 1,000 jobs each holding a 1 s sleep of their
+runtime (trio.sleep, asyncio.sleep) take from enqueue_many to the last completed, with the type's
+concurrency at 1,000.
 """
 
 from __future__ import annotations
@@ -40,6 +50,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -333,6 +344,190 @@ def dramatiq_drain(stores: Stores, directory: Path, jobs: int) -> tuple[float, f
         dramatiq_app.dramatiq.get_broker().flush_all()
 
 
+# --runtime: the app each runtime's service runs (BENCH_RUNTIME: trio, asyncio or uvloop; the loop itself is
+# WORKER_ASYNCIO_LOOP's). `registry` drains no-ops and answers probes; `holding` holds 1,000 jobs at once.
+RUNTIME_APP = """
+import asyncio
+import dataclasses
+import os
+import time
+
+import trio
+
+import pipeline
+
+ON_TRIO = os.environ["BENCH_RUNTIME"] in ("trio", "guest")
+registry = pipeline.Registry(runtime="trio" if ON_TRIO else "asyncio")
+holding = pipeline.Registry(runtime="trio" if ON_TRIO else "asyncio")
+
+
+@dataclasses.dataclass
+class Noop:
+    n: int = 0
+
+
+@dataclasses.dataclass
+class Probe:
+    n: int = 0
+
+
+@dataclasses.dataclass
+class Hold:
+    seconds: float = 1.0
+
+
+@registry.job
+async def noop(job: Noop, ctx: pipeline.JobContext) -> None:
+    return None
+
+
+@registry.job
+async def probe(job: Probe, ctx: pipeline.JobContext) -> float:
+    return time.time()  # its start, as the handler sees it
+
+
+@dataclasses.dataclass
+class Unused:
+    n: int = 0
+
+
+if os.environ["BENCH_RUNTIME"] == "guest":  # trio handlers, in a process that hosts an asyncio loop all the same
+    @registry.job(runtime="asyncio")
+    async def unused(job: Unused, ctx: pipeline.JobContext) -> None:
+        return None
+
+    holding.register("unused", Unused, unused, runtime="asyncio")
+
+
+@holding.job(concurrency=1000)
+async def hold(job: Hold, ctx: pipeline.JobContext) -> None:
+    await (trio.sleep(job.seconds) if ON_TRIO else asyncio.sleep(job.seconds))
+"""
+NOOP = json.dumps({"job_type": "noop", "payload": {}})
+
+
+def runtime_env(stores: Stores, url: str, runtime: str, concurrency: int, directory: Path) -> dict[str, str]:
+    env = settings(stores, url, concurrency)
+    env.update(BENCH_RUNTIME=runtime, WORKER_ASYNCIO_LOOP="uvloop" if runtime == "uvloop" else "asyncio",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(directory), env.get("PYTHONPATH")])))
+    return env
+
+
+def runtime_drain(stores: Stores, directory: Path, runtime: str, jobs: int, concurrency: int) -> tuple[float, float]:
+    """(jobs/s, CPU µs per job) of `--app benchapp:registry --processes 1` draining ``jobs`` no-ops on
+    ``runtime``: the process tree's CPU, less the same start and stop on an empty store kept up as long."""
+    (directory / "benchapp.py").write_text(RUNTIME_APP)
+    app = [sys.executable, "-m", "pipeline", "--app", "benchapp:registry"]
+    url = stores.fresh("runtime")
+    try:
+        env = runtime_env(stores, url, runtime, concurrency, directory)
+        lines = directory / "jobs.jsonl"
+        lines.write_text((NOOP + "\n") * jobs)
+        subprocess.run([*app, "enqueue", "--from-file", str(lines)], env=env, cwd=directory, check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        rate, _ = watch([*app, "--processes", "1"], env, directory / "service.log", lambda: stores.completed(url), jobs)
+        full = LAST_TREE["cpu"]
+    finally:
+        stores.drop(url)
+    url = stores.fresh("runtime")
+    try:
+        env = runtime_env(stores, url, runtime, concurrency, directory)
+        watch([*app, "--processes", "1"], env, directory / "service.log", lambda: 0, 0)
+        return rate, (full - LAST_TREE["cpu"]) / jobs * 1e6
+    finally:
+        stores.drop(url)
+
+
+def runtime_service(stores: Stores, directory: Path, runtime: str, probes: int) -> tuple[list[float], float]:
+    """A running, idle service of the runtime's app: (pickup latencies in ms, one job at a time from
+    pipeline.Client's enqueue call to its handler's start; seconds from enqueue_many of 1,000 jobs holding
+    a 1 s sleep to the last completed)."""
+    (directory / "benchapp.py").write_text(RUNTIME_APP)
+    sys.path.insert(0, str(directory))
+    url = stores.fresh("runtime")
+    service = None
+    try:
+        sys.modules.pop("benchapp", None)
+        os.environ["BENCH_RUNTIME"] = runtime
+        import benchapp  # type: ignore[import-not-found]
+
+        env = runtime_env(stores, url, runtime, 32, directory)
+        env["LOG_LEVEL"] = "warning"  # the probes' and holds' lines would be the log thread's, not the pickup's
+        log = (directory / "probe.log").open("w")
+        service = subprocess.Popen([sys.executable, "-m", "pipeline", "--app", "benchapp:registry", "--processes", "1"],
+                                   env=env, cwd=directory, stdout=log, stderr=log)
+        latencies = []
+        with pipeline_client(stores, url, benchapp.registry) as client:
+            client.result(client.enqueue(benchapp.Probe(-1)), timeout=60)  # the service is up and warm
+            for n in range(probes):
+                time.sleep(0.02)  # idle between probes: each is picked up from a waiting service
+                sent = time.time()
+                started = client.result(client.enqueue(benchapp.Probe(n)), timeout=30)
+                latencies.append((started - sent) * 1000)
+        service.send_signal(signal.SIGTERM)
+        service.wait(60)
+        service = subprocess.Popen([sys.executable, "-m", "pipeline", "--app", "benchapp:holding", "--processes", "1"],
+                                   env=env, cwd=directory, stdout=log, stderr=log)
+        with pipeline_client(stores, url, benchapp.holding) as client:
+            warm = client.enqueue(benchapp.Hold(0.0))
+            client.result(warm, timeout=60)
+            sent = time.perf_counter()
+            client.enqueue_many([benchapp.Hold(1.0) for _ in range(1000)])
+            while stores.completed(url) < 1001:
+                time.sleep(0.005)
+            held = time.perf_counter() - sent
+        return latencies, held
+    finally:
+        if service is not None:
+            service.send_signal(signal.SIGTERM)
+            service.wait(60)
+        sys.path.remove(str(directory))
+        stores.drop(url)
+
+
+def pipeline_client(stores: Stores, url: str, registry: Any) -> Any:
+    import pipeline
+
+    return pipeline.Client(config=stores.config(url), registry=registry)
+
+
+def runtime_rounds(options: argparse.Namespace, stores: Stores, tmp: str) -> None:
+    runtimes: list[str] = options.runtime
+    rates: dict[str, list[float]] = {r: [] for r in runtimes}
+    cpus: dict[str, list[float]] = {r: [] for r in runtimes}
+    pickups: dict[str, list[float]] = {r: [] for r in runtimes}
+    holds: dict[str, list[float]] = {r: [] for r in runtimes}
+    for _ in range(options.rounds):
+        for runtime in runtimes:
+            with tempfile.TemporaryDirectory(dir=tmp) as work:
+                rate, cpu = runtime_drain(stores, Path(work), runtime, options.jobs, options.concurrency)
+            with tempfile.TemporaryDirectory(dir=tmp) as work:
+                latencies, held = runtime_service(stores, Path(work), runtime, options.probes)
+            rates[runtime].append(rate)
+            cpus[runtime].append(cpu)
+            pickups[runtime] += latencies
+            holds[runtime].append(held)
+            print(f"{runtime}: {rate:,.0f} jobs/s, {cpu:.0f} µs CPU per job, pickup median "
+                  f"{statistics.median(latencies):.1f} ms, 1,000 jobs holding 1 s: {held:.2f} s", flush=True)
+    print(f"backend {options.backend}, {options.jobs:,} no-op jobs, --processes 1, WORKER_CONCURRENCY={options.concurrency}, "
+          f"medians of {options.rounds} rounds ({options.probes} probes a round for the pickup):")
+    base = statistics.median(cpus[runtimes[0]])
+    for runtime in runtimes:
+        cpu = statistics.median(cpus[runtime])
+        pickup = sorted(pickups[runtime])
+        p90 = pickup[int(len(pickup) * 0.9)]
+        ratio = f" ({cpu / base:.2f}× {runtimes[0]}'s)" if runtime != runtimes[0] and base > 0 else ""
+        print(f"  {RUNTIME_LABELS[runtime]}: {statistics.median(rates[runtime]):,.0f} jobs/s; CPU per job {cpu:.0f} µs "
+              f"({min(cpus[runtime]):.0f} to {max(cpus[runtime]):.0f}){ratio}; pickup {statistics.median(pickup):.1f} ms "
+              f"(p90 {p90:.1f} ms); 1,000 jobs holding a 1 s sleep, concurrency=1000: {statistics.median(holds[runtime]):.2f} s "
+              f"({min(holds[runtime]):.2f} to {max(holds[runtime]):.2f})")
+
+
+RUNTIME_LABELS = {"trio": "trio handlers", "asyncio": "asyncio handlers (asyncio's loop)",
+                  "uvloop": "asyncio handlers (WORKER_ASYNCIO_LOOP=uvloop)",
+                  "guest": "trio handlers in a process hosting an asyncio loop (its registry has an asyncio type too)"}
+
+
 def _server_note(values: list[float] | None) -> str:
     if not values:
         return ""
@@ -355,7 +550,20 @@ def main() -> None:
                         help="then where the CPU of one worker process goes: its threads' CPU from /proc, by stage as "
                              "py-spy's samples of one more --processes 1 drain split it (py-spy: pip install -e '.[bench]')")
     parser.add_argument("--samples", type=Path, help="with --stages: keep py-spy's samples (its raw format) in this file")
+    parser.add_argument("--runtime", nargs="+", choices=list(RUNTIME_LABELS), metavar="RUNTIME",
+                        help="compare handlers' runtimes instead (trio, asyncio, uvloop; the first is the baseline): "
+                             "drain rate, CPU per job, pickup latency, 1,000 jobs holding 1 s")
+    parser.add_argument("--probes", type=int, default=50, help="with --runtime: jobs enqueued one at a time per round")
     options = parser.parse_args()
+    if options.runtime:
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "stores").mkdir()
+            stores = open_stores(options.backend, Path(tmp) / "stores")
+            try:
+                runtime_rounds(options, stores, tmp)
+            finally:
+                stores.close()
+        return
     if options.stages and shutil.which("py-spy") is None:
         parser.error("--stages needs py-spy on PATH (pip install -e '.[bench]')")
     default = f"default ({os.cpu_count()} worker processes)"

@@ -252,5 +252,5 @@ class JobContext:
         return await self._emit(event)
 
     def _over(self) -> UsageError:
-        return UsageError(f"job {self.id} ({self.job_type}): attempt {self.attempt} is over (it ended, or its thread was "
-                          "abandoned at its timeout, a lost lease or shutdown); its emit is refused")
+        return UsageError(f"job {self.id} ({self.job_type}): attempt {self.attempt} is over (it ended, or its thread or "
+                          "asyncio task was abandoned at its timeout, a cancel, a lost lease or shutdown); its emit is refused")

@@ -476,3 +476,31 @@ def test_other_failures_are_retried_as_before(tmp_path: Path) -> None:
 
     got = asyncio_host.run(_refused, fast_config(tmp_path / "jobs.db"), "asyncio", fails, ["none"])
     assert got["none"].status == "pending" and got["none"].attempts == 1  # retried after its backoff
+
+
+def test_a_guest_run_started_by_other_code_finds_its_host_loop_too() -> None:
+    """pipeline.testing or an app may call trio.lowlevel.start_guest_run itself: the pipeline still finds
+    the loop it is the guest of (the one running in its thread)."""
+
+    async def trio_main() -> bool:
+        host = current_host()
+        assert host is not None and host is current_host()
+        return await host.run_asyncio(_loop_is, host.loop)
+
+    async def app() -> bool:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Any] = loop.create_future()
+        trio.lowlevel.start_guest_run(trio_main, run_sync_soon_threadsafe=loop.call_soon_threadsafe,
+                                      run_sync_soon_not_threadsafe=loop.call_soon, done_callback=done.set_result)
+        return (await done).unwrap()
+
+    assert asyncio.run(app()) is True
+    assert trio.run(_no_host) is None
+
+
+async def _loop_is(loop: asyncio.AbstractEventLoop) -> bool:
+    return asyncio.get_running_loop() is loop
+
+
+async def _no_host() -> Any:
+    return current_host()

@@ -63,11 +63,20 @@ _HOST: trio.lowlevel.RunVar[AsyncioHost] = trio.lowlevel.RunVar("pipeline_asynci
 
 
 def current_host() -> AsyncioHost | None:
-    """The asyncio host of this trio run; None under a plain ``trio.run`` (no asyncio loop runs here)."""
+    """The asyncio host of this trio run; None under a plain ``trio.run`` (no asyncio loop runs here).
+    A guest run that other code started (``trio.lowlevel.start_guest_run`` on an asyncio loop, not
+    through :func:`run_as_guest`) gets one at its first call: its loop is the one running in this thread."""
     try:
         return _HOST.get()
     except LookupError:
+        pass
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
         return None
+    host = AsyncioHost(loop, trio.lowlevel.current_trio_token())
+    _HOST.set(host)
+    return host
 
 
 @attrs.define(eq=False)
@@ -101,9 +110,10 @@ class AsyncioHost:
         ignored."""
         # (fn is an async def, or a partial or an object whose __call__ is one: its call is a coroutine)
         coro = cast("Coroutine[Any, Any, T]", fn(*args))
-        task: asyncio.Task[T] = self.loop.create_task(coro, context=contextvars.copy_context())
         waiting = _Waiting(trio.lowlevel.current_task())
-        task.add_done_callback(waiting.done)
+        # the task's own coroutine wakes the trio task as it ends: no done-callback, so no loop iteration
+        # of its own between the handler's return and the trio side's
+        task = self.loop.create_task(_reporting(coro, waiting), context=contextvars.copy_context())
 
         def abort(_: Any) -> trio.lowlevel.Abort:
             waiting.cancelling = True
@@ -113,19 +123,20 @@ class AsyncioHost:
             return trio.lowlevel.Abort.FAILED  # the trio task waits for the asyncio task's end
 
         await trio.lowlevel.wait_task_rescheduled(abort)
-        if waiting.abandoned:
-            task.add_done_callback(_retrieve)  # whatever it raises later: no "never retrieved" noise
+        ended = waiting.ended
+        if ended is None:  # abandoned: the grace passed
             if abandoned is not None:
                 abandoned()
             await trio.lowlevel.checkpoint()  # its scope was cancelled (abort ran): trio.Cancelled here
             raise RuntimeError(f"the asyncio task running {_name(fn)} was abandoned: it did not stop within "
                                f"{grace:g} s of its cancellation")
-        if task.cancelled():
+        if isinstance(ended, outcome.Error) and isinstance(ended.error, asyncio.CancelledError):
             if waiting.cancelling:
                 await trio.lowlevel.checkpoint()  # trio.Cancelled, the cancellation that ended it
             raise RuntimeError(f"the asyncio task running {_name(fn)} was cancelled from within asyncio, not by "
                                "its caller (did the coroutine cancel its own task, or the loop close?)")
-        return task.result()
+        value: T = ended.unwrap()
+        return value
 
     async def run_trio(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """From asyncio code on the host's loop (an asyncio task): run ``fn(*args)`` as a trio task, in a
@@ -165,32 +176,45 @@ class AsyncioHost:
             raise
 
 
-@attrs.define(eq=False)
 class _Waiting:
-    """A trio task waiting for an asyncio task (run_asyncio): written by the loop's callbacks."""
+    """A trio task waiting for an asyncio task (run_asyncio): written on the loop's thread, by the
+    task's coroutine as it ends (``finish``), the grace's timer (``give_up``) and the trio side."""
 
-    trio_task: trio.lowlevel.Task
-    woken: bool = False
-    cancelling: bool = False  # the trio side was cancelled: the asyncio task was asked to stop
-    abandoned: bool = False  # it did not stop within the grace
-    timer: asyncio.TimerHandle | None = None
+    __slots__ = ("cancelling", "ended", "timer", "trio_task", "woken")
 
-    def done(self, _: Any) -> None:
+    def __init__(self, trio_task: trio.lowlevel.Task) -> None:
+        self.trio_task = trio_task
+        self.woken = False
+        self.cancelling = False  # the trio side was cancelled: the asyncio task was asked to stop
+        self.ended: outcome.Outcome[Any] | None = None  # what the coroutine returned or raised; None: abandoned
+        self.timer: asyncio.TimerHandle | None = None
+
+    def finish(self, ended: outcome.Outcome[Any]) -> None:
         if self.timer is not None:
             self.timer.cancel()
-        if not self.woken:
+        if not self.woken:  # (an abandoned task's end is nobody's business)
             self.woken = True
+            self.ended = ended
             trio.lowlevel.reschedule(self.trio_task)
 
     def give_up(self) -> None:
         if not self.woken:
-            self.woken = self.abandoned = True
+            self.woken = True
             trio.lowlevel.reschedule(self.trio_task)
 
 
-def _retrieve(task: asyncio.Task[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
+async def _reporting(coro: Coroutine[Any, Any, Any], waiting: _Waiting) -> None:
+    """The asyncio task's coroutine: ``coro``, its end handed to the waiting trio task. What it raised
+    goes there, not into the task (nobody reads the task: no "exception was never retrieved")."""
+    try:
+        value = await coro
+    except (KeyboardInterrupt, SystemExit) as exc:
+        waiting.finish(outcome.Error(exc))
+        raise  # the loop's to stop on, as asyncio does
+    except BaseException as exc:  # noqa: BLE001 - CancelledError included: the trio side decides
+        waiting.finish(outcome.Error(exc))
+    else:
+        waiting.finish(outcome.Value(value))
 
 
 def _name(fn: Any) -> str:
@@ -303,8 +327,8 @@ def _cancel_leftovers(loop: asyncio.AbstractEventLoop) -> None:
         task.cancel()
     loop.run_until_complete(asyncio.wait(tasks, timeout=LEFTOVER_WAIT))
     for task in tasks:
-        if task.done():
-            _retrieve(task)
+        if task.done() and not task.cancelled():
+            task.exception()  # retrieved: the app's own tasks' errors at exit are not worth a log line each
 
 
 async def _bounded(work: Awaitable[None], seconds: float) -> None:
