@@ -1,0 +1,225 @@
+"""``jobs``: list, show, retry, cancel, delete and clean up jobs, one by one or in bulk."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TextIO
+
+from ..backends.base import LIST_ORDERS, PRIORITY_MAX, PRIORITY_MIN
+from ..config import Config
+from ..errors import UsageError
+from ..states import Status
+from .application import Application
+from .parsing import CliError
+from .store import _emit_json, _with_backend
+
+if TYPE_CHECKING:
+    from ..backends import Backend, JobRecord
+
+
+JOBS_EXAMPLES = """\
+examples:
+  python -m pipeline jobs --status dead            # the same as: jobs list --status dead
+  python -m pipeline jobs --status pending --order claim   # the next jobs a worker takes, first first
+  python -m pipeline jobs --priority 0             # the jobs of priority 0 only
+  python -m pipeline jobs show 01920c1e-...        # payload, error, attempts, times, parents, children, batch
+  python -m pipeline jobs --status waiting         # the jobs waiting for their parents
+  python -m pipeline jobs retry 01920c1e-...       # dead (or cancelled) → pending, attempts reset
+  python -m pipeline jobs cancel 01920c1e-... 01920c1f-...   # pending: cancelled; running: asked to stop
+  python -m pipeline jobs cancel --type send_email --status pending   # every pending send_email job
+  python -m pipeline jobs retry --type send_email --status dead        # every dead one back to pending
+  python -m pipeline jobs delete --status cancelled                    # every cancelled job record
+  python -m pipeline jobs cleanup --older-than 604800 --status completed
+"""
+
+
+def _list_flags(p: argparse.ArgumentParser, *, suppress: bool) -> None:
+    """`jobs` and `jobs list` take the same flags; on `list` they must not overwrite what
+    was given before it (argparse copies a sub-parser's defaults over the parent's)."""
+
+    def default(value: Any) -> Any:
+        return argparse.SUPPRESS if suppress else value
+
+    p.add_argument("--status", choices=[s.value for s in Status], default=default(None))
+    p.add_argument("--type", dest="job_type", metavar="JOB_TYPE", default=default(None))
+    p.add_argument("--limit", type=int, default=default(50), metavar="N", help="jobs per page (default 50)")
+    p.add_argument("--page", type=int, default=default(1), metavar="N", help="page number, from 1 (newest first)")
+    p.add_argument("--priority", type=int, default=default(None), metavar="N", help="only jobs of this priority")
+    p.add_argument("--order", choices=LIST_ORDERS, default=default("newest"),
+                   help="newest first (the default), or claim: the order workers take pending jobs in "
+                        "(priority, then due time, then insertion)")
+
+
+def _bulk_flags(p: argparse.ArgumentParser, action: str) -> None:
+    """--type and --status of a bulk action (dests of their own: `jobs --status` is the list's filter)."""
+    from ..control import ACTIONS
+
+    p.add_argument("--type", dest="bulk_type", metavar="JOB_TYPE", help="every matching job of this type")
+    p.add_argument("--status", dest="bulk_status", choices=ACTIONS[action],
+                   help="every matching job of this status" + ("" if action == "delete" else
+                                                              f" (default: {' and '.join(ACTIONS[action])})"))
+
+
+def cmd_jobs(args: argparse.Namespace, config: Config, app: Application, out: TextIO) -> int:
+    action = args.jobs_command or "list"
+    args.again = app.command  # what its hints print to run a command again (with the --app in use)
+    return JOB_ACTIONS[action](args, config, out)
+
+
+def _jobs_list(args: argparse.Namespace, config: Config, out: TextIO) -> int:
+    from ..admin import console
+
+    if not 1 <= args.limit <= 10_000:
+        raise UsageError(f"--limit must be from 1 to 10000, got {args.limit}")
+    if not 1 <= args.page <= 10_000_000:
+        raise UsageError(f"--page must be from 1 to 10000000, got {args.page}")
+    if args.status is not None and args.status not in set(Status):
+        raise UsageError(f"unknown status {args.status!r}; expected one of {', '.join(Status)}")
+    if args.priority is not None and not PRIORITY_MIN <= args.priority <= PRIORITY_MAX:
+        raise UsageError(f"--priority must be from {PRIORITY_MIN} to {PRIORITY_MAX}, got {args.priority}")
+    offset = (args.page - 1) * args.limit
+    jobs, total = _with_backend(config, lambda backend: backend.list(
+        status=args.status, job_type=args.job_type, limit=args.limit, offset=offset, priority=args.priority,
+        order=args.order))
+    if args.json:  # the shape of GET /admin/jobs
+        _emit_json(out, {"items": [j.to_json() for j in jobs], "total": total, "page": args.page, "per_page": args.limit})
+    else:
+        console.jobs_table(out, jobs, total, offset=offset)
+    return 0
+
+
+def _no_job(job_id: str) -> CliError:
+    return CliError(f"error: no job with id {job_id!r}", 1)
+
+
+def _jobs_show(args: argparse.Namespace, config: Config, out: TextIO) -> int:
+    from ..admin import console
+
+    async def work(backend: Backend) -> tuple[JobRecord | None, dict[str, str | None]]:
+        job = await backend.get(args.id)
+        statuses: dict[str, str | None] = {}  # of the parents and children it lists (None: gone)
+        if job is not None and not args.json:
+            for relative in dict.fromkeys((*job.parents, *job.children)):
+                found = await backend.get(relative)
+                statuses[relative] = None if found is None else found.status
+        return job, statuses
+
+    job, statuses = _with_backend(config, work)
+    if job is None:
+        raise _no_job(args.id)
+    if args.json:
+        _emit_json(out, job.to_json())
+    else:
+        console.job_detail(out, job, statuses, command=args.again)
+    return 0
+
+
+def _jobs_retry(args: argparse.Namespace, config: Config, out: TextIO) -> int:
+    if _bulk_filter(args, "retry", [args.id] if args.id else []) is not None:
+        return _jobs_bulk(args, config, out, "retry")
+
+    async def work(backend: Backend) -> tuple[str, JobRecord]:
+        was = await backend.get(args.id)
+        return ("dead" if was is None else was.status), await backend.revive(args.id)
+
+    try:
+        was, job = _with_backend(config, work)
+    except LookupError:
+        raise _no_job(args.id) from None
+    if args.json:
+        _emit_json(out, job.to_json())
+    else:
+        print(f"job {job.id}: {was} → pending (attempts reset, due now)", file=out)
+    return 0
+
+
+def _jobs_delete(args: argparse.Namespace, config: Config, out: TextIO) -> int:
+    if _bulk_filter(args, "delete", [args.id] if args.id else []) is not None:
+        return _jobs_bulk(args, config, out, "delete")
+    try:
+        _with_backend(config, lambda backend: backend.delete(args.id))
+    except LookupError:
+        raise _no_job(args.id) from None
+    if args.json:
+        _emit_json(out, {"deleted": args.id})
+    else:
+        print(f"deleted job {args.id}", file=out)
+    return 0
+
+
+CANCEL_REASON = "by an operator (python -m pipeline jobs cancel)"  # in the error of a job cancelled here
+
+
+def _jobs_cancel(args: argparse.Namespace, config: Config, out: TextIO) -> int:
+    """Per id: cancelled, running: cancel requested, already <status>, no such job (exit 1 if any is
+    unknown); or, with --type/--status, every matching job in batches."""
+    from .. import control
+
+    if _bulk_filter(args, "cancel", args.ids) is not None:
+        return _jobs_bulk(args, config, out, "cancel")
+    ids = list(args.ids)
+    answers = _with_backend(config, lambda backend: control.cancel_jobs(backend, ids, reason=CANCEL_REASON))
+    if args.json:
+        _emit_json(out, {"jobs": [a.to_json() for a in answers]})
+    else:
+        for answer in answers:
+            print(f"{answer.id}: {answer.text()}", file=out)
+    unknown = [a.id for a in answers if a.outcome == "unknown"]
+    if unknown:
+        print(f"error: no job with id {', '.join(repr(i) for i in unknown)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _bulk_filter(args: argparse.Namespace, action: str, ids: Sequence[str]) -> Any:
+    """The bulk filter --type/--status give (None: the action is by id); UsageError for both or neither."""
+    from ..control import JobFilter
+
+    given = args.bulk_type is not None or args.bulk_status is not None
+    if given and ids:
+        raise UsageError(f"jobs {action} takes ids or --type/--status, not both")
+    if not given:
+        if not ids:
+            needs = "--status (and maybe --type)" if action == "delete" else "--type and/or --status"
+            raise UsageError(f"jobs {action} needs {'a job id' if action != 'cancel' else 'job ids'}, or {needs} "
+                             "for every matching job")
+        return None
+    return JobFilter.checked(action, args.bulk_status, args.bulk_type, status_name="--status", type_name="--type")
+
+
+def _jobs_bulk(args: argparse.Namespace, config: Config, out: TextIO, action: str) -> int:
+    from .. import control
+
+    job_filter = _bulk_filter(args, action, [])
+    outcome = _with_backend(config, lambda backend: control.bulk(backend, job_filter, reason=CANCEL_REASON))
+    if args.json:
+        _emit_json(out, outcome.to_json())
+    else:
+        print(outcome.text(), file=out)
+    return 0
+
+
+def _jobs_cleanup(args: argparse.Namespace, config: Config, out: TextIO) -> int:
+    from ..admin import inputs
+
+    statuses = tuple(dict.fromkeys(args.statuses or ("completed", "dead")))
+    older = None if args.older_than is None else inputs.seconds(args.older_than, "--older-than")
+    deleted = _with_backend(config, lambda backend: backend.cleanup(statuses=statuses, older_than_seconds=older))
+    if args.json:
+        _emit_json(out, {"deleted": deleted})
+    else:
+        age = "" if args.older_than is None else f" last updated more than {args.older_than:g} s ago"
+        print(f"deleted {deleted} {' and '.join(statuses)} jobs{age}", file=out)
+    return 0
+
+
+JOB_ACTIONS: dict[str, Callable[[argparse.Namespace, Config, TextIO], int]] = {
+    "list": _jobs_list,
+    "show": _jobs_show,
+    "retry": _jobs_retry,
+    "delete": _jobs_delete,
+    "cancel": _jobs_cancel,
+    "cleanup": _jobs_cleanup,
+}

@@ -1,0 +1,51 @@
+"""What every command's parsing shares: the parser that exits 2 with the program's name, the options
+read before the command, arguments checked as text and as JSON objects."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import UsageError
+
+
+class CliError(Exception):
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # argparse's own exit 2, with our prefix
+        self.print_usage(sys.stderr)
+        raise CliError(f"{self.prog}: {message}", 2)
+
+
+def _global_options(argv: Sequence[str]) -> argparse.Namespace:
+    """The options before the command that decide what the parser shows: --app and --env-file
+    (parsed again, with everything else, by the full parser)."""
+    pre = _Parser(prog="python -m pipeline", add_help=False)
+    pre.add_argument("--app")
+    pre.add_argument("--env-file", default=".env")
+    pre.add_argument("--processes")
+    pre.add_argument("--json", action="store_true")
+    pre.add_argument("rest", nargs=argparse.REMAINDER)  # the command and its own arguments, untouched
+    return pre.parse_known_args(argv)[0]
+
+
+def _check_text(arg: str, position: int) -> None:
+    """Arguments that are not UTF-8 (Python keeps their bytes as lone surrogates) can be
+    neither stored nor looked up: refuse them here, naming which one, not deep in sqlite3."""
+    try:
+        arg.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")[:80]
+        raise UsageError(f"argument {position} ({shown!r}) is not valid UTF-8 text") from None
+
+
+def _json_object(text: str, what: str) -> dict[str, Any]:
+    from ..admin import inputs
+
+    return inputs.object_of(inputs.loads(text, what), what)
