@@ -6,7 +6,8 @@
         job_id = await p.enqueue(ResizeAvatar("u42"))
 
 The engine's public names are here; the bundled site (its job types, events and handlers)
-is ``pipeline.site``; the job backends are ``pipeline.backends``.
+is ``pipeline.site``; the job backends are ``pipeline.backends``; the pipeline inside an asyncio
+app (a FastAPI lifespan) is ``pipeline.aio.open_pipeline``.
 """
 
 # Names are imported on first use (PEP 562), so that `python -m pipeline enqueue --from-file`
