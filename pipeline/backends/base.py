@@ -227,14 +227,16 @@ def asked_again(rows: Sequence[NewJob], found: Sequence[tuple[bool, str | None]]
     return None
 
 
-def commit_unknown(rows: Sequence[NewJob], lost: BaseException, shown: str) -> CommitUnknown:
+def commit_unknown(rows: Sequence[NewJob], lost: BaseException, shown: str,
+                   why: str = "the store could not be asked again") -> CommitUnknown:
     """The error of an insert whose commit the store dropped and whose outcome asking again could not
-    learn (the store still unreachable): it may have been committed; how to check; what makes a retry safe."""
+    learn (``why``: the store still unreachable, or the server session that ran it could not be ended):
+    it may have been committed; how to check; what makes a retry safe."""
     first = rows[0].id if rows else "?"
     return CommitUnknown(
         f"{shown}: the connection dropped during the commit of {len(rows)} job{'s' if len(rows) != 1 else ''} "
-        f"({str(lost).splitlines()[0] if str(lost) else type(lost).__name__}), and the store could not be asked "
-        f"again: they may have been committed (all or none). Before enqueueing again, check whether job {first} "
+        f"({str(lost).splitlines()[0] if str(lost) else type(lost).__name__}), and {why}"
+        f": they may have been committed (all or none). Before enqueueing again, check whether job {first} "
         f"exists (`python -m pipeline jobs show {first}`, Client.get, GET /admin/jobs/{first}); an enqueue with an "
         "idempotency_key can be sent again safely instead (docs/jobs.md, \"Retrying an enqueue safely\")",
         tuple(row.id for row in rows))

@@ -52,7 +52,7 @@ from ..base import (
 )
 from ..batches import Command, LedgerStats, ServerBackend
 from . import graph, queries, retention, schedules, schema, store, worker
-from .db import Database, connect, describe
+from .db import Database, ServerSession, connect, describe, end_session, pending_session
 from .ledger import run_ledger
 from .listener import run_listener
 
@@ -90,14 +90,21 @@ class PostgresBackend(ServerBackend[Database]):
             return await self._ask_again(builtins.list(jobs), exc)
 
     async def _ask_again(self, rows: builtins.list[NewJob], lost: StoreError) -> builtins.list[str]:
+        known, session = pending_session(lost)
         for attempt in range(ASK_AGAIN_TRIES):
             if attempt:
                 await trio.sleep(ASK_AGAIN_PAUSE)
             try:
-                found = await trio.to_thread.run_sync(self._ask, rows, limiter=self._db.limiter)
+                ended, found = await trio.to_thread.run_sync(self._ask, rows, known, session, limiter=self._db.limiter)
             except StoreError:
                 continue
             ids = asked_again(rows, found)
+            if ids is None and not ended:
+                # nothing stored yet, and the session that ran the insert may still commit it
+                who = f"session {session.pid}" if session is not None else "the server session"
+                raise commit_unknown(rows, lost, f"database {self._db.shown}",
+                                     f"the store, asked again, holds none of them yet, but {who} that ran the commit "
+                                     "could not be ended or seen gone (it may still commit them)") from None
             if ids is None:
                 raise StoreError(f"{lost}; nothing of this enqueue was written (the store, asked again, holds none of "
                                  "its jobs): enqueueing it again is safe") from None
@@ -105,12 +112,19 @@ class PostgresBackend(ServerBackend[Database]):
             return ids
         raise commit_unknown(rows, lost, f"database {self._db.shown}") from None
 
-    def _ask(self, rows: builtins.list[NewJob]) -> builtins.list[tuple[bool, str | None]]:
+    def _ask(self, rows: builtins.list[NewJob], known: bool,
+             session: ServerSession | None) -> tuple[bool, builtins.list[tuple[bool, str | None]]]:
+        """Whether nothing can write the rows any more, and what the store holds of them. A look
+        alone finds nothing while the dropped connection's server session still runs the insert
+        (its statement waiting for a lock, or the server not yet aware that its client is gone),
+        which then commits: so that session is ended first (db.end_session: its open transaction
+        rolls back), and the look, made once it is gone, sees all it will ever have written."""
         # on a connection of its own, not the pool's: a pool whose server went away makes a caller
         # wait its whole timeout for a connection, where a connect of our own is refused at once
         conn = connect(self._db.url, self._db.role)
         try:
-            return store.insert_outcome(conn, rows)
+            ended = known and (session is None or end_session(conn, session))
+            return ended, store.insert_outcome(conn, rows)
         except psycopg.Error as exc:
             raise describe(exc, self._db.url) from None
         finally:

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import logging
 import select
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import psycopg
 import trio
@@ -60,14 +61,105 @@ class TextTimes(Loader):
 # What the code reads and writes times with, whatever the server, the database, the role or
 # the URL's options set as the session's defaults: TextTimes reads ISO text in UTC (DateStyle
 # SQL, German or Postgres write "01/12/2026 ..." or "Tue Dec 01 ..."), intervals as Postgres writes them.
+# And which server session this is (ServerSession), in the same round trip.
 _SESSION = ("SELECT set_config('TimeZone', 'UTC', false), set_config('DateStyle', 'ISO, YMD', false), "
-            "set_config('IntervalStyle', 'postgres', false)")
+            "set_config('IntervalStyle', 'postgres', false), pg_backend_pid(), "
+            "(SELECT extract(epoch FROM backend_start)::text FROM pg_stat_activity WHERE pid = pg_backend_pid())")
+
+
+class ServerSession(NamedTuple):
+    """The server's process behind a connection: its pid and its ``backend_start`` (seconds since
+    the epoch, as the server writes them: exact, whatever the session's TimeZone). Pids are reused;
+    the pair names one session for the server's lifetime."""
+
+    pid: int
+    started: str
 
 
 def configure(conn: psycopg.Connection[Any]) -> None:
-    """Every new connection: times in UTC and ISO, read back as text."""
+    """Every new connection: times in UTC and ISO, read back as text; and which server session it is
+    (kept on the connection for :func:`sent_on`)."""
     conn.adapters.register_loader("timestamptz", TextTimes)
-    conn.execute(_SESSION)
+    row = conn.execute(_SESSION).fetchone()
+    # an attribute of the pipeline's own on the driver's connection: set once here, read only by
+    # sent_on, when a statement's answer was lost on this connection
+    conn._pipeline_session = (  # type: ignore[attr-defined]
+        ServerSession(int(row[3]), str(row[4])) if row is not None and row[4] is not None else None)
+
+
+# An insert whose connection dropped before its answer (base.lost) may still be running on the
+# server: its statement waiting for a lock, or the server not yet aware that the client is gone; it
+# may commit after anything a new connection reads. So every lost error says which server session
+# might still be running what it sent (the attribute named _PENDING): None, nothing (the statement never
+# left, or the server answered it); absent, not known. The insert's ask (PostgresBackend._ask) ends
+# that session before it reads (end_session): only then is "not stored" final.
+_PENDING = "pipeline_pending_session"
+
+
+def sent_on(exc: BaseException, conn: psycopg.Connection[Any]) -> BaseException:
+    """``exc`` (a driver error raised by a statement on ``conn``) says which session may still run
+    that statement: the connection's, if it broke (the answer lost), else none (the server answered
+    with the error: the statement is over, its transaction rolled back)."""
+    if not (conn.broken or conn.closed):
+        setattr(exc, _PENDING, None)
+    elif (session := getattr(conn, "_pipeline_session", None)) is not None:
+        setattr(exc, _PENDING, session)
+    # (else a connection whose session is not known, never configured: left not known)
+    return exc
+
+
+def nothing_sent(error: StoreError) -> StoreError:
+    """``error`` came before any statement was sent (no connection to be had)."""
+    setattr(error, _PENDING, None)
+    return error
+
+
+def pending_session(error: BaseException) -> tuple[bool, ServerSession | None]:
+    """Whether ``error`` says which session may still run what was sent, and that session (None: none)."""
+    if not hasattr(error, _PENDING):
+        return False, None
+    return True, getattr(error, _PENDING)
+
+
+SESSION_END_WAIT = 5.0  # seconds end_session waits for a terminated session to be gone
+
+_SESSION_END = ("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE pid = %(pid)s AND extract(epoch FROM backend_start)::text = %(started)s")
+# by pid alone: a session of another role shows its pid but not its start (NULL), which is not "gone"
+_SESSION_LOOK = "SELECT extract(epoch FROM backend_start)::text FROM pg_stat_activity WHERE pid = %(pid)s"
+
+
+def end_session(conn: psycopg.Connection[Any], session: ServerSession, *, wait: float | None = None) -> bool:
+    """Ends ``session`` (``pg_terminate_backend``, which a role may do to its own sessions) and waits
+    until ``pg_stat_activity`` no longer shows it, ``wait`` seconds at most (SESSION_END_WAIT): whether
+    it is gone. A terminated session's open transaction rolls back before it leaves the view, and
+    what it committed is visible to every transaction begun after, so a read made once it is gone
+    sees all the session will ever have written. A pid now of another session (its start differs)
+    is left alone: that one is gone. False if the server refuses (a role that may not signal it), if
+    its start cannot be read (another role's session: perhaps it), or if it is still there at the deadline."""
+    named = {"pid": session.pid, "started": session.started}
+    try:
+        conn.execute(_SESSION_END, named)
+    except psycopg.errors.InsufficientPrivilege as exc:
+        log.warning("database: session %d, which may still commit an insert whose answer was lost, cannot be "
+                    "ended (%s)", session.pid, _first_line(exc))
+        return False
+    deadline = time.monotonic() + (SESSION_END_WAIT if wait is None else wait)
+    pause = 0.005
+    while (row := conn.execute(_SESSION_LOOK, named).fetchone()) is not None:
+        if row[0] is None:  # a session this role may not read: cannot tell whether it is that one
+            log.warning("database: cannot tell whether session %d, which may still commit an insert whose answer "
+                        "was lost, has ended (its start is hidden from this role)", session.pid)
+            return False
+        if row[0] != session.started:
+            break  # the pid is another session's now
+        if time.monotonic() >= deadline:
+            log.warning("database: session %d, which may still commit an insert whose answer was lost, did not end "
+                        "within %g s", session.pid, SESSION_END_WAIT if wait is None else wait)
+            return False
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
+    return True
 
 
 def session_name(url: str, role: str) -> dict[str, Any]:
@@ -94,7 +186,15 @@ def connect(url: str, role: str, **params: Any) -> psycopg.Connection[Any]:
 
 
 def describe(exc: BaseException, url: str) -> StoreError:
-    """A driver error as the pipeline's: StoreError naming the (masked) server and what to do."""
+    """A driver error as the pipeline's: StoreError naming the (masked) server and what to do
+    (and, from :func:`sent_on`, which session may still run what was sent)."""
+    error = _describe(exc, url)
+    if hasattr(exc, _PENDING):
+        setattr(error, _PENDING, getattr(exc, _PENDING))
+    return error
+
+
+def _describe(exc: BaseException, url: str) -> StoreError:
     where = masked_url(url)
     said = without_password(_first_line(exc), url)  # libpq quotes what it could not parse, the password too
     if isinstance(exc, psycopg.errors.UniqueViolation):
@@ -203,11 +303,11 @@ class Database:
             else:
                 raise StoreError(f"database {self.shown}: every pooled connection was dropped; retry later")
         except (psycopg.Error, PoolTimeout) as exc:
-            raise describe(exc, self.url) from None
+            raise nothing_sent(describe(exc, self.url)) from None
         try:
             yield conn
         except psycopg.Error as exc:
-            raise describe(exc, self.url) from None
+            raise describe(sent_on(exc, conn), self.url) from None
         finally:
             self.pool.putconn(conn)
 

@@ -50,7 +50,7 @@ from ...errors import StoreError
 from ..base import Claimed, ClaimOffer, Lease, NewJob, Nudge, Settlement, nudge
 from ..batches import BATCH_LIMIT, Command, LedgerStats, answer, fail_in_hand, gather, makes_work_due, take_offer, thread_taker
 from . import limits, store
-from .db import Database, describe
+from .db import Database, describe, sent_on
 
 log = logging.getLogger("pipeline.ledger")
 
@@ -93,6 +93,8 @@ def _apply_batch(conn: psycopg.Connection[Any], batch: list[Command], notify: bo
     except (psycopg.Error, StoreError) as exc:
         if not first:
             raise
+        if isinstance(exc, psycopg.Error):  # (which session may still run them, for an answer lost: db.sent_on)
+            sent_on(exc, conn)
         answers = [(False, exc)] * len(commands)  # the rest of the batch is committed: only these callers fail
     for i, result in zip(last, answers):
         results[i] = result
