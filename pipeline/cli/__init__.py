@@ -3,10 +3,14 @@
 Exit status: 0 success; 2 bad usage or configuration (the message names the problem);
 1 a runtime failure (the database refused, a file is unreadable).
 
-A package by noun: ``program`` (the parser and ``main``), ``application`` (the app in use), ``parsing``
-and ``store`` (what the commands share), then one module per command: ``run``, ``enqueue`` (and
-``emit``), ``jobs``, ``batches``, ``types``, ``schedules``, ``stats``, ``site`` (search, demo),
-``tools`` (diagrams, bench). The names below are the ones ``pipeline/cli.py`` had.
+A package by noun. ``program`` builds the parser for the app in use and runs one command (``main``);
+``application`` is that app (--app, PIPELINE_APP, the bundled site, or a program's own registry);
+``parsing`` and ``store`` are what the commands share (the parser class, CliError, JSON arguments; the
+backend a command's work runs on, JSON output). Then one module per noun, each with its part of the
+parser (``add_parsers``) and its commands (``cmd_*``): ``run`` (the service), ``enqueue`` (and
+``emit``), ``jobs``, ``batches``, ``types``, ``schedules``, ``stats``, and, with the bundled site only,
+``site`` (search, demo) and ``tools`` (diagrams, bench). Below: the public names ``pipeline/cli.py``
+had, so that whatever imported one still can.
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ from ..clock import format_ts, now_ts, to_epoch
 from ..config import Config
 from ..errors import UsageError
 from ..requests import JobRequest, check_unique_key, prepare_rows
-from .application import Application
-from .parsing import _json_object
-from .store import _emit_json, _with_backend
+from .application import Application, AppSummary
+from .parsing import json_object
+from .store import emit_json, with_backend
 
 if TYPE_CHECKING:
     from ..backends import Backend, JobRecord
@@ -39,6 +39,54 @@ a jobs.jsonl line:
 """
 
 
+def add_parsers(sub: Any, app: AppSummary, as_json: argparse.ArgumentParser) -> None:
+    """``enqueue`` and ``emit``."""
+    p = sub.add_parser(
+        "enqueue", parents=[as_json], formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="insert a job (prints its id), or many from a JSON-lines file",
+        description="Insert one job from flags, or every job of a JSON-lines file in one transaction.",
+        epilog=app.examples(ENQUEUE_EXAMPLES),
+    )
+    p.add_argument("job_type", nargs="?", help=f"one of the app's: {', '.join(app.job_types) or 'none'} (omit with --from-file)")
+    p.add_argument("--payload", help="the job's fields as a JSON object (default {})")
+    p.add_argument("--from-file", metavar="FILE",
+                   help='one job per line: {"job_type": ..., "payload": {...}} with optional priority, max_attempts, '
+                   "run_after, unique_key, unique_while, expires_at, after, on_parent_failure, idempotency_key; all or "
+                   "nothing; - reads "
+                   "standard input")
+    when = p.add_mutually_exclusive_group()
+    when.add_argument("--delay", type=float, metavar="SECONDS", help="run no sooner than this many seconds from now")
+    when.add_argument("--run-after", metavar="ISO8601", help="run no sooner than this time, with its offset (2030-01-02T03:04:05Z)")
+    p.add_argument("--max-attempts", type=int, metavar="N", help="default: the type's own, else WORKER_DEFAULT_MAX_ATTEMPTS")
+    p.add_argument("--priority", type=int, metavar="N", help="lower runs first (default 5)")
+    p.add_argument("--unique-key", metavar="KEY",
+                   help="while a job of this type and key is pending or running, insert nothing and print that job's id")
+    p.add_argument("--idempotency-key", metavar="KEY",
+                   help="a second enqueue of this type and key within JOB_IDEMPOTENCY_SECONDS (a day) inserts nothing "
+                   "and prints the first one's job id, whatever its status: a command whose answer was lost can be "
+                   "run again safely")
+    p.add_argument("--unique-while", choices=["pending_or_running", "pending"],
+                   help="how long --unique-key is held: until the job finishes (the default), or only while it is "
+                   "pending (an enqueue made while it runs inserts a new job)")
+    p.add_argument("--expires-in", type=float, metavar="SECONDS",
+                   help="if it has not started this many seconds from now, it never starts: it ends cancelled "
+                   "(expired); counted from now, not from --delay")
+    p.add_argument("--after", action="append", metavar="ID",
+                   help="wait for this job (an existing one) to complete first: stored waiting, pending once every "
+                   "--after job has completed (repeat for more)")
+    p.add_argument("--on-parent-failure", choices=["cancel", "run"],
+                   help="with --after: what a parent that ends dead or cancelled (or is deleted) does to this job: "
+                   "cancel it (the default; and the jobs waiting for it), or run it once every parent has ended")
+    p.add_argument("--commit-every", type=int, metavar="JOBS",
+                   help="with --from-file: commit every JOBS jobs instead of once, so that a running service's writes "
+                   "wait for one part, not the whole file; a bad line then keeps the parts committed before it")
+
+    p = sub.add_parser("emit", parents=[as_json], help="emit an event: insert the jobs it routes to; prints their ids",
+                       description="Emit a domain event: the jobs its route gives are inserted in one transaction.")
+    p.add_argument("event", help=f"one of the app's: {', '.join(app.events) or 'none'}")
+    p.add_argument("--data", default="{}", help="the event's fields as a JSON object")
+
+
 def cmd_enqueue(args: argparse.Namespace, config: Config, app: Application, out: TextIO) -> int:
     if args.from_file is not None:
         return _enqueue_file(args, config, app, out)
@@ -49,7 +97,7 @@ def cmd_enqueue(args: argparse.Namespace, config: Config, app: Application, out:
     if args.commit_every is not None:
         raise UsageError("--commit-every goes with --from-file")
     reg = app.types(config)
-    payload = _json_object("{}" if args.payload is None else args.payload, "--payload")
+    payload = json_object("{}" if args.payload is None else args.payload, "--payload")
     if args.delay is not None and not (0 <= args.delay < 10**9):
         raise UsageError(f"--delay must be a number of seconds >= 0, got {args.delay}")
     now = to_epoch(now_ts())
@@ -74,10 +122,10 @@ def cmd_enqueue(args: argparse.Namespace, config: Config, app: Application, out:
         (stored,) = await backend.insert([row])  # a duplicate: the id of the job holding the key
         return stored, await backend.get(stored)
 
-    stored, record = _with_backend(config, work)
+    stored, record = with_backend(config, work)
     duplicate = stored != row.id
     if args.json:
-        _emit_json(out, {**(record.to_json() if record else {"id": stored}), "duplicate": duplicate})
+        emit_json(out, {**(record.to_json() if record else {"id": stored}), "duplicate": duplicate})
     else:
         print(stored, file=out)
         if duplicate:
@@ -154,7 +202,7 @@ def _enqueue_file(args: argparse.Namespace, config: Config, app: Application, ou
             return await backend.bulk_insert(rows, commit_every=every, duplicates=duplicates)
 
         try:
-            committed = _with_backend(config, work)
+            committed = with_backend(config, work)
         finally:
             if source is not opened:
                 source.close()
@@ -163,8 +211,8 @@ def _enqueue_file(args: argparse.Namespace, config: Config, app: Application, ou
         bar.finish(task, lines)
     if args.json:
         held = dict(duplicates)
-        _emit_json(out, {"enqueued": committed, "duplicates": len(duplicates), "transactions": parts,
-                         "job_ids": [held.get(job_id, job_id) for job_id in ids]})
+        emit_json(out, {"enqueued": committed, "duplicates": len(duplicates), "transactions": parts,
+                        "job_ids": [held.get(job_id, job_id) for job_id in ids]})
     else:
         n = len(duplicates)
         if keyed:  # (which key answered a line is not told apart: a line may have both)
@@ -213,15 +261,15 @@ def _keeping_ids(rows: Any, ids: list[str]) -> Any:
 
 def cmd_emit(args: argparse.Namespace, config: Config, app: Application, out: TextIO) -> int:
     reg = app.types(config)
-    event = reg.decode_event(args.event, _json_object(args.data, "--data"))
+    event = reg.decode_event(args.event, json_object(args.data, "--data"))
     requests = []
     for routed in reg.route(event, config):
         job_type, payload = reg.encode(routed.job)
         requests.append(JobRequest(job_type, payload, None, routed.run_after, unique_key=routed.unique_key))
     rows = prepare_rows(reg, requests, default_max_attempts=config.worker.default_max_attempts)
-    ids = _with_backend(config, lambda backend: backend.insert(rows))  # a duplicate's: its holder's
+    ids = with_backend(config, lambda backend: backend.insert(rows))  # a duplicate's: its holder's
     if args.json:
-        _emit_json(out, {"job_ids": ids})
+        emit_json(out, {"job_ids": ids})
     else:
         for job_id in ids:
             print(job_id, file=out)

@@ -11,9 +11,9 @@ from ..backends.base import LIST_ORDERS, PRIORITY_MAX, PRIORITY_MIN
 from ..config import Config
 from ..errors import UsageError
 from ..states import Status
-from .application import Application
-from .parsing import CliError
-from .store import _emit_json, _with_backend
+from .application import Application, AppSummary
+from .parsing import CliError, Parser
+from .store import emit_json, with_backend
 
 if TYPE_CHECKING:
     from ..backends import Backend, JobRecord
@@ -62,6 +62,54 @@ def _bulk_flags(p: argparse.ArgumentParser, action: str) -> None:
                                                               f" (default: {' and '.join(ACTIONS[action])})"))
 
 
+def add_parsers(sub: Any, app: AppSummary, as_json: argparse.ArgumentParser) -> None:
+    """``jobs`` and its actions; bare ``jobs`` lists, with the flags of ``jobs list``."""
+    p = sub.add_parser(
+        "jobs", parents=[as_json], formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="list, show, retry, delete and clean up jobs (bare `jobs` lists)",
+        description="Work on the job store (DATABASE_URL) directly; no running service is needed. "
+        "Without an action, lists jobs (same as `jobs list`).",
+        epilog=JOBS_EXAMPLES,
+    )
+    _list_flags(p, suppress=False)
+    actions = p.add_subparsers(dest="jobs_command", parser_class=Parser, metavar="ACTION")
+    a = actions.add_parser("list", parents=[as_json], help="list jobs, newest first (the default)",
+                           description="List jobs, newest first or in claim order, filtered by status, type and priority.")
+    _list_flags(a, suppress=True)
+    a = actions.add_parser("show", parents=[as_json], help="one job with its payload and error",
+                           description="Show one job: its fields, payload and last error, and for a job of a workflow "
+                           "its parents and children (with their statuses) and its batch.")
+    a.add_argument("id")
+    a = actions.add_parser("retry", parents=[as_json],
+                           help="a dead job back to pending (or a cancelled one; attempts reset, due now); "
+                           "bulk with --type/--status",
+                           description="Put a dead job back to pending (or a cancelled one), attempts reset, due now; or "
+                           "every dead or cancelled job matching --type and --status, in batches.")
+    a.add_argument("id", nargs="?", help="the job (or none, with --type and/or --status)")
+    _bulk_flags(a, "retry")
+    a = actions.add_parser("delete", parents=[as_json], help="delete a job record (not while it runs); bulk with --status",
+                           description="Delete one job record (a running job cannot be deleted); or every job of "
+                           "--status (and --type), in batches.")
+    a.add_argument("id", nargs="?", help="the job (or none, with --status and maybe --type)")
+    _bulk_flags(a, "delete")
+    a = actions.add_parser("cancel", parents=[as_json],
+                           help="cancel jobs: a pending or waiting one at once, a running one is asked to stop; bulk with "
+                           "--type/--status",
+                           description="Cancel jobs by id: a pending or waiting job is cancelled at once (final, never "
+                           "run; the jobs waiting for it are cancelled too, unless enqueued with --on-parent-failure run); "
+                           "a running job's worker is asked to cancel its handler, and ends it cancelled, never retried. "
+                           "Or every waiting, pending and/or running job matching --type and --status, in batches. Prints "
+                           "per id: cancelled, running: cancel requested, already <status>, or no such job (exit 1 if any).")
+    a.add_argument("ids", nargs="*", metavar="ID", help="the jobs (or none, with --type and/or --status)")
+    _bulk_flags(a, "cancel")
+    a = actions.add_parser("cleanup", parents=[as_json], help="delete completed and dead job records",
+                           description="Delete finished job records: completed and dead (or only --status: "
+                           "completed, dead or cancelled).")
+    a.add_argument("--older-than", type=float, metavar="SECONDS", help="only records last updated more than this long ago")
+    a.add_argument("--status", dest="statuses", action="append", choices=["completed", "dead", "cancelled"],
+                   help="only this status (repeat for more; default completed and dead)")
+
+
 def cmd_jobs(args: argparse.Namespace, config: Config, app: Application, out: TextIO) -> int:
     action = args.jobs_command or "list"
     args.again = app.command  # what its hints print to run a command again (with the --app in use)
@@ -80,11 +128,11 @@ def _jobs_list(args: argparse.Namespace, config: Config, out: TextIO) -> int:
     if args.priority is not None and not PRIORITY_MIN <= args.priority <= PRIORITY_MAX:
         raise UsageError(f"--priority must be from {PRIORITY_MIN} to {PRIORITY_MAX}, got {args.priority}")
     offset = (args.page - 1) * args.limit
-    jobs, total = _with_backend(config, lambda backend: backend.list(
+    jobs, total = with_backend(config, lambda backend: backend.list(
         status=args.status, job_type=args.job_type, limit=args.limit, offset=offset, priority=args.priority,
         order=args.order))
     if args.json:  # the shape of GET /admin/jobs
-        _emit_json(out, {"items": [j.to_json() for j in jobs], "total": total, "page": args.page, "per_page": args.limit})
+        emit_json(out, {"items": [j.to_json() for j in jobs], "total": total, "page": args.page, "per_page": args.limit})
     else:
         console.jobs_table(out, jobs, total, offset=offset)
     return 0
@@ -106,11 +154,11 @@ def _jobs_show(args: argparse.Namespace, config: Config, out: TextIO) -> int:
                 statuses[relative] = None if found is None else found.status
         return job, statuses
 
-    job, statuses = _with_backend(config, work)
+    job, statuses = with_backend(config, work)
     if job is None:
         raise _no_job(args.id)
     if args.json:
-        _emit_json(out, job.to_json())
+        emit_json(out, job.to_json())
     else:
         console.job_detail(out, job, statuses, command=args.again)
     return 0
@@ -125,11 +173,11 @@ def _jobs_retry(args: argparse.Namespace, config: Config, out: TextIO) -> int:
         return ("dead" if was is None else was.status), await backend.revive(args.id)
 
     try:
-        was, job = _with_backend(config, work)
+        was, job = with_backend(config, work)
     except LookupError:
         raise _no_job(args.id) from None
     if args.json:
-        _emit_json(out, job.to_json())
+        emit_json(out, job.to_json())
     else:
         print(f"job {job.id}: {was} → pending (attempts reset, due now)", file=out)
     return 0
@@ -139,11 +187,11 @@ def _jobs_delete(args: argparse.Namespace, config: Config, out: TextIO) -> int:
     if _bulk_filter(args, "delete", [args.id] if args.id else []) is not None:
         return _jobs_bulk(args, config, out, "delete")
     try:
-        _with_backend(config, lambda backend: backend.delete(args.id))
+        with_backend(config, lambda backend: backend.delete(args.id))
     except LookupError:
         raise _no_job(args.id) from None
     if args.json:
-        _emit_json(out, {"deleted": args.id})
+        emit_json(out, {"deleted": args.id})
     else:
         print(f"deleted job {args.id}", file=out)
     return 0
@@ -160,9 +208,9 @@ def _jobs_cancel(args: argparse.Namespace, config: Config, out: TextIO) -> int:
     if _bulk_filter(args, "cancel", args.ids) is not None:
         return _jobs_bulk(args, config, out, "cancel")
     ids = list(args.ids)
-    answers = _with_backend(config, lambda backend: control.cancel_jobs(backend, ids, reason=CANCEL_REASON))
+    answers = with_backend(config, lambda backend: control.cancel_jobs(backend, ids, reason=CANCEL_REASON))
     if args.json:
-        _emit_json(out, {"jobs": [a.to_json() for a in answers]})
+        emit_json(out, {"jobs": [a.to_json() for a in answers]})
     else:
         for answer in answers:
             print(f"{answer.id}: {answer.text()}", file=out)
@@ -193,9 +241,9 @@ def _jobs_bulk(args: argparse.Namespace, config: Config, out: TextIO, action: st
     from .. import control
 
     job_filter = _bulk_filter(args, action, [])
-    outcome = _with_backend(config, lambda backend: control.bulk(backend, job_filter, reason=CANCEL_REASON))
+    outcome = with_backend(config, lambda backend: control.bulk(backend, job_filter, reason=CANCEL_REASON))
     if args.json:
-        _emit_json(out, outcome.to_json())
+        emit_json(out, outcome.to_json())
     else:
         print(outcome.text(), file=out)
     return 0
@@ -206,9 +254,9 @@ def _jobs_cleanup(args: argparse.Namespace, config: Config, out: TextIO) -> int:
 
     statuses = tuple(dict.fromkeys(args.statuses or ("completed", "dead")))
     older = None if args.older_than is None else inputs.seconds(args.older_than, "--older-than")
-    deleted = _with_backend(config, lambda backend: backend.cleanup(statuses=statuses, older_than_seconds=older))
+    deleted = with_backend(config, lambda backend: backend.cleanup(statuses=statuses, older_than_seconds=older))
     if args.json:
-        _emit_json(out, {"deleted": deleted})
+        emit_json(out, {"deleted": deleted})
     else:
         age = "" if args.older_than is None else f" last updated more than {args.older_than:g} s ago"
         print(f"deleted {deleted} {' and '.join(statuses)} jobs{age}", file=out)

@@ -17,16 +17,16 @@ class CliError(Exception):
         self.code = code
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # argparse's own exit 2, with our prefix
         self.print_usage(sys.stderr)
         raise CliError(f"{self.prog}: {message}", 2)
 
 
-def _global_options(argv: Sequence[str]) -> argparse.Namespace:
+def global_options(argv: Sequence[str]) -> argparse.Namespace:
     """The options before the command that decide what the parser shows: --app and --env-file
     (parsed again, with everything else, by the full parser)."""
-    pre = _Parser(prog="python -m pipeline", add_help=False)
+    pre = Parser(prog="python -m pipeline", add_help=False)
     pre.add_argument("--app")
     pre.add_argument("--env-file", default=".env")
     pre.add_argument("--processes")
@@ -35,7 +35,7 @@ def _global_options(argv: Sequence[str]) -> argparse.Namespace:
     return pre.parse_known_args(argv)[0]
 
 
-def _check_text(arg: str, position: int) -> None:
+def check_text(arg: str, position: int) -> None:
     """Arguments that are not UTF-8 (Python keeps their bytes as lone surrogates) can be
     neither stored nor looked up: refuse them here, naming which one, not deep in sqlite3."""
     try:
@@ -45,7 +45,7 @@ def _check_text(arg: str, position: int) -> None:
         raise UsageError(f"argument {position} ({shown!r}) is not valid UTF-8 text") from None
 
 
-def _json_object(text: str, what: str) -> dict[str, Any]:
+def json_object(text: str, what: str) -> dict[str, Any]:
     from ..admin import inputs
 
     return inputs.object_of(inputs.loads(text, what), what)

@@ -3,11 +3,24 @@
 from __future__ import annotations
 
 import argparse
-from typing import TextIO
+from typing import Any, TextIO
 
 from ..config import Config
 from ..errors import UsageError
 from .application import Application
+
+
+def add_parsers(parser: argparse.ArgumentParser, sub: Any) -> None:
+    """``run``, and its --processes, which is also taken before the command (``python -m pipeline
+    --processes 4``: no command runs the service)."""
+    parser.add_argument("--processes", type=int, metavar="N", default=None,
+                        help="run: worker processes under one supervisor (default WORKER_PROCESSES, else one per core)")
+    p = sub.add_parser("run", help="run the workers and the admin API until SIGINT/SIGTERM (the default)",
+                       description="Run the service: the workers (WORKER_ENABLED) and the admin API and dashboard on "
+                       "ADMIN_HOST:ADMIN_PORT (ADMIN_ENABLED), until SIGINT/SIGTERM; then stop gracefully. With "
+                       "--processes N (default: one per core), a supervisor runs N worker processes and the admin API.")
+    p.add_argument("--processes", type=int, metavar="N", default=argparse.SUPPRESS,
+                   help="worker processes under one supervisor (default WORKER_PROCESSES, else one per core)")
 
 
 def cmd_run(args: argparse.Namespace, config: Config, app: Application, out: TextIO) -> int:

@@ -7,9 +7,9 @@ import argparse
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ..config import Config
-from .application import Application
-from .parsing import CliError, _json_object
-from .store import _emit_json, _with_backend
+from .application import Application, AppSummary
+from .parsing import CliError, Parser, json_object
+from .store import emit_json, with_backend
 
 if TYPE_CHECKING:
     from ..backends import Backend
@@ -22,6 +22,30 @@ examples:
   python -m pipeline schedule list --json
   python -m pipeline schedule pause nightly-sitemap
 """
+
+
+def add_parsers(sub: Any, app: AppSummary, as_json: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "schedule", aliases=["schedules"], parents=[as_json], formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="cron schedules: add, list, remove, pause, resume (bare `schedule` lists)",
+        description="Cron schedules in the job store (DATABASE_URL): each tick of a running service enqueues the "
+        "schedule's job once, however many processes run. Without an action, lists them.",
+        epilog=app.examples(SCHEDULE_EXAMPLES),
+    )
+    actions = p.add_subparsers(dest="schedule_command", parser_class=Parser, metavar="ACTION")
+    a = actions.add_parser("add", parents=[as_json], help="add a schedule (a name not in use)",
+                           description="Add a cron schedule: JOB_TYPE with --payload at each tick of CRON in --timezone.")
+    a.add_argument("name", help="unique: letters, digits, _.:-")
+    a.add_argument("cron", help='5 fields (minute hour day month weekday: "0 3 * * *"), or 6 with seconds first')
+    a.add_argument("job_type", help=f"one of the app's: {', '.join(app.job_types) or 'none'}")
+    a.add_argument("--payload", help="the job's fields as a JSON object (default {})")
+    a.add_argument("--timezone", default="UTC", metavar="TZ", help="IANA time zone the expression is read in (default UTC)")
+    actions.add_parser("list", parents=[as_json], help="every schedule with its next run (the default)",
+                       description="List every schedule, by name, with its state and next run.")
+    for action, text in (("remove", "delete a schedule"), ("pause", "stop a schedule firing (kept, with its history)"),
+                         ("resume", "fire a paused schedule again, from its next tick after now")):
+        a = actions.add_parser(action, parents=[as_json], help=text, description=text[0].upper() + text[1:] + ".")
+        a.add_argument("name")
 
 
 def cmd_schedule(args: argparse.Namespace, config: Config, app: Application, out: TextIO) -> int:
@@ -38,11 +62,11 @@ def _schedule_add(args: argparse.Namespace, config: Config, app: Application, ou
     from ..schedules import make_schedule
 
     reg = app.types(config)
-    payload = _json_object("{}" if args.payload is None else args.payload, "--payload")
+    payload = json_object("{}" if args.payload is None else args.payload, "--payload")
     record = ScheduleRecord.of(make_schedule(reg, args.name, args.cron, args.job_type, payload, args.timezone), origin="operator")
-    added = _with_backend(config, lambda backend: backend.put_schedule(record))  # checked before opening
+    added = with_backend(config, lambda backend: backend.put_schedule(record))  # checked before opening
     if args.json:
-        _emit_json(out, added.to_json())
+        emit_json(out, added.to_json())
     else:
         print(f"schedule {added.name}: {added.job_type} at \"{added.cron}\" ({added.timezone}); next run {added.next_run}",
               file=out)
@@ -52,9 +76,9 @@ def _schedule_add(args: argparse.Namespace, config: Config, app: Application, ou
 def _schedule_list(args: argparse.Namespace, config: Config, out: TextIO) -> int:
     from ..admin import console
 
-    found = _with_backend(config, lambda backend: backend.schedules())
+    found = with_backend(config, lambda backend: backend.schedules())
     if args.json:  # the shape of GET /admin/schedules
-        _emit_json(out, {"schedules": [s.to_json() for s in found]})
+        emit_json(out, {"schedules": [s.to_json() for s in found]})
     else:
         console.schedules_table(out, found)
     return 0
@@ -71,11 +95,11 @@ def _schedule_change(args: argparse.Namespace, config: Config, out: TextIO, acti
         return await backend.set_schedule_enabled(name, action == "resume")
 
     try:
-        changed = _with_backend(config, work)
+        changed = with_backend(config, work)
     except LookupError:
         raise CliError(f"error: no schedule named {name!r}", 1) from None
     if args.json:
-        _emit_json(out, {"removed": name} if changed is None else changed.to_json())
+        emit_json(out, {"removed": name} if changed is None else changed.to_json())
     elif changed is None:
         print(f"removed schedule {name}", file=out)
     else:

@@ -11,7 +11,7 @@ from ..errors import UsageError
 from .application import Application
 
 
-def _site_commands(sub: Any) -> None:
+def add_parsers(sub: Any) -> None:
     """The bundled site's own commands: there when it is the app."""
     # the site's content stays in SQLite (FTS5) whatever DATABASE_URL names: SITE_DATABASE_URL, docs/configuration.md
     p = sub.add_parser("search", help="full-text search of the published posts (the index rebuild_search_index keeps, "

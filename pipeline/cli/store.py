@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-def _with_backend(config: Config, work: Callable[[Backend], Awaitable[T]]) -> T:
+def with_backend(config: Config, work: Callable[[Backend], Awaitable[T]]) -> T:
     """Open the backend DATABASE_URL names, run ``work`` on it, close it. The commands need
     no running service: they write through the same backend the service uses."""
     import trio
@@ -29,20 +29,20 @@ def _with_backend(config: Config, work: Callable[[Backend], Awaitable[T]]) -> T:
     try:
         return trio.run(main)
     except BaseExceptionGroup as group:  # the backend's nursery wraps what the work raised
-        leaves = list(_leaves(group))
-        if len(leaves) == 1:
-            raise leaves[0] from None
+        found = list(leaves(group))
+        if len(found) == 1:
+            raise found[0] from None
         raise
 
 
-def _leaves(exc: BaseException) -> Any:
+def leaves(exc: BaseException) -> Any:
     if isinstance(exc, BaseExceptionGroup):
         for inner in exc.exceptions:
-            yield from _leaves(inner)
+            yield from leaves(inner)
     else:
         yield exc
 
 
-def _emit_json(out: TextIO, value: Any) -> None:
+def emit_json(out: TextIO, value: Any) -> None:
     json.dump(value, out, indent=2, ensure_ascii=False)
     out.write("\n")

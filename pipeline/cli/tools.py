@@ -12,7 +12,7 @@ from .application import Application
 from .parsing import CliError
 
 
-def _own_tools(sub: Any) -> None:
+def add_parsers(sub: Any) -> None:
     """This repository's tools, for its own drawings and figures: with the bundled demo only, not in an
     application's CLI (whose operators have no use for them)."""
     p = sub.add_parser("diagrams", help="redraw diagrams/*.mmd and docs/architecture.md's copies from the code")
