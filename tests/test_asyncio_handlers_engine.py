@@ -64,6 +64,16 @@ class AioLimited:
 
 
 @dataclasses.dataclass
+class Keyed:
+    key: str
+
+
+@dataclasses.dataclass
+class AioKeyed:
+    key: str
+
+
+@dataclasses.dataclass
 class Done:
     n: int
 
@@ -138,7 +148,7 @@ async def hold(ctx: pipeline.JobContext, sleep: Sleep, cancelled: type[BaseExcep
 
 
 async def limited(job: Any, ctx: pipeline.JobContext, sleep: Sleep, seen: Seen) -> None:
-    kind = ctx.job_type
+    kind = ctx.job_type if ctx.job_type.startswith("limited") else f"{ctx.job_type}:{job.key}"
     seen.running[kind] = seen.running.get(kind, 0) + 1
     seen.most[kind] = max(seen.most.get(kind, 0), seen.running[kind])
     try:
@@ -174,6 +184,14 @@ def make_registry(seen: Seen) -> pipeline.Registry:
 
     @reg.job(concurrency=4, global_limit=1, runtime="asyncio")
     async def limited_aio(job: AioLimited, ctx: pipeline.JobContext) -> None:
+        await limited(job, ctx, asyncio.sleep, seen)
+
+    @reg.job(concurrency=4, limit_key=lambda job: job.key, key_limit=1)
+    async def keyed_trio(job: Keyed, ctx: pipeline.JobContext) -> None:
+        await limited(job, ctx, trio.sleep, seen)
+
+    @reg.job(concurrency=4, limit_key=lambda job: job.key, key_limit=1, runtime="asyncio")
+    async def keyed_aio(job: AioKeyed, ctx: pipeline.JobContext) -> None:
         await limited(job, ctx, asyncio.sleep, seen)
 
     @reg.job
@@ -260,14 +278,16 @@ def test_the_timeout_and_a_cancel_reach_both_runtimes_as_their_own_cancellation_
     on_stores(tmp_path, scenario)
 
 
-def test_global_limits_hold_for_asyncio_handlers_as_for_trio_ones_on_each_store(tmp_path: Path) -> None:
+def test_global_and_key_limits_hold_for_asyncio_handlers_as_for_trio_ones_on_each_store(tmp_path: Path) -> None:
     async def scenario(name: str, config: Config, folder: Path) -> None:
         seen = Seen()
         async with pipeline.open_pipeline(config, make_registry(seen)) as p:
-            ids = await p.enqueue_many([Limited(str(n)) for n in range(5)] + [AioLimited(str(n)) for n in range(5)])
+            ids = await p.enqueue_many([Limited(str(n)) for n in range(5)] + [AioLimited(str(n)) for n in range(5)]
+                                       + [Keyed(k) for k in "aabbaabb"] + [AioKeyed(k) for k in "aabbaabb"])
             for job_id in ids:
                 await wait_status(p, job_id, "completed", timeout=20)
-        assert seen.most == {"limited_trio": 1, "limited_aio": 1}
+        assert seen.most == {"limited_trio": 1, "limited_aio": 1, "keyed_trio:a": 1, "keyed_trio:b": 1,
+                             "keyed_aio:a": 1, "keyed_aio:b": 1}
 
     on_stores(tmp_path, scenario)
 
