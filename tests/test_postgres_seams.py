@@ -237,11 +237,16 @@ def _sessions(observer: Any) -> list[tuple[str, str]]:
         "AND backend_type = 'client backend' AND pid <> pg_backend_pid()").fetchall()
 
 
-def _wait_sessions(observer: Any, want: set[str], timeout: float = 30.0) -> list[tuple[str, str]]:
+def _wait_sessions(observer: Any, want: set[str], timeout: float = 30.0,
+                   counts: dict[str, int] | None = None) -> list[tuple[str, str]]:
+    """The sessions once every name of ``want`` is there, with at least ``counts`` of some (a second
+    worker process opens its listener and heartbeat a moment after the first), or at the deadline."""
     deadline = time.monotonic() + timeout
     while True:
         sessions = _sessions(observer)
-        if want <= {name for name, _ in sessions} or time.monotonic() > deadline:
+        names = [name for name, _ in sessions]
+        if (want <= set(names) and all(names.count(name) >= n for name, n in (counts or {}).items())) \
+                or time.monotonic() > deadline:
             return sessions
         time.sleep(0.05)
 
@@ -263,7 +268,7 @@ def test_every_session_of_a_supervisor_its_workers_and_clients_names_its_role(tm
                     assert client.result(job_id, timeout=30) is None
                 want = {"pipeline-worker", "pipeline-listener", "pipeline-heartbeat", "pipeline-supervisor",
                         "pipeline-client", "shop-web"}
-                sessions = _wait_sessions(observer, want)
+                sessions = _wait_sessions(observer, want, counts={"pipeline-listener": 2, "pipeline-heartbeat": 2})
             names = [name for name, _ in sessions]
             assert "" not in names, sessions  # no anonymous session
             assert set(names) == want, sessions
