@@ -51,6 +51,15 @@ log = logging.getLogger("pipeline.client")
 T = TypeVar("T")
 
 
+class _OwnTransaction:
+    """``connection=``'s default: the enqueue commits in a transaction of the client's own."""
+
+    def __repr__(self) -> str:
+        return "<a transaction of the client's own>"
+
+
+OWN_TRANSACTION: Any = _OwnTransaction()
+
 
 class Client:
     """Enqueue and emit from synchronous code; see the module docstring.
@@ -194,7 +203,7 @@ class Client:
     # -- producing ---------------------------------------------------------------------------------
 
     def enqueue(self, job: Any, *, priority: int | None = None, run_after: Any = None, delay: float | dt.timedelta | None = None,
-                max_attempts: int | None = None, unique_key: str | None = None, connection: Any = None,
+                max_attempts: int | None = None, unique_key: str | None = None, connection: Any = OWN_TRANSACTION,
                 expires_at: Any = None, unique_while: str | None = None, after: Any = None,
                 on_parent_failure: str | None = None, idempotency_key: str | None = None) -> str:
         """Commit one job; its id. ``run_after``: a datetime, ISO 8601 text or epoch seconds;
@@ -215,6 +224,7 @@ class Client:
         (:class:`pipeline.errors.CommitUnknown`, a timeout) can be sent again safely (docs/jobs.md,
         "Retrying an enqueue safely"). Not with ``connection``, whose transaction is yours to retry."""
         when = _when(run_after, delay)
+        connection = _yours(connection)
         _no_key_in_yours(idempotency_key, connection)
         if connection is not None:
             rows = [self._pipeline_here().new_job(job, run_after=when, max_attempts=max_attempts, priority=_priority(priority),
@@ -228,12 +238,13 @@ class Client:
                                               idempotency_key=idempotency_key))
 
     def enqueue_many(self, jobs: Sequence[Any], *, priority: int | None = None,
-                     unique_keys: Sequence[str | None] | None = None, connection: Any = None,
+                     unique_keys: Sequence[str | None] | None = None, connection: Any = OWN_TRANSACTION,
                      idempotency_keys: Sequence[str | None] | None = None) -> builtins.list[str]:
         """Commit many jobs in one transaction; their ids (as :meth:`enqueue`'s, ``connection`` too).
         A :func:`pipeline.chain` (as ``jobs``, or among them) enqueues its jobs each waiting for the
         one before. ``idempotency_keys``: one per job (None: none), as :meth:`enqueue`'s ``idempotency_key``."""
         jobs = jobs if isinstance(jobs, Chain) else list(jobs)
+        connection = _yours(connection)
         _no_key_in_yours(idempotency_keys, connection)
         if connection is not None:
             return self._insert_in(connection, self._pipeline_here().new_rows(jobs, priority=_priority(priority),
@@ -243,11 +254,12 @@ class Client:
                                                    idempotency_keys=idempotency_keys))
 
     def enqueue_batch(self, jobs: Sequence[Any], *, then: Any = None, priority: int | None = None,
-                      connection: Any = None) -> Batch:
+                      connection: Any = OWN_TRANSACTION) -> Batch:
         """Commit a batch of jobs and its callback ``then`` in one transaction, as
         :meth:`pipeline.Pipeline.enqueue_batch` (docs/workflows.md); with ``connection``, in your
         transaction instead, as :meth:`enqueue`'s."""
         jobs = list(jobs)
+        connection = _yours(connection)
         trace = _trace_here(self.registry)
         if connection is not None:
             rows, batch = self._pipeline_here().batch_rows(jobs, then=then, priority=_priority(priority), trace=trace)
@@ -456,11 +468,12 @@ class AsyncClient:
 
     async def enqueue(self, job: Any, *, priority: int | None = None, run_after: Any = None,
                       delay: float | dt.timedelta | None = None, max_attempts: int | None = None,
-                      unique_key: str | None = None, connection: Any = None, expires_at: Any = None,
+                      unique_key: str | None = None, connection: Any = OWN_TRANSACTION, expires_at: Any = None,
                       unique_while: str | None = None, after: Any = None, on_parent_failure: str | None = None,
                       idempotency_key: str | None = None) -> str:
         """As :meth:`Client.enqueue`; ``connection`` may also be a psycopg ``AsyncConnection``."""
         when = _when(run_after, delay)
+        connection = _yours(connection)
         _no_key_in_yours(idempotency_key, connection)
         if connection is not None:
             rows = [self._open()._pipeline_here().new_job(
@@ -474,10 +487,11 @@ class AsyncClient:
                                                     on_parent_failure=on_parent_failure, idempotency_key=idempotency_key))
 
     async def enqueue_many(self, jobs: Sequence[Any], *, priority: int | None = None,
-                           unique_keys: Sequence[str | None] | None = None, connection: Any = None,
+                           unique_keys: Sequence[str | None] | None = None, connection: Any = OWN_TRANSACTION,
                            idempotency_keys: Sequence[str | None] | None = None) -> builtins.list[str]:
         """As :meth:`Client.enqueue_many`."""
         jobs = jobs if isinstance(jobs, Chain) else list(jobs)
+        connection = _yours(connection)
         _no_key_in_yours(idempotency_keys, connection)
         if connection is not None:
             rows = self._open()._pipeline_here().new_rows(jobs, priority=_priority(priority), unique_keys=unique_keys)
@@ -487,9 +501,10 @@ class AsyncClient:
                                                          trace=trace, idempotency_keys=idempotency_keys))
 
     async def enqueue_batch(self, jobs: Sequence[Any], *, then: Any = None, priority: int | None = None,
-                            connection: Any = None) -> Batch:
+                            connection: Any = OWN_TRANSACTION) -> Batch:
         """As :meth:`Client.enqueue_batch`; ``connection`` may also be a psycopg ``AsyncConnection``."""
         jobs = list(jobs)
+        connection = _yours(connection)
         trace = _trace_here(self._open().registry)
         if connection is not None:
             rows, batch = self._open()._pipeline_here().batch_rows(jobs, then=then, priority=_priority(priority), trace=trace)
@@ -610,6 +625,29 @@ async def _in_thread(fn: Callable[[], T]) -> T:
 
 def _nothing() -> None:
     """``abandon`` for a call that runs to its end whoever waits."""
+
+
+def _yours(connection: Any) -> Any:
+    """The caller's DB-API connection to write in (None: none given, a transaction of the client's own).
+    ``None`` given is refused: it is what Django's ``connection.connection`` is before the connection's
+    first query, and taking it for "no connection" committed the job on its own, outside the caller's
+    transaction. Django's own connection (``django.db.connection``, ``connections["name"]``) is taken
+    inside ``transaction.atomic()``: opened if it is not yet, and its DB-API connection used."""
+    if connection is OWN_TRANSACTION:
+        return None
+    if connection is None:
+        raise UsageError("connection=None: there is no transaction of yours to join (Django's connection.connection is "
+                         "None until its first query). Pass your connection itself (with Django: django.db.connection, "
+                         "inside transaction.atomic()), or leave connection= out to commit in a transaction of the "
+                         "client's own")
+    if hasattr(connection, "in_atomic_block") and hasattr(connection, "ensure_connection"):  # Django's (or its proxy)
+        if not connection.in_atomic_block and connection.get_autocommit():
+            raise UsageError(f"connection= is Django's connection {connection.alias!r} outside transaction.atomic(), so "
+                             "the job would commit on its own: enqueue inside `with transaction.atomic():`, or leave "
+                             "connection= out")
+        connection.ensure_connection()  # (atomic() has opened it; a connection with AUTOCOMMIT off may not be yet)
+        return connection.connection
+    return connection
 
 
 def _no_key_in_yours(key: Any, connection: Any) -> None:

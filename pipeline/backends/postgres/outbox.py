@@ -21,8 +21,8 @@ from psycopg import sql
 from psycopg.pq import TransactionStatus
 
 from ...errors import UsageError
-from ..base import NewBatch, NewJob
-from . import graph, store
+from ..base import JobRecord, NewBatch, NewJob
+from . import graph, queries, store
 
 T = TypeVar("T")
 
@@ -212,3 +212,41 @@ def confirm_after_commit(conn: psycopg.Connection[Any], parents: frozenset[str])
     ended meanwhile (or were deleted) have the edges their end could not see applied now. Each edge
     counts once whoever gets there first: after a rollback there is nothing to count."""
     graph.confirm_parents(conn, set(parents))
+
+
+# -- reads in the caller's transaction (pipeline.contrib.django: a test's uncommitted jobs) -------------------
+
+_JOB_HERE = f"SELECT {queries._COLUMNS} FROM {store.SCHEMA}jobs WHERE id = %(id)s"
+_PENDING_HERE = (f"SELECT {queries._COLUMNS} FROM {store.SCHEMA}jobs WHERE status = 'pending' AND job_type = ANY(%(types)s) "
+                 "ORDER BY priority, run_after, id LIMIT %(limit)s")
+
+
+def _named(text: str, schema: str, conn: Any) -> str:
+    return text.replace(store.SCHEMA, sql.Identifier(schema).as_string(conn) + ".")
+
+
+def job_in_transaction(conn: psycopg.Connection[Any], job_id: str, schema: str) -> JobRecord | None:
+    """The job as the caller's connection sees it (its own uncommitted rows too), in ``schema``."""
+    row = conn.execute(_named(_JOB_HERE, schema, conn), {"id": job_id}).fetchone()
+    return _as_stored(queries._record(row)) if row else None
+
+
+def pending_in_transaction(conn: psycopg.Connection[Any], job_types: Sequence[str], schema: str,
+                           limit: int = 1000) -> list[JobRecord]:
+    """The pending jobs of ``job_types`` as the caller's connection sees them, in claim order."""
+    rows = conn.execute(_named(_PENDING_HERE, schema, conn), {"types": list(job_types), "limit": limit}).fetchall()
+    return [_as_stored(queries._record(row)) for row in rows]
+
+
+def _as_stored(record: JobRecord) -> JobRecord:
+    """Times as the store's own connections read them (db.TextTimes): the caller's connection has its
+    own loaders, and its session's TimeZone (psycopg reads timestamptz as datetimes in it)."""
+    import datetime as dt
+
+    import attrs
+
+    from ...clock import format_ts
+
+    changed: dict[str, Any] = {field: format_ts(value.timestamp()) for field, value in attrs.asdict(record, recurse=False).items()
+               if isinstance(value, dt.datetime)}
+    return attrs.evolve(record, **changed) if changed else record

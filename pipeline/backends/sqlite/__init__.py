@@ -260,6 +260,11 @@ class SqliteBackend:
 
     async def sync_code_schedules(self, records: Sequence[ScheduleRecord], *, owned: Collection[str] | None = None) -> None:
         records = list(records)
+        if not records and owned is not None and not owned:
+            # nothing to write (no schedule declared, none to retire): the opening of a process that only
+            # enqueues stays read-only, so a web process may open its client inside its own transaction on
+            # the same file (pipeline.contrib.django) without waiting for the write lock that transaction holds
+            return
         await self._call("sync_schedules", lambda conn, now: schedules.sync_code(conn, records, now=now, owned=owned))
 
     async def fire_schedule(self, name: str, *, tick: str, next_run: str, job: NewJob) -> bool:

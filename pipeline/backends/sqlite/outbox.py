@@ -17,7 +17,8 @@ from typing import Any
 
 from ...registry import Registry
 from ...requests import JobRequest, prepare_rows
-from ..base import PRIORITY_DEFAULT, NewBatch, NewJob
+from ..base import PRIORITY_DEFAULT, JobRecord, NewBatch, NewJob
+from . import queries
 from .store import insert_jobs
 from .workflows import insert_batch
 
@@ -76,3 +77,18 @@ def insert_batch_in_transaction(conn: sqlite3.Connection, rows: Sequence[NewJob]
     conn.execute(_TAKE_WRITE_LOCK)
     insert_batch(conn, batch)
     return insert_jobs(conn, rows)
+
+
+# -- reads in the caller's transaction (pipeline.contrib.django: a test's uncommitted jobs) -------------------
+
+
+def job_in_transaction(conn: sqlite3.Connection, job_id: str) -> JobRecord | None:
+    """The job as the caller's connection sees it: its own uncommitted rows too."""
+    return queries.get_job(conn, job_id)
+
+
+def pending_in_transaction(conn: sqlite3.Connection, job_types: Sequence[str], limit: int = 1000) -> list[JobRecord]:
+    """The pending jobs of ``job_types`` as the caller's connection sees them, in claim order."""
+    found = [job for job_type in job_types
+             for job in queries.list_jobs(conn, status="pending", job_type=job_type, limit=limit, order="claim")[0]]
+    return sorted(found, key=lambda job: (job.priority, job.run_after, job.id))[:limit]
