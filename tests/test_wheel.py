@@ -26,15 +26,17 @@ def _free_port() -> int:
 
 WHEEL = "test_wheel.py::test_the_built_wheel_installs_on_its_own_and_serves_the_dashboard"
 # The build, started as the run begins (early.py): the package's files copied away from this tree
-# (the build writes its egg-info beside them), then `python -m build --wheel`.
+# (the build writes its egg-info beside them), then `python -m build`: the sdist, and the wheel built
+# from the unpacked sdist, as a user's build does (so this wheel proves the sdist carries what it
+# needs). tests/test_publish.py checks the same two files for an upload.
 _BUILD = """
 import shutil, subprocess, sys
 from pathlib import Path
 root, folder = Path(sys.argv[1]), Path(sys.argv[2])
 shutil.copytree(root / "pipeline", folder / "source" / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
-for name in ("pyproject.toml", "README.md"):
+for name in ("pyproject.toml", "README.md", "LICENSE"):
     shutil.copy(root / name, folder / "source" / name)
-sys.exit(subprocess.call([sys.executable, "-m", "build", "--wheel", "--outdir", str(folder / "dist"), str(folder / "source")]))
+sys.exit(subprocess.call([sys.executable, "-m", "build", "--outdir", str(folder / "dist"), str(folder / "source")]))
 """
 early.command(WHEEL, lambda folder: [sys.executable, "-c", _BUILD, str(ROOT), str(folder)])
 
