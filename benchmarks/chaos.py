@@ -1,6 +1,7 @@
 """Chaos on one job store: kill -9 workers at random while a producer enqueues, then check the books.
 
     python benchmarks/chaos.py [--backend sqlite|postgres|redis] [--jobs 20000] [--workers 3] [--duration 60] [--kill-every 2]
+                               [--runtime trio|asyncio|uvloop]
 
 The store is a fresh one made for the run and removed after it (benchmarks/stores.py): a
 SQLite file, a Postgres database (CREATE/DROP DATABASE on ``--postgres-url``), or a Redis key
@@ -18,6 +19,12 @@ killed after the run started, before its outcome was committed (the handler's ``
 line is not the end: a kill between it and the commit repeats the job too), and before
 the job's next run started. Prints a one-line summary; exit 0 when the books balance, 1
 when they do not.
+
+``--runtime asyncio`` (or ``uvloop``) runs the same handlers as asyncio handlers
+(``Registry(runtime="asyncio")``, docs/jobs.md): each worker process's trio run is the guest of
+an asyncio loop (asyncio's own, or uvloop's: WORKER_ASYNCIO_LOOP), the handlers sleep with
+``asyncio.sleep`` and append their side-file lines through ``asyncio.to_thread``; the books are
+the same. The default, ``trio``, runs them as trio handlers.
 
     python benchmarks/chaos.py --workflows [--backend B] [--fan-out 1000] [--chains 100] [--duration 30] [--kill-every 2]
 
@@ -44,6 +51,7 @@ transaction or script: the repair sweep, once a minute, must find nothing to do)
 from __future__ import annotations
 
 import argparse
+import asyncio
 import functools
 import json
 import logging
@@ -54,7 +62,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +72,7 @@ import trio
 import pipeline
 from pipeline.backends import Backend, open_backend
 from pipeline.backends.base import BatchRecord
+from pipeline.engine import asyncio_host
 from pipeline.requests import JobRequest, prepare_rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -108,45 +117,64 @@ class FanIn:
     size: int
 
 
-def note(ctx: pipeline.JobContext, kind: str, *figures: int) -> None:
-    """One short O_APPEND line of the side file: kind, id, attempt, pid, time, then any figures."""
-    with open(os.environ["CHAOS_LOG"], "a") as f:  # noqa: ASYNC230 - on purpose synchronous
-        f.write(" ".join([kind, ctx.id, str(ctx.attempt), str(os.getpid()), f"{time.time():.6f}", *map(str, figures)]) + "\n")
+RUNTIMES = ("trio", "asyncio", "uvloop")  # --runtime: the handlers' (uvloop: asyncio handlers on uvloop's loop)
 
 
-def registry() -> pipeline.Registry:
+def append(line: str) -> None:
+    """One short O_APPEND line of the side file."""
+    with open(os.environ["CHAOS_LOG"], "a") as f:
+        f.write(line + "\n")
+
+
+def line(ctx: pipeline.JobContext, kind: str, *figures: int) -> str:
+    """A side file's line: kind, id, attempt, pid, time, then any figures."""
+    return " ".join([kind, ctx.id, str(ctx.attempt), str(os.getpid()), f"{time.time():.6f}", *map(str, figures)])
+
+
+def registry(runtime: str = "trio") -> pipeline.Registry:
+    """The chaos run's job types, their handlers on ``runtime``: trio handlers (trio.sleep, the side
+    file written in place), or asyncio handlers (asyncio.sleep, the side file written through
+    asyncio.to_thread: the loop's executor, its end reported back to the loop from another thread)."""
+    on_trio = runtime == "trio"
+
+    sleep: Callable[[float], Awaitable[Any]] = trio.sleep if on_trio else asyncio.sleep
+
+    async def note(ctx: pipeline.JobContext, kind: str, *figures: int) -> None:
+        text = line(ctx, kind, *figures)  # the time it is noted, not when a thread gets to write it
+        if on_trio:
+            append(text)  # one short O_APPEND line, on purpose synchronous
+        else:
+            await asyncio.to_thread(append, text)
+
     async def run(job: Chaos, ctx: pipeline.JobContext) -> None:
-        log = os.environ["CHAOS_LOG"]
-        with open(log, "a") as f:  # noqa: ASYNC230 - one short O_APPEND line, on purpose synchronous
-            f.write(f"start {ctx.id} {ctx.attempt} {os.getpid()} {time.time():.6f}\n")
-        await trio.sleep(random.uniform(0.01, 0.1))  # long enough that kills catch jobs mid-run
-        with open(log, "a") as f:  # noqa: ASYNC230 - as above
-            f.write(f"end {ctx.id} {ctx.attempt} {os.getpid()} {time.time():.6f}\n")
+        await note(ctx, "start")
+        await sleep(random.uniform(0.01, 0.1))  # long enough that kills catch jobs mid-run
+        await note(ctx, "end")
 
     async def member(job: Member, ctx: pipeline.JobContext) -> Any:  # a result (Registry's Handler type says None)
-        note(ctx, "start")
-        await trio.sleep(random.uniform(0.5, 1.5) * float(os.environ.get("CHAOS_MEMBER_SLEEP", "0.05")))
-        note(ctx, "end")
+        await note(ctx, "start")
+        await sleep(random.uniform(0.5, 1.5) * float(os.environ.get("CHAOS_MEMBER_SLEEP", "0.05")))
+        await note(ctx, "end")
         return {"n": job.n}
 
     async def step(job: Step, ctx: pipeline.JobContext) -> Any:  # as above
-        note(ctx, "start")
+        await note(ctx, "start")
         if job.step > 1:  # its parent's result is its parent's id: read, and counted right
             parents = await ctx.parent_results()
-            note(ctx, "parents", sum(isinstance(r, dict) and r.get("id") == p for p, r in parents.items()), len(parents))
-        await trio.sleep(random.uniform(0.01, 0.1))
-        note(ctx, "end")
+            await note(ctx, "parents", sum(isinstance(r, dict) and r.get("id") == p for p, r in parents.items()), len(parents))
+        await sleep(random.uniform(0.01, 0.1))
+        await note(ctx, "end")
         return {"id": ctx.id, "step": job.step}
 
     async def fan_in(job: FanIn, ctx: pipeline.JobContext) -> None:
-        note(ctx, "start")
+        await note(ctx, "start")
         outcome = await ctx.batch()  # the counts; the jobs with their results a page at a time
         jobs = [j async for j in outcome.members()]
-        note(ctx, "batch", len(jobs), sum(j.status in FINAL for j in jobs), sum(j.status == "completed" for j in jobs))
-        await trio.sleep(CALLBACK_FIRST_SECONDS if ctx.attempt == 1 else CALLBACK_SECONDS)
-        note(ctx, "end")
+        await note(ctx, "batch", len(jobs), sum(j.status in FINAL for j in jobs), sum(j.status == "completed" for j in jobs))
+        await sleep(CALLBACK_FIRST_SECONDS if ctx.attempt == 1 else CALLBACK_SECONDS)
+        await note(ctx, "end")
 
-    reg = pipeline.Registry()
+    reg = pipeline.Registry(runtime="trio" if on_trio else "asyncio")
     reg.register("chaos", Chaos, run, concurrency=16, max_attempts=MAX_ATTEMPTS)
     reg.register("member", Member, member, concurrency=MEMBER_CONCURRENCY, max_attempts=MAX_ATTEMPTS)
     reg.register("step", Step, step, concurrency=16, max_attempts=MAX_ATTEMPTS)
@@ -155,9 +183,10 @@ def registry() -> pipeline.Registry:
 
 
 def worker_main(url: str) -> None:
+    runtime = os.environ.get("CHAOS_RUNTIME", "trio")
     config = pipeline.Config.from_env({
         **json.loads(os.environ.get("CHAOS_SETTINGS", "{}")),  # the store's own (REDIS_ALLOW_NON_DURABLE)
-        "DATABASE_URL": url, "WORKER_LEASE_SECONDS": str(LEASE_SECONDS), "WORKER_POLL_INTERVAL_MS": "50",
+        "WORKER_ASYNCIO_LOOP": "uvloop" if runtime == "uvloop" else "asyncio", "DATABASE_URL": url, "WORKER_LEASE_SECONDS": str(LEASE_SECONDS), "WORKER_POLL_INTERVAL_MS": "50",
         "WORKER_BACKOFF_BASE_MS": "50", "WORKER_SHUTDOWN_TIMEOUT": "5", "SQLITE_SYNCHRONOUS": "full", "LOG_LEVEL": "error",
         "ADMIN_ENABLED": "false", "SQLITE_BUSY_TIMEOUT_MS": "500",  # below two thirds of the lease
     }, env_file=None)
@@ -172,7 +201,11 @@ def worker_main(url: str) -> None:
         p.add_observer(settled)
         print("ready", flush=True)
 
-    trio.run(functools.partial(pipeline.serve, config, registry(), ready=ready))
+    serve = functools.partial(pipeline.serve, config, registry(runtime), ready=ready)
+    if runtime == "trio":
+        trio.run(serve)
+    else:  # as python -m pipeline runs a registry with asyncio handlers: trio the guest of the process's loop
+        asyncio_host.run(serve, loop=config.worker.asyncio_loop)
 
 
 def start_worker(url: str, log: Path, settings: dict[str, str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
@@ -206,20 +239,27 @@ async def statuses(backend: Backend) -> dict[str, str]:
 
 
 def run_chaos(jobs: int, workers: int, duration: float, kill_every: float, folder: Path, out: Any = sys.stdout,
-              *, backend: str = "sqlite", postgres_url: str = POSTGRES_URL, redis_url: str = REDIS_URL) -> dict[str, int]:
+              *, backend: str = "sqlite", postgres_url: str = POSTGRES_URL, redis_url: str = REDIS_URL,
+              runtime: str = "trio") -> dict[str, int]:
     stores = open_stores(backend, folder, postgres_url=postgres_url, redis_url=redis_url)
     try:
         url = stores.fresh("chaos")
         stores.migrate(url)
-        return trio.run(functools.partial(_drive, url, stores.settings, jobs, workers, duration, kill_every, folder, out, backend))
+        return trio.run(functools.partial(_drive, url, stores.settings, jobs, workers, duration, kill_every, folder, out,
+                                          backend, runtime))
     finally:
         stores.close()
 
 
+def labelled(backend: str, runtime: str) -> str:
+    """The store, and the handlers' runtime unless trio's: what a summary line names."""
+    return backend if runtime == "trio" else f"{backend}, asyncio handlers{' on uvloop' if runtime == 'uvloop' else ''}"
+
+
 async def _drive(url: str, settings: dict[str, str], jobs: int, workers: int, duration: float, kill_every: float,
-                 folder: Path, out: Any, backend: str) -> dict[str, int]:
+                 folder: Path, out: Any, backend: str, runtime: str) -> dict[str, int]:
     log = folder / "runs.log"
-    start = functools.partial(start_worker, url, log, settings)
+    start = functools.partial(start_worker, url, log, settings, {"CHAOS_RUNTIME": runtime})
     procs = [await trio.to_thread.run_sync(start) for _ in range(workers)]
     killed: list[tuple[int, float, float]] = []  # (pid, signal sent at, process reaped at)
     ids: list[str] = []
@@ -252,7 +292,7 @@ async def _drive(url: str, settings: dict[str, str], jobs: int, workers: int, du
             found = await statuses(store)
     finally:
         await stop_workers(procs)
-    return check(found, log, ids, killed, time.monotonic() - started, out, backend=backend)
+    return check(found, log, ids, killed, time.monotonic() - started, out, backend=labelled(backend, runtime))
 
 
 async def kill_worker(procs: list[subprocess.Popen[str]], i: int, killed: list[tuple[int, float, float]],
@@ -402,14 +442,14 @@ class Tail:
 
 def run_workflows(fan_out: int, chains: int, workers: int, duration: float, kill_every: float, folder: Path,
                   out: Any = sys.stdout, *, backend: str = "sqlite", postgres_url: str = POSTGRES_URL,
-                  redis_url: str = REDIS_URL) -> dict[str, int]:
+                  redis_url: str = REDIS_URL, runtime: str = "trio") -> dict[str, int]:
     """The --workflows run on a fresh store: its books (``check_workflows``), printed on ``out``."""
     stores = open_stores(backend, folder, postgres_url=postgres_url, redis_url=redis_url)
     try:
         url = stores.fresh("chaos_flows")
         stores.migrate(url)
         return trio.run(functools.partial(_drive_workflows, url, stores.settings, fan_out, chains, workers, duration,
-                                          kill_every, folder, out, backend))
+                                          kill_every, folder, out, backend, runtime))
     finally:
         stores.close()
 
@@ -484,13 +524,14 @@ async def watch_waiting(backend: Backend, parents_of: dict[str, tuple[str, ...]]
 
 
 async def _drive_workflows(url: str, settings: dict[str, str], fan_out: int, chains: int, workers: int, duration: float,
-                           kill_every: float, folder: Path, out: Any, backend: str) -> dict[str, int]:
+                           kill_every: float, folder: Path, out: Any, backend: str, runtime: str) -> dict[str, int]:
     log = folder / "runs.log"
     log.touch()
     # the batch's jobs take about a third of the run at the workers' concurrency (kills land among them), and
     # the callback's run (killed once, so that it runs again after its lease expires) comes well before the end
     member_sleep = min(2.0, duration / 3 * workers * MEMBER_CONCURRENCY / fan_out)
-    pool = Workers(functools.partial(start_worker, url, log, settings, {"CHAOS_MEMBER_SLEEP": f"{member_sleep:.4f}"}))
+    pool = Workers(functools.partial(start_worker, url, log, settings, {"CHAOS_MEMBER_SLEEP": f"{member_sleep:.4f}",
+                                                                         "CHAOS_RUNTIME": runtime}))
     producer = pipeline.Config.from_env({
         **settings, "DATABASE_URL": url, "LOG_LEVEL": "error", "SQLITE_SYNCHRONOUS": "full", "WORKER_ENABLED": "false",
         "ADMIN_ENABLED": "false",
@@ -500,7 +541,7 @@ async def _drive_workflows(url: str, settings: dict[str, str], fan_out: int, cha
     _quiet_logs(+1)  # its rescues
     try:
         await pool.add(workers)
-        async with pipeline.open_pipeline(producer, registry()) as p:
+        async with pipeline.open_pipeline(producer, registry(runtime)) as p:  # it runs no job: trio's run will do
             started, started_at = trio.current_time(), time.time()
             flows = Flows(await p.enqueue_batch([Member(i) for i in range(fan_out)], then=FanIn(fan_out)), [])
             callback = flows.batch.callback_id
@@ -538,7 +579,8 @@ async def _drive_workflows(url: str, settings: dict[str, str], fan_out: int, cha
         await stop_workers(pool.procs)
     figures = {"elapsed": ended - started, "drain": ended - max(pool.last_kill, started + duration), "started_at": started_at}
     return check_workflows(records, details, batch, read_runs(log), flows, pool.killed,
-                           callback_kill[0] if callback_kill else None, figures, out, backend=backend, stuck=stuck)
+                           callback_kill[0] if callback_kill else None, figures, out, backend=labelled(backend, runtime),
+                           stuck=stuck)
 
 
 _quieted: list[int] = []  # the "pipeline" logger's level before the first of the runs in this process quieted it
@@ -682,6 +724,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workflows", action="store_true", help="a batch with a callback and chains instead of --jobs")
     parser.add_argument("--fan-out", type=int, default=1000, help="--workflows: the batch's jobs (default 1000)")
     parser.add_argument("--chains", type=int, default=100, help="--workflows: three-step chains (default 100)")
+    parser.add_argument("--runtime", choices=RUNTIMES, default="trio",
+                        help="the handlers': trio (default), asyncio, or uvloop (asyncio handlers on uvloop's loop)")
     args = parser.parse_args(argv)
     if args.role == "worker":
         worker_main(args.url)
@@ -689,12 +733,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.workflows:
         with tempfile.TemporaryDirectory() as tmp:
             r = run_workflows(args.fan_out, args.chains, args.workers, args.duration or 30.0, args.kill_every, Path(tmp),
-                              backend=args.backend, postgres_url=args.postgres_url, redis_url=args.redis_url)
+                              backend=args.backend, postgres_url=args.postgres_url, redis_url=args.redis_url,
+                              runtime=args.runtime)
         return 0 if r["failures"] == 0 else 1
     args.duration = args.duration or 60.0
     with tempfile.TemporaryDirectory() as tmp:
         r = run_chaos(args.jobs, args.workers, args.duration, args.kill_every, Path(tmp), backend=args.backend,
-                      postgres_url=args.postgres_url, redis_url=args.redis_url)
+                      postgres_url=args.postgres_url, redis_url=args.redis_url, runtime=args.runtime)
     ok = r["lost"] == r["not_completed"] == r["never_ran"] == r["unexplained_duplicates"] == 0
     return 0 if ok else 1
 

@@ -1,6 +1,6 @@
 """A small version of benchmarks/chaos.py: SIGKILLs during a burst lose nothing; and its --workflows
 mode on each store side by side: chains run in order, a batch's callback runs once after its last job,
-nothing is lost or left waiting."""
+nothing is lost or left waiting; and that mode with asyncio handlers (--runtime asyncio) on one store."""
 
 from __future__ import annotations
 
@@ -106,6 +106,25 @@ def test_kill_9_during_workflows_on_each_store_keeps_chains_in_order_and_the_cal
         assert result["callback_runs"] >= 2, report  # its first run was killed: it ran again
         assert result["chain_links"] == 40, report
         assert result["failures"] == 0, report
+
+
+def test_kill_9_during_workflows_with_asyncio_handlers_keeps_the_books(tmp_path: Path) -> None:
+    """benchmarks/chaos.py --workflows --runtime asyncio, small, on SQLite (one store: the run takes the
+    seconds the trio one does, and the engine is the same on every store; `chaos.py --runtime asyncio
+    --backend B` runs the others): the handlers are asyncio handlers, each worker process's trio run the
+    guest of an asyncio loop, sleeping with asyncio.sleep, writing the side file through
+    asyncio.to_thread, reading ctx.parent_results() and ctx.batch() across the bridge. SIGKILLs lose
+    nothing, every repeat is explained by a kill, chains run in order, the callback once more after
+    its first run is killed, having read a finished batch."""
+    chaos = load_chaos()
+    out = io.StringIO()
+    result = chaos.run_workflows(200, 20, 2, 3.0, 1.5, tmp_path, out, backend="sqlite", runtime="asyncio")
+    print(out.getvalue())
+    assert "asyncio handlers" in out.getvalue()
+    assert result["kills"] >= 1, out.getvalue()
+    assert result["callback_runs"] >= 2, out.getvalue()
+    assert result["chain_links"] == 40, out.getvalue()
+    assert result["failures"] == 0, out.getvalue()
 
 
 def test_the_workflow_books_catch_what_breaks_the_promises(tmp_path: Path) -> None:
