@@ -18,7 +18,7 @@ django.setup()
 from django.db import connection, connections, transaction  # noqa: E402
 from shop.models import Order  # noqa: E402
 from shop.services import place_order  # noqa: E402
-from shop.tasks import add, add_async, charge, count_orders, send_receipt, whoami  # noqa: E402
+from shop.tasks import add, add_async, charge, count_orders, fresh_connection, send_receipt, whoami  # noqa: E402
 
 from pipeline.contrib.django import compat  # noqa: E402
 
@@ -53,6 +53,7 @@ def enqueue() -> dict[str, Any]:
         "deferred": add.using(run_after=later).enqueue(1, 1).id, "rolled_back": rolled[0],
         "rolled_back_lookup": _caught(lambda: backend.get_result(rolled[0])),
         "orders": Order.objects.count(),
+        "fresh": [fresh_connection.enqueue().id for _ in range(4)],
     }
 
 

@@ -57,8 +57,29 @@ def project(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str
         _admin(f"DROP DATABASE IF EXISTS test_{name} WITH (FORCE)")
 
 
+@pytest.fixture
+def python() -> str:
+    """The interpreter the project runs on: this one (Django 5.2 and the backport); tests/test_django6.py
+    gives Django 6's."""
+    return sys.executable
+
+
+@pytest.fixture
+def project_env(project: dict[str, str], python: str) -> dict[str, str]:
+    return with_python(project, python)
+
+
+def with_python(env: dict[str, str], python: str) -> dict[str, str]:
+    """``env`` for the project run by ``python``: another interpreter's venv runs the checkout's pipeline
+    (on its path ahead of the copy it installed), this one its own (installed in development mode)."""
+    if python == sys.executable:
+        return {**env, "EXAMPLE_PYTHON": python}
+    return {**env, "EXAMPLE_PYTHON": python, "PYTHONPATH": f"{PROJECT}{os.pathsep}{ROOT}"}
+
+
 def run(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, *args], cwd=PROJECT, env=env, capture_output=True, text=True, timeout=timeout)
+    python = env.get("EXAMPLE_PYTHON", sys.executable)
+    return subprocess.run([python, *args], cwd=PROJECT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def scenario(env: dict[str, str], name: str, *args: str) -> dict:
@@ -74,7 +95,7 @@ def migrate(env: dict[str, str]) -> None:
 
 def start_worker(env: dict[str, str], log: Path, *command: str) -> subprocess.Popen[bytes]:
     command = command or ("-m", "pipeline", "--app", "pipeline.contrib.django:registry", "--processes", "1")
-    return subprocess.Popen([sys.executable, *command], cwd=PROJECT, env=env, stdout=log.open("wb"),
+    return subprocess.Popen([env.get("EXAMPLE_PYTHON", sys.executable), *command], cwd=PROJECT, env=env, stdout=log.open("wb"),
                             stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -87,20 +108,21 @@ def stop(worker: subprocess.Popen[bytes]) -> int:
             worker.kill()
 
 
-def test_the_tasks_run_under_the_worker_and_report_through_get_result(project: dict[str, str], tmp_path: Path) -> None:
+def test_the_tasks_run_under_the_worker_and_report_through_get_result(project_env: dict[str, str], tmp_path: Path) -> None:
     """@task functions enqueue through PipelineBackend, run under `python -m pipeline --app
     pipeline.contrib.django:registry` (no shim in the project), and report SUCCESSFUL / FAILED and their
     return values through get_result; an atomic() rolled back leaves no job; the worker's log times are UTC
     whatever TIME_ZONE is (America/New_York here)."""
-    migrate(project)
-    ids = scenario(project, "enqueue")
+    migrate(project_env)
+    ids = scenario(project_env, "enqueue")
     assert ids["receipt_status"] == "READY" and ids["orders"] == 1
     assert ids["rolled_back_lookup"].startswith("TaskResultDoesNotExist")  # no job: the transaction took it along
     log = tmp_path / "worker.log"
-    worker = start_worker(project, log)
+    worker = start_worker({**project_env, "WORKER_CONCURRENCY": "1"}, log)
     try:
         wanted = {name: ids[name] for name in ("receipt", "add", "async", "context", "charge", "count")}
-        found = scenario(project, "results", json.dumps(wanted))
+        wanted.update({f"fresh{i}": job_id for i, job_id in enumerate(ids["fresh"])})
+        found = scenario(project_env, "results", json.dumps(wanted))
     finally:
         assert stop(worker) == 0, log.read_text()
     text = log.read_text()
@@ -111,6 +133,9 @@ def test_the_tasks_run_under_the_worker_and_report_through_get_result(project: d
     assert found["add"]["return_value"] == 5 and found["async"]["return_value"] == 9
     assert found["context"]["return_value"] == {"id": ids["context"], "attempt": 1}
     assert found["count"]["return_value"] == 1
+    # one worker thread at a time (WORKER_CONCURRENCY=1): each task found the connection the one before
+    # opened closed again, as after a request
+    assert [found[f"fresh{i}"]["return_value"] for i in range(4)] == [True] * 4
     charge = found["charge"]
     assert charge["status"] == "FAILED" and charge["attempts"] == 1  # MAX_ATTEMPTS 1: Django's "raised, failed"
     ((path, traceback),) = charge["errors"]
@@ -119,37 +144,37 @@ def test_the_tasks_run_under_the_worker_and_report_through_get_result(project: d
     for name in ("receipt", "add"):
         enqueued, started, finished = found[name]["times"]
         assert enqueued <= started <= finished and found[name]["worker_ids"][0].endswith(f":{worker.pid}")
-    assert scenario(project, "status", ids["deferred"])["status"] == "READY"  # run_after an hour from now
+    assert scenario(project_env, "status", ids["deferred"])["status"] == "READY"  # run_after an hour from now
     # the worker's lines: UTC with its Z, never New York's local time; the task's own log line with its job
     stamps = re.findall(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3})(\S*) ", text, re.M)
     assert stamps and {zone for _, zone in stamps} == {"Z"}, text
     assert re.search(rf"INFO shop\.tasks: receipt sent for order {ids['order']} \[job {ids['receipt']} django.emails", text)
 
 
-def test_the_projects_own_testcase_tests_pass_with_run_tasks(project: dict[str, str]) -> None:
+def test_the_projects_own_testcase_tests_pass_with_run_tasks(project_env: dict[str, str]) -> None:
     """`python manage.py test shop`: Django's TestCase (never committed), the tasks run by run_tasks()."""
-    done = run(project, "manage.py", "test", "shop", "--noinput")
+    done = run(project_env, "manage.py", "test", "shop", "--noinput")
     assert done.returncode == 0, done.stderr
     assert re.search(r"Ran 4 tests.*\n\nOK", done.stderr, re.S), done.stderr
 
 
-def test_client_connection_takes_djangos_connection_and_refuses_none(project: dict[str, str]) -> None:
+def test_client_connection_takes_djangos_connection_and_refuses_none(project_env: dict[str, str]) -> None:
     """pipeline.Client(...).enqueue(job, connection=django.db.connection) inside atomic() commits with
     it, and a rollback leaves no job; connection=None (connection.connection before the first query) and
     Django's connection outside atomic() are refused, never a silent commit of their own."""
-    migrate(project)
-    answers = scenario(project, "client_connection")
+    migrate(project_env)
+    answers = scenario(project_env, "client_connection")
     assert answers["raw_before_first_query"] == "None"
     assert answers["none"].startswith("UsageError: connection=None")
     assert answers["outside_atomic"].startswith("UsageError: connection= is Django's connection 'default' outside")
     assert answers["kept"] == "pending" and answers["gone"] is None
 
 
-def test_aenqueue_and_aget_result_and_the_refusals(project: dict[str, str]) -> None:
-    migrate(project)
-    answers = scenario(project, "asynchronous")
+def test_aenqueue_and_aget_result_and_the_refusals(project_env: dict[str, str]) -> None:
+    migrate(project_env)
+    answers = scenario(project_env, "asynchronous")
     assert answers["status"] == "READY" and answers["same"]
-    errors = scenario(project, "errors")
+    errors = scenario(project_env, "errors")
     assert errors["unknown_id"].startswith("TaskResultDoesNotExist")
     assert errors["not_an_id"].startswith("TaskResultDoesNotExist")
     assert errors["bad_queue"].startswith("InvalidTask") and "nowhere" in errors["bad_queue"]
@@ -159,12 +184,13 @@ def test_aenqueue_and_aget_result_and_the_refusals(project: dict[str, str]) -> N
     assert errors["wrong_task"].startswith("TaskResultMismatch")
 
 
-def test_manage_py_pipeline_runs_the_worker(tmp_path: Path) -> None:
+def test_manage_py_pipeline_runs_the_worker(tmp_path: Path, python: str) -> None:
     """`python manage.py pipeline` (the app in INSTALLED_APPS) runs the same worker, its store taken
     from the settings."""
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PIPELINE_APP")}
     env.update(PYTHONPATH=str(PROJECT), ADMIN_ENABLED="false", EXAMPLE_SQLITE=str(tmp_path / "shop.sqlite3"),
                DJANGO_SETTINGS_MODULE="mysite.settings")
+    env = with_python(env, python)
     migrate(env)
     ids = scenario(env, "enqueue")
     log = tmp_path / "worker.log"
@@ -179,10 +205,11 @@ def test_manage_py_pipeline_runs_the_worker(tmp_path: Path) -> None:
     assert ids["add"] in listed.stdout
 
 
-def test_a_worker_pointed_at_another_store_is_refused(tmp_path: Path) -> None:
+def test_a_worker_pointed_at_another_store_is_refused(tmp_path: Path, python: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PIPELINE_APP"}
     env.update(PYTHONPATH=str(PROJECT), ADMIN_ENABLED="false", EXAMPLE_SQLITE=str(tmp_path / "shop.sqlite3"),
                DJANGO_SETTINGS_MODULE="mysite.settings", DATABASE_URL=f"sqlite:///{tmp_path / 'other.db'}")
+    env = with_python(env, python)
     done = run(env, "-m", "pipeline", "--app", "pipeline.contrib.django:registry", "--processes", "1")
     assert done.returncode == 2
     assert "is not the store of TASKS" in done.stderr and "shop.sqlite3" in done.stderr

@@ -48,3 +48,14 @@ def whoami(context) -> dict:
 @task
 def count_orders() -> int:
     return Order.objects.count()
+
+
+@task
+def fresh_connection() -> bool:
+    """True when the task starts without an open connection: the worker closes a task's connections
+    after it, as Django does after a request (CONN_MAX_AGE=0, the default)."""
+    from django.db import connection
+
+    fresh = connection.connection is None
+    Order.objects.exists()  # opens it: the worker must close it again
+    return fresh
