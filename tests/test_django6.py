@@ -32,6 +32,7 @@ from test_django_example import (  # noqa: F401
     project,
     project_env,
     test_aenqueue_and_aget_result_and_the_refusals,
+    test_an_in_memory_sqlite_test_database_is_refused_with_the_fix,
     test_client_connection_takes_djangos_connection_and_refuses_none,
     test_manage_py_pipeline_runs_the_worker,
     test_the_projects_own_testcase_tests_pass_with_run_tasks,

@@ -216,3 +216,16 @@ def test_a_worker_pointed_at_another_store_is_refused(tmp_path: Path, python: st
     del env["DJANGO_SETTINGS_MODULE"]
     done = run(env, "-m", "pipeline", "--app", "pipeline.contrib.django:registry")
     assert done.returncode == 2 and "DJANGO_SETTINGS_MODULE is not set" in done.stderr
+
+
+def test_an_in_memory_sqlite_test_database_is_refused_with_the_fix(tmp_path: Path, python: str) -> None:
+    """Django's default SQLite test database is in memory, which the pipeline's processes cannot share:
+    `manage.py test` stops at once, saying to give it a file."""
+    (tmp_path / "memsettings.py").write_text('from mysite.settings import *  # noqa: F403\nDATABASES["default"].pop("TEST")\n')
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PIPELINE_APP")}
+    env.update(ADMIN_ENABLED="false", EXAMPLE_SQLITE=str(tmp_path / "shop.sqlite3"), DJANGO_SETTINGS_MODULE="memsettings")
+    env = with_python(env, python)
+    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env.get('PYTHONPATH', PROJECT)}"
+    done = run(env, "manage.py", "test", "shop", "--noinput")
+    assert done.returncode != 0
+    assert "is an in-memory SQLite database" in done.stderr and "'TEST'] = {'NAME'" in done.stderr
