@@ -385,15 +385,16 @@ class ResultRefused(Exception):
     """A handler's return value that cannot be stored as its job's result (the attempt fails, saying why)."""
 
 
-async def _invoke(workers: Workers, spec: JobSpec, pool: Pool, job: Any, ctx: JobContext, thread: _Thread | None) -> Outcome:
+async def _invoke(workers: Workers, spec: JobSpec, pool: Pool, job: Any, ctx: JobContext, thread: _Thread | None,
+                  start_by: tuple[float, float] | None = None) -> Outcome:
     try:
         if not spec.middleware:
-            value = await _call(workers, spec, pool, job, ctx, thread)
+            value = await _call(workers, spec, pool, job, ctx, thread, start_by)
         else:
             async with contextlib.AsyncExitStack() as stack:
                 for middleware in spec.middleware:  # the first registered outermost
                     await stack.enter_async_context(_entered(middleware, ctx))
-                value = await _call(workers, spec, pool, job, ctx, thread)
+                value = await _call(workers, spec, pool, job, ctx, thread, start_by)
         result = None if value is None else workers.encode_result(value)
     except ResultRefused as exc:
         # for good, not retried: a retry would run the handler again, side effects included, to
@@ -409,10 +410,11 @@ async def _invoke(workers: Workers, spec: JobSpec, pool: Pool, job: Any, ctx: Jo
     return Outcome("ok", result=result)
 
 
-async def _call(workers: Workers, spec: JobSpec, pool: Pool, job: Any, ctx: JobContext, thread: _Thread | None) -> Any:
+async def _call(workers: Workers, spec: JobSpec, pool: Pool, job: Any, ctx: JobContext, thread: _Thread | None,
+                start_by: tuple[float, float] | None = None) -> Any:
     if thread is None:
         if spec.runtime == "asyncio":
-            return await _call_on_asyncio(workers, spec, pool, job, ctx)
+            return await _call_on_asyncio(workers, spec, pool, job, ctx, start_by)
         return await spec.handler(job, ctx)  # type: ignore[misc]
     thread.waiting = True
     await trio.to_thread.run_sync(
@@ -421,9 +423,12 @@ async def _call(workers: Workers, spec: JobSpec, pool: Pool, job: Any, ctx: JobC
     return thread.value
 
 
-async def _call_on_asyncio(workers: Workers, spec: JobSpec, pool: Pool, job: Any, ctx: JobContext) -> Any:
+async def _call_on_asyncio(workers: Workers, spec: JobSpec, pool: Pool, job: Any, ctx: JobContext,
+                           start_by: tuple[float, float] | None = None) -> Any:
     """An asyncio handler's call: a task of the host's loop in a copy of this worker's context,
-    cancelled with the worker's scope (see engine/asyncio_host.py, AsyncioHost.run_asyncio)."""
+    cancelled with the worker's scope (see engine/asyncio_host.py, AsyncioHost.run_asyncio).
+    ``start_by``: a rate-limited job's claim (trio time it was sent, how late after it the job may
+    start), checked again as the task starts (see _on_time)."""
     aio = workers.aio
     if aio is None:  # open_pipeline refuses asyncio handlers without a host: a bug if it comes to this
         raise RuntimeError(f"job type {spec.name} has runtime='asyncio', but this trio run has no asyncio loop")
@@ -440,7 +445,35 @@ async def _call_on_asyncio(workers: Workers, spec: JobSpec, pool: Pool, job: Any
             ctx.id, ctx.job_type, ctx.attempt, why, ASYNCIO_GRACE,
         )
 
-    return await aio.run_asyncio(spec.handler, job, ctx, grace=ASYNCIO_GRACE, abandoned=abandoned)  # type: ignore[arg-type]
+    handler = spec.handler if start_by is None else _on_time(spec.handler, *start_by)
+    return await aio.run_asyncio(handler, job, ctx, grace=ASYNCIO_GRACE, abandoned=abandoned)  # type: ignore[arg-type]
+
+
+class _StartedLate(BaseException):
+    """A rate-limited asyncio handler's task began later than its claim allowed: it did not run.
+    A BaseException, as trio.Cancelled is, so that a middleware's ``except Exception`` neither records
+    it as the handler's failure nor swallows it into a success; _execute makes it the outcome."""
+
+    def __init__(self, late: float, allowed: float) -> None:
+        super().__init__(late, allowed)
+        self.late, self.allowed = late, allowed
+
+
+def _on_time(handler: Any, sent: float, allowed: float) -> Callable[[Any, JobContext], Any]:
+    """``handler``, checking as its asyncio task begins that it is no later after its claim was sent
+    than ``allowed`` (_StartedLate otherwise). The worker checked as it took the job (_begin), but the
+    task runs only at the loop's next turn, after the first steps of every task made in the same
+    tick: five handlers whose first step took 20 ms began up to 80 ms after the check, and 7 starts
+    fell in one second of a 5/s rate (tests/test_asyncio_handlers_limits.py)."""
+
+    async def on_time(job: Any, ctx: JobContext) -> Any:
+        late = trio.current_time() - sent  # (trio's clock reads fine from the loop: the guest run is current)
+        if late > allowed:
+            raise _StartedLate(late, allowed)
+        return await handler(job, ctx)
+
+    on_time.__qualname__ = getattr(handler, "__qualname__", None) or type(handler).__name__  # (in the bridge's messages)
+    return on_time
 
 
 # What a handler raises when it uses the other runtime's library: asyncio from trio (under trio.run, or
@@ -502,6 +535,9 @@ class _Run:
     job: Any
     ctx: JobContext
     thread: _Thread | None
+    # a rate-limited asyncio handler's claim: (trio time it was sent, how late after it the job may start),
+    # checked again as its task begins (_on_time); None for every other job
+    start_by: tuple[float, float] | None = None
 
 
 async def _execute(workers: Workers, pool: Pool, run: _Run, scope: trio.CancelScope) -> Outcome:
@@ -520,7 +556,9 @@ async def _execute(workers: Workers, pool: Pool, run: _Run, scope: trio.CancelSc
     # the records its middleware and handler make (and whatever runs in a copy of this context) carry the job (logs.py)
     in_job = enter_job(run.ctx.id, run.ctx.job_type, run.ctx.attempt)
     try:
-        return await _invoke(workers, pool.spec, pool, run.job, run.ctx, thread)
+        return await _invoke(workers, pool.spec, pool, run.job, run.ctx, thread, run.start_by)
+    except _StartedLate as late:  # (an asyncio handler's task began too late for its rate: see _on_time)
+        return _late_for_its_rate(pool, run.lease, late.late, late.allowed)
     finally:
         JOB.reset(in_job)
         del pool.running[key]
@@ -643,7 +681,7 @@ async def _begin(workers: Workers, pool: Pool, lease: Lease, counted: bool | Non
     if spec.sync and spec.handler is not None:
         thread = _Thread(spec.handler, trio.lowlevel.current_trio_token())
         ctx = attrs.evolve(ctx, thread=thread)
-    return _Run(lease, key, started, job, ctx, thread)
+    return _Run(lease, key, started, job, ctx, thread, claim_sent if spec.runtime == "asyncio" else None)
 
 
 def _expired(lease: Lease) -> bool:
