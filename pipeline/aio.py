@@ -88,6 +88,7 @@ async def open_pipeline(config: Config | None = None, registry: Registry | None 
         await asyncio.wait((run.opened, guest), return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:
         await run.stop_gracefully()  # cancelled while it opened: what opened stops as it would have
+        run.raise_failure()
         raise
     if not run.opened.done():  # it ended before it opened: why, as itself
         run.opened.cancel()
@@ -100,12 +101,10 @@ async def open_pipeline(config: Config | None = None, registry: Registry | None 
     try:
         yield p
     finally:
-        await run.stop_gracefully()
-        failure = run.failure()
-        if failure is not None:
-            if run.cancelled_entered and run.entered is asyncio.current_task() and run.entered is not None:
-                run.entered.uncancel()  # our cancellation, which carried the failure here: the failure goes on instead
-            raise failure
+        held = await run.stop_gracefully()
+        run.raise_failure()  # (a failure goes on rather than a cancellation, as from a TaskGroup)
+        if held:
+            raise asyncio.CancelledError
 
 
 @attrs.define(eq=False)
@@ -130,10 +129,10 @@ class _Run:
             except trio.RunFinishedError:
                 pass  # it ended already
 
-    async def stop_gracefully(self) -> None:
+    async def stop_gracefully(self) -> bool:
         """Ask the trio side to leave its block (the graceful stop) and wait until the guest run has
-        ended; cancellations meanwhile are held and raised once it has (the stop is bounded:
-        WORKER_SHUTDOWN_TIMEOUT, then the running jobs are handed back)."""
+        ended; a cancellation meanwhile is held (the stop is bounded: WORKER_SHUTDOWN_TIMEOUT, then the
+        running jobs are handed back): whether one came, for the caller to raise once it has."""
         assert self.guest is not None
         self.request_stop()
         cancelled = False
@@ -145,8 +144,19 @@ class _Run:
                 self.request_stop()  # (main may have set up its stop since)
         if not self.opened.done():
             self.opened.cancel()
-        if cancelled:
-            raise asyncio.CancelledError
+        return cancelled
+
+    def raise_failure(self) -> None:
+        """Raise the guest run's error, if it failed, in the task leaving the block; if that task is the
+        one we cancelled to carry it here, that cancellation is taken back."""
+        failure = self.failure()
+        if failure is None:
+            return
+        current = asyncio.current_task()
+        if self.cancelled_entered and current is not None and current is self.entered:
+            self.cancelled_entered = False
+            current.uncancel()
+        raise failure
 
     def failure(self) -> BaseException | None:
         """The guest run's error, as itself; None if it ended as asked."""
@@ -162,8 +172,12 @@ class _Run:
         if self.stopping:
             return
         error = self.failure()
-        log.error("pipeline.aio: the pipeline stopped on its own (%r); the task that opened it is cancelled",
-                  error, exc_info=error)
+        if error is None:  # its task was cancelled: asyncio.run's end, a forced exit
+            log.warning("pipeline.aio: the pipeline's run was cancelled from outside its block (is the loop shutting "
+                        "down?): jobs still running go back to pending when their leases expire")
+        else:
+            log.error("pipeline.aio: the pipeline stopped on its own (%r); the task that opened it is cancelled",
+                      error, exc_info=error)
         self.stopping = True
         if self.entered is not None and not self.entered.done():
             self.cancelled_entered = True
