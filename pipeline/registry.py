@@ -1,7 +1,7 @@
 """What this process knows: job types (class, handler, limits), events (class, route), and the
 middleware around every handler call.
 
-A new job type is one payload class (attrs or dataclass) plus one handler::
+A new job type is one payload class (attrs, dataclass or pydantic model) plus one handler::
 
     registry = pipeline.Registry()
 
@@ -14,20 +14,22 @@ with ``runtime="asyncio"`` (or ``Registry(runtime="asyncio")``) as a task of the
 loop (engine/asyncio_host.py). ``@registry.lifespan`` opens what handlers share (``ctx.state``) once per
 worker process.
 
-The registry owns the one cattrs converter, used only at the edges (database rows,
-HTTP, CLI). Structuring is strict: a string where an int is expected, a missing field
-or an unknown key is refused with a message that names the field.
+The registry owns the one cattrs converter (pipeline/payloads.py: the types a payload, an event or
+a result can hold and their JSON form), used only at the edges (database rows, HTTP, CLI).
+Structuring is strict: a string where an int is expected, a missing field or an unknown key is
+refused with a message that names the field. A handler's return annotation is how a result is read
+back (``-> datetime``: a datetime); without one, a result is its JSON form.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import datetime as dt
 import functools
 import inspect
 import json
 import re
+import types
 import typing
 from collections import abc
 from collections.abc import Awaitable, Callable, Mapping
@@ -36,10 +38,10 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import attrs
 import cattrs
-from cattrs.cols import homogenous_tuple_structure_factory, is_any_set, is_sequence, list_structure_factory
 
 from .config import RATE_FORMS, parse_rate
 from .errors import InvalidPayload, UnknownEvent, UnknownJobType, UsageError
+from .payloads import Unstorable, check_payload, check_result, compact_json, is_pydantic_model, make_converter, show
 from .schedules import Schedule, make_schedule
 
 if TYPE_CHECKING:
@@ -100,6 +102,9 @@ class JobSpec:
     # where the handler runs: "trio" (an async def, on the pipeline's trio loop), "asyncio" (an async
     # def, as a task of the process's asyncio loop: engine/asyncio_host.py) or "thread" (a plain def)
     runtime: str = "trio"
+    # what a stored result is read back as (Client.result, ctx.parent_results(), a batch's members):
+    # register(returns=...), or the handler's return annotation; None: its JSON form, as stored
+    returns: Any = None
 
 
 @attrs.frozen
@@ -109,97 +114,26 @@ class EventSpec:
     route: Route
 
 
-def _strict(kind: type | tuple[type, ...], label: str) -> Callable[[Any, Any], Any]:
-    def structure(value: Any, _type: Any) -> Any:
-        if isinstance(value, bool) and kind is not bool:
-            raise TypeError(f"expected {label}, got a boolean")
-        if not isinstance(value, kind):
-            raise TypeError(f"expected {label}, got {type(value).__name__}")
-        return value
-
-    return structure
-
-
-def _arrays_only(conv: cattrs.Converter) -> Callable[[Any], Callable[[Any, Any], Any]]:
-    """Sequences and sets from JSON arrays alone: cattrs would take any iterable, so that
-    ``{"keys": "post:1"}`` became the keys ``("p", "o", "s", ...)`` and an object its keys."""
-
-    def factory(type_: Any) -> Callable[[Any, Any], Any]:
-        # the hook cattrs itself would choose, for each kind of collection
-        origin = typing.get_origin(type_) or type_
-        args = typing.get_args(type_)
-        inner: Callable[[Any, Any], Any]
-        if origin is tuple and args and args[1:] != (Ellipsis,):
-            inner = conv.gen_structure_hetero_tuple(type_)  # tuple[int, str]
-        elif origin is collections.deque:
-            inner = conv._structure_deque
-        elif origin in (list, abc.MutableSequence):
-            inner = list_structure_factory(type_, conv)
-        elif origin in (set, abc.MutableSet):
-            inner = conv._structure_set
-        elif origin in (frozenset, abc.Set):
-            inner = conv._structure_frozenset
-        else:  # tuple[X, ...], bare tuple, abstract Sequence: a tuple
-            inner = homogenous_tuple_structure_factory(type_, conv)
-
-        def structure(value: Any, type_: Any) -> Any:
-            if not isinstance(value, (list, tuple)):
-                raise TypeError(f"expected an array, got {type(value).__name__}")
-            return inner(value, type_)
-
-        return structure
-
-    return factory
-
-
-def _origin(type_: Any) -> Any:
-    return typing.get_origin(type_)  # (typeshed types the result too narrowly to compare with tuple)
-
-
-def _make_converter() -> cattrs.Converter:
-    conv = cattrs.Converter(forbid_extra_keys=True)
-    conv.register_structure_hook_factory(
-        lambda t: is_sequence(t) or is_any_set(t) or _origin(t) is tuple, _arrays_only(conv)
-    )
-    conv.register_structure_hook(str, _strict(str, "a string"))
-    conv.register_structure_hook(int, _strict(int, "an integer"))
-    conv.register_structure_hook(bool, _strict(bool, "a boolean"))
-    conv.register_structure_hook(float, lambda v, _: float(_strict((int, float), "a number")(v, _)))
-    conv.register_structure_hook(Any, lambda v, _: v)
-
-    return conv
-
-
 def _explain(exc: BaseException, type_: Any) -> str:
     if isinstance(exc, (TypeError, ValueError)) and str(exc) and not isinstance(exc, cattrs.BaseValidationError):
         return str(exc)
     return cattrs.v.format_exception(exc, type_)
 
 
-def _compact_json() -> Callable[[Any], str]:
-    """``json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)`` at
-    half the cost: json.JSONEncoder.encode builds its C encoder anew on every call, this
-    builds it once (2.9 -> 1.3 us for a small payload). NaN and Infinity are refused: what
-    is stored is JSON that any reader accepts. A circular payload ends in RecursionError."""
-    encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:  # an interpreter without the C accelerator
-        return encoder.encode
-    c_encode = make(None, encoder.default, json.encoder.encode_basestring, None, ":", ",", False, False, False)
-
-    def to_json(value: Any) -> str:
-        return "".join(c_encode(value, 0))
-
-    return to_json
-
-
 class Registry:
     """Job types and events known to one pipeline. Build it before ``open_pipeline``."""
 
-    def __init__(self, *, max_payload_bytes: int = MAX_PAYLOAD_BYTES, runtime: str = "trio") -> None:
+    def __init__(self, *, max_payload_bytes: int = MAX_PAYLOAD_BYTES, runtime: str = "trio",
+                 converter: cattrs.Converter | None = None) -> None:
         """``runtime``: what the ``async def`` handlers registered without their own ``runtime=`` run on,
         and the lifespan's: "trio" (the default) or "asyncio" (a task of the worker process's asyncio loop,
-        for asyncpg, redis.asyncio, aiohttp...). A plain ``def`` handler runs in a thread either way."""
+        for asyncpg, redis.asyncio, aiohttp...). A plain ``def`` handler runs in a thread either way.
+
+        ``converter``: a cattrs ``Converter`` with hooks for the types a payload, an event or a result
+        holds beyond the pipeline's own (docs/jobs.md, "Payload types"). It is the base: the registry
+        copies it (yours is not changed) and registers the pipeline's hooks on the copy, so the table's
+        types keep their JSON form and every other type is yours; unknown keys are refused whatever
+        the base says. Give it before registering: a class is checked against it at registration."""
         self.runtime = _check_runtime(runtime, "Registry(runtime=...)")
         self.max_payload_bytes = max_payload_bytes
         self._jobs: dict[str, JobSpec] = {}
@@ -214,8 +148,8 @@ class Registry:
         # with its jobs (W3C traceparent text, or None for none); set by pipeline.otel.instrument.
         # The core never imports a tracing library: this is the one hook.
         self.trace_context: Callable[[], str | None] | None = None
-        self.converter = _make_converter()
-        self._to_json = _compact_json()
+        self.converter = make_converter(converter)
+        self._to_json = compact_json()
 
     # -- job types -----------------------------------------------------------------------
 
@@ -233,6 +167,7 @@ class Registry:
         limit_key: Callable[[Any], Any] | None = None,
         key_limit: int | None = None,
         runtime: str | None = None,
+        returns: Any = None,
     ) -> JobSpec:
         """Declare a job type (or attach a handler to one already declared with the same class).
         ``global_limit``: at most this many of its jobs run at once across every process
@@ -242,10 +177,14 @@ class Registry:
         the job giving the key it counts under (a tenant's id); ``key_limit``: at most that many jobs of
         one key run at once, across every process, and due jobs are taken round-robin across keys.
         ``runtime``: "trio" or "asyncio", what an ``async def`` handler runs on (None: the registry's); a
-        plain ``def`` handler runs in a thread, and ``runtime="asyncio"`` on one is refused (UsageError)."""
+        plain ``def`` handler runs in a thread, and ``runtime="asyncio"`` on one is refused (UsageError).
+        ``returns``: the type a stored result is read back as (``Client.result``, ``ctx.parent_results()``, a
+        batch's members); None: the handler's return annotation (``-> datetime``), and without one the
+        result's JSON form (``returns=typing.Any`` asks for that form whatever the annotation). A process
+        that only enqueues, registering the class without the handler, gives it here to read the same."""
         if not _NAME.match(name):
             raise ValueError(f"job type name {name!r} must match {_NAME.pattern}")
-        _check_payload_class(f"job type {name!r}", cls)
+        self._check_payload_class(f"job type {name!r}", cls)
         if concurrency is not None and concurrency < 1:
             raise ValueError(f"job type {name!r}: concurrency must be >= 1")
         if timeout is not None and timeout <= 0:
@@ -278,6 +217,11 @@ class Registry:
                 )
         kind = "thread" if sync else (runtime or self.runtime)
         existing = self._jobs.get(name)
+        if returns is None and handler is not None:
+            returns = _return_annotation(handler)
+        elif returns is None and existing is not None:
+            returns = existing.returns
+        returns = self._check_returns(name, handler, returns)
         if existing is not None and existing.cls is not cls:
             raise ValueError(f"job type {name!r} is already registered with {existing.cls.__name__}")
         other = self._names_by_cls.get(cls)
@@ -286,7 +230,7 @@ class Registry:
             raise ValueError(f"job type {name!r}: its payload class {cls.__name__} is already job type {other!r}'s; "
                              "give each job type a class of its own")
         spec = JobSpec(name, cls, handler, concurrency, timeout, max_attempts, global_limit, sync, rate_limit=rate,
-                       limit_key=limit_key, key_limit=key_limit, runtime=kind)
+                       limit_key=limit_key, key_limit=key_limit, runtime=kind, returns=returns)
         self._jobs[name] = spec
         self._names_by_cls[cls] = name
         return spec
@@ -413,6 +357,64 @@ class Registry:
         self._middleware.append(fn)
         return fn
 
+    def _check_payload_class(self, what: str, cls: Any) -> None:
+        """Payloads are attrs classes, dataclasses or pydantic v2 models, whose every field has a JSON
+        form (payloads.py): the converter structures attrs classes and dataclasses with the same
+        strictness (unknown keys refused, arrays only where a sequence is expected), a pydantic model
+        validates itself."""
+        if not (isinstance(cls, type) and (attrs.has(cls) or dataclasses.is_dataclass(cls) or is_pydantic_model(cls))):
+            shown = _describe(cls) if isinstance(cls, type) else repr(cls)
+            v1 = "pydantic.v1" in str(getattr(cls, "__module__", "")) or any(
+                c.__module__.startswith("pydantic.v1") for c in getattr(cls, "__mro__", ()))
+            raise TypeError(
+                f"{what}: the payload class {shown} is neither an attrs class nor a dataclass (nor a pydantic v2 model"
+                + (": it is a pydantic.v1 one, make it a pydantic.BaseModel" if v1 else "")
+                + "); declare it with @attrs.frozen or @dataclasses.dataclass"
+            )
+        try:
+            check_payload(self.converter, cls)
+        except Unstorable as exc:
+            raise TypeError(f"{what}: the payload class {cls.__qualname__} cannot be stored: {exc}") from None
+
+    def _check_returns(self, name: str, handler: Any, returns: Any) -> Any:
+        """The type a result is read back as (None: its JSON form); TypeError if it has no JSON form."""
+        if returns in _NO_TYPE or returns is types.NoneType:
+            return None
+        try:
+            check_result(self.converter, returns)
+        except Unstorable as exc:
+            whose = f"the return annotation of its handler {_describe(handler)}" if handler is not None else "returns="
+            raise TypeError(f"job type {name!r}: {whose} is {show(returns)}, which cannot be stored as a result: {exc}; "
+                            "or register(..., returns=typing.Any) to read results back as their JSON form") from None
+        return returns
+
+    # -- results ------------------------------------------------------------------------------
+
+    def encode_result(self, value: Any) -> str:
+        """A handler's return value as the JSON text stored as its job's result (not None: None is no
+        result). TypeError or ValueError naming what has no JSON form (and the hook that would give it
+        one); RecursionError for a value that refers to itself."""
+        return self._to_json(self.converter.unstructure(value))
+
+    def decode_result(self, job_type: str, result: str | None) -> Any:
+        """A stored result (JSON text) read back: as its job type's ``returns`` (the handler's return
+        annotation) if it has one, else as its JSON form; a result that does not fit that type (stored
+        by a handler that returned something else, before its annotation changed) is its JSON form, and
+        text that is not JSON is shown as it is."""
+        if result is None:
+            return None
+        try:
+            value = json.loads(result)
+        except ValueError:
+            return result
+        spec = self._jobs.get(job_type)
+        if spec is None or spec.returns is None or value is None:
+            return value
+        try:
+            return self.converter.structure(value, spec.returns)
+        except Exception:  # cattrs' validation groups, TypeError, ValueError: the JSON form, not an error
+            return value
+
     def name_of(self, job: Any) -> str:
         try:
             return self._names_by_cls[type(job)]
@@ -454,7 +456,7 @@ class Registry:
             payload = self._to_json(self.converter.unstructure(job))
         except RecursionError:
             raise InvalidPayload(f"payload of {name!r} is nested too deeply (or refers to itself) to store as JSON") from None
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, cattrs.BaseValidationError) as exc:
             raise InvalidPayload(f"payload of {name!r} cannot be stored as JSON: {exc}") from None
         self._check_size(payload, f"payload of {name!r}")
         return payload
@@ -521,7 +523,7 @@ class Registry:
     # -- events ---------------------------------------------------------------------------
 
     def add_event(self, name: str, cls: type, route: Route) -> None:
-        _check_payload_class(f"event {name!r}", cls)
+        self._check_payload_class(f"event {name!r}", cls)
         self._events[name] = EventSpec(name, cls, route)
         self._event_names_by_cls[cls] = name
 
@@ -563,16 +565,27 @@ def _check_runtime(runtime: Any, what: str) -> str:
     return str(runtime)
 
 
-def _check_payload_class(what: str, cls: Any) -> None:
-    """Payloads are attrs classes or dataclasses: the converter structures both with the same
-    strictness (unknown keys refused, arrays only where a sequence is expected)."""
-    if isinstance(cls, type) and (attrs.has(cls) or dataclasses.is_dataclass(cls)):
-        return
-    shown = _describe(cls) if isinstance(cls, type) else repr(cls)
-    raise TypeError(
-        f"{what}: the payload class {shown} is neither an attrs class nor a dataclass; "
-        "declare it with @attrs.frozen or @dataclasses.dataclass"
-    )
+_NO_TYPE = (None, type(None), Any, object, typing.NoReturn, typing.Never)  # a result read back as its JSON form
+
+
+def _return_annotation(handler: Any) -> Any:
+    """A handler's return annotation, resolved as :func:`_payload_class` resolves its first parameter's;
+    None if it has none, or one that cannot be resolved (a name under ``if TYPE_CHECKING:``): the
+    result is then read back as its JSON form (``register(returns=...)`` says otherwise)."""
+    target = inspect.unwrap(handler.func if isinstance(handler, functools.partial) else handler)
+    if not inspect.isroutine(target) and not isinstance(target, type):
+        target = type(target).__call__
+    try:
+        annotation = inspect.signature(target).return_annotation
+    except (TypeError, ValueError):
+        return None
+    if annotation is inspect.Signature.empty:
+        return None
+    try:
+        return typing.get_type_hints(_Annotations({"return": annotation}), globalns=getattr(target, "__globals__", None),
+                                     include_extras=True)["return"]
+    except Exception:  # NameError above all
+        return None
 
 
 def _check_handler(name: str, handler: Any) -> bool:

@@ -66,21 +66,25 @@ T = TypeVar("T")
 @attrs.frozen
 class TestJobRecord(JobRecord):
     """A job's record as ``pipeline.testing`` hands it out: :class:`pipeline.JobRecord` with
-    ``result`` decoded (``5``, not ``'5'``: what ``Client.result`` answers; None without one). The
-    store's own ``JobRecord`` (the admin API, the CLI, ``Backend.get``) keeps the JSON text."""
+    ``result`` decoded (``5``, not ``'5'``: what ``Client.result`` answers, read back as the handler's
+    return annotation; None without one). The store's own ``JobRecord`` (the admin API, the CLI,
+    ``Backend.get``) keeps the JSON text, and ``to_json()`` gives its JSON form."""
 
     __test__ = False  # not a test class, whatever pytest thinks of its name
 
     result: Any = None
+    _stored: str | None = attrs.field(default=None, alias="stored", eq=False, repr=False)  # the result's JSON text
 
     @classmethod
-    def of(cls, record: JobRecord) -> TestJobRecord:
+    def of(cls, record: JobRecord, decode: Callable[[str, str | None], Any] | None = None) -> TestJobRecord:
+        """``decode``: the registry's decode_result (None: the result's JSON form)."""
         fields = attrs.asdict(record, recurse=False)
-        return cls(**{**fields, "result": decoded(record.result)})
+        result = decoded(record.result) if decode is None else decode(record.job_type, record.result)
+        return cls(**{**fields, "result": result}, stored=record.result)
 
     def to_json(self) -> dict[str, Any]:
         data = JobRecord.to_json(attrs.evolve(self, result=None))
-        data["result"] = self.result
+        data["result"] = decoded(self._stored) if self._stored is not None else self.result
         return data
 
 
@@ -100,7 +104,7 @@ class _Engine:
             while left := await self._make_due():
                 await trio.sleep(POLL_MS / 1000)
             records, _ = await self.pipeline.backend.list(limit=1_000_000_000)
-            return [TestJobRecord.of(record) for record in reversed(records)]
+            return [TestJobRecord.of(record, self.pipeline.registry.decode_result) for record in reversed(records)]
         raise TimeoutError(f"drain(): jobs still unfinished after {timeout:g} s ({_counted(left)}): a handler that hangs?")
 
     async def result(self, job_id: str, timeout: float) -> Any:
@@ -117,7 +121,7 @@ class _Engine:
 
     async def get(self, job_id: str) -> TestJobRecord | None:
         record = await self.pipeline.backend.get(check_job_id(job_id))
-        return None if record is None else TestJobRecord.of(record)
+        return None if record is None else TestJobRecord.of(record, self.pipeline.registry.decode_result)
 
     async def _make_due(self) -> dict[str, int]:
         """Every pending job due now; what is left to run, by type. UsageError if some of it can never

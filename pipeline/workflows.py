@@ -91,7 +91,8 @@ class Batch:
 
 @attrs.frozen
 class BatchJob:
-    """One job of a batch as ``ctx.batch()`` shows it: ``result`` decoded (None unless completed),
+    """One job of a batch as ``ctx.batch()`` shows it: ``result`` decoded (None unless completed; read
+    back as its job type's ``returns``, the handler's return annotation, as ``Client.result`` reads it),
     ``error`` the last error (None if it completed)."""
 
     id: str
@@ -105,6 +106,8 @@ MEMBERS_PAGE = 500  # jobs (with their results) read per page by BatchOutcome.me
 
 # the jobs of a batch (limit, offset), in the order they were enqueued: Backend.batch_jobs of one batch
 PageReader = Callable[[int, int], Awaitable[Sequence[BatchMember]]]
+# (job type, stored result) -> the result read back: Registry.decode_result
+ResultReader = Callable[[str, "str | None"], Any]
 
 
 @attrs.frozen
@@ -121,6 +124,8 @@ class BatchOutcome:
     # how members() reads a page from where it runs: ctx.batch() sets it (on the loop, a coroutine; from
     # a sync handler's thread, the page, through the loop); None: _page itself, on the loop
     _fetch: Callable[[int, int], Any] | None = attrs.field(default=None, alias="fetch", eq=False, repr=False)
+    # how a member's result is read back (the registry's decode_result); None: its JSON form
+    _decode: ResultReader | None = attrs.field(default=None, alias="decode", eq=False, repr=False)
 
     @property
     def succeeded(self) -> bool:
@@ -146,7 +151,7 @@ class BatchOutcome:
         while True:
             page = await fetch(page_size, offset)
             for member in page:
-                yield batch_job(member)
+                yield batch_job(member, self._decode)
             if len(page) < page_size:
                 return
             offset += page_size
@@ -156,7 +161,7 @@ class BatchOutcome:
         while True:
             page = fetch(page_size, offset)
             for member in page:
-                yield batch_job(member)
+                yield batch_job(member, self._decode)
             if len(page) < page_size:
                 return
             offset += page_size
@@ -184,13 +189,16 @@ class BatchOutcome:
                           "handler); counts, total and succeeded need no page")
 
 
-def batch_job(member: BatchMember) -> BatchJob:
-    return BatchJob(member.id, member.job_type, member.status,
-                    decoded(member.result) if member.status == "completed" else None, member.error)
+def batch_job(member: BatchMember, decode: ResultReader | None = None) -> BatchJob:
+    result = None
+    if member.status == "completed":
+        result = decoded(member.result) if decode is None else decode(member.job_type, member.result)
+    return BatchJob(member.id, member.job_type, member.status, result, member.error)
 
 
 def decoded(result: str | None) -> Any:
-    """A stored result (JSON text) as a value; a row that is not JSON is shown as it is."""
+    """A stored result (JSON text) as its JSON form; a row that is not JSON is shown as it is (the
+    admin API's; Registry.decode_result reads a result back as its type)."""
     if result is None:
         return None
     try:
@@ -199,6 +207,7 @@ def decoded(result: str | None) -> Any:
         return result
 
 
-def batch_outcome(record: BatchRecord, page: PageReader | None = None) -> BatchOutcome:
-    """``ctx.batch()``'s answer from the batch's record (its counts) and ``page``, which reads its jobs."""
-    return BatchOutcome(record.id, dict(record.counts), record.total, page=page)
+def batch_outcome(record: BatchRecord, page: PageReader | None = None, decode: ResultReader | None = None) -> BatchOutcome:
+    """``ctx.batch()``'s answer from the batch's record (its counts) and ``page``, which reads its jobs;
+    ``decode`` reads a member's result back (None: its JSON form)."""
+    return BatchOutcome(record.id, dict(record.counts), record.total, page=page, decode=decode)

@@ -122,6 +122,14 @@ class NewBatch(NamedTuple):
     created_at: str
 
 
+class ParentResult(NamedTuple):
+    """A parent's result as :meth:`Backend.parent_results` reads it: its job type (whose ``returns``
+    reads the result back: Registry.decode_result) and its result."""
+
+    job_type: str
+    result: str | None  # JSON text of a completed job's result (None: none)
+
+
 class BatchMember(NamedTuple):
     """One job of a batch as :meth:`Backend.batch_jobs` reads it (ctx.batch(), the admin API)."""
 
@@ -751,10 +759,10 @@ class Backend(Protocol):
 
     # -- workflows (issue 24; docs/workflows.md) ----------------------------------------------------
 
-    async def parent_results(self, job_id: str) -> dict[str, str | None]:
-        """{parent id: its result (JSON text, None for none)} of every parent of ``job_id`` still in
-        the store, in the order of its ``after`` (a parent removed since is left out): what
-        ``ctx.parent_results()`` returns, decoded. {} for a job without parents or unknown."""
+    async def parent_results(self, job_id: str) -> dict[str, ParentResult]:
+        """{parent id: (its job type, its result: JSON text, None for none)} of every parent of
+        ``job_id`` still in the store, in the order of its ``after`` (a parent removed since is left
+        out): what ``ctx.parent_results()`` returns, decoded. {} for a job without parents or unknown."""
 
     async def batch(self, batch_id: str) -> BatchRecord | None:
         """The batch and its members counted by status (one grouped, indexed read); None if unknown."""

@@ -18,7 +18,6 @@ and so writes the last batch.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import math
 import os
@@ -29,6 +28,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import attrs
+import cattrs
 import trio
 
 from ..backends import Backend, ClaimOffer, JobRecord, Lease, NewJob, Nudge, open_backend
@@ -53,7 +53,7 @@ from ..registry import Registry
 from ..replies import Reply
 from ..requests import check_expires_at, check_job_id, check_text, check_time, check_unique_key, check_unique_while, limit_key_of
 from ..states import TERMINAL, Status
-from ..workflows import MAX_PARENTS, Batch, BatchOutcome, Chain, batch_outcome, check_on_parent_failure, check_parents, decoded
+from ..workflows import MAX_PARENTS, Batch, BatchOutcome, Chain, batch_outcome, check_on_parent_failure, check_parents
 from .actors.bus import Envelope, run_event_bus
 from .actors.control import ProgressBoard, run_canceller, run_progress_writer
 from .actors.enqueuer import run_enqueuer
@@ -305,7 +305,8 @@ class Pipeline:
     async def parent_results(self, job_id: str) -> dict[str, Any]:
         """{parent id: result} of a job's parents (``after``) still in the store; a parent that did not
         complete has None. ``ctx.parent_results()`` in a handler."""
-        return {parent: decoded(result) for parent, result in (await self.backend.parent_results(job_id)).items()}
+        return {parent: self.registry.decode_result(job_type, result)
+                for parent, (job_type, result) in (await self.backend.parent_results(job_id)).items()}
 
     async def batch_of(self, job_id: str) -> BatchOutcome:
         """The outcome of the batch ``job_id`` belongs to (as its callback or as one of its jobs):
@@ -317,7 +318,8 @@ class Pipeline:
             raise UsageError(f"job {job_id} belongs to no batch: ctx.batch() is for a batch's callback (enqueue_batch's "
                              "then=) and its jobs")
         # the counts only; the jobs with their results a page at a time (BatchOutcome.members)
-        return batch_outcome(record, lambda limit, offset: self.backend.batch_jobs(batch_id, limit=limit, offset=offset))
+        return batch_outcome(record, lambda limit, offset: self.backend.batch_jobs(batch_id, limit=limit, offset=offset),
+                             decode=self.registry.decode_result)
 
     async def emit(self, event: Any, *, trace: str | None = None) -> list[str]:
         """Publish a domain event; returns the ids of the jobs it routed to, once committed.
@@ -391,17 +393,18 @@ class Pipeline:
                           aio=self.aio if pool is not None and pool.spec.runtime == "asyncio" else None)
 
     def encode_result(self, value: Any) -> str | None:
-        """A handler's return value as the JSON text stored as its job's result (JSON-able values, attrs
-        instances and dataclasses, through the registry's converter); ResultRefused saying why not."""
+        """A handler's return value as the JSON text stored as its job's result (JSON's values, attrs
+        instances, dataclasses, pydantic models and the types of docs/jobs.md's table, through the
+        registry's converter: Registry.encode_result); ResultRefused saying why not."""
         try:
-            text = json.dumps(self.registry.converter.unstructure(value), allow_nan=False, separators=(",", ":"),
-                              ensure_ascii=False)
+            text = self.registry.encode_result(value)
         except RecursionError:
             raise ResultRefused("the handler's return value is nested too deeply (or refers to itself) to store as its "
                                 "result") from None
-        except (TypeError, ValueError) as exc:
-            raise ResultRefused(f"the handler's return value cannot be stored as its result (JSON-able values, attrs "
-                                f"instances and dataclasses can): {exc}") from None
+        except (TypeError, ValueError, cattrs.BaseValidationError) as exc:
+            raise ResultRefused(f"the handler's return value (a {type(value).__qualname__}) cannot be stored as its result "
+                                f"(JSON's values, attrs instances, dataclasses, pydantic models and the types of "
+                                f"docs/jobs.md's table can): {exc}") from None
         size = len(text.encode("utf-8", "surrogatepass"))
         limit = self.config.worker.result_max_bytes
         if size > limit:
@@ -442,7 +445,7 @@ class Pipeline:
                 if job is None:
                     raise LookupError(f"no job with id {job_id!r}")
                 if job.status in TERMINAL:
-                    return _result_of(job)
+                    return _result_of(job, self.registry)
                 if trio.current_time() >= deadline:
                     raise TimeoutError(f"job {job_id} did not finish within {timeout:g} s (it is {job.status})")
                 with trio.move_on_at(min(deadline, trio.current_time() + pause)):
@@ -481,10 +484,10 @@ class Pipeline:
 KEYS_UNLIMITED = 2**31 - 1  # the key limit of a type with limit_key and no key_limit: round-robin alone
 
 
-def _result_of(job: JobRecord) -> Any:
-    """A final job's result, or the error that says why it has none."""
+def _result_of(job: JobRecord, registry: Registry) -> Any:
+    """A final job's result (read back as its type's ``returns``), or the error that says why it has none."""
     if job.status == Status.COMPLETED:
-        return None if job.result is None else json.loads(job.result)
+        return registry.decode_result(job.job_type, job.result)
     if job.status == Status.CANCELLED:
         raise JobCancelled(job.id, job.status, job.error)
     raise JobFailed(job.id, job.status, job.error)

@@ -154,7 +154,8 @@ async def test_results_are_stored_json_attrs_and_dataclasses_alike(store_config:
 
     async with running(store_config, reg) as p:
         ids = [await p.enqueue(Work(7)), await p.enqueue(Other()), await p.enqueue(Threaded(3))]
-        assert await p.result(ids[0], timeout=10) == {"total": 7, "words": ["a", "b"]}
+        # read back as the handler's return annotation (-> Answer); stored as JSON (below)
+        assert await p.result(ids[0], timeout=10) == Answer(total=7, words=["a", "b"])
         assert await p.result(ids[1], timeout=10) is None
         assert await p.result(ids[2], timeout=10) == {"n": 3, "thread": True}
         record = await p.backend.get(ids[0])

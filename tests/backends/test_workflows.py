@@ -108,6 +108,14 @@ async def claimed(backend: Backend, job_type: str, n: int = 100) -> set[str]:
     return {lease.id for lease in await backend.claim({job_type: n}, owner="w", lease_seconds=LONG)}
 
 
+async def parent_results(backend: Backend, job_id: str) -> dict[str, str | None]:
+    """``backend.parent_results`` as {parent id: result}, each parent's job type checked against its record."""
+    found = await backend.parent_results(job_id)
+    for parent, (job_type, _) in found.items():
+        assert job_type == (await record(backend, parent)).job_type
+    return {parent: result for parent, (_, result) in found.items()}
+
+
 # -- insert ----------------------------------------------------------------------------------------------
 
 
@@ -314,7 +322,7 @@ async def test_a_waiting_job_is_never_claimed_and_wakes_with_its_last_parent(bac
     assert await settle_one(backend, succeed(lease, '"due"'))
     got = await record(backend, grandchild.id)
     assert (got.status, got.waiting_for, got.parents) == ("pending", 0, (due.id,))
-    assert await backend.parent_results(grandchild.id) == {due.id: '"due"'}
+    assert await parent_results(backend, grandchild.id) == {due.id: '"due"'}
     assert await claimed(backend, "g") == {grandchild.id}
 
 
@@ -444,7 +452,7 @@ async def test_cancelling_or_deleting_a_waiting_job_applies_its_edges_down_the_g
     assert (got.status, got.error) == ("cancelled", parent_failed(deleted.id, "deleted"))
     got = await record(backend, runs_below_deleted.id)
     assert (got.status, got.waiting_for) == ("waiting", 1)
-    assert await backend.parent_results(runs_below_deleted.id) == {root.id: None}
+    assert await parent_results(backend, runs_below_deleted.id) == {root.id: None}
     got = await record(backend, root.id)  # the deleted job's edge to its parent went with it
     assert (got.children, got.child_count) == ((top.id, runs.id, runs_below_deleted.id, links[0].id), 4)
 
@@ -457,7 +465,7 @@ async def test_cancelling_or_deleting_a_waiting_job_applies_its_edges_down_the_g
     lease = await claim_one(backend, "root")
     assert await settle_one(backend, succeed(lease, '"root"'))
     assert await statuses(backend, [runs.id, runs_below_deleted.id]) == ["pending", "pending"]
-    assert await backend.parent_results(runs.id) == {middle.id: None, root.id: '"root"'}
+    assert await parent_results(backend, runs.id) == {middle.id: None, root.id: '"root"'}
     assert await claimed(backend, "c") == {runs.id, runs_below_deleted.id, freed.id}
     assert await statuses(backend, [top.id, middle.id, bottom.id, below_deleted.id]) == ["cancelled"] * 4
 
@@ -514,7 +522,7 @@ async def test_an_edge_counts_once_whatever_happens_to_its_parent_later(backend:
 
     assert await claimed(backend, "x") == {runs.id, revived.id, cancelled.id}
     assert await claimed(backend, "x") == set()
-    assert await backend.parent_results(runs.id) == {a.id: None, b.id: None}
+    assert await parent_results(backend, runs.id) == {a.id: None, b.id: None}
 
 
 # -- batches ---------------------------------------------------------------------------------------------
@@ -570,11 +578,11 @@ async def test_a_batch_counts_its_members_and_releases_its_callback_after_the_la
         *(BatchMember(f.id, "m", "completed", results[f.id], None) for f in fillers),
         BatchMember(cancelled.id, "m_cancelled", "cancelled", None, cancelled_error(REASON)),
         BatchMember(last.id, "m_last", "completed", '"last"', None)]
-    parent_results = await backend.parent_results(callback.id)
-    assert list(parent_results) == member_ids  # in the order of its after
-    assert parent_results == {m: results.get(m) for m in member_ids}
-    assert await backend.parent_results(first.id) == {}
-    assert await backend.parent_results(new_id()) == {}
+    found = await parent_results(backend, callback.id)
+    assert list(found) == member_ids  # in the order of its after
+    assert found == {m: results.get(m) for m in member_ids}
+    assert await parent_results(backend, first.id) == {}
+    assert await parent_results(backend, new_id()) == {}
 
     lease = await claim_one(backend, "callback")
     assert lease.id == callback.id
@@ -642,11 +650,11 @@ async def test_removing_finished_jobs_removes_their_edges_and_their_empty_batche
     assert await backend.get(first) is None
     got = await record(backend, child.id)
     assert (got.status, got.parents, got.parent_count) == ("pending", (second, third), 2)
-    assert await backend.parent_results(child.id) == {second: '"second"', third: '"third"'}
+    assert await parent_results(backend, child.id) == {second: '"second"', third: '"third"'}
     # an operator's delete of a finished parent, the same
     await backend.delete(second)
     assert (await record(backend, child.id)).parents == (third,)
-    assert await backend.parent_results(child.id) == {third: '"third"'}
+    assert await parent_results(backend, child.id) == {third: '"third"'}
     # the other direction: a parent's children
     assert await backend.prune("cancelled", older_than_seconds=0.05, limit=10) == 1
     got = await record(backend, parent.id)
@@ -659,7 +667,7 @@ async def test_removing_finished_jobs_removes_their_edges_and_their_empty_batche
     assert await backend.get(batch_jobs[-1].id) is None
     assert await backend.batch(batch.id) is None and await backend.batch_jobs(batch.id) == []
     assert (await record(backend, child.id)).parents == ()
-    assert await backend.parent_results(child.id) == {}
+    assert await parent_results(backend, child.id) == {}
     assert await backend.cleanup(statuses=["completed"]) == 2
     assert await backend.batch(other.id) is None
 

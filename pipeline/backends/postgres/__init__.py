@@ -45,6 +45,7 @@ from ..base import (
     NewBatch,
     NewJob,
     Nudge,
+    ParentResult,
     Topology,
     asked_again,
     commit_unknown,
@@ -149,7 +150,7 @@ class PostgresBackend(ServerBackend[Database]):
     async def rescue_waiting(self, *, limit: int = 500) -> int:
         return await self._db.run(functools.partial(graph.rescue_waiting, limit=limit))
 
-    async def parent_results(self, job_id: str) -> dict[str, str | None]:
+    async def parent_results(self, job_id: str) -> dict[str, ParentResult]:
         return await self._db.run(graph.parent_results, job_id)  # (a handler's: never behind operators' reads)
 
     async def batch(self, batch_id: str) -> BatchRecord | None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import psycopg
 
-from ..base import BatchMember, BatchRecord, NewBatch, NewJob, check_after, parent_failed, unknown_parents
+from ..base import BatchMember, BatchRecord, NewBatch, NewJob, ParentResult, check_after, parent_failed, unknown_parents
 from .store import ENDED, MS, NOTIFY, SCHEMA, Plan, _text, apply_edges, deadlocks_retried, run_plan, unique_rounds
 
 
@@ -272,14 +272,14 @@ def forget(conn: psycopg.Connection[Any], linked: Sequence[str], batches: Sequen
 # -- reading ------------------------------------------------------------------------------------------------
 
 _PARENT_RESULTS = """
-SELECT e.parent_id, p.result FROM job_edges e JOIN jobs p ON p.id = e.parent_id
+SELECT e.parent_id, p.job_type, p.result FROM job_edges e JOIN jobs p ON p.id = e.parent_id
  WHERE e.child_id = %(id)s ORDER BY e.position
 """
 
 
-def parent_results(conn: psycopg.Connection[Any], job_id: str) -> dict[str, str | None]:
-    """{parent id: its result} of the job's parents still in the store, in ``after`` order."""
-    return {parent: result for parent, result in conn.execute(_PARENT_RESULTS, {"id": job_id})}
+def parent_results(conn: psycopg.Connection[Any], job_id: str) -> dict[str, ParentResult]:
+    """{parent id: (its job type, its result)} of the job's parents still in the store, in ``after`` order."""
+    return {parent: ParentResult(job_type, result) for parent, job_type, result in conn.execute(_PARENT_RESULTS, {"id": job_id})}
 
 
 # The members counted by status (one grouped read through jobs_batch), and the callback's status.

@@ -46,6 +46,7 @@ from ..base import (
     NewBatch,
     NewJob,
     Nudge,
+    ParentResult,
     Topology,
     asked_again,
     check_after,
@@ -119,7 +120,7 @@ class RedisBackend(ServerBackend[Database]):
     async def rescue_waiting(self, *, limit: int = 500) -> int:
         return await self._db.run(store.rescue_waiting, limit)
 
-    async def parent_results(self, job_id: str) -> dict[str, str | None]:
+    async def parent_results(self, job_id: str) -> dict[str, ParentResult]:
         return await self._db.run(store.parent_results, job_id)
 
     async def batch(self, batch_id: str) -> BatchRecord | None:

@@ -31,6 +31,7 @@ from ..base import (
     Lease,
     NewBatch,
     NewJob,
+    ParentResult,
     Settlement,
     WorkerRecord,
     cancelled_error,
@@ -512,9 +513,9 @@ def rescue_waiting(client: Any, prefix: str, limit: int = 500) -> int:
     return int(run_script(client, ALL["rescue_waiting"], [prefix, max(int(limit), 1), SWEEP_VISITS]))
 
 
-def parent_results(client: Any, prefix: str, job_id: str) -> dict[str, str | None]:
+def parent_results(client: Any, prefix: str, job_id: str) -> dict[str, ParentResult]:
     out = run_script(client, ALL["parent_results"], [prefix, job_id])
-    return {out[i].decode(): _s(out[i + 1]) for i in range(0, len(out), 2)}
+    return {out[i].decode(): ParentResult(out[i + 1].decode(), _s(out[i + 2])) for i in range(0, len(out), 3)}
 
 
 def batch(client: Any, prefix: str, batch_id: str) -> BatchRecord | None:

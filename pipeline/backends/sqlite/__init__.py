@@ -37,6 +37,7 @@ from ..base import (
     NewBatch,
     NewJob,
     Nudge,
+    ParentResult,
     ScheduleRecord,
     Settlement,
     Topology,
@@ -192,7 +193,7 @@ class SqliteBackend:
 
     # -- workflows (issue 24): reads on the read connections (see workflows.py)
 
-    async def parent_results(self, job_id: str) -> dict[str, str | None]:
+    async def parent_results(self, job_id: str) -> dict[str, ParentResult]:
         return await self._db.read(workflows.parent_results, job_id)
 
     async def batch(self, batch_id: str) -> BatchRecord | None:

@@ -24,7 +24,17 @@ from typing import NamedTuple
 
 import attrs
 
-from ..base import MAX_LISTED_RELATIVES, BatchMember, BatchRecord, NewBatch, NewJob, check_after, parent_failed, unknown_parents
+from ..base import (
+    MAX_LISTED_RELATIVES,
+    BatchMember,
+    BatchRecord,
+    NewBatch,
+    NewJob,
+    ParentResult,
+    check_after,
+    parent_failed,
+    unknown_parents,
+)
 
 FINAL = ("completed", "dead", "cancelled")
 _FINAL = "(p.status = 'completed' OR p.status = 'dead' OR p.status = 'cancelled')"  # of the parent, p
@@ -304,13 +314,14 @@ def relatives(conn: sqlite3.Connection, job_id: str) -> tuple[tuple[str, ...], i
 
 
 _PARENT_RESULTS = (
-    "SELECT p.id, p.result FROM edges AS e JOIN jobs AS p ON p.id = e.parent_id WHERE e.child_id = ? ORDER BY e.position"
+    "SELECT p.id, p.job_type, p.result FROM edges AS e JOIN jobs AS p ON p.id = e.parent_id WHERE e.child_id = ? "
+    "ORDER BY e.position"
 )
 
 
-def parent_results(conn: sqlite3.Connection, job_id: str) -> dict[str, str | None]:
-    """{parent id: its result} of the job's parents still in the store, in the order of its after."""
-    return dict(conn.execute(_PARENT_RESULTS, (job_id,)).fetchall())
+def parent_results(conn: sqlite3.Connection, job_id: str) -> dict[str, ParentResult]:
+    """{parent id: (its job type, its result)} of the job's parents still in the store, in the order of its after."""
+    return {parent: ParentResult(job_type, result) for parent, job_type, result in conn.execute(_PARENT_RESULTS, (job_id,))}
 
 
 _BATCH = "SELECT id, callback_id, created_at FROM batches WHERE id = ?"
