@@ -51,7 +51,10 @@ def instrument(registry: Registry, *, tracer_provider: TracerProvider | None = N
     span per attempt under it (see the module's docstring). ``tracer_provider``: where the spans
     go (default: OpenTelemetry's global one). Call it once, before the pipeline or client opens,
     in every process that enqueues or runs the jobs (the service's ``--app`` module is one place
-    for both). ImportError if opentelemetry-api is not installed."""
+    for both). ImportError if opentelemetry-api is not installed (the ``otel`` extra, named in its message)."""
+    from .extras import require
+
+    require("otel", "pipeline.otel.instrument()")
     from opentelemetry import context as otel_context
     from opentelemetry import trace
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator

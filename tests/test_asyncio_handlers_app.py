@@ -200,7 +200,7 @@ def run_the_app(name: str, config: Config, folder: Path, http_url: str) -> None:
 
 
 def test_the_app_module_imports_what_the_extras_install() -> None:
-    # asyncpg is in the test extra; redis.asyncio and httpx come with the package's own dependencies
+    # asyncpg is in the test extra; redis.asyncio and httpx come with the redis and demo extras (which it pulls)
     done = subprocess.run([sys.executable, "-c", "import asyncpg, redis.asyncio, httpx, uvloop"], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr

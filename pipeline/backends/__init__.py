@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from ..config import DATABASE_URL_FORMS, masked_url
 from ..errors import ConfigError
+from ..extras import require
 from .base import (
     Backend,
     Claimed,
@@ -73,18 +74,15 @@ async def open_backend(
             yield backend
         return
     if kind == "postgres":
-        try:
-            from .postgres import open_postgres_backend
-        except ImportError as exc:
-            raise ConfigError(
-                f"DATABASE_URL={masked_url(url)!r} names PostgreSQL, whose driver is not installed ({exc}); "
-                "install it with: pip install 'trio-pipeline[postgres]'"
-            ) from None
+        require("postgres", f"DATABASE_URL={masked_url(url)!r}")
+        from .postgres import open_postgres_backend
+
         async with open_postgres_backend(url, nudge_send=nudge_send, offers_recv=offers_recv, wiring=wiring,
                                           health=health, role=role or ("client" if nudge_send is None else "worker")) as backend:
             yield backend
         return
     if kind == "redis":
+        require("redis", f"DATABASE_URL={masked_url(url)!r}")
         from .redis import open_redis_backend
 
         async with open_redis_backend(

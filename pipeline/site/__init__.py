@@ -42,7 +42,7 @@ __all__ = [
     "Compress", "ConvertWebP", "GenerateSitemap", "GenerateThumbnail", "InvalidateCache", "MediaUploaded",
     "PostCreated", "PostPublished", "PostScheduled", "ProcessImage", "RebuildSearchIndex", "Resize",
     "ScheduledPublish", "SendEmail", "SendWelcomeEmail", "UserRegistered", "WebhookNotify",
-    "default_registry", "registry", "types_registry",
+    "default_registry", "registry", "require_demo", "types_registry",
 ]
 
 
@@ -60,6 +60,8 @@ def types_registry(**options: Any) -> Registry:
 
 def default_registry(config: Config) -> Registry:
     """The site's types with every handler attached, and their resources."""
+    require_demo("the bundled demo app (pipeline.site:registry, what python -m pipeline runs without --app)",
+                 otherwise="or run your own application with --app MODULE:ATTR (or PIPELINE_APP)")
     from . import cache, content, images, mail, webhook
     from .settings import SECTIONS
 
@@ -73,6 +75,14 @@ def default_registry(config: Config) -> Registry:
     webhook.install(registry, config)
     content.install(registry, config)
     return registry
+
+
+def require_demo(needed_by: str, *, otherwise: str = "") -> None:
+    """The site's handlers need the ``demo`` extra (Pillow, httpx): without it, say so (its types
+    alone, :func:`types_registry`, need nothing more than the core)."""
+    from ..extras import require
+
+    require("demo", needed_by, otherwise=otherwise)
 
 
 def registry(config: Config) -> Registry:

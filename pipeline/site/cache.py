@@ -31,6 +31,7 @@ import trio
 
 from ..config import Config, without_password
 from ..errors import ConfigError
+from ..extras import require
 from .jobs import InvalidateCache
 from .settings import CacheSettings
 
@@ -155,6 +156,7 @@ def redacted(url: str) -> str:
 async def open_redis_store(url: str, *, prefix: str = "", connections: int = REDIS_CONNECTIONS) -> AsyncIterator[RedisCacheStore]:
     """A Redis store for ``url``. Connects lazily: a Redis that is down fails the calls (and
     so retries the invalidations), not the pipeline's start."""
+    require("redis", f"CACHE_URL={redacted(url)!r}")
     import redis  # only needed when CACHE_URL points at Redis
 
     parts = urllib.parse.urlsplit(url)

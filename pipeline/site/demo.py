@@ -375,6 +375,9 @@ def run_demo(config: Config, root: Path, *, registry: Registry | None = None, ti
 
     if not timeout > 0:
         raise UsageError(f"--timeout must be a number of seconds > 0, got {timeout}")
+    from . import require_demo
+
+    require_demo("the demo command")  # its seed draws images with Pillow, whatever the registry
     if verbose:
         from ..logs import configure
 
