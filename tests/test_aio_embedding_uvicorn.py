@@ -7,7 +7,8 @@ no job is left running. uvicorn restores the signal's default handler after its 
 signal again, so the process ends by SIGTERM (-15); 0 is accepted too (a uvicorn that exits instead).
 
 The app is tests/aio_embedding_app.py. The example app of docs/fastapi.md (examples/fastapi_app/), with
-its asyncpg pool, runs both ways on Postgres: embedded, and as ``python -m pipeline --app``."""
+its asyncpg pool, runs both ways on Postgres: embedded, and as ``python -m pipeline --app``; its payload is
+its pydantic request body, enqueued unchanged and handed to the handler as the model (issue 34, item 8)."""
 
 from __future__ import annotations
 
@@ -181,7 +182,10 @@ def serve_then_sigterm(config: Config, folder: Path) -> tuple[str, str]:
 async def test_the_fastapi_example_runs_its_jobs_embedded_and_under_python_m_pipeline(tmp_path: Path) -> None:
     """examples/fastapi_app/ on Postgres (its jobs' asyncpg pool, and the job store): served by uvicorn with the
     jobs run in the web process, then with WORKER_ENABLED=false beside ``python -m pipeline --app
-    examples.fastapi_app.jobs:registry``, which runs them; the same code, as docs/fastapi.md shows it."""
+    examples.fastapi_app.jobs:registry``, which runs them; the same code, as docs/fastapi.md shows it. Both
+    ways the payload is the request body, a pydantic model: stored as the JSON posted, and the handler's
+    ``job`` is that model (its ``words()`` method counts); the model's ``extra="forbid"`` refuses a
+    hand-written payload with another key, as it refuses such a request body."""
     async with stores.migrated_postgres_store(tmp_path) as config:
         database = await trio.to_thread.run_sync(stores._run_db)
         schema = f"app_{os.urandom(6).hex()}"  # the app's own data: a schema of the test's
@@ -200,10 +204,15 @@ def run_the_example(config: Config, folder: Path, app_url: str) -> dict[str, int
     env = app_env(config.database_url, APP_DATABASE_URL=app_url, ADMIN_PORT="0", WORKER_PROCESSES="1")
 
     def count(url: str, document: str, text: str) -> dict[str, Any]:
+        body = {"name": document, "text": text}
         with httpx.Client(base_url=url, timeout=30) as http:
-            job = http.post(f"/documents/{document}", json={"text": text}).raise_for_status().json()["job"]
+            refused = http.post("/documents", json=dict(body, language="en"))  # not a field: extra="forbid"
+            assert refused.status_code == 422, refused.text
+            job = http.post("/documents", json=body).raise_for_status().json()["job"]
             shown = http.get(f"/jobs/{job}", params={"wait": 20}).raise_for_status().json()
-        assert shown["status"] == "completed", shown
+        assert shown["status"] == "completed", shown  # the handler called job.words(): a Document's method
+        assert shown["payload"] == body, shown  # stored as posted
+        assert shown["result"]["document"] == document and shown["result"]["words"] == len(text.split()), shown
         return shown["result"]
 
     # embedded: the jobs run in uvicorn's process
@@ -224,6 +233,11 @@ def run_the_example(config: Config, folder: Path, app_url: str) -> dict[str, int
         service.logged("handling: count_words")
         result = count(url, "beside", "a b c d e")
         assert result["counted_by"] == service.proc.pid != web.proc.pid, result
+        # a payload written by hand is read by the model too: its extra="forbid" refuses an unknown key
+        cli = [sys.executable, "-m", "pipeline", "--app", "examples.fastapi_app.jobs:registry", "enqueue", "count_words"]
+        done = subprocess.run([*cli, "--payload", '{"name": "cli", "text": "x", "language": "en"}'], cwd=folder,
+                              env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode != 0 and "language" in done.stdout + done.stderr, (done.stdout, done.stderr)
         for process in (web, service):
             process.proc.send_signal(signal.SIGTERM)
         assert web.end() in (EXITED_BY_SIGTERM, 0) and service.end() == 0, service.lines

@@ -15,12 +15,11 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
-from pydantic import BaseModel
 
 import pipeline
 import pipeline.aio
 
-from .jobs import CountWords, registry
+from .jobs import Document, registry
 
 
 @contextlib.asynccontextmanager
@@ -43,14 +42,11 @@ def the_jobs(request: Request) -> pipeline.aio.Pipeline:
 Jobs = Annotated[pipeline.aio.Pipeline, Depends(the_jobs)]
 
 
-class Document(BaseModel):
-    text: str
-
-
-@app.post("/documents/{document}", status_code=202)
-async def submit(document: str, body: Document, jobs: Jobs) -> dict[str, str]:
-    """Count the document's words in the background: the job's id, once the job is committed."""
-    job_id = await jobs.enqueue(CountWords(document, body.text))
+@app.post("/documents", status_code=202)
+async def submit(body: Document, jobs: Jobs) -> dict[str, str]:
+    """Count the document's words in the background: the job's id, once the job is committed. The request
+    body, a pydantic model validated by FastAPI, is the job's payload as it is."""
+    job_id = await jobs.enqueue(body)
     return {"job": job_id}
 
 
@@ -67,4 +63,5 @@ async def show(job_id: str, jobs: Jobs, wait: float = 0.0) -> dict[str, Any]:
     if record is None:
         raise HTTPException(status_code=404, detail=f"no job {job_id}")
     return {"id": record.id, "status": record.status, "attempts": record.attempts, "error": record.error,
+            "payload": json.loads(record.payload),  # as stored: the request body's JSON
             "result": None if record.result is None else json.loads(record.result)}

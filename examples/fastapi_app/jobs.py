@@ -1,19 +1,20 @@
 """The service's jobs: what ``python -m pipeline --app examples.fastapi_app.jobs:registry`` runs, and what the
 web app (app.py) enqueues and, embedded, runs itself.
 
-Every handler is asyncio code (``Registry(runtime="asyncio")``) and shares one asyncpg pool, opened once per
-process that runs jobs by ``@registry.lifespan`` and handed to each handler as ``ctx.state``. The app's own
-data is in APP_DATABASE_URL (a Postgres database); the jobs are in DATABASE_URL (SQLite, Postgres or Redis).
+The payload is the web app's pydantic request body, ``Document``, enqueued as it is (docs/jobs.md, "Payload
+classes"). Every handler is asyncio code (``Registry(runtime="asyncio")``) and shares one asyncpg pool, opened
+once per process that runs jobs by ``@registry.lifespan`` and handed to each handler as ``ctx.state``. The
+app's own data is in APP_DATABASE_URL (a Postgres database); the jobs are in DATABASE_URL (SQLite, Postgres or Redis).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
+import pydantic
 
 import pipeline
 
@@ -45,20 +46,29 @@ async def lifespan(config: pipeline.Config) -> AsyncIterator[dict[str, Any]]:
         await pool.close()
 
 
-@dataclasses.dataclass
-class CountWords:
-    document: str  # the app's name for it
+class Document(pydantic.BaseModel):
+    """A document to count the words of: the body of ``POST /documents``, and the job's payload, unchanged.
+
+    The job is stored as ``model_dump(mode="json")`` and read back with ``model_validate_json``, so this
+    configuration applies to the stored JSON too: a payload with a key the model does not have is refused."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    name: str = pydantic.Field(min_length=1, max_length=200)  # the app's name for it
     text: str
+
+    def words(self) -> int:
+        return len(self.text.split())
 
 
 @registry.job(concurrency=8, timeout=30)
-async def count_words(job: CountWords, ctx: pipeline.JobContext) -> dict[str, Any]:
+async def count_words(job: Document, ctx: pipeline.JobContext) -> dict[str, Any]:
     """Count a document's words and store the count; answer it (the job's result)."""
-    words = len(job.text.split())
+    words = job.words()
     async with ctx.state["db"].acquire() as conn:
         await conn.execute(
             "INSERT INTO word_counts (document, words) VALUES ($1, $2) "
             "ON CONFLICT (document) DO UPDATE SET words = excluded.words, counted_at = now()",
-            job.document, words,
+            job.name, words,
         )
-    return {"document": job.document, "words": words, "counted_by": os.getpid()}
+    return {"document": job.name, "words": words, "counted_by": os.getpid()}
