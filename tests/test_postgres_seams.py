@@ -353,8 +353,13 @@ def test_the_admin_only_service_and_the_cli_name_their_sessions_too(tmp_path: Pa
                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             want = {"pipeline-admin", "pipeline-cli", "test-holder"}
-            sessions = _wait_sessions(observer, want)
-            waiting = {name for name, query in sessions if "pg_advisory_xact_lock" in query}
+            deadline = time.monotonic() + 30
+            while True:  # each session shows first with its own set-up query, then waits for the lock
+                sessions = _wait_sessions(observer, want)
+                waiting = {name for name, query in sessions if "pg_advisory_xact_lock" in query}
+                if {"pipeline-admin", "pipeline-cli"} <= waiting or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
             assert {"pipeline-admin", "pipeline-cli"} <= waiting, sessions
             assert {name for name, _ in sessions} == want, sessions
             holder.rollback()  # the lock goes: both start

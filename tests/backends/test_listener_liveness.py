@@ -129,7 +129,9 @@ async def test_a_silenced_listener_is_noticed_reported_and_replaced(name: str, t
             await wait_until(lambda: "listener" in p.health.problems, 5)
             assert trio.current_time() - t0 < 3.0  # production: within interval + deadline (20 s)
             (reason,) = [r for r in p.health.reasons(trio.current_time()) if r.startswith("listener:")]
-            assert "not listening" in reason and "ping" in reason, reason
+            # noticed by its unanswered ping; on a loaded machine the reason may already be the refused
+            # reconnection that followed (which only a noticed silence starts)
+            assert "not listening" in reason and ("ping" in reason or "cannot connect again" in reason), reason
             await trio.sleep(0.5)  # its reconnections are refused meanwhile: it still says so
             assert "listener" in p.health.problems
 
