@@ -34,6 +34,7 @@ from pipeline.backends.postgres.db import configure  # noqa: E402
 from pipeline.clock import now_ts  # noqa: E402
 from pipeline.ids import UUID7Factory  # noqa: E402
 
+
 def payload(size: str) -> str:
     """Canonical JSON as the engine writes it (compact, fields in the class's order)."""
     small = {"order_id": 12345, "email": "someone@example.com", "items": [1, 2, 3], "express": True}

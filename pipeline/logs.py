@@ -38,7 +38,6 @@ from typing import Any, TextIO
 from .clock import format_ts
 from .config import Config
 
-
 # The job whose run this is, in the context of its middleware and handler: set by the pool around each
 # run (pools._execute), read by the record factory below. A contextvar, so it follows every copy of the
 # run's context: a sync handler's worker thread (trio.to_thread copies it), a task the handler starts

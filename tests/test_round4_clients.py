@@ -537,13 +537,14 @@ class Traced:
 
 
 async def test_the_enqueuers_tracestate_is_stored_with_the_job_and_the_handlers_span_sees_it(store_config: Config) -> None:
-    import pipeline.otel
     from opentelemetry import context as otel_context
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
     from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+
+    import pipeline.otel
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

@@ -18,10 +18,9 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import AsyncIterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest

@@ -17,7 +17,6 @@ import trio
 from backends.stores import BACKENDS
 
 import pipeline
-from pipeline import Config
 from pipeline.backends.base import JobRecord
 
 

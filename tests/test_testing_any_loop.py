@@ -22,6 +22,7 @@ import attrs
 import pytest
 import sniffio
 import trio
+import trio.lowlevel
 
 import pipeline
 from pipeline.testing import TestJobRecord, open_test_pipeline, run
@@ -355,7 +356,7 @@ def lifespan_registry(runtime: str) -> tuple[pipeline.Registry, list[str]]:
             assert asyncio.get_running_loop() is ctx.state["loop"]  # the lifespan's loop: one per process
             seen["loop"] = asyncio.get_running_loop()
         else:
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()
         return ctx.state["greeting"]
 
     return reg, events

@@ -5,10 +5,10 @@ plain ones under any runner."""
 from __future__ import annotations
 
 import pytest
+from user_jobs import Add, Charge, Double, Total, registry
 
 import pipeline
 from pipeline.testing import open_test_pipeline, run
-from user_jobs import Add, Charge, Double, Total, registry
 
 # -- async: awaited, on whichever loop runs the test ------------------------------------------------------
 

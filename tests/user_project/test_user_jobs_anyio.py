@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from user_jobs import Add, Double, registry
 
 import pipeline
 from pipeline.testing import open_test_pipeline
-from user_jobs import Add, Double, registry
 
 pytestmark = pytest.mark.anyio
 

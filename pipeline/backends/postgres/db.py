@@ -33,8 +33,8 @@ from psycopg.adapt import Loader
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ...config import masked_url, without_password
-from ..base import lost
 from ...errors import StoreError
+from ..base import lost
 
 log = logging.getLogger("pipeline.postgres")
 

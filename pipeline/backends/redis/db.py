@@ -30,8 +30,8 @@ from redis.exceptions import NoScriptError, ResponseError
 from redis.retry import Retry
 
 from ...config import masked_url
-from ..base import lost
 from ...errors import ConfigError, SchemaTooNew, StoreError
+from ..base import lost
 from .scripts import ALL, Script
 
 log = logging.getLogger("pipeline.redis")
