@@ -58,9 +58,10 @@ async def test_a_rate_limited_type_starts_at_most_its_limit_per_window_and_keeps
     assert max_in_window(started, 0.9) <= 20, sorted(started)
     span = max(started) - min(started)
     # 50 jobs at 20/s: 20 at once, 20 more as the next window opens, the last ten at 2 s. Much later: the
-    # Poller waited for a poll, not for the window (the interval here is a minute); a loaded machine
-    # took 2.28 s once
-    assert 1.9 <= span <= 3.0, f"50 jobs took {span:.2f} s at 20/s (expected 2 s)"
+    # Poller waited for a poll, not for the window (the interval here is a minute). On a loaded machine a
+    # job that reaches its worker past its window's margin is handed back to a later window and the
+    # type's windows widen (pools.RATE_LATE): a CI run took 3.31 s so, one window more than the ideal
+    assert 1.9 <= span <= 5.0, f"50 jobs took {span:.2f} s at 20/s (expected 2 s)"
 
 
 async def test_one_keys_backlog_does_not_starve_another_key(store_config: Config) -> None:
