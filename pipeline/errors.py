@@ -53,6 +53,10 @@ class InvalidPayload(UsageError):
     pass
 
 
+class SignalKeyUsed(UsageError):
+    """A signal with this key was sent to the job already (a signed link works once): nothing was sent."""
+
+
 class StoreError(PipelineError):
     """The job store failed (disk full, locked for too long, I/O error)."""
 
@@ -122,6 +126,16 @@ class RetryLater(JobError):
         if not delay >= 0:  # also refuses NaN
             raise ValueError(f"RetryLater delay must be a number of seconds >= 0, got {delay!r}")
         self.delay = min(delay, self.MAX_DELAY)
+
+
+class SignalTimeout(JobError):
+    """Raised in a handler by ``ctx.wait_for(name, timeout=...)`` when the timeout passed before the
+    signal came. Uncaught, it fails the attempt as any error does (its retry waits again)."""
+
+    def __init__(self, job_id: str, name: str, timeout: float | None = None) -> None:
+        self.job_id, self.name, self.timeout = job_id, name, timeout
+        after = f" within {timeout:g} s" if timeout is not None else ""
+        super().__init__(f"job {job_id}: no signal {name!r} came{after}")
 
 
 class Snooze(JobError):

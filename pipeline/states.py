@@ -24,6 +24,9 @@ class Status(enum.StrEnum):
     COMPLETED = "completed"
     DEAD = "dead"
     CANCELLED = "cancelled"  # final: by an operator or a client, or expired before it started
+    # durable functions (docs/durable.md): a job that left its worker in ctx.sleep or ctx.wait_for, holding
+    # nothing, until its time comes or its signal arrives (then pending, run again from the top)
+    SUSPENDED = "suspended"
 
 
 class Transition(enum.StrEnum):
@@ -48,6 +51,11 @@ class Transition(enum.StrEnum):
     SNOOZE_BURY = "snoozed more than WORKER_MAX_SNOOZES times"
     WAKE = "every parent completed (or ended, with on_parent_failure='run')"
     CANCEL_WAITING = "a parent ended dead, cancelled or deleted; or cancelled by an operator"
+    STEP = "ctx.step's value committed (the job keeps running)"
+    SUSPEND = "ctx.sleep / ctx.wait_for: leaves its worker (attempt not counted)"
+    RESUME = "its sleep or wait's time came, or its signal was sent"
+    CANCEL_SUSPENDED = "cancelled while suspended (operator, client)"
+    REPLAY = "admin retry --from-step of a completed job (attempts reset)"
 
 
 TRANSITIONS: Final[dict[Transition, tuple[Status, Status]]] = {
@@ -70,6 +78,11 @@ TRANSITIONS: Final[dict[Transition, tuple[Status, Status]]] = {
     Transition.SNOOZE_BURY: (Status.RUNNING, Status.DEAD),
     Transition.WAKE: (Status.WAITING, Status.PENDING),
     Transition.CANCEL_WAITING: (Status.WAITING, Status.CANCELLED),
+    Transition.STEP: (Status.RUNNING, Status.RUNNING),
+    Transition.SUSPEND: (Status.RUNNING, Status.SUSPENDED),
+    Transition.RESUME: (Status.SUSPENDED, Status.PENDING),
+    Transition.CANCEL_SUSPENDED: (Status.SUSPENDED, Status.CANCELLED),
+    Transition.REPLAY: (Status.COMPLETED, Status.PENDING),
 }
 
 TERMINAL: Final = frozenset({Status.COMPLETED, Status.DEAD, Status.CANCELLED})

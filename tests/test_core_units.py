@@ -92,7 +92,7 @@ def test_every_status_is_reachable_and_terminal_ones_only_leave_by_admin_retry()
     assert targets | {states.Status.PENDING, states.Status.WAITING} == set(states.Status)  # (inserted as either)
     for transition, (src, _) in states.TRANSITIONS.items():
         if src in states.TERMINAL:
-            assert transition in (states.Transition.REVIVE, states.Transition.REVIVE_CANCELLED)
+            assert transition in (states.Transition.REVIVE, states.Transition.REVIVE_CANCELLED, states.Transition.REPLAY)
 
 
 @given(attempts=st.integers(1, 40), seed=st.integers(0, 2**32))

@@ -28,6 +28,7 @@ from .base import (
     Nudge,
     ScheduleRecord,
     Settlement,
+    StepRecord,
     Topology,
     WorkerRecord,
     nudge,
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Backend", "ClaimOffer", "Claimed", "JobRecord", "Lease", "LeaseRenewer", "NewJob", "Nudge", "ScheduleRecord", "Settlement",
-    "WorkerRecord", "masked_url", "nudge", "open_backend",
+    "StepRecord", "WorkerRecord", "masked_url", "nudge", "open_backend",
 ]
 
 

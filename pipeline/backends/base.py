@@ -279,6 +279,35 @@ class Lease:
     expires_at: str | None = None
 
 
+# a suspended job with no deadline (ctx.wait_for without a timeout) is due at this time: never, in practice
+FOREVER = "9999-12-31T23:59:59.999Z"
+STEP_STATUSES = ("completed", "waiting")
+
+
+@attrs.frozen
+class StepRecord:
+    """One step of a durable job (docs/durable.md) as the store keeps it: a row per (job, name),
+    written by a STEP or SUSPEND settlement or by :meth:`Backend.take_signal`, replaced whole when
+    written again under the same name (keeping its place in the order). The engine decides what the
+    names and values mean (a ``ctx.step``'s value; a sleep's or a wait's record); the store keeps
+    them, returns them in the order first written (:meth:`Backend.steps`, ``JobRecord.steps``) and
+    removes them with their job (delete, cleanup, retention) or by a replay (:meth:`Backend.revive`)."""
+
+    name: str
+    status: str  # STEP_STATUSES: "completed"; "waiting": a ctx.wait_for's record while its signal has not come
+    value: str | None  # JSON text (None: none)
+    started_at: str
+    ended_at: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        try:
+            value: Any = None if self.value is None else json.loads(self.value)
+        except ValueError:
+            value = self.value
+        return {"name": self.name, "status": self.status, "value": value, "started_at": self.started_at,
+                "ended_at": self.ended_at}
+
+
 @attrs.frozen
 class Settlement:
     """One outcome to write. ``transition`` is one of SUCCEED, RETRY, BURY, RELEASE, START,
@@ -299,6 +328,16 @@ class Settlement:
     delay: float = 0.0
     result: str | None = None
     snooze_limit: int = 0
+    # durable functions (docs/durable.md): STEP writes ``step`` (upserted by name: see StepRecord) while the
+    # job keeps running; SUSPEND writes ``step`` if given, in the same transaction, then: if ``awaiting``
+    # (a signal name) names a signal sent to the job and not consumed yet, the job goes pending due now
+    # (nothing waits); else running → ``suspended``, due ``delay`` seconds after the write (math.inf: no
+    # deadline, run_after = FOREVER), ``awaiting_signal`` = ``awaiting``. Either way the attempt is given
+    # back as RELEASE gives it back, the lease cleared, ``expires_at`` cleared (it applies to the first
+    # start only), ``snoozes`` unchanged; limit slots are freed as for any job that stops running; a
+    # unique key stays held (a suspended job holds it as a pending one does)
+    step: StepRecord | None = None
+    awaiting: str | None = None
 
 
 @attrs.frozen
@@ -334,6 +373,10 @@ class JobRecord:
     child_count: int = 0
     batch_id: str | None = None  # NewJob.batch_id
     on_parent_failure: str | None = None  # NewJob.on_parent_failure (None: "cancel")
+    # durable functions: while suspended in ctx.wait_for, the signal's name (None otherwise)
+    awaiting_signal: str | None = None
+    # its steps in the order first written (read by Backend.get; Backend.list leaves them empty)
+    steps: tuple[StepRecord, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The fields of ``--json`` and the admin API; payload as an object, in which a URL's
@@ -374,6 +417,8 @@ class JobRecord:
             "child_count": self.child_count,
             "batch": self.batch_id,
             "on_parent_failure": self.on_parent_failure or ON_PARENT_FAILURE[0],
+            "awaiting_signal": self.awaiting_signal,
+            "steps": [step.to_json() for step in self.steps],
         }
 
 
@@ -391,6 +436,11 @@ def cancelled_running_error(reason: str) -> str:
     """The error of a running job whose cancel was requested and whose worker died before it
     stopped it (the rescue ends it, every store with this text)."""
     return f"cancelled while running ({reason}); its worker stopped renewing its lease before it ended"
+
+
+def signal_refused(job_id: str, status: str) -> str:
+    """The UsageError's text when a signal is sent to a finished job (every store writes this text)."""
+    return f"job {job_id} is {status}: a finished job takes no signal"
 
 
 def snoozed_too_often(limit: int) -> str:
@@ -750,12 +800,45 @@ class Backend(Protocol):
         """Counts by status and by type; jobs finished per minute over the last hour; the
         age of the oldest due pending job."""
 
-    async def revive(self, job_id: str) -> JobRecord:
+    async def revive(self, job_id: str, *, from_step: str | None = None) -> JobRecord:
         """dead or cancelled → pending, attempts, snoozes, progress and the cancel request reset,
         due now. LookupError if unknown, UsageError if neither dead nor cancelled, or if its
         unique key is held by another pending or running job (named). Its edges are not applied
         again (they counted when it ended): its children stay as they are; a child cancelled
-        because of it and revived runs without waiting for it."""
+        because of it and revived runs without waiting for it. Its steps are kept (it resumes).
+
+        ``from_step`` (a replay, ``jobs retry ID --from-step NAME``): a completed job may be revived
+        too (its result cleared); in the same transaction the step of that name and every step first
+        written after it are removed, so that they run again. UsageError naming the job's steps if
+        it has none of that name (nothing changed)."""
+
+    # -- durable functions (issue 35; docs/durable.md) ------------------------------------------------
+
+    async def steps(self, job_id: str) -> builtins.list[StepRecord]:
+        """The job's steps in the order first written ([] for none, or an unknown job): what a durable
+        job reads once as it runs again, and ``jobs show`` shows."""
+
+    async def take_signal(self, job_id: str, token: int, name: str, step: StepRecord) -> tuple[bool, str | None] | None:
+        """Fenced like an outcome (running under ``token``; None if not: nothing changed). In one
+        transaction or script: the oldest signal named ``name`` sent to the job and not yet consumed is
+        marked consumed and ``step`` written with its payload as the value (``attrs.evolve(step,
+        value=payload)``): (True, payload); (False, None) if there is none (nothing written)."""
+
+    async def signal(self, job_id: str, name: str, payload: str | None, *, key: str | None = None) -> str:
+        """Send the signal ``name`` (``payload``: JSON text, None for none) to a job, in one transaction or
+        script: kept for the job (each signal is consumed by one wait, oldest first: see
+        :meth:`take_signal`); if the job is ``suspended`` awaiting this name it goes pending due now
+        (RESUME, its ``awaiting_signal`` cleared; waking Pollers as an insert does): "woken"; else "kept"
+        (a job not yet at its wait consumes it when it gets there). LookupError if the job is unknown;
+        UsageError (:func:`signal_refused`) if it is completed, dead or cancelled; ``key``: a signal with
+        this key was sent to this job already (any name) → :class:`pipeline.errors.SignalKeyUsed`, nothing
+        written (a signed link's use-once). Signals go with their job (delete, cleanup, retention)."""
+
+    async def wake_suspended(self, *, limit: int = 500) -> tuple[int, float | None]:
+        """Up to ``limit`` suspended jobs whose ``run_after`` passed → pending (RESUME, ``awaiting_signal``
+        cleared; waking Pollers as an insert does), oldest due first. Returns how many, and the seconds until
+        the next suspended job is due (0 when more are due now; None: none has a deadline). Safe from any
+        number of processes at once; an index keeps it free while nothing is due."""
 
     # -- workflows (issue 24; docs/workflows.md) ----------------------------------------------------
 
@@ -775,7 +858,7 @@ class Backend(Protocol):
 
     async def cancel(self, job_ids: Sequence[str], *, reason: str) -> builtins.list[str | None]:
         """In one transaction, per id in order, what the job is after the call: "cancelled" for a
-        pending or waiting one (cancelled at once: final, ``error`` = :func:`cancelled_error` (reason),
+        pending, waiting or suspended one (cancelled at once: final, ``error`` = :func:`cancelled_error` (reason),
         finished now, its unique key freed, its edges applied as :meth:`insert` says); ``CANCELLING`` for a running one (the request is
         stored, ``cancel_requested`` true: its worker ends it, see :meth:`cancel_requests`); the
         status of a job already final, unchanged; None for an unknown id. Asking twice is harmless."""

@@ -33,6 +33,7 @@ from .base import (
     Nudge,
     ScheduleRecord,
     Settlement,
+    StepRecord,
     WorkerRecord,
     nudge,
 )
@@ -278,8 +279,23 @@ class ServerBackend(Generic[D]):
     async def stats(self) -> dict[str, Any]:
         return await self._operate(self.operators.operator_stats)
 
-    async def revive(self, job_id: str) -> JobRecord:
-        return await self._operate(self.operators.revive, job_id)
+    async def revive(self, job_id: str, *, from_step: str | None = None) -> JobRecord:
+        return await self._operate(functools.partial(self.operators.revive, from_step=from_step), job_id)
+
+    # -- durable functions (issue 35): ``calls`` has steps, take_signal, wake_suspended (the worker
+    # side's); ``operators`` has send_signal (a person's or a client's)
+
+    async def steps(self, job_id: str) -> builtins.list[StepRecord]:
+        return await self._db.run(self.calls.steps, job_id)
+
+    async def take_signal(self, job_id: str, token: int, name: str, step: StepRecord) -> tuple[bool, str | None] | None:
+        return await self._db.run(self.calls.take_signal, job_id, token, name, step)
+
+    async def signal(self, job_id: str, name: str, payload: str | None, *, key: str | None = None) -> str:
+        return await self._operate(functools.partial(self.operators.send_signal, key=key), job_id, name, payload)
+
+    async def wake_suspended(self, *, limit: int = 500) -> tuple[int, float | None]:
+        return await self._db.run(functools.partial(self.calls.wake_suspended, limit=limit))
 
     async def delete(self, job_id: str) -> None:
         await self._operate(self.operators.delete_job, job_id)
