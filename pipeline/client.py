@@ -370,6 +370,13 @@ class Client:
         within a second or so), or its final status, unchanged. LookupError for an unknown id."""
         return self._call(lambda p: p.cancel(job_id, reason="cancelled by a client"))
 
+    def signal(self, job_id: str, name: str, payload: Any = None, *, key: str | None = None) -> str:
+        """Send the signal ``name`` (with ``payload``, any JSON value) to a job: "woken" (it was suspended in
+        ``ctx.wait_for(name)`` and resumes) or "kept" (its wait will take it). LookupError for an unknown
+        job, UsageError for a finished one, SignalKeyUsed when ``key`` was used for it already
+        (docs/durable.md)."""
+        return self._call(lambda p: p.signal(job_id, name, payload, key=key))
+
     def pause_type(self, job_type: str) -> None:
         """No new job of this type starts, in any process sharing the store, until :meth:`resume_type`
         (kept in the store); enqueues are still accepted and running jobs finish, as
@@ -549,6 +556,10 @@ class AsyncClient:
     async def cancel(self, job_id: str) -> str:
         """As :meth:`Client.cancel`."""
         return await self._call(lambda p: p.cancel(job_id, reason="cancelled by a client"))
+
+    async def signal(self, job_id: str, name: str, payload: Any = None, *, key: str | None = None) -> str:
+        """As :meth:`Client.signal`."""
+        return await self._call(lambda p: p.signal(job_id, name, payload, key=key))
 
     async def pause_type(self, job_type: str) -> None:
         """As :meth:`Client.pause_type`."""

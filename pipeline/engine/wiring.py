@@ -45,6 +45,7 @@ from ..backends.base import (
 from ..clock import now_ts
 from ..config import Config
 from ..context import JobContext
+from ..durable import check_signal_name, encode_signal_payload
 from ..errors import JobCancelled, JobFailed, PipelineClosed, UsageError
 from ..ids import UUID7Factory
 from ..limits import global_limits, rate_limits
@@ -454,6 +455,18 @@ class Pipeline:
                 if self._finished.get(job_id) is finished and not finished.statistics().tasks_waiting:
                     del self._finished[job_id]
             pause = min(pause * 1.5, 0.5)
+
+    async def signal(self, job_id: str, name: str, payload: Any = None, *, key: str | None = None) -> str:
+        """Send the signal ``name`` to a job (docs/durable.md): a job suspended in ``ctx.wait_for(name)``
+        resumes ("woken"); one that has not reached its wait yet keeps it for that wait ("kept"); each
+        signal is consumed by one wait. ``payload``: any JSON value, what the wait returns. ``key``: a
+        signal with this key was sent to the job already → SignalKeyUsed, nothing sent (make a retried
+        send safe). LookupError for an unknown job; UsageError for a finished one."""
+        check_job_id(job_id)
+        check_signal_name(name)
+        if key is not None:
+            check_unique_key(key, "the signal's key")
+        return await self.backend.signal(job_id, name, encode_signal_payload(payload), key=key)
 
     def _known_type(self, job_type: str) -> str:
         known = self.registry.job_types()
