@@ -7,6 +7,7 @@ Its own module, beneath the registry (which names it in a handler's type) and th
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import math
 from collections.abc import Awaitable, Callable, Container, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
@@ -14,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 import trio
 
+from .durable import check_signal_name
+from .engine.steps import Durable, Logic, Run, check_step_name, drive_asyncio, drive_thread, drive_trio, seconds_of, sleep_logic, step_logic, wait_logic
 from .errors import UsageError
 
 MAX_PROGRESS_MESSAGE = 500  # characters of a progress message kept
@@ -95,6 +98,63 @@ class JobContext:
     # an asyncio handler's loop (runtime="asyncio"): its awaits (emit, progress, parent_results, batch)
     # are asyncio's, reaching the trio side through it. None for a trio or sync handler.
     _aio: LoopHost | None = attrs.field(default=None, alias="aio", eq=False, repr=False)
+    # durable functions (engine/steps.py): the pipeline's, and this attempt's own state, made on first use
+    _durable: Durable | None = attrs.field(default=None, alias="durable", eq=False, repr=False)
+    _run: Run | None = attrs.field(default=None, alias="run", eq=False, repr=False)
+
+    # -- durable functions (docs/durable.md) --------------------------------------------------------
+
+    def step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` once for this job and return its value: committed with the job
+        (fenced by its lease) before this returns, and returned from the store, without calling ``fn``,
+        whenever the job runs again (a retry, a rescue after a crash, a resume after ``sleep`` or
+        ``wait_for``). ``fn`` raising commits nothing (the job's retries apply). Names are unique within a
+        run. ``await ctx.step(...)`` in an async handler (``fn`` sync or async); a plain call in a sync
+        one. At least once: if the process dies after ``fn`` ran and before its value was committed, it
+        runs again (give the outside call an idempotency key: ``ctx.id`` and the step's name)."""
+        check_step_name(name)
+        if not callable(fn):
+            raise UsageError(f"step {name!r}: fn must be callable, got {type(fn).__name__}")
+        return self._drive(step_logic(self._durable_run(), name, fn, args, kwargs))
+
+    def sleep(self, duration: float | dt.timedelta) -> Any:
+        """Sleep durably: the job leaves its worker and every limit slot, ``suspended`` in the store, and
+        runs again from the top when the time comes (this call then returns at once); the attempt is not
+        counted. ``await ctx.sleep(3600)`` in an async handler; a plain call in a sync one."""
+        return self._drive(sleep_logic(self._durable_run(), seconds_of(duration, "ctx.sleep's duration")))
+
+    def wait_for(self, name: str, *, timeout: float | dt.timedelta | None = None) -> Any:
+        """Wait for the signal ``name`` (sent by ``Client.signal``, ``jobs signal``, the admin API or a
+        signed link) and return its payload. A signal sent earlier is taken at once; else the job is
+        ``suspended``, holding nothing, until it comes. ``timeout``: seconds (or a timedelta) from the
+        first time this wait was reached; past it, pipeline.SignalTimeout is raised here. Each signal is
+        consumed by one wait. ``await ctx.wait_for("approval", timeout=86400)``; a plain call in a sync handler."""
+        check_signal_name(name)
+        seconds = None if timeout is None else seconds_of(timeout, "wait_for's timeout")
+        return self._drive(wait_logic(self._durable_run(), name, seconds))
+
+    def _durable_run(self) -> Run:
+        run = self._run
+        if run is None:
+            if self._durable is None:
+                raise UsageError("this context belongs to no pipeline: there is no store for its steps")
+            run = Run(self._durable, self.id, self._token)
+            object.__setattr__(self, "_run", run)  # (this attempt's, made on first use)
+        return run
+
+    def _drive(self, logic: Logic) -> Any:
+        aio = self._aio
+        if aio is not None:
+            if aio.on_loop():
+                return drive_asyncio(logic, aio.run_trio)
+            if not trio.lowlevel.in_trio_run():  # a thread the asyncio handler started
+                return drive_thread(logic, aio.token, self._attempt_over)
+        if trio.lowlevel.in_trio_run():
+            return drive_trio(logic)
+        thread = self._thread
+        if thread is None:
+            return drive_thread(logic, None, lambda: False)
+        return drive_thread(logic, thread.token, lambda: thread.abandoned)
 
     def time_left(self) -> float:
         """Seconds until this attempt is cancelled: its timeout (``timeout=``, WORKER_JOB_TIMEOUT_SECONDS),

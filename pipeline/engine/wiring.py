@@ -63,10 +63,12 @@ from .actors.poller import run_poller
 from .actors.pools import Outcome, Pool, ResultRefused, Workers, describe_outcome, run_timeouts, run_worker
 from .actors.retention import run_retention
 from .actors.scheduler import run_scheduler
+from .actors.waker import Waker, run_waker
 from .asyncio_host import current_host
 from .diagrams import Wiring
 from .health import Health
 from .lifespan import open_lifespan, require_loop
+from .steps import Durable
 
 log = logging.getLogger("pipeline")
 
@@ -119,6 +121,10 @@ class Pipeline:
         self._finished: dict[str, trio.Event] = {}  # result(): jobs waited for, set as an outcome of theirs is seen here
         self.state: Any = None  # what the registry's lifespan yielded (ctx.state), once open_pipeline opened it
         self.aio = current_host()  # the asyncio loop this trio run is the guest of (asyncio handlers'), or None
+        # durable functions (docs/durable.md): what ctx.step/sleep/wait_for use, and the waker of suspended jobs
+        self.waker = Waker()
+        self.durable = Durable(backend, lambda value: None if value is None else self.encode_result(value),
+                               registry.converter.structure, self.waker.due)
 
     # -- producing work -------------------------------------------------------------------
 
@@ -366,7 +372,11 @@ class Pipeline:
         """The one log line per job outcome, and the observers."""
         if self._finished:
             self._wake_waiters(lease)
-        level = logging.INFO if outcome.kind in ("ok", "snoozed", "cancelled") else logging.WARNING
+        if outcome.kind == "suspended" and result is not None:
+            self.durable.suspended += 1
+            if outcome.delay is not None:
+                self.waker.due(outcome.delay)  # (a sleep of this process resumes on time, not at the next look)
+        level = logging.INFO if outcome.kind in ("ok", "snoozed", "cancelled", "suspended") else logging.WARNING
         logged = log.isEnabledFor(level)
         if not logged and not self._observers:
             return  # nobody listens (LOG_LEVEL=warning, no admin): skip building the fields
@@ -391,7 +401,8 @@ class Pipeline:
                           trace=lease.trace, report=self.progress_board.report, token=lease.token,
                           cancelling=None if pool is None else pool.cancelling, workflows=self,
                           deadlines=None if pool is None else pool.deadlines, clock=self._clock, state=self.state,
-                          aio=self.aio if pool is not None and pool.spec.runtime == "asyncio" else None)
+                          aio=self.aio if pool is not None and pool.spec.runtime == "asyncio" else None,
+                          durable=self.durable)
 
     def encode_result(self, value: Any) -> str | None:
         """A handler's return value as the JSON text stored as its job's result (JSON's values, attrs
@@ -579,6 +590,8 @@ async def _run_keeper_and_bus(pipeline: Pipeline, pools: Mapping[str, Pool]) -> 
             await keeper_tn.start(functools.partial(run_canceller, backend, pools, owner=pipeline.owner))
             wiring.edge("Progress writer", "Backend", "store ctx.progress, once a second per job at most")
             await keeper_tn.start(run_progress_writer, backend, pipeline.progress_board)
+            wiring.edge("Waker", "Backend", "suspended jobs back to pending when their time comes")
+            await keeper_tn.start(functools.partial(run_waker, backend, pipeline.waker, interval=config.worker.poll_interval))
         bus_send, bus_recv = wiring.channel("business code", "EventBus", "emit", BUS_BUFFER)
         events_send, events_recv = wiring.channel("EventBus", "Enqueuer", "events", BUS_BUFFER)
         await tn.start(run_event_bus, bus_recv, [events_send])

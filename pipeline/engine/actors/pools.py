@@ -58,9 +58,10 @@ import attrs
 import trio
 
 from ... import states
-from ...backends.base import Backend, Lease, Nudge, Settlement, expired_error, nudge, snoozed_too_often
+from ...backends.base import Backend, Lease, Nudge, Settlement, StepRecord, expired_error, nudge, snoozed_too_often
 from ...clock import to_epoch
 from ...context import JobContext
+from ..steps import LeaseGone, StepRefused, Suspended
 from ...errors import InvalidPayload, PermanentError, PipelineError, RetryLater, Snooze, StoreError
 from ...logs import JOB, enter_job
 from ...states import Transition
@@ -131,6 +132,9 @@ class Workers:
             item = Settlement(lease.id, lease.token, Transition.RELEASE)
         elif outcome.kind == "cancelled":
             item = Settlement(lease.id, lease.token, Transition.CANCEL, outcome.error)
+        elif outcome.kind == "suspended":
+            item = Settlement(lease.id, lease.token, Transition.SUSPEND, delay=math.inf if outcome.delay is None else outcome.delay,
+                              step=outcome.step, awaiting=outcome.awaiting)
         elif outcome.kind == "snoozed":
             item = Settlement(lease.id, lease.token, Transition.SNOOZE, snoozed_too_often(self.max_snoozes),
                               outcome.delay or 0.0, snooze_limit=self.max_snoozes)
@@ -146,7 +150,7 @@ class Workers:
     def decide(self, lease: Lease, outcome: Outcome) -> Outcome:
         """A failed attempt's retry delay, chosen once before its outcome is written: the
         outcome line says it, and a write tried again keeps it (``settle`` takes ``outcome.delay``)."""
-        if outcome.kind in ("ok", "released", "lost", "cancelled", "snoozed"):
+        if outcome.kind in ("ok", "released", "lost", "cancelled", "snoozed", "suspended"):
             return outcome
         decision = self._failure(lease, outcome)
         return attrs.evolve(outcome, delay=decision.delay) if decision.transition is Transition.RETRY else outcome
@@ -165,7 +169,7 @@ class Workers:
 
 
 _RESULT = {Transition.SUCCEED: "completed", Transition.RELEASE: "released", Transition.RETRY: "retry", Transition.BURY: "dead",
-           Transition.CANCEL: "cancelled", Transition.SNOOZE: "snoozed"}
+           Transition.CANCEL: "cancelled", Transition.SNOOZE: "snoozed", Transition.SUSPEND: "suspended"}
 
 
 @attrs.define(eq=False)
@@ -291,10 +295,16 @@ class Pool:
 
 @attrs.frozen
 class Outcome:
-    kind: str  # "ok", "error", "permanent", "retry_later", "timeout", "released", "lost", "cancelled", "snoozed"
+    kind: str  # "ok", "error", "permanent", "retry_later", "timeout", "released", "lost", "cancelled", "snoozed", "suspended"
     error: str | None = None
-    delay: float | None = None
+    delay: float | None = None  # "suspended": None for no deadline (a wait without a timeout)
     result: str | None = None  # "ok": the handler's return value as JSON text (None: it returned None)
+    step: StepRecord | None = None  # "suspended": the sleep's or the wait's record, written with it
+    awaiting: str | None = None  # "suspended": the signal's name its wait awaits
+
+    @classmethod
+    def suspended(cls, how: Suspended) -> Outcome:
+        return cls("suspended", None, None if how.delay == math.inf else how.delay, step=how.step, awaiting=how.awaiting)
 
     @classmethod
     def failed(cls, exc: BaseException) -> Outcome:
@@ -401,12 +411,26 @@ async def _invoke(workers: Workers, spec: JobSpec, pool: Pool, job: Any, ctx: Jo
         # return what it returned this time
         return Outcome("permanent", _text(f"job type {spec.name}: the attempt fails for good, its result cannot be "
                                           f"stored (running it again would repeat its work): {exc}"))
+    except StepRefused as exc:  # (as a result that cannot be stored)
+        return Outcome("permanent", _text(f"job type {spec.name}: the attempt fails for good: {exc}"))
+    except Suspended as how:  # ctx.sleep, ctx.wait_for: not a failure
+        return Outcome.suspended(how)
+    except LeaseGone:
+        return Outcome("lost")
     except (Exception, SystemExit) as exc:  # handler exceptions are data (sys.exit() in one too); Cancelled is not
         if not spec.sync:  # (a thread may use either library as it likes)
             wrong = wrong_runtime(spec.name, spec.runtime, exc)
             if wrong is not None:
                 return Outcome("permanent", _text(wrong))
         return Outcome.failed(exc)
+    except BaseExceptionGroup as group:  # from a handler's own nursery: a suspension, or a lost lease, alone
+        suspended, rest = group.split(Suspended)
+        if suspended is not None and rest is None:
+            return Outcome.suspended(_leaves(suspended)[0])  # type: ignore[arg-type]
+        gone, rest = group.split(LeaseGone)
+        if gone is not None and rest is None:
+            return Outcome("lost")
+        raise  # trio's Cancelled among them: the worker's scope takes it
     return Outcome("ok", result=result)
 
 
@@ -650,7 +674,7 @@ async def _finish(
     return following, await _settle(workers, pool, lease, outcome, time.monotonic() - started, start=following)
 
 
-_NO_PROGRESS = ("lost", "released", "snoozed")  # outcomes that leave no progress to keep (or no lease)
+_NO_PROGRESS = ("lost", "released", "snoozed", "suspended")  # outcomes that leave no progress to keep (or no lease)
 
 
 async def _begin(workers: Workers, pool: Pool, lease: Lease, counted: bool | None, started: float) -> Outcome | _Run:
