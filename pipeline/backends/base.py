@@ -281,7 +281,7 @@ class Lease:
 
 # a suspended job with no deadline (ctx.wait_for without a timeout) is due at this time: never, in practice
 FOREVER = "9999-12-31T23:59:59.999Z"
-STEP_STATUSES = ("completed", "waiting")
+STEP_STATUSES = ("completed", "waiting", "timed_out")
 
 
 @attrs.frozen
@@ -294,7 +294,9 @@ class StepRecord:
     removes them with their job (delete, cleanup, retention) or by a replay (:meth:`Backend.revive`)."""
 
     name: str
-    status: str  # STEP_STATUSES: "completed"; "waiting": a ctx.wait_for's record while its signal has not come
+    # STEP_STATUSES: "completed"; "waiting": a ctx.wait_for's record while its signal has not come; "timed_out":
+    # one whose timeout passed first. Stores keep the text as given
+    status: str
     value: str | None  # JSON text (None: none)
     started_at: str
     ended_at: str | None = None
