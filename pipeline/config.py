@@ -213,6 +213,19 @@ def webhook_secret(text: str) -> str:
     return text
 
 
+MIN_SIGNING_KEY_CHARS = 32
+
+
+def signing_key(text: str) -> str:
+    """ADMIN_SIGNING_KEY: the secret that signs approval links (pipeline/admin/links.py): random text long
+    enough that nobody guesses it."""
+    text = text.strip()
+    if len(text) < MIN_SIGNING_KEY_CHARS:
+        raise ValueError(f"at least {MIN_SIGNING_KEY_CHARS} characters of random text, such as the output of "
+                         "python -c 'import secrets; print(secrets.token_urlsafe(32))'")
+    return text
+
+
 
 
 _KIND_NAMES = {int: "an integer", float: "a number", bool: "True or False", str: "text", tuple: "a tuple of text"}
@@ -454,6 +467,11 @@ class AdminSettings:
     port: int = setting(8000, "ADMIN_PORT", port_or_zero)
     token: str = setting("", "ADMIN_TOKEN", text, secret=True)  # empty: no auth, and loopback only
     max_body_bytes: int = setting(1_048_576, "ADMIN_MAX_BODY_BYTES", int_at_least(1))
+    # signs the approval links of `jobs signal-link` (docs/operating.md); empty: no link is made or accepted
+    signing_key: str = setting("", "ADMIN_SIGNING_KEY", signing_key, secret=True)
+    # the admin server's address as people reach it (behind a proxy, TLS, a path prefix): the base of the
+    # links `jobs signal-link` prints; empty: http://ADMIN_HOST:ADMIN_PORT
+    public_url: str = setting("", "ADMIN_PUBLIC_URL", site_url)
 
 
 @attrs.frozen

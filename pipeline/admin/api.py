@@ -6,21 +6,23 @@ JSON body that was read and does not fit (what FastAPI and Starlette users expec
 
     400 bad_request        a malformed or unknown query parameter; a body that is not JSON (or not
                            UTF-8 text), or none where one is required; no Host header, or one that is
-                           not name[:port]
+                           not name[:port]; a signal's name that is none (empty, too long)
     401 unauthorized       ADMIN_TOKEN is set and the request's Bearer token is missing or wrong
     403 forbidden          a cross-origin write, or a foreign Host header on a token-less server
     404 not_found          no such job, batch, schedule or job type (or route)
     408 request_timeout    the declared body did not arrive within BODY_TIMEOUT
     409 conflict           retry of a job that is neither dead nor cancelled, or whose unique key
                            another job holds; cancel of a finished job; delete of a running job;
-                           a schedule name in use
+                           a schedule name in use; a signal to a finished job
+    410 gone               a signed link used already, or expired (link_page.py)
     413 payload_too_large  body over ADMIN_MAX_BODY_BYTES
     415 unsupported_media_type  a POST without Content-Type: application/json
     422 invalid            a JSON body that does not fit: not an object, a field unknown, missing or
                            out of range, an unknown job type or event, a payload that does not fit its
                            class, an expires_at that is not a time to come, an unknown parent job in
                            after, a schedule's bad name, cron expression or time zone, a bulk action's
-                           filter it does not take
+                           filter it does not take, a retry's from_step the job has no step of, a
+                           signal's payload too big
     503 unavailable        the database refused, or the pipeline is shutting down
 
 Every message goes out through ``error_response``, which clips what the client sent wherever the
@@ -40,6 +42,7 @@ from starlette.responses import JSONResponse, Response
 from .. import control
 from ..backends import JobRecord
 from ..backends.base import CANCELLING, LIST_ORDERS, PRIORITY_MAX, PRIORITY_MIN, ScheduleRecord
+from ..durable import check_signal_name, encode_signal_payload
 from ..errors import PipelineClosed, PipelineError, StoreError, UsageError
 from ..requests import prepare_rows
 from ..schedules import make_schedule
@@ -72,6 +75,7 @@ CODES = {
     405: "method_not_allowed",
     408: "request_timeout",
     409: "conflict",
+    410: "gone",
     413: "payload_too_large",
     415: "unsupported_media_type",
     422: "invalid",
@@ -162,6 +166,7 @@ class AdminApi:
             ("DELETE", "/admin/jobs/{job_id}", e(self.delete_job)),
             ("POST", "/admin/jobs/{job_id}/retry", e(self.retry_job)),
             ("POST", "/admin/jobs/{job_id}/cancel", e(self.cancel_job)),
+            ("POST", "/admin/jobs/{job_id}/signals/{name}", e(self.signal_job)),
             ("GET", "/admin/types", e(self.list_types)),
             ("POST", "/admin/types/{name}/pause", e(self.pause_type)),
             ("POST", "/admin/types/{name}/resume", e(self.resume_type)),
@@ -206,18 +211,61 @@ class AdminApi:
         return JSONResponse((await self._job(request.path_params["job_id"])).to_json())
 
     async def retry_job(self, request: Request) -> Response:
-        """POST /admin/jobs/{id}/retry — dead or cancelled → pending, attempts reset, due now."""
+        """POST /admin/jobs/{id}/retry — dead or cancelled → pending, attempts reset, due now. Optional body
+        ``{"from_step": NAME}`` (a replay, docs/durable.md): a dead, cancelled or completed job runs again with
+        that step and every step after it forgotten; 422 naming its steps if it has none of that name."""
         job_id = request.path_params["job_id"]
+        body = await self._body(request, required=False)
+        from_step = None
+        if body is not NO_BODY:
+            body = inputs.object_of(body, "the request body")
+            unknown = [k for k in body if k != "from_step"]
+            if unknown:
+                raise UsageError(f"the request body: unknown field {inputs.clip(unknown[0])!r}; expected from_step")
+            from_step = body.get("from_step")
+            if from_step is not None and (type(from_step) is not str or not from_step):
+                raise UsageError("the request body: from_step must be a step's name (a non-empty string)"
+                                 + ("" if from_step is None else f", got {inputs.kind(from_step)}"))
         was = await self._job(job_id)
+        if from_step is not None:
+            names = [step.name for step in was.steps]
+            if from_step not in names:  # (the store says so too; asked first so that it is a 422, not a 409)
+                raise UsageError(f"job {job_id} has no step named {from_step!r}; its steps: "
+                                 + (", ".join(repr(n) for n in names) if names else "none"))
         try:
-            record = await self.backend.revive(job_id)
+            record = await self.backend.revive(job_id, from_step=from_step)
         except LookupError:  # deleted meanwhile
             raise ApiError(404, f"no job with id {job_id!r}") from None
-        except UsageError as exc:  # neither dead nor cancelled (any more), or its unique key is held
+        except UsageError as exc:  # not dead or cancelled (or completed, for a replay), or its unique key is held
             raise ApiError(409, str(exc)) from None
-        log.info("admin: job %s retried (%s → pending)", job_id, was.status)
+        log.info("admin: job %s retried (%s → pending)%s", job_id, was.status,
+                 "" if from_step is None else f" from its step {from_step!r}")
         self._forget_stats()
         return JSONResponse(record.to_json())
+
+    async def signal_job(self, request: Request) -> Response:
+        """POST /admin/jobs/{id}/signals/{name} — send the signal ``name``; the body is its payload (any JSON
+        value; empty: none) → {"outcome": "woken" | "kept", "job"}: woken, the job was suspended waiting for it
+        and is pending now; kept, the job takes it when it reaches its wait. 404 unknown job, 409 finished job,
+        400 a body that is not JSON or a name that is none, 422 a payload too big."""
+        job_id, name = request.path_params["job_id"], request.path_params["name"]
+        try:
+            check_signal_name(name)
+        except UsageError as exc:
+            raise ApiError(400, str(exc)) from None
+        body = await self._body(request, required=False)
+        payload = None if body is NO_BODY else body
+        encode_signal_payload(payload)  # a UsageError (too big) is a 422, before the job is looked up
+        await self._job(job_id)
+        try:
+            outcome = await self.pipeline.signal(job_id, name, payload)
+        except LookupError:  # deleted meanwhile
+            raise ApiError(404, f"no job with id {job_id!r}") from None
+        except UsageError as exc:  # it finished (signal_refused's text)
+            raise ApiError(409, str(exc)) from None
+        log.info("admin: signal %r sent to job %s (%s)", name, job_id, outcome)
+        self._forget_stats()
+        return JSONResponse({"outcome": outcome, "job": (await self._job(job_id)).to_json()})
 
     async def cancel_job(self, request: Request) -> Response:
         """POST /admin/jobs/{id}/cancel — a pending or waiting job is cancelled at once (a waiting one's

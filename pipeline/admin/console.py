@@ -20,14 +20,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 from rich.text import Text
 
-from ..backends.base import JobRecord, ScheduleRecord
+from ..backends.base import FOREVER, JobRecord, ScheduleRecord
 from ..states import Status
 
 if TYPE_CHECKING:
     from ..control import BatchView, TypeSummary
 
 STATUS_STYLE = {"waiting": "cyan", "pending": "blue", "running": "yellow", "completed": "green", "dead": "bold red",
-                "cancelled": "magenta"}
+                "cancelled": "magenta", "suspended": "bright_blue"}
+MAX_STEP_VALUE_CHARS = 120  # of a step's value in `jobs show`'s table (--json has it whole)
 PLAIN_WIDTH = 250  # columns when not on a terminal: wide enough that rows are not wrapped
 
 
@@ -103,6 +104,11 @@ def job_detail(out: TextIO, job: JobRecord, statuses: Mapping[str, str | None] |
     ]
     if job.snoozes:
         rows.insert(4, ("snoozes", str(job.snoozes)))
+    if job.awaiting_signal is not None:  # suspended in ctx.wait_for; run after: its timeout
+        rows.insert(3, ("awaiting signal", Text(job.awaiting_signal)))
+    if job.status == Status.SUSPENDED:
+        until = "its signal (no timeout)" if job.run_after == FOREVER else job.run_after
+        rows[rows.index(("run after", job.run_after))] = ("suspended until", until)
     if job.parent_count:
         waits = f"{job.waiting_for} of its {job.parent_count} parents" if job.status == Status.WAITING else None
         if waits is not None:
@@ -123,6 +129,9 @@ def job_detail(out: TextIO, job: JobRecord, statuses: Mapping[str, str | None] |
             if count:
                 con.print(f"\n[bold]{name}[/bold] ({count})")
                 con.print(_relatives(ids, count, statuses or {}))
+        if job.steps:
+            con.print(f"\n[bold]steps[/bold] ({len(job.steps)})")
+            con.print(_steps(job))
         con.print("\n[bold]payload[/bold]")
         con.print(Text(json.dumps(fields["payload"], indent=2, ensure_ascii=False)))
         if job.status == Status.COMPLETED or job.result is not None:
@@ -130,6 +139,21 @@ def job_detail(out: TextIO, job: JobRecord, statuses: Mapping[str, str | None] |
             con.print(Text("none" if job.result is None else json.dumps(fields["result"], indent=2, ensure_ascii=False)))
         con.print("\n[bold]error[/bold]")
         con.print(Text(job.error, style="red") if job.error else Text("none"))
+
+
+def _steps(job: JobRecord) -> Table:
+    """A durable job's steps in the order first written: name, status, times, stored value (cut short)."""
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
+    for name in ("NAME", "STATUS", "STARTED", "ENDED", "VALUE"):
+        table.add_column(name, no_wrap=name != "VALUE", overflow="ellipsis")
+    for step in job.steps:
+        value = step.to_json()["value"]
+        shown = "-" if step.value is None else json.dumps(value, ensure_ascii=False)
+        if len(shown) > MAX_STEP_VALUE_CHARS:
+            shown = shown[:MAX_STEP_VALUE_CHARS] + "…"
+        table.add_row(Text(step.name), Text(step.status, style="green" if step.status == "completed" else "bright_blue"),
+                      step.started_at, step.ended_at or "-", Text(shown))
+    return table
 
 
 def _relatives(ids: Sequence[str], count: int, statuses: Mapping[str, str | None]) -> Table:

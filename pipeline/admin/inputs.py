@@ -298,6 +298,11 @@ def _no_unknown(obj: Mapping[str, Any], fields: tuple[str, ...], what: str) -> N
         raise UsageError(f"{what}: unknown field {clip(unknown[0])!r}; expected {', '.join(fields)}")
 
 
+def kind(value: Any) -> str:
+    """What a JSON value is, as a message says it: "an object", "a string", "null"..."""
+    return _kind(value)
+
+
 def _kind(value: Any) -> str:
     if value is None:
         return "null"

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..backends.base import LIST_ORDERS, MAX_LISTED_RELATIVES, ON_PARENT_FAILURE, PRIORITY_MAX, PRIORITY_MIN
+from ..backends.base import LIST_ORDERS, MAX_LISTED_RELATIVES, ON_PARENT_FAILURE, PRIORITY_MAX, PRIORITY_MIN, STEP_STATUSES
+from ..durable import MAX_SIGNAL_NAME_CHARS
 from ..control import ACTIONS, DONE
 from ..registry import Registry
 from ..requests import MAX_UNIQUE_KEY_CHARS
@@ -36,7 +37,9 @@ _ERRORS = {
     401: "ADMIN_TOKEN is set and the Bearer token is missing or wrong.",
     403: "Cross-origin write (by Origin or Sec-Fetch-Site), or a foreign Host header on a server without ADMIN_TOKEN.",
     404: "No such job (or batch, or schedule, or job type: the message names the known ones).",
-    409: "The job is not in a state that allows this (or the schedule name is in use).",
+    409: "The job is not in a state that allows this (or the schedule name is in use, or the job has finished and "
+         "takes no signal).",
+    410: "This link was used already (it works once), or it expired.",
     408: "The declared body did not arrive in time.",
     413: "Body larger than ADMIN_MAX_BODY_BYTES.",
     415: "A POST without Content-Type: application/json.",
@@ -93,6 +96,24 @@ def _bulk(action: str, count: dict[str, Any]) -> tuple[dict[str, Any], dict[str,
     return request, answer
 
 
+_SIGNAL_NAME = {"name": "name", "in": "path", "required": True,
+                "schema": {"type": "string", "minLength": 1, "maxLength": MAX_SIGNAL_NAME_CHARS},
+                "description": "The signal's name (what ctx.wait_for waits for)."}
+
+
+def _link_responses(ok: int, description: str, *codes: int) -> dict[str, Any]:
+    """A signed link's answers: HTML for people, JSON for a client that asks for it."""
+    either = {"text/html": {"schema": {"type": "string"}}, "application/json": {"schema": {"type": "object"}}}
+    out: dict[str, Any] = {str(ok): {"description": description, "content": either}}
+    for code, text in ((400, _ERRORS[400]),
+                       (403, "Not a valid link: altered, cut short, signed with another key, or this server has no "
+                             "ADMIN_SIGNING_KEY; or a cross-origin POST."),
+                       (404, "The job no longer exists."), (409, "The job has finished: it takes no signal."),
+                       (410, _ERRORS[410]), (503, _ERRORS[503]), *((c, _ERRORS[c]) for c in codes)):
+        out[str(code)] = {"description": text, "content": either}
+    return out
+
+
 def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
     """The document; ``auth``: whether ADMIN_TOKEN is set (Bearer auth and 401s are listed then)."""
     statuses = [s.value for s in Status]
@@ -130,7 +151,7 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
             "required": ["id", "job_type", "payload", "status", "attempts", "max_attempts", "run_after", "error",
                          "created_at", "updated_at", "priority", "unique_key", "result", "progress", "snoozes",
                          "expires_at", "cancel_requested", "limit_key", "parents", "parent_count", "waiting_for",
-                         "children", "child_count", "batch", "on_parent_failure"],
+                         "children", "child_count", "batch", "on_parent_failure", "awaiting_signal", "steps"],
             "properties": {
                 "id": {"type": "string"},
                 "job_type": {"type": "string"},
@@ -176,6 +197,44 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
                                       "description": "What a parent that ends dead or cancelled (or is deleted) does to "
                                                      "it while it waits: cancel it (and its own waiting children), or "
                                                      "run it once every parent has ended."},
+                "awaiting_signal": {"type": "string", "nullable": True,
+                                    "description": "While suspended in ctx.wait_for: the name of the signal it waits "
+                                                   "for (POST /admin/jobs/{job_id}/signals/{name}); null otherwise."},
+                "steps": {"type": "array", "items": _ref("Step"),
+                          "description": "A durable job's steps in the order first written (docs/durable.md). The job "
+                                         "list leaves it empty."},
+            },
+        },
+        "Step": {
+            "type": "object",
+            "required": ["name", "status", "value", "started_at", "ended_at"],
+            "properties": {
+                "name": {"type": "string"},
+                "status": {"type": "string", "enum": list(STEP_STATUSES),
+                           "description": "completed: its value is kept and it does not run again; waiting: a "
+                                          "ctx.wait_for whose signal has not come."},
+                "value": {"description": "Its stored value (JSON; null: none)."},
+                "started_at": {"type": "string"},
+                "ended_at": {"type": "string", "nullable": True},
+            },
+        },
+        "SignalSent": {
+            "type": "object",
+            "required": ["outcome", "job"],
+            "properties": {
+                "outcome": {"type": "string", "enum": ["woken", "kept"],
+                            "description": "woken: the job was suspended waiting for this signal and is pending now; "
+                                           "kept: it takes the signal when it reaches its wait."},
+                "job": _ref("Job"),
+            },
+        },
+        "Replay": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "from_step": {"type": "string", "nullable": True, "minLength": 1,
+                              "description": "Run the job again with this step and every step after it forgotten "
+                                             "(a completed job too); 422 naming its steps if it has none of this name."},
             },
         },
         "EnqueuedJob": {
@@ -487,8 +546,21 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
             "parameters": [_JOB_ID],
             "post": {
                 "operationId": "retryJob",
-                "summary": "A dead or cancelled job back to pending: attempts reset, due now",
-                "responses": _responses({"200": _json(_ref("Job"), "The job, now pending.")}, 404, 409, 415),
+                "summary": "A dead or cancelled job back to pending: attempts reset, due now (with from_step: "
+                           "a replay, which a completed job takes too)",
+                "requestBody": {"required": False, "content": {"application/json": {"schema": _ref("Replay")}}},
+                "responses": _responses({"200": _json(_ref("Job"), "The job, now pending.")}, 404, 408, 409, 413, 415, 422),
+            },
+        },
+        "/admin/jobs/{job_id}/signals/{name}": {
+            "parameters": [_JOB_ID, _SIGNAL_NAME],
+            "post": {
+                "operationId": "signalJob",
+                "summary": "Send a signal to a job: a job suspended in ctx.wait_for(name) resumes; one that has not "
+                           "reached its wait yet keeps it for that wait",
+                "requestBody": {"required": False, "description": "The signal's payload: any JSON value (none: no body).",
+                                "content": {"application/json": {"schema": {}}}},
+                "responses": _responses({"200": _json(_ref("SignalSent"), "Sent.")}, 404, 408, 409, 413, 415, 422),
             },
         },
         "/admin/jobs/{job_id}/cancel": {
@@ -605,6 +677,27 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
                 "responses": _responses({"200": _json(_ref("Schedule"), "The schedule, active.")}, 404, 415),
             },
         },
+        "/signal-links/{token}": {
+            "parameters": [{"name": "token", "in": "path", "required": True, "schema": {"type": "string"},
+                            "description": "The signed token `jobs signal-link` made."}],
+            "get": {
+                "operationId": "showSignalLink",
+                "summary": "An approval link's page: what it sends to which job, and a button (no token needed; "
+                           "changes nothing)",
+                "security": public,
+                "responses": _link_responses(200, "The page (HTML), or {link, job} for Accept: application/json."),
+            },
+            "post": {
+                "operationId": "sendSignalLink",
+                "summary": "Send an approval link's signal, once (the page's button; no token needed)",
+                "security": public,
+                "requestBody": {"required": False, "content": {
+                    "application/x-www-form-urlencoded": {"schema": {"type": "object"}},
+                    "application/json": {"schema": {}}}},
+                "responses": _link_responses(200, "Sent (HTML), or {outcome, job} for Accept: application/json.",
+                                             413, 415),
+            },
+        },
         "/metrics": {
             "get": {
                 "operationId": "metrics",
@@ -640,7 +733,8 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
             "title": "pipeline admin API",
             "version": "1",
             "description": "Operate the job store of a running pipeline: list, inspect, cancel, retry, delete, clean "
-            "up, enqueue (jobs and batches), emit events, pause job types, cron schedules. When ADMIN_TOKEN is set, every /admin route and /metrics need "
+            "up, enqueue (jobs and batches), emit events, pause job types, cron schedules, send signals to durable "
+            "jobs. When ADMIN_TOKEN is set, every /admin route and /metrics need "
             "`Authorization: Bearer <token>`.",
         },
         "paths": paths,

@@ -11,6 +11,10 @@
   approves). Current browsers send Origin on every cross-origin write, so the first check
   is the one that bites; the other two hold if a browser ever fails to send it. (DELETE,
   PUT and PATCH always need a preflight, so the content type is asked of POST only.)
+* **Signed links** (``/signal-links/...``, link_page.py) need no token (the link is the credential) and
+  their page's button is a plain HTML form: its POST may say ``application/x-www-form-urlencoded``.
+  Everything else holds for them: the same-origin checks (a page elsewhere cannot press the button
+  for a visitor), the Host check, the body size.
 * **Host.** Every request needs a ``Host`` header of the form name-or-address[:digits]
   (``localhost:1@evil.example`` is not one). A token-less server listens on loopback only
   (see ``server.check_bind``) and also refuses a Host that is not a loopback name, which
@@ -36,6 +40,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .api import error_response
+from .links import PATH as LINKS
 
 WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 CROSS_SITE = frozenset({"cross-site", "same-site"})  # Sec-Fetch-Site values a write is refused with
@@ -74,6 +79,10 @@ def _netloc(origin: str) -> str | None:
 
 def _is_json(content_type: str | None) -> bool:
     return content_type is not None and content_type.split(";", 1)[0].strip().lower() == "application/json"
+
+
+def _is_form(content_type: str | None) -> bool:
+    return content_type is not None and content_type.split(";", 1)[0].strip().lower() == "application/x-www-form-urlencoded"
 
 
 class AdminGuard:
@@ -129,7 +138,8 @@ class AdminGuard:
             if site in CROSS_SITE:
                 return 403, f"cross-origin write refused (Sec-Fetch-Site: {site})", None
         content_type = headers.get("content-type")
-        if method == "POST" and not _is_json(content_type):
+        if method == "POST" and not _is_json(content_type) and not (
+                scope["path"].startswith(LINKS) and _is_form(content_type)):
             return 415, ("a POST must have Content-Type: application/json" +
                          ("" if content_type is None else f", not {content_type[:100]!r}")), None
         length = headers.get("content-length")

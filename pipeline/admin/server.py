@@ -31,6 +31,7 @@ from ..config import Config
 from ..errors import ConfigError, PipelineError
 from .api import AdminApi, Endpoint, error_response
 from .dashboard import Dashboard
+from .link_page import LinkPage
 from .metrics import Metrics
 from .openapi import openapi_document
 from .security import AdminGuard, is_loopback_name
@@ -51,7 +52,8 @@ class AdminBindError(PipelineError):
 
 
 def create_app(pipeline: Pipeline, *, metrics: Metrics | None = None) -> Starlette:
-    """The admin API, dashboard, /metrics, /healthz and /openapi.json for one pipeline.
+    """The admin API, dashboard, /metrics, /healthz, /openapi.json and the signed links' pages
+    (/signal-links/...) for one pipeline.
 
     Registers a metrics observer on the pipeline: create one app per pipeline.
     """
@@ -60,6 +62,7 @@ def create_app(pipeline: Pipeline, *, metrics: Metrics | None = None) -> Starlet
     pipeline.add_observer(metrics.observe)
     api = AdminApi(pipeline, metrics)
     dashboard = Dashboard()
+    links = LinkPage(pipeline)
     document = openapi_document(pipeline.registry, auth=bool(config.admin.token))
 
     async def openapi(request: Request) -> Response:
@@ -67,6 +70,7 @@ def create_app(pipeline: Pipeline, *, metrics: Metrics | None = None) -> Starlet
 
     table = [
         *api.routes(),
+        *links.routes(),
         ("GET", "/openapi.json", openapi),
         ("GET", "/admin", dashboard.page),
         ("GET", "/admin/static/{name}", dashboard.static),

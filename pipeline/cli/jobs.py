@@ -32,6 +32,10 @@ examples:
   python -m pipeline jobs retry --type send_email --status dead        # every dead one back to pending
   python -m pipeline jobs delete --status cancelled                    # every cancelled job record
   python -m pipeline jobs cleanup --older-than 604800 --status completed
+  python -m pipeline jobs --status suspended       # durable jobs asleep or waiting for a signal
+  python -m pipeline jobs signal 01920c1e-... approval --payload true      # resumes its ctx.wait_for("approval")
+  python -m pipeline jobs signal-link 01920c1e-... approval --payload true --expires-in 2d   # a link to mail
+  python -m pipeline jobs retry 01920c1e-... --from-step charge    # run it again from its step "charge"
 """
 
 
@@ -78,7 +82,8 @@ def add_parsers(sub: Any, app: AppSummary, as_json: argparse.ArgumentParser) -> 
     _list_flags(a, suppress=True)
     a = actions.add_parser("show", parents=[as_json], help="one job with its payload and error",
                            description="Show one job: its fields, payload and last error, and for a job of a workflow "
-                           "its parents and children (with their statuses) and its batch.")
+                           "its parents and children (with their statuses) and its batch; for a durable job the "
+                           "signal it awaits and its steps (name, status, times, stored value).")
     a.add_argument("id")
     a = actions.add_parser("retry", parents=[as_json],
                            help="a dead job back to pending (or a cancelled one; attempts reset, due now); "
@@ -86,6 +91,9 @@ def add_parsers(sub: Any, app: AppSummary, as_json: argparse.ArgumentParser) -> 
                            description="Put a dead job back to pending (or a cancelled one), attempts reset, due now; or "
                            "every dead or cancelled job matching --type and --status, in batches.")
     a.add_argument("id", nargs="?", help="the job (or none, with --type and/or --status)")
+    a.add_argument("--from-step", metavar="NAME",
+                   help="a replay of a durable job (dead, cancelled or completed): the step NAME and every step after "
+                        "it are forgotten and run again; the steps before it keep their values")
     _bulk_flags(a, "retry")
     a = actions.add_parser("delete", parents=[as_json], help="delete a job record (not while it runs); bulk with --status",
                            description="Delete one job record (a running job cannot be deleted); or every job of "
@@ -102,6 +110,23 @@ def add_parsers(sub: Any, app: AppSummary, as_json: argparse.ArgumentParser) -> 
                            "per id: cancelled, running: cancel requested, already <status>, or no such job (exit 1 if any).")
     a.add_argument("ids", nargs="*", metavar="ID", help="the jobs (or none, with --type and/or --status)")
     _bulk_flags(a, "cancel")
+    a = actions.add_parser("signal", parents=[as_json], help="send a signal to a durable job (ctx.wait_for)",
+                           description="Send the signal NAME to a job: one suspended in ctx.wait_for(NAME) resumes "
+                           "(woken); one that has not reached its wait keeps it for that wait (kept). Exit 1 for an "
+                           "unknown or finished job.")
+    a.add_argument("id")
+    a.add_argument("name", metavar="NAME", help="the signal's name, as the handler waits for it")
+    a.add_argument("--payload", metavar="JSON", help="what ctx.wait_for returns: any JSON value (default: none)")
+    a = actions.add_parser("signal-link", parents=[as_json],
+                           help="print a signed link that sends a signal once, without the admin token",
+                           description="Print a URL on the admin server (ADMIN_PUBLIC_URL, else ADMIN_HOST:ADMIN_PORT) "
+                           "signed with ADMIN_SIGNING_KEY: whoever opens it sees the job, the signal and its payload, "
+                           "and a button that sends it, once, until it expires. Opening it changes nothing.")
+    a.add_argument("id")
+    a.add_argument("name", metavar="NAME", help="the signal's name, as the handler waits for it")
+    a.add_argument("--payload", metavar="JSON", help="what ctx.wait_for returns: any JSON value (default: none)")
+    a.add_argument("--expires-in", default="7d", metavar="DURATION",
+                   help="how long the link works: 30m, 2h, 2d, 1w or seconds (default 7d, at most 366d)")
     a = actions.add_parser("cleanup", parents=[as_json], help="delete completed and dead job records",
                            description="Delete finished job records: completed and dead (or only --status: "
                            "completed, dead or cancelled).")
@@ -166,11 +191,15 @@ def _jobs_show(args: argparse.Namespace, config: Config, out: TextIO) -> int:
 
 def _jobs_retry(args: argparse.Namespace, config: Config, out: TextIO) -> int:
     if _bulk_filter(args, "retry", [args.id] if args.id else []) is not None:
+        if args.from_step is not None:
+            raise UsageError("jobs retry --from-step replays one job: give its id, not --type/--status")
         return _jobs_bulk(args, config, out, "retry")
+    if args.from_step is not None and not args.from_step:
+        raise UsageError("--from-step must name one of the job's steps (`jobs show ID` lists them)")
 
     async def work(backend: Backend) -> tuple[str, JobRecord]:
         was = await backend.get(args.id)
-        return ("dead" if was is None else was.status), await backend.revive(args.id)
+        return ("dead" if was is None else was.status), await backend.revive(args.id, from_step=args.from_step)
 
     try:
         was, job = with_backend(config, work)
@@ -178,8 +207,69 @@ def _jobs_retry(args: argparse.Namespace, config: Config, out: TextIO) -> int:
         raise _no_job(args.id) from None
     if args.json:
         emit_json(out, job.to_json())
+    elif args.from_step is not None:
+        print(f"job {job.id}: {was} → pending (attempts reset, due now), from its step {args.from_step!r}: it and "
+              "the steps after it run again", file=out)
     else:
         print(f"job {job.id}: {was} → pending (attempts reset, due now)", file=out)
+    return 0
+
+
+def _signal_payload(args: argparse.Namespace) -> Any:
+    """--payload as a JSON value (None: none); UsageError naming the option if it is not JSON (exit 2)."""
+    from ..admin import inputs
+
+    if args.payload is None or not args.payload.strip():
+        return None
+    return inputs.loads(args.payload, "--payload")
+
+
+def _jobs_signal(args: argparse.Namespace, config: Config, out: TextIO) -> int:
+    """woken or kept; exit 1 for an unknown job or a finished one (the store says which)."""
+    from ..durable import check_signal_name, encode_signal_payload
+
+    check_signal_name(args.name)
+    payload = encode_signal_payload(_signal_payload(args))
+    try:
+        outcome = with_backend(config, lambda backend: backend.signal(args.id, args.name, payload))
+    except LookupError:
+        raise _no_job(args.id) from None
+    except UsageError as exc:  # the job finished: not a mistake in the command, a state of the store
+        raise CliError(f"error: {exc}", 1) from None
+    if args.json:
+        emit_json(out, {"outcome": outcome, "job_id": args.id, "name": args.name})
+    elif outcome == "woken":
+        print(f"job {args.id}: woken (it was waiting for {args.name!r} and is pending now)", file=out)
+    else:
+        print(f"job {args.id}: kept (it takes {args.name!r} when it reaches its wait)", file=out)
+    return 0
+
+
+def _jobs_signal_link(args: argparse.Namespace, config: Config, out: TextIO) -> int:
+    """The URL of a signed link; exit 1 without ADMIN_SIGNING_KEY, or for an unknown or finished job."""
+    from ..admin import links
+    from ..backends.base import signal_refused
+    from ..errors import ConfigError
+    from ..states import TERMINAL
+    from .parsing import duration
+
+    try:
+        key = links.require_key(config)
+        base = links.base_url(config)
+    except ConfigError as exc:  # a setting this command needs, not a bad one: exit 1 like a missing file
+        raise CliError(f"error: {exc}", 1) from None
+    claims = links.make_claims(args.id, args.name, _signal_payload(args),
+                               expires_in=duration(args.expires_in, "--expires-in"))
+    job = with_backend(config, lambda backend: backend.get(args.id))
+    if job is None:
+        raise _no_job(args.id)
+    if job.status in TERMINAL:
+        raise CliError(f"error: {signal_refused(args.id, job.status)}", 1)
+    url = base + links.PATH + links.sign(key, claims)
+    if args.json:
+        emit_json(out, {"url": url, **claims.to_json()})
+    else:
+        print(url, file=out)
     return 0
 
 
@@ -270,4 +360,6 @@ JOB_ACTIONS: dict[str, Callable[[argparse.Namespace, Config, TextIO], int]] = {
     "delete": _jobs_delete,
     "cancel": _jobs_cancel,
     "cleanup": _jobs_cleanup,
+    "signal": _jobs_signal,
+    "signal-link": _jobs_signal_link,
 }

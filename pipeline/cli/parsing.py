@@ -49,3 +49,22 @@ def json_object(text: str, what: str) -> dict[str, Any]:
     from ..admin import inputs
 
     return inputs.object_of(inputs.loads(text, what), what)
+
+
+DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+DURATION_FORMS = "a number of seconds, or a number with a unit: 90s, 30m, 2h, 2d, 1w"
+
+
+def duration(text: str, what: str) -> float:
+    """``30m``, ``2h``, ``2d``, ``1w`` or plain seconds (``600``, as ``enqueue --expires-in`` takes) → seconds;
+    UsageError naming ``what`` otherwise (or for a duration that is not more than 0)."""
+    raw = text.strip().lower()
+    unit = raw[-1:] if raw[-1:] in DURATION_UNITS else "s"
+    number = raw[:-1] if raw[-1:] in DURATION_UNITS else raw
+    try:
+        value = float(number) * DURATION_UNITS[unit]
+    except ValueError:
+        raise UsageError(f"{what} must be {DURATION_FORMS}; got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise UsageError(f"{what} must be more than 0 ({DURATION_FORMS}); got {text!r}")
+    return value

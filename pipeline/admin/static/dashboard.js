@@ -4,7 +4,10 @@
 
 (() => {
   const REFRESH_MS = 5000;
-  const STATUSES = ["waiting", "pending", "running", "completed", "dead", "cancelled"];
+  const STATUSES = ["waiting", "pending", "running", "suspended", "completed", "dead", "cancelled"];
+  const INBOX_SCAN = 200;  // suspended jobs read per refresh to find those waiting for a signal (the API's page limit)
+  const INBOX_SHOWN = 20;  // of them, shown with their steps (one GET each per refresh)
+  const FOREVER = "9999-12-31T23:59:59.999Z";  // a wait without a timeout is due then (backends/base.py)
   const BATCH_PAGE = 100;  // a batch view's jobs per page (and boxes in its graph)
   const FINISHED = ["completed", "dead", "cancelled"];  // the chart's stack, bottom up
   const SVG = "http://www.w3.org/2000/svg";
@@ -210,7 +213,7 @@
     body.replaceChildren();
     if (!types.length) {
       const row = el("tr");
-      row.append(el("td", { colspan: "12", class: "muted" }, "no job types"));
+      row.append(el("td", { colspan: "13", class: "muted" }, "no job types"));
       body.append(row);
     }
     for (const t of answer.types) {
@@ -396,6 +399,11 @@
       $(id).textContent = utcTime(iso, true);
       $(id).title = iso;
     }
+    for (const id of ["d-awaiting-label", "d-awaiting"]) $(id).hidden = !job.awaiting_signal;
+    $("d-awaiting").textContent = job.awaiting_signal || "";
+    const steps = job.steps || [];
+    $("d-steps-box").hidden = !steps.length;
+    $("d-steps").replaceChildren(...stepRows(steps));
     $("d-payload").textContent = JSON.stringify(job.payload, null, 2);
     const hasResult = job.status === "completed" || (job.result !== null && job.result !== undefined);
     $("d-result-box").hidden = !hasResult;
@@ -405,17 +413,148 @@
     const retryable = job.status === "dead" || job.status === "cancelled";
     $("d-retry").disabled = !retryable;
     $("d-retry").title = retryable ? "back to pending, attempts reset, due now" : "only dead or cancelled jobs can be retried";
-    const cancellable = ["waiting", "pending", "running"].includes(job.status) && !job.cancel_requested;
+    const cancellable = ["waiting", "pending", "running", "suspended"].includes(job.status) && !job.cancel_requested;
     $("d-cancel").disabled = !cancellable;
     $("d-cancel").title = job.cancel_requested ? "its cancel was requested: its worker stops it"
       : job.status === "running" ? "ask its worker to stop it: it ends cancelled, never retried"
       : job.status === "pending" ? "cancel it now: it never runs"
       : job.status === "waiting" ? "cancel it now: it never runs (nor do the jobs waiting for it)"
-      : "only waiting, pending or running jobs can be cancelled";
+      : job.status === "suspended" ? "cancel it now: it does not resume"
+      : "only waiting, pending, suspended or running jobs can be cancelled";
     $("d-delete").disabled = job.status === "running";
     $("d-delete").title = job.status === "running" ? "a running job cannot be deleted" : "delete this job record";
     $("detail").hidden = false;
     $("backdrop").hidden = false;
+  }
+
+  // a durable job's steps as table rows: name, status, times, stored value (whole in the cell's title)
+  function stepRows(steps) {
+    return steps.map((step) => {
+      const row = el("tr", { "data-step": step.name });
+      row.append(el("td", { class: "name" }, step.name));
+      row.append(el("td", { class: "state " + (step.status === "completed" ? "completed" : "suspended") }, step.status));
+      row.append(timeCell(step.started_at, "–"));
+      row.append(timeCell(step.ended_at, "–"));
+      const value = step.value === null || step.value === undefined ? "–" : JSON.stringify(step.value);
+      row.append(el("td", { class: "value", title: value }, value.length > 200 ? value.slice(0, 200) + "…" : value));
+      return row;
+    });
+  }
+
+  // -- the inbox: jobs suspended in ctx.wait_for, with buttons that send the signal they wait for -------
+
+  // One node per job, kept across refreshes so that what the operator typed in its JSON field stays.
+  const inboxNodes = new Map();
+
+  function drawInbox(waiting, details, scanned) {
+    $("inbox-count").textContent = waiting.length;
+    $("inbox-empty").hidden = waiting.length > 0;
+    const box = $("inbox-items");
+    const shown = waiting.slice(0, INBOX_SHOWN).map((job) => details.get(job.id) || job);
+    const keep = new Set(shown.map((job) => job.id));
+    for (const [id, node] of inboxNodes) if (!keep.has(id)) { node.remove(); inboxNodes.delete(id); }
+    for (const job of shown) {
+      let node = inboxNodes.get(job.id);
+      if (!node || node.dataset.signal !== job.awaiting_signal) {
+        const fresh = inboxItem(job);
+        if (node) node.replaceWith(fresh); else box.append(fresh);
+        node = fresh;
+        inboxNodes.set(job.id, node);
+      }
+      fillInboxItem(node, job);
+      box.append(node);  // (moved into the list's order; the same node, so its field keeps its text)
+    }
+    const more = $("inbox-more");
+    const left = waiting.length - shown.length;
+    more.hidden = !left && !scanned.truncated;
+    more.textContent = (left ? `… and ${left} more waiting. ` : "") +
+      (scanned.truncated ? `Only the ${INBOX_SCAN} newest of the ${scanned.total} suspended jobs were looked at: ` +
+        "filter the job list by suspended to see them all." : "");
+  }
+
+  function inboxItem(job) {
+    const node = el("article", { class: "inbox-item", "data-id": job.id, "data-signal": job.awaiting_signal });
+    const head = el("header");
+    head.append(viewLink("job", job.id), " ", el("span", { class: "type" }), " waits for ",
+      el("code", { class: "signal" }, job.awaiting_signal), " ", el("span", { class: "muted timeout" }));
+    const payload = el("div", { class: "inbox-payload" });
+    payload.append(el("h3", {}, "Payload"), el("pre", { class: "payload" }));
+    const steps = el("div", { class: "inbox-steps" });
+    const table = el("table", { class: "steps" });
+    const thead = el("thead");
+    const headRow = el("tr");
+    for (const name of ["name", "status", "started", "ended", "value"]) headRow.append(el("th", {}, name));
+    thead.append(headRow);
+    table.append(thead, el("tbody"));
+    const scroll = el("div", { class: "scroll" });
+    scroll.append(table);
+    steps.append(el("h3", {}, "Steps"), scroll);
+    const actions = el("div", { class: "inbox-actions" });
+    const approve = el("button", { type: "button", class: "primary approve", title: "send the signal with the payload true" }, "Approve");
+    const reject = el("button", { type: "button", class: "danger reject", title: "send the signal with the payload false" }, "Reject");
+    const field = el("input", { type: "text", class: "signal-json", "aria-label": `payload of ${job.awaiting_signal} as JSON`,
+      placeholder: 'or any JSON: {"approved": true, "note": "…"}', spellcheck: "false" });
+    const send = el("button", { type: "button", class: "send", title: "send the signal with the JSON typed here (empty: no payload)" }, "Send");
+    const said = el("span", { class: "item-message muted", role: "status" });
+    approve.addEventListener("click", () => sendSignal(job.id, node.dataset.signal, true, "approve"));
+    reject.addEventListener("click", () => sendSignal(job.id, node.dataset.signal, false, "reject"));
+    const sendTyped = () => {
+      const text = field.value.trim();
+      let payload;
+      if (text) {
+        try { payload = JSON.parse(text); } catch (e) { said.textContent = "not JSON: " + e.message; return; }
+      }
+      sendSignal(job.id, node.dataset.signal, payload, "payload");
+    };
+    send.addEventListener("click", sendTyped);
+    field.addEventListener("keydown", (e) => { if (e.key === "Enter") sendTyped(); });
+    actions.append(approve, reject, field, send, said);
+    const body = el("div", { class: "inbox-body" });
+    body.append(payload, steps);
+    node.append(head, body, actions);
+    return node;
+  }
+
+  function fillInboxItem(node, job) {
+    node.querySelector(".type").textContent = job.job_type;
+    node.querySelector(".timeout").textContent = job.run_after === FOREVER ? "· no timeout"
+      : `· times out at ${utcTime(job.run_after, true)}`;
+    node.querySelector(".payload").textContent = JSON.stringify(job.payload, null, 2);
+    const steps = job.steps || [];
+    node.querySelector(".inbox-steps").hidden = !steps.length;
+    node.querySelector(".inbox-steps tbody").replaceChildren(...stepRows(steps));
+  }
+
+  async function sendSignal(id, name, payload, label) {
+    const message = $("inbox-message");
+    message.textContent = `sending ${name} to ${id}…`;
+    try {
+      const done = await api("POST", `/admin/jobs/${encodeURIComponent(id)}/signals/${encodeURIComponent(name)}`, payload);
+      message.textContent = `${name} sent to ${id} (${label}): ` +
+        (done.outcome === "woken" ? "woken, it resumes" : "kept for its wait");
+    } catch (error) {
+      message.textContent = `${id}: ${error.message}`;
+    }
+    await refresh();
+  }
+
+  // the inbox's jobs (those of the suspended list that wait for a signal), the first INBOX_SHOWN read whole
+  // (the list leaves the steps out); one woken, cancelled or deleted since the list was read is left out
+  async function inboxDetails(list) {
+    const listed = list.items.filter((job) => job.awaiting_signal);
+    const head = listed.slice(0, INBOX_SHOWN);
+    const found = await Promise.all(head.map((job) =>
+      api("GET", "/admin/jobs/" + encodeURIComponent(job.id)).catch((error) => {
+        if (error.status === 404) return null;
+        throw error;
+      })));
+    const details = new Map(), gone = new Set();
+    head.forEach((job, i) => {
+      const now = found[i];
+      if (now && now.status === "suspended" && now.awaiting_signal) details.set(job.id, now);
+      else gone.add(job.id);
+    });
+    return { waiting: listed.filter((job) => !gone.has(job.id)), details };
   }
 
   // a link to a job's view (or a batch's): a real link (it can be opened in a new tab), opened here on a click
@@ -619,9 +758,10 @@
 
   async function refreshOnce() {
     try {
-      const [stats, first, workers, schedules, types] = await Promise.all(
+      const [stats, first, workers, schedules, types, suspended] = await Promise.all(
         [api("GET", "/admin/stats"), api("GET", jobsQuery()), api("GET", "/admin/workers"), api("GET", "/admin/schedules"),
-          api("GET", "/admin/types")]);
+          api("GET", "/admin/types"), api("GET", `/admin/jobs?status=suspended&per_page=${INBOX_SCAN}`)]);
+      const inbox = await inboxDetails(suspended);
       let list = first;
       if (list.page > 1 && !list.items.length && list.total) {  // the page emptied under us
         state.page = Math.max(1, Math.ceil(list.total / list.per_page));
@@ -634,6 +774,7 @@
       drawSchedules(schedules);
       drawChart(stats);
       drawJobs(list);
+      drawInbox(inbox.waiting, inbox.details, { truncated: suspended.total > suspended.items.length, total: suspended.total });
       if (state.open && !$("detail").hidden) await reloadDetail();
       if (state.batch && !$("batch-view").hidden) await reloadBatch();
       $("refreshed").textContent = "updated " + utcTime(new Date().toISOString());
@@ -679,7 +820,7 @@
     const id = state.open;
     if (!id) return;
     if (kind === "delete" && !confirm(`Delete job ${id}? This cannot be undone.`)) return;
-    if (kind === "cancel" && !confirm(`Cancel job ${id}? A pending job never runs; a running one is stopped.`)) return;
+    if (kind === "cancel" && !confirm(`Cancel job ${id}? A pending job never runs; a suspended one does not resume; a running one is stopped.`)) return;
     const message = $("d-message");
     message.textContent = { retry: "retrying…", cancel: "cancelling…", delete: "deleting…" }[kind];
     try {
