@@ -7,7 +7,7 @@ script; rescue_waiting repairs what a defect left (a parent ended or gone withou
 counting); nothing is left once every job is removed. A plain job's settle runs the same commands
 as before workflows, none on a workflow key, and an empty sweep two reads (counted as the server's
 own calls, on a redis-server of the test's own). A WAKE of a due job PUBLISHes wake; of a job not due,
-nothing. A bulk load stages the edges of every chunk and part. A store of layout 4 is upgraded to 5,
+nothing. A bulk load stages the edges of every chunk and part. A store of layout 4 is upgraded to the current layout,
 which older code refuses."""
 
 from __future__ import annotations
@@ -282,8 +282,8 @@ async def test_a_wake_of_a_due_job_publishes_and_of_a_job_not_due_does_not(tmp_p
 
 async def test_a_store_of_layout_4_is_upgraded_and_older_code_refuses_it(tmp_path: Path) -> None:
     """A store of layout 4 (jobs of every status, before workflows) opened by this code is of
-    layout 5 and takes children of its old jobs at once (a running parent's settle wakes one);
-    the schema script of code that knows only 4 leaves it at 5, which that code refuses."""
+    the current layout and takes children of its old jobs at once (a running parent's settle wakes one);
+    the schema script of code that knows only 4 leaves it at the current one, which that code refuses."""
     async with redis_store(tmp_path) as config:
         async with open_backend(config) as backend:
             db = backend.database  # type: ignore[attr-defined]
@@ -297,19 +297,19 @@ async def test_a_store_of_layout_4_is_upgraded_and_older_code_refuses_it(tmp_pat
             db.client.set(f"{db.prefix}schema", "4")
         async with open_backend(config) as backend:
             db = backend.database  # type: ignore[attr-defined]
-            assert SCHEMA_VERSION == "5" and db.client.get(f"{db.prefix}schema") == b"5"
+            assert db.client.get(f"{db.prefix}schema") == SCHEMA_VERSION.encode()
             children = [flow_job("w", after=[parent]) for parent in old]
             await insert(backend, *children)
             assert await statuses(backend, [child.id for child in children]) == ["pending", "waiting", "waiting"]
             assert await settle_one(backend, succeed(held))
             assert await statuses(backend, [child.id for child in children]) == ["pending", "pending", "waiting"]
             assert_workflows_in_step(backend)
-            assert _text(run_script(db.client, ALL["schema"], [db.prefix, "4"])) == "5"  # older code's start
+            assert _text(run_script(db.client, ALL["schema"], [db.prefix, "4"])) == SCHEMA_VERSION  # older code's start
     async with redis_store(tmp_path) as config:
         async with open_backend(config) as backend:
             db = backend.database  # type: ignore[attr-defined]
-            db.client.set(f"{db.prefix}schema", "6")
-        with pytest.raises(SchemaTooNew, match="layout version 6; this pipeline knows version 5"):
+            db.client.set(f"{db.prefix}schema", str(int(SCHEMA_VERSION) + 1))
+        with pytest.raises(SchemaTooNew, match=f"layout version {int(SCHEMA_VERSION) + 1}; this pipeline knows version {SCHEMA_VERSION}"):
             async with open_backend(config):
                 pass
 

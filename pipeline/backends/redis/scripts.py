@@ -13,13 +13,14 @@ one store hashes to one slot). Keys (layout in docs/backends.md, "Key layout"):
     job:<id>              HASH  type payload status attempts max run prio created updated
                                 token [error] [owner expires] [started] [ukey] [trace]
                                 [expat] [result] [progress pmsg] [snoozes] [creq] [lkey] [uwhile]
-                                [wfor] [opf] [kids] [batch]
+                                [wfor] [opf] [kids] [batch] [await]
                                 (times: epoch ms; trace: the enqueuer's trace context; expat: its
                                 expires_at; creq: 1 while a running job's cancel is requested;
                                 lkey: its limit key; uwhile: 1 if its unique key is held only
                                 while pending; wfor: a job with parents: how many of its edges
                                 have not counted yet; opf: 1 for on_parent_failure "run"; kids: 1
-                                while it has children; batch: its batch's id)
+                                while it has children; batch: its batch's id; await: while
+                                suspended in a ctx.wait_for, the signal's name)
     ready:<type>:<prio>   ZSET  pending jobs (without a limit key) of one type and priority, score
                                 run (ms), member id: due ones are a range by score; ties go by id
                                 (member order)
@@ -29,6 +30,14 @@ one store hashes to one slot). Keys (layout in docs/backends.md, "Key layout"):
                                 that adds to or takes from a ready set keeps the two in step
     ptypes                SET   the types that have pending jobs
     leases                ZSET  running jobs, score = lease expiry (ms)
+    suspended             ZSET  suspended jobs (durable functions: in no ready set), score = when due
+                                (ms; 253402300799999, base.FOREVER, for none): wake_suspended reads
+                                the due ones as a range
+    steps:<id>            HASH  a durable job's steps: name -> "<place> <status>NUL<started>NUL<ended>NUL
+                                [v<value>]" (place: 1, 2, ... in the order first written)
+    sig:<id>              HASH  the signals sent to a job: t:<name> (sent), h:<name> (consumed),
+                                e:<i>:<name> (the i-th one's payload, "v<JSON>" or "", until consumed),
+                                k:<key> (each signal key used); steps and signals go with their job
     all, type:<t>, status:<s>, st:<s>:<t>
                           ZSET  every job / of a type / of a status / both (status:waiting: the
                                 waiting jobs, in no ready set), score 0: lexicographic
@@ -56,7 +65,7 @@ one store hashes to one slot). Keys (layout in docs/backends.md, "Key layout"):
                                 the claim drops those a window old, and the key expires a window
                                 after its last claim
     types                 SET   every type that has a job
-    uniq:<type>           HASH  unique key -> id of the waiting, pending or running job of that type
+    uniq:<type>           HASH  unique key -> id of the waiting, pending, running or suspended job of that type
                                 holding it (job field ukey); deleted when that job finishes, dies or is
                                 deleted, or (uwhile) is claimed. A hash per type: a type name may
                                 hold ':', a key anything
@@ -69,15 +78,16 @@ one store hashes to one slot). Keys (layout in docs/backends.md, "Key layout"):
     wsweep                STRING the last waiting job rescue_waiting visited (the next sweep goes on
                                 from there)
     workers               HASH  owner -> "beat_ms|lease_ms|<json list of types>"
-    schema                STRING the key layout's version (5: with issue 24's workflows; 4: with issue
-                                23's limits; 3: with its control; 2: with pdue/pwait; 1 to 4 are
-                                upgraded at open)
+    schema                STRING the key layout's version (6: with issue 35's durable functions;
+                                5: with issue 24's workflows; 4: with issue 23's limits; 3: with
+                                its control; 2: with pdue/pwait; 1 to 5 are upgraded at open)
     sched:<name>          HASH  a cron schedule: type payload cron tz enabled origin declared next
                                 [last job] created updated (times: the protocol's ISO text)
     scheds                SET   the names of every schedule
     scheds:due            ZSET  the enabled schedules, score = next run (ms): the due ones are a range
     wake                  pub/sub channel: a job became due (insert, release, revive, a snooze
-                                of no delay, a type resumed, a waiting job woken by its parents)
+                                of no delay, a type resumed, a waiting job woken by its parents, a
+                                suspended job woken by its signal or its time)
 """
 
 from __future__ import annotations
@@ -89,7 +99,7 @@ import attrs
 
 RECORD_FIELDS = ("type", "payload", "status", "attempts", "max", "run", "error", "created", "updated", "prio", "owner",
                  "expires", "ukey", "result", "progress", "pmsg", "snoozes", "expat", "creq", "lkey", "wfor", "opf",
-                 "batch")  # (list.lua reads them too)
+                 "batch", "await")  # (list.lua reads them too)
 
 
 @attrs.frozen

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import random
 import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -21,7 +22,7 @@ import redis
 
 from ... import states
 from ...clock import to_epoch
-from ...errors import UsageError
+from ...errors import SignalKeyUsed, UsageError
 from ...states import Status
 from ..base import (
     MAX_LISTED_RELATIVES,
@@ -33,10 +34,12 @@ from ..base import (
     NewJob,
     ParentResult,
     Settlement,
+    StepRecord,
     WorkerRecord,
     cancelled_error,
     cancelled_running_error,
     check_list_order,
+    signal_refused,
     unique_key_held,
     unknown_parents,
 )
@@ -298,24 +301,109 @@ _KINDS = {
     states.Transition.START: "start",
     states.Transition.CANCEL: "cancel",
     states.Transition.SNOOZE: "snooze",
+    states.Transition.STEP: "step",
+    states.Transition.SUSPEND: "suspend",
 }
 
 
 def settle_args(prefix: str, items: Sequence[Settlement]) -> list[Any]:
     """SETTLE's arguments (see lua/settle.lua): a SUCCEED with a result is kind ``result``, the
-    result in the error's place; a SNOOZE is ``snooze/<limit>``."""
+    result in the error's place; a SNOOZE is ``snooze/<limit>``; a STEP or SUSPEND carries its step
+    and the signal it awaits in that place (:func:`_durable_part`), a SUSPEND without a deadline
+    the delay ``f``."""
     args: list[Any] = [prefix, len(items)]
     for s in items:
         kind = _KINDS.get(s.transition)
         if kind is None:
             raise ValueError(f"{s.transition!r} is not an outcome")
-        third = s.error or ""
+        third: Any = s.error or ""
         if s.result is not None and kind == "succeed":
             kind, third = "result", s.result
         elif kind == "snooze":
             kind = f"snooze/{int(s.snooze_limit)}"
+        elif kind == "step" or kind == "suspend":
+            if kind == "step" and s.step is None:
+                raise ValueError(f"the STEP outcome of job {s.id} has no step to write")
+            delay = "f" if math.isinf(s.delay) else round(s.delay * 1000)
+            args += (s.id, f"{s.token} {kind} {delay} 0", _durable_part(s))
+            continue
         args += (s.id, f"{s.token} {kind} {round(s.delay * 1000)} {0 if s.error is None else 1}", third)
     return args
+
+
+# -- durable functions (issue 35) ----------------------------------------------------------------------
+
+
+def _step_head(step: StepRecord) -> bytes:
+    """A step as steps:<id> keeps it, less its value (the prelude's put_step): status NUL started NUL
+    ended ('' for none) NUL."""
+    return f"{step.status}\0{step.started_at}\0{step.ended_at or ''}\0".encode()
+
+
+def _step_body(step: StepRecord) -> bytes:
+    return _step_head(step) + (b"" if step.value is None else b"v" + step.value.encode())
+
+
+def _durable_part(s: Settlement) -> bytes:
+    """A STEP's or SUSPEND's third value (the prelude's durable_part): the byte lengths of the awaited
+    signal's name and of the step's name ('-' for none), then those names, then the step's body."""
+    awaiting = None if s.awaiting is None else s.awaiting.encode()
+    name = None if s.step is None else s.step.name.encode()
+    head = f"{'-' if awaiting is None else len(awaiting)} {'-' if name is None else len(name)} ".encode()
+    return head + (awaiting or b"") + (name or b"") + (b"" if s.step is None else _step_body(s.step))
+
+
+def _steps(pairs: Iterable[tuple[bytes, bytes]]) -> list[StepRecord]:
+    """steps:<id>'s fields (name, "<place> <body>") as records, in the order first written."""
+    placed = []
+    for name, raw in pairs:
+        place, _, body = raw.partition(b" ")
+        status, started, ended, value = body.split(b"\0", 3)
+        placed.append((int(place), StepRecord(name.decode(), status.decode(), value[1:].decode() if value else None,
+                                              started.decode(), ended.decode() or None)))
+    placed.sort(key=lambda pair: pair[0])
+    return [step for _, step in placed]
+
+
+def steps(client: Any, prefix: str, job_id: str) -> list[StepRecord]:
+    """The job's steps in the order first written ([] for none, or an unknown job): one HGETALL."""
+    return _steps(client.hgetall(f"{prefix}steps:{job_id}").items())
+
+
+def take_signal(client: Any, prefix: str, job_id: str, token: int, name: str,
+                step: StepRecord) -> tuple[bool, str | None] | None:
+    """Fenced (None: not running under ``token``, nothing changed); in one script the oldest
+    unconsumed signal ``name`` is consumed and ``step`` written with its payload as the value:
+    (True, payload); (False, None) if none was sent (lua/take_signal.lua)."""
+    answer = run_script(client, ALL["take_signal"], [prefix, job_id, token, name, step.name, _step_head(step)])
+    if answer == 0:
+        return None
+    if answer == 1:
+        return False, None
+    payload = answer[1:]  # after the '+': 'v' then the JSON text, or nothing for none
+    return True, payload[1:].decode() if payload else None
+
+
+def send_signal(client: Any, prefix: str, job_id: str, name: str, payload: str | None, *, key: str | None = None) -> str:
+    """Keep the signal for the job; "woken" if it was suspended awaiting it (now pending, Pollers
+    woken), else "kept" (lua/signal.lua)."""
+    answer = run_script(client, ALL["signal"], [prefix, job_id, name, "" if payload is None else "v" + payload,
+                                                 "" if key is None else "1", key or ""]).decode()
+    if answer in ("woken", "kept"):
+        return answer
+    if answer == "missing":
+        raise LookupError(f"no job with id {job_id!r}")
+    if answer == "used":
+        raise SignalKeyUsed(f"job {job_id}: a signal with key {key!r} was sent to it already (a signal's key works "
+                            "once); nothing was sent")
+    raise UsageError(signal_refused(job_id, answer))
+
+
+def wake_suspended(client: Any, prefix: str, *, limit: int = 500) -> tuple[int, float | None]:
+    """Up to ``limit`` suspended jobs whose time came → pending (lua/wake_suspended.lua): how many,
+    and the seconds until the next one is due (None: none has a deadline)."""
+    n, ms = run_script(client, ALL["wake_suspended"], [prefix, max(int(limit), 0)])
+    return int(n), None if ms < 0 else ms / 1000
 
 
 def settle(client: Any, prefix: str, items: Sequence[Settlement]) -> list[bool]:
@@ -419,18 +507,20 @@ def _record(job_id: str, f: Sequence[bytes | None]) -> JobRecord:
         progress=None if f[14] is None else float(f[14]), progress_message=_s(f[15]), snoozes=int(f[16] or 0),
         expires_at=None if f[17] is None else text_of(f[17]), cancel_requested=f[18] is not None,
         limit_key=_s(f[19]), waiting_for=int(f[20] or 0), on_parent_failure="run" if f[21] else None, batch_id=_s(f[22]),
+        awaiting_signal=_s(f[23]),
     )
 
 
 def get_job(client: Any, prefix: str, job_id: str) -> JobRecord | None:
     """The job's fields, its parents (in ``after`` order) and children (oldest first), each up to
-    MAX_LISTED_RELATIVES, with their counts: one script, one snapshot (lua/get.lua)."""
+    MAX_LISTED_RELATIVES, with their counts, and its steps: one script, one snapshot (lua/get.lua)."""
     out = run_script(client, ALL["get"], [prefix, job_id, MAX_LISTED_RELATIVES, *RECORD_FIELDS])
     if out is None:
         return None
-    f, parents, parent_count, children, child_count = out
+    f, parents, parent_count, children, child_count, flat = out
     return attrs.evolve(_record(job_id, f), parents=tuple(p.decode() for p in parents), parent_count=int(parent_count),
-                        children=tuple(c.decode() for c in children), child_count=int(child_count))
+                        children=tuple(c.decode() for c in children), child_count=int(child_count),
+                        steps=tuple(_steps(zip(flat[::2], flat[1::2]))))
 
 
 def list_jobs(client: Any, prefix: str, *, status: str | None = None, job_type: str | None = None, limit: int = 50,
@@ -454,7 +544,7 @@ def list_jobs(client: Any, prefix: str, *, status: str | None = None, job_type: 
     return records, total
 
 
-_STATUSES = ("waiting", "pending", "running", "completed", "dead", "cancelled")  # as stats.lua counts them
+_STATUSES = ("waiting", "pending", "running", "suspended", "completed", "dead", "cancelled")  # as stats.lua counts them
 
 
 def operator_stats(client: Any, prefix: str) -> dict[str, Any]:
@@ -471,10 +561,17 @@ def operator_stats(client: Any, prefix: str) -> dict[str, Any]:
             "oldest_due_pending_age_seconds": age, "now": text_of(now)}
 
 
-def revive(client: Any, prefix: str, job_id: str) -> JobRecord:
+def revive(client: Any, prefix: str, job_id: str, *, from_step: str | None = None) -> JobRecord:
     """Admin retry: dead or cancelled → pending, attempts, snoozes, progress, result and a cancel
-    request reset, due now. UsageError if neither dead nor cancelled, or its unique key is held."""
-    answer = run_script(client, ALL["revive"], [prefix, job_id]).decode()
+    request reset, due now (its steps kept). UsageError if neither dead nor cancelled, or its unique
+    key is held. ``from_step``: a replay, of a completed job too, forgetting that step and every one
+    first written after it; UsageError naming its steps if it has none of that name."""
+    answer = run_script(client, ALL["revive"], [prefix, job_id, "" if from_step is None else "1", from_step or ""])
+    if isinstance(answer, list):  # ['nostep', its step names in order]: nothing changed
+        names = [name.decode() for name in answer[1]]
+        have = f"its steps are {', '.join(repr(name) for name in names)}" if names else "it has no steps"
+        raise UsageError(f"job {job_id} has no step {from_step!r} to replay from ({have}); nothing was changed")
+    answer = answer.decode()
     if answer == "missing":
         raise LookupError(f"no job with id {job_id!r}")
     if answer.startswith("held "):
@@ -483,6 +580,8 @@ def revive(client: Any, prefix: str, job_id: str) -> JobRecord:
             raise LookupError(f"no job with id {job_id!r}")
         raise UsageError(unique_key_held(job, answer.removeprefix("held ")))
     if answer != "ok":
+        if from_step is not None:
+            raise UsageError(f"job {job_id} is {answer}, only dead, cancelled or completed jobs can be replayed from a step")
         raise UsageError(f"job {job_id} is {answer}, only dead or cancelled jobs can be retried")
     job = get_job(client, prefix, job_id)
     if job is None:  # deleted in between

@@ -2,7 +2,8 @@
 -- ids. In order, per id, what the job is after the call: 'cancelled' for a pending one (cancelled
 -- now: out of its ready set, the claim's index and expiring:<t>, into done:cancelled, its unique key
 -- freed) or a waiting one (the same: it is in none of those sets), either applying its edges
--- (release_children); 'cancelling' for a running one (field creq set, its id in creq:<owner>: its worker
+-- (release_children), or a suspended one (the same: out of the suspended set, its await field
+-- cleared; its steps kept); 'cancelling' for a running one (field creq set, its id in creq:<owner>: its worker
 -- stops it, see CANCEL_REQUESTS); the status of a final one, unchanged; '' for an unknown id.
 -- An id given twice is answered twice (the second time: 'cancelled').
 local now = now_ms()
@@ -27,6 +28,15 @@ for i = 3, #ARGV do
     out[#out + 1] = 'cancelled'
   elseif f[1] == 'waiting' then
     cancel_waiting(id, key, t, f[4], ARGV[2], now)
+    if f[10] then release_children(id, 'cancelled', now) end
+    out[#out + 1] = 'cancelled'
+  elseif f[1] == 'suspended' then
+    redis.call('ZREM', P .. 'suspended', id)
+    redis.call('HSET', key, 'status', 'cancelled', 'updated', now, 'error', ARGV[2])
+    redis.call('HDEL', key, 'await')
+    index_status(id, t, 'suspended', 'cancelled')
+    finish(id, 'cancelled', now)
+    free_key(id, t, f[4])
     if f[10] then release_children(id, 'cancelled', now) end
     out[#out + 1] = 'cancelled'
   elseif f[1] == 'running' then

@@ -1,5 +1,5 @@
--- ARGV: prefix, id. Returns 'ok', 'missing' or 'running' (refused). A pending or waiting job applies
--- its edges as "deleted"; its workflow keys go with it (remove_job).
+-- ARGV: prefix, id. Returns 'ok', 'missing' or 'running' (refused). A pending, waiting or suspended
+-- job applies its edges as "deleted"; its workflow keys, steps and signals go with it (remove_job).
 local id = ARGV[2]
 local f = redis.call('HMGET', jkey(id), 'status', 'type', 'prio', 'ukey', 'expat', 'lkey', 'run', 'wfor', 'kids', 'batch')
 if not f[1] then return 'missing' end

@@ -33,6 +33,6 @@ for _, id in ipairs(page) do
   out[#out + 1] = id
   out[#out + 1] = redis.call('HMGET', jkey(id), 'type', 'payload', 'status', 'attempts', 'max', 'run', 'error',
                              'created', 'updated', 'prio', 'owner', 'expires', 'ukey', 'result', 'progress', 'pmsg',
-                             'snoozes', 'expat', 'creq', 'lkey', 'wfor', 'opf', 'batch')
+                             'snoozes', 'expat', 'creq', 'lkey', 'wfor', 'opf', 'batch', 'await')
 end
 return out

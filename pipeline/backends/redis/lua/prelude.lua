@@ -64,15 +64,15 @@ end
 local function finish(id, status, now)
   redis.call('ZADD', P .. 'done:' .. status, now, id)
 end
--- the waiting, pending or running job holding a type's unique key, or nil
+-- the waiting, pending, running or suspended job holding a type's unique key, or nil
 local function key_holder(t, k)
   local holder = redis.call('HGET', P .. 'uniq:' .. t, k)
   if not holder then return nil end
   local status = redis.call('HGET', jkey(holder), 'status')
-  if status == 'pending' or status == 'running' or status == 'waiting' then return holder end
-  return nil  -- (a stale entry: its job left waiting, pending and running without freeing it)
+  if status == 'pending' or status == 'running' or status == 'waiting' or status == 'suspended' then return holder end
+  return nil  -- (a stale entry: its job left those statuses without freeing it)
 end
--- a job that leaves waiting, pending and running for good frees its unique key (k: its ukey field, or nil)
+-- a job that leaves waiting, pending, running and suspended for good frees its unique key (k: its ukey field, or nil)
 local function free_key(id, t, k)
   if k and redis.call('HGET', P .. 'uniq:' .. t, k) == id then redis.call('HDEL', P .. 'uniq:' .. t, k) end
 end
@@ -513,19 +513,73 @@ local function insert_rows(rows, first, n, width, flow)
   return inserted, nil, dups
 end
 -- (lk, run: a pending job's lkey and run fields; has_parents, kids, batch: its wfor, kids and batch
--- fields). A job that had not ended (pending, waiting) applies its edges as "deleted" first.
+-- fields). A job that had not ended (pending, waiting, suspended) applies its edges as "deleted" first;
+-- its steps and signals (steps:<id>, sig:<id>) go with it.
 local function remove_job(id, f_status, t, p, k, e, lk, run, has_parents, kids, batch)
   if f_status == 'pending' then
     if lk then keyed_rem(id, t, run, lk) else unready(id, t, p) end
     if e then expiring_rem(id, t) end
   end
-  if f_status == 'pending' or f_status == 'running' or f_status == 'waiting' then free_key(id, t, k) end
+  if f_status == 'suspended' then redis.call('ZREM', P .. 'suspended', id) end
+  if f_status == 'pending' or f_status == 'running' or f_status == 'waiting' or f_status == 'suspended' then
+    free_key(id, t, k)
+  end
   if kids then release_children(id, is_final(f_status) and f_status or 'deleted', now_ms()) end
   if has_parents or kids or batch then drop_edges(id, has_parents, kids, batch) end
   redis.call('ZREM', P .. 'done:' .. f_status, id)
   index_status(id, t, f_status, nil)
   redis.call('ZREM', P .. 'all', id)
   redis.call('ZREM', P .. 'type:' .. t, id)
-  redis.call('DEL', jkey(id))
+  redis.call('DEL', jkey(id), P .. 'steps:' .. id, P .. 'sig:' .. id)  -- (its steps and signals go with it)
   if redis.call('EXISTS', P .. 'type:' .. t) == 0 then redis.call('SREM', P .. 'types', t) end
+end
+-- Durable functions (issue 35). A job's steps are steps:<id> (HASH: step name -> "<n> <body>", n its
+-- place in the order first written: a new name takes HLEN + 1, a name written again keeps its n; a
+-- replay removes a name and every later one, so the places stay 1..HLEN. body: status NUL started NUL
+-- ended ('' for none) NUL, then 'v' and the value's JSON text, or nothing for none). Its signals are
+-- sig:<id> (HASH: per signal name, 't:<name>' how many were sent, 'h:<name>' how many were consumed,
+-- 'e:<i>:<name>' the i-th one's payload until it is consumed ('v' then its JSON text, '' for none):
+-- consumed oldest first per name, each O(1); 'k:<key>' for each signal key used). Both go with their
+-- job (remove_job). A suspended job is in none of the pending sets, but in suspended (ZSET, score: when
+-- it is due, ms; FOREVER_MS when it has no deadline), in status:suspended and st:suspended:<t>, and has
+-- the field await while a ctx.wait_for waits (the signal's name). It keeps holding its unique key.
+local FOREVER_MS = 253402300799999  -- base.FOREVER, 9999-12-31T23:59:59.999Z
+local function put_step(id, name, body)  -- upsert by name, keeping its place
+  local sk = P .. 'steps:' .. id
+  local old = redis.call('HGET', sk, name)
+  local n = old and string.match(old, '^(%d+) ') or (redis.call('HLEN', sk) + 1)
+  redis.call('HSET', sk, name, n .. ' ' .. body)
+end
+-- the place (i) of the oldest signal named ``name`` that job id has not consumed, or nil
+local function signal_kept(id, name)
+  local f = redis.call('HMGET', P .. 'sig:' .. id, 'h:' .. name, 't:' .. name)
+  local h = tonumber(f[1] or '0')
+  if h < tonumber(f[2] or '0') then return h + 1 end
+  return nil
+end
+-- RESUME: a suspended job becomes pending due at ``run`` (its ready set or its key's sets), its
+-- await field cleared (the caller PUBLISHes wake)
+local function resume(id, key, run, now)
+  local f = redis.call('HMGET', key, 'type', 'prio', 'lkey')
+  redis.call('ZREM', P .. 'suspended', id)
+  redis.call('HSET', key, 'status', 'pending', 'updated', now, 'run', run)
+  redis.call('HDEL', key, 'await')
+  index_status(id, f[1], 'suspended', 'pending')
+  to_pending(id, f[1], f[2], run, f[3], now)
+end
+-- settle's STEP and SUSPEND carry, in the place of an outcome's error: "<a> <n> " (the byte lengths of
+-- the awaited signal's name and of the step's name, '-' for none), that name, the step's name, then
+-- the step's body (see put_step). Returns the awaited name (or nil), the step's name (or nil), its body.
+local function durable_part(s)
+  local a, n, at = string.match(s, '^([%d-]+) ([%d-]+) ()')
+  local awaiting, name
+  if a ~= '-' then
+    awaiting = string.sub(s, at, at + tonumber(a) - 1)
+    at = at + tonumber(a)
+  end
+  if n ~= '-' then
+    name = string.sub(s, at, at + tonumber(n) - 1)
+    at = at + tonumber(n)
+  end
+  return awaiting, name, string.sub(s, at)
 end

@@ -4,14 +4,17 @@
 -- prios:<type> and the ready sets; 2 (before issue 23's control: cancelled jobs, expires_at,
 -- paused types, cancel requests), 3 (before its limits: keyed jobs' sets, rate logs, keys held
 -- while pending) and 4 (before issue 24's workflows: waiting jobs, edges, batches) need nothing,
--- their keys start empty. The version moves on so that a process of older code refuses it: code
+-- their keys start empty; so does 5 (before issue 35's durable functions: suspended jobs, steps,
+-- signals). The version moves on so that a process of older code refuses it: code
 -- of layout 2 would claim a paused type's jobs and expired ones; code of layout 3 would put a keyed
 -- job back in a ready set (a retry, a rescue), never take it out of its key's running set (the key
 -- full for ever), and keep a key held while pending held while its job runs; code of layout 4
 -- would end a parent without applying its edges (its waiting children stuck until a sweep), insert
--- a job over a waiting job's unique key, and delete a waiting job's keys without its edges.
+-- a job over a waiting job's unique key, and delete a waiting job's keys without its edges; code of
+-- layout 5 would insert a job over a suspended job's unique key, delete a suspended job leaving it in
+-- the suspended set and its steps and signals behind, and count no suspended job.
 local stored = redis.call('GET', P .. 'schema')
-if (stored == '1' or stored == '2' or stored == '3' or stored == '4') and tonumber(ARGV[2]) > tonumber(stored) then
+if (stored == '1' or stored == '2' or stored == '3' or stored == '4' or stored == '5') and tonumber(ARGV[2]) > tonumber(stored) then
   if stored == '1' then
     local now = now_ms()
     for _, t in ipairs(redis.call('SMEMBERS', P .. 'ptypes')) do

@@ -1,12 +1,18 @@
 -- ARGV: prefix, n, then 3 per outcome: id, "token kind delay_ms has_error(1/0)", error (for kind
--- result: the result). Kinds: start, succeed, result (succeed storing a result), bury, retry,
--- release, cancel, snooze/<limit>.
+-- result: the result; for step and suspend: durable_part's). Kinds: start, succeed, result (succeed
+-- storing a result), bury, retry, release, cancel, snooze/<limit>, step, suspend (its delay 'f' for
+-- none: due at FOREVER_MS).
 -- In the order given (the same job twice: the second sees what the first wrote). Returns a
 -- string with a "1" per outcome written, a "0" per stale one (not running, or under another
 -- token: nothing changed). (Packed: fewer values to encode and parse per outcome.) An ARGV "q"
 -- after the outcomes: quiet (see the end).
--- A job whose cancel was requested (field creq) never goes back to pending: a retry, release or
--- snooze of it ends it cancelled instead (one final state, never retried after a cancel).
+-- A job whose cancel was requested (field creq) never goes back to pending: a retry, release,
+-- snooze or suspend of it ends it cancelled instead (one final state, never retried after a cancel).
+-- Durable functions (issue 35; the prelude has the keys): a step writes its step (put_step) and the job
+-- runs on. A suspend writes its step if it has one, then is a snooze to another status: the attempt
+-- given back, the lease and limit slots left, expires_at cleared (it applies to the first start), the
+-- snoozes unchanged; suspended (in the suspended set, due after the delay; await: the signal waited
+-- for), or pending due now when a signal of the name it waits for was sent and not consumed yet.
 -- A keyed job (lkey) leaves its key's running set whatever the outcome but START; back to pending,
 -- it goes to its key's sets, and a job of unique_while "pending" holds its key again if it is free.
 -- A job that ends (completed, dead, cancelled) and has children (field kids) applies its edges
@@ -29,13 +35,22 @@ for i = 0, n - 1 do
     local t, p = f[3], f[4]
     if kind == 'start' then
       if not f[5] then redis.call('HSET', key, 'started', now, 'attempts', tonumber(f[6]) + 1) end
+    elseif kind == 'step' then
+      local _, name, body = durable_part(ARGV[b + 2])
+      put_step(id, name, body)
     else
       redis.call('ZREM', P .. 'leases', id)
       off_running(id, t, f[10])
       local err = ARGV[b + 2]
+      local awaiting
+      if kind == 'suspend' then
+        local name, body
+        awaiting, name, body = durable_part(err)
+        if name then put_step(id, name, body) end
+      end
       if f[8] then
         drop_request(id, key)
-        if kind == 'retry' or kind == 'release' or string.sub(kind, 1, 7) == 'snooze/' then
+        if kind == 'retry' or kind == 'release' or string.sub(kind, 1, 7) == 'snooze/' or kind == 'suspend' then
           err = 'cancelled while running (cancel requested); its attempt ended: ' .. (has_error == '1' and err or 'released')
           kind, has_error = 'cancel', '1'
         end
@@ -86,6 +101,23 @@ for i = 0, n - 1 do
         finish(id, 'cancelled', now)
         free_key(id, t, f[7])
         if f[12] then release_children(id, 'cancelled', now) end
+      elseif kind == 'suspend' then -- see the top
+        local attempts = tonumber(f[6])
+        if f[5] then attempts = math.max(attempts - 1, 0) end
+        redis.call('HDEL', key, 'started', 'progress', 'pmsg', 'expat')
+        if awaiting and signal_kept(id, awaiting) then  -- its signal came already: nothing to wait for
+          redis.call('HSET', key, 'status', 'pending', 'updated', now, 'run', now, 'attempts', attempts)
+          index_status(id, t, 'running', 'pending')
+          to_pending(id, t, p, now, f[10], now)
+          wake = true
+        else
+          local run = delay == 'f' and FOREVER_MS or math.min(now + tonumber(delay), FOREVER_MS)
+          redis.call('HSET', key, 'status', 'suspended', 'updated', now, 'run', run, 'attempts', attempts)
+          if awaiting then redis.call('HSET', key, 'await', awaiting) end
+          index_status(id, t, 'running', 'suspended')
+          redis.call('ZADD', P .. 'suspended', run, id)
+        end
+        if f[11] and f[7] then hold_again(id, t, f[7]) end
       else -- snooze/<limit>: pending after the delay, the attempt given back as release gives it back
         -- (also when the snooze is one too many and the job ends dead: a snooze is no failed attempt)
         local snoozes = tonumber(redis.call('HGET', key, 'snoozes') or '0') + 1
