@@ -24,19 +24,20 @@ from ..base import (
     check_list_order,
     unique_key_held,
 )
-from . import graph, store
+from . import durable, graph, store
 from .store import HOLDS, MS, retake
 
 _COLUMNS = (
     "id, job_type, payload, status, attempts, max_attempts, run_after, error, created_at, updated_at, priority, "
     "lease_owner, lease_expires_at, unique_key, result, progress, progress_message, snoozes, expires_at, "
     "cancel_requested, limit_key, coalesce(waiting_for, 0), batch_id, "
-    "CASE WHEN runs_on_parent_failure THEN 'run' END"
+    "CASE WHEN runs_on_parent_failure THEN 'run' END, awaiting_signal"
 )
 _RECORD = f"SELECT {_COLUMNS} FROM jobs"
 
 
-_FIELDS = (*(field.name for field in attrs.fields(JobRecord)[:21]), "waiting_for", "batch_id", "on_parent_failure")
+_FIELDS = (*(field.name for field in attrs.fields(JobRecord)[:21]), "waiting_for", "batch_id", "on_parent_failure",
+           "awaiting_signal")
 _RELATIVES = ("parents", "parent_count", "children", "child_count")
 
 
@@ -51,7 +52,8 @@ def _record(row: Sequence[Any]) -> JobRecord:
 
 # One job and its relatives: its parents in its after's order and its children oldest first (at
 # most MAX_LISTED_RELATIVES of each), and how many of each; read only for a job that has them
-# (inserted with parents: waiting_for not NULL; named as a parent: has_children).
+# (inserted with parents: waiting_for not NULL; named as a parent: has_children). Last, whether it
+# has steps to read (durable.py).
 _GET = f"""
 SELECT {_COLUMNS},
        CASE WHEN waiting_for IS NOT NULL THEN ARRAY(
@@ -59,14 +61,19 @@ SELECT {_COLUMNS},
        CASE WHEN waiting_for IS NOT NULL THEN (SELECT count(*) FROM job_edges WHERE child_id = j.id) ELSE 0 END,
        CASE WHEN has_children THEN ARRAY(
             SELECT child_id FROM job_edges WHERE parent_id = j.id ORDER BY child_id LIMIT {MAX_LISTED_RELATIVES}) END,
-       CASE WHEN has_children THEN (SELECT count(*) FROM job_edges WHERE parent_id = j.id) ELSE 0 END
+       CASE WHEN has_children THEN (SELECT count(*) FROM job_edges WHERE parent_id = j.id) ELSE 0 END,
+       durable IS TRUE
   FROM jobs j WHERE j.id = %s
 """
 
 
 def get_job(conn: psycopg.Connection[Any], job_id: str) -> JobRecord | None:
+    """The job with its relatives and its steps (one read more for a durable job)."""
     row = conn.execute(_GET, (job_id,)).fetchone()
-    return _record(row) if row else None
+    if row is None:
+        return None
+    job = _record(row[:-1])
+    return attrs.evolve(job, steps=tuple(durable.steps(conn, job_id))) if row[-1] else job
 
 
 # A fixed form for each set of filters given and each order, made once here: no statement text
@@ -108,13 +115,16 @@ def list_jobs(
     return [_record(r) for r in rows], int(row[0]) if row else 0
 
 
-def revive(conn: psycopg.Connection[Any], job_id: str) -> JobRecord:
+def revive(conn: psycopg.Connection[Any], job_id: str, *, from_step: str | None = None) -> JobRecord:
     """Admin retry: dead or cancelled → pending, attempts, snoozes, progress, result and the
-    cancel request reset, due now. UsageError if neither dead nor cancelled, or if its unique
-    key is held by another pending or running job; a job whose key is held only while pending
-    takes it again if it is free, and is revived without it otherwise (store.retake)."""
+    cancel request reset, due now; its steps kept (it resumes). UsageError if neither dead nor
+    cancelled, or if its unique key is held by another pending or running job; a job whose key is
+    held only while pending takes it again if it is free, and is revived without it otherwise
+    (store.retake). ``from_step`` (a replay): a completed job too (REPLAY), and the step of that
+    name and every step first written after it removed in the same transaction (UsageError naming
+    its steps if it has none of that name: nothing changed)."""
     try:
-        return _revive(conn, job_id)
+        return _revive(conn, job_id, from_step)
     except psycopg.errors.UniqueViolation:
         # the partial unique index refused: another job holds its type and key
         job = get_job(conn, job_id)
@@ -129,15 +139,28 @@ _HOLDER = f"SELECT id FROM jobs WHERE job_type = %s AND unique_key = %s AND {HOL
 # token), so that it never fails on jobs_unique; then it takes its key if free (store.retake).
 _REVIVE = f"""
 UPDATE jobs SET status = 'pending', attempts = 0, snoozes = 0, run_after = {MS}, updated_at = {MS}, started_at = NULL,
-       progress = NULL, progress_message = NULL, result = NULL, cancel_requested = false,
+       progress = NULL, progress_message = NULL, result = NULL, cancel_requested = false, awaiting_signal = NULL,
        unique_token = CASE WHEN unique_token IS NOT NULL THEN -1 END
- WHERE id = %s AND status IN ('dead', 'cancelled') RETURNING id
+ WHERE id = %s AND status = ANY(%s::text[]) RETURNING id
 """
+_REVIVABLE = ["dead", "cancelled"]
+_REPLAYABLE = ["dead", "cancelled", "completed"]  # with from_step (Transition.REPLAY)
+_STATUS_FOR_UPDATE = "SELECT status FROM jobs WHERE id = %s FOR UPDATE"
 
 
-def _revive(conn: psycopg.Connection[Any], job_id: str) -> JobRecord:
+def _revive(conn: psycopg.Connection[Any], job_id: str, from_step: str | None) -> JobRecord:
+    allowed = _REVIVABLE if from_step is None else _REPLAYABLE
     with conn.transaction():
-        row = conn.execute(_REVIVE, (job_id,)).fetchone()
+        if from_step is not None:
+            # the job's row first (the order of every path: a job, then what hangs off it), then its steps
+            found = conn.execute(_STATUS_FOR_UPDATE, (job_id,)).fetchone()
+            if found is None:
+                raise LookupError(f"no job with id {job_id!r}")
+            if found[0] not in allowed:
+                raise UsageError(f"job {job_id} is {found[0]}, only dead, cancelled or completed jobs can be retried "
+                                 "from a step")
+            durable.forget_from(conn, job_id, from_step)
+        row = conn.execute(_REVIVE, (job_id, allowed)).fetchone()
         job = get_job(conn, job_id)
         if job is None:
             raise LookupError(f"no job with id {job_id!r}")
@@ -152,13 +175,13 @@ def _revive(conn: psycopg.Connection[Any], job_id: str) -> JobRecord:
 
 # The jobs not final yet, locked in id order (the order every multi-row update of the store locks
 # in, store.by_id): each one's status is then ours to change until the commit.
-_LOCK_LIVE = ("SELECT id, status FROM jobs WHERE id = ANY(%(ids)s) AND status IN ('waiting', 'pending', 'running') "
-              "ORDER BY id FOR UPDATE")
-# pending or waiting → cancelled; the ones with children, whose edges are applied next
+_LOCK_LIVE = ("SELECT id, status FROM jobs WHERE id = ANY(%(ids)s) "
+              "AND status IN ('waiting', 'pending', 'running', 'suspended') ORDER BY id FOR UPDATE")
+# pending, waiting or suspended → cancelled; the ones with children, whose edges are applied next
 _CANCEL_PENDING = f"""
 WITH gone AS (
-UPDATE jobs SET status = 'cancelled', error = %(error)s, updated_at = {MS}, started_at = NULL
- WHERE id = ANY(%(ids)s) AND status IN ('waiting', 'pending')
+UPDATE jobs SET status = 'cancelled', error = %(error)s, updated_at = {MS}, started_at = NULL, awaiting_signal = NULL
+ WHERE id = ANY(%(ids)s) AND status IN ('waiting', 'pending', 'suspended')
 RETURNING id, has_children)
 SELECT coalesce(array_agg(id) FILTER (WHERE has_children), '{{}}') FROM gone
 """
@@ -168,7 +191,7 @@ CANCEL_ROUNDS = 5  # (a job revived between the lock and the read of the final o
 
 
 def cancel(conn: psycopg.Connection[Any], job_ids: Sequence[str], *, reason: str) -> list[str | None]:
-    """In one transaction: pending or waiting → cancelled (states.cancelled_error), its edges
+    """In one transaction: pending, waiting or suspended → cancelled (states.cancelled_error), its edges
     applied (store.apply_edges), running → its cancel requested (CANCELLING); a final job's status
     as it is, None for an unknown id. Only the rows it changes are locked (and the children of
     those it cancels)."""
@@ -181,7 +204,7 @@ def _cancel(conn: psycopg.Connection[Any], job_ids: Sequence[str], *, reason: st
     todo = sorted(set(job_ids))
     for _ in range(CANCEL_ROUNDS):
         live = conn.execute(_LOCK_LIVE, {"ids": todo}).fetchall()
-        pending = [job_id for job_id, status in live if status in (Status.PENDING, Status.WAITING)]
+        pending = [job_id for job_id, status in live if status in (Status.PENDING, Status.WAITING, Status.SUSPENDED)]
         running = [job_id for job_id, status in live if status == Status.RUNNING]
         if pending:
             row = conn.execute(_CANCEL_PENDING, {"ids": pending, "error": error}).fetchone()
@@ -199,7 +222,7 @@ def _cancel(conn: psycopg.Connection[Any], job_ids: Sequence[str], *, reason: st
         todo = []
         for job_id in rest:
             status = found.get(job_id)
-            if status in (Status.WAITING, Status.PENDING, Status.RUNNING):
+            if status in (Status.WAITING, Status.PENDING, Status.RUNNING, Status.SUSPENDED):
                 todo.append(job_id)
             else:
                 answers[job_id] = status
@@ -208,6 +231,10 @@ def _cancel(conn: psycopg.Connection[Any], job_ids: Sequence[str], *, reason: st
     else:
         raise StoreError(f"{len(todo)} jobs changed status {CANCEL_ROUNDS} times while being cancelled; try again")
     return [answers[job_id] for job_id in job_ids]
+
+
+# durable functions (issue 35): a person's or a client's signal (ServerBackend.operators.send_signal)
+send_signal = durable.send_signal
 
 
 def set_type_paused(conn: psycopg.Connection[Any], job_type: str, paused: bool) -> None:
@@ -224,25 +251,27 @@ def paused_types(conn: psycopg.Connection[Any]) -> set[str]:
     return {job_type for (job_type,) in conn.execute("SELECT job_type FROM paused_types")}
 
 
-_LOCK_ONE = "SELECT status, has_children IS TRUE, waiting_for IS NOT NULL, batch_id FROM jobs WHERE id = %s FOR UPDATE"
+_LOCK_ONE = ("SELECT status, has_children IS TRUE, waiting_for IS NOT NULL, batch_id, durable IS TRUE FROM jobs "
+             "WHERE id = %s FOR UPDATE")
 
 
 def delete_job(conn: psycopg.Connection[Any], job_id: str) -> None:
     """Delete a job record; LookupError if unknown, UsageError if it is running. In one
-    transaction: its edges that have not counted (it was pending or waiting) applied as a parent
-    "deleted" (store.apply_edges), then its edges (both directions) and its batch, if none of
-    the batch's jobs is left, removed with it."""
+    transaction: its edges that have not counted (it was pending, waiting or suspended) applied as
+    a parent "deleted" (store.apply_edges), then its edges (both directions), its steps and signals,
+    and its batch, if none of the batch's jobs is left, removed with it."""
     def remove() -> None:
         row = conn.execute(_LOCK_ONE, (job_id,)).fetchone()
         if row is None:
             raise LookupError(f"no job with id {job_id!r}")
-        status, has_children, has_parents, batch_id = row
+        status, has_children, has_parents, batch_id, is_durable = row
         if status == Status.RUNNING:
             raise UsageError(f"job {job_id} is running; wait for it to finish before deleting it")
         if has_children:
             store.apply_edges(conn, [(job_id, "deleted")])
         conn.execute("DELETE FROM jobs WHERE id = %s", (job_id,))
         graph.forget(conn, [job_id] if has_children or has_parents else [], [batch_id] if batch_id else [])
+        durable.forget(conn, [job_id] if is_durable else [])
 
     store.deadlocks_retried(conn, remove)
 
@@ -252,21 +281,24 @@ _CLEANUP = """
 WITH gone AS (
 DELETE FROM jobs WHERE status = ANY(%(statuses)s::text[])
    AND (%(age)s::float8 IS NULL OR updated_at < now() - %(age)s::float8 * interval '1 second')
-RETURNING id, batch_id, has_children IS TRUE OR waiting_for IS NOT NULL AS linked)
+RETURNING id, batch_id, has_children IS TRUE OR waiting_for IS NOT NULL AS linked, durable)
 SELECT count(*), coalesce(array_agg(id) FILTER (WHERE linked), '{}'),
-       coalesce(array_agg(DISTINCT batch_id) FILTER (WHERE batch_id IS NOT NULL), '{}') FROM gone
+       coalesce(array_agg(DISTINCT batch_id) FILTER (WHERE batch_id IS NOT NULL), '{}'),
+       coalesce(array_agg(id) FILTER (WHERE durable), '{}') FROM gone
 """
 
 
 def cleanup(conn: psycopg.Connection[Any], *, statuses: Sequence[str] = ("completed", "dead"), older_than_seconds: float | None = None) -> int:
     """Delete finished records (completed, dead, cancelled), optionally only those last updated more than
-    ``older_than_seconds`` ago (by the server's clock); their edges and emptied batches with them."""
+    ``older_than_seconds`` ago (by the server's clock); their edges, steps, signals and emptied batches with
+    them."""
     states.check_finished(statuses, "cleanup deletes")
     with conn.transaction():
         row = conn.execute(_CLEANUP, {"statuses": list(statuses), "age": older_than_seconds}).fetchone()
         assert row is not None
-        n, linked, batches = row
+        n, linked, batches, durable_ids = row
         graph.forget(conn, linked, batches)
+        durable.forget(conn, durable_ids)
     return int(n)
 
 

@@ -1,5 +1,5 @@
 """Retention on Postgres: whose turn it is, and the bounded deletes of finished jobs (with their
-edges and emptied batches) and of the worker-registry entries of processes long gone. Each
+edges, steps, signals and emptied batches) and of the worker-registry entries of processes long gone. Each
 ``fn(conn, ...)`` runs on a pooled connection, by the server's clock."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 
 from ...states import check_finished
-from . import graph
+from . import durable, graph
 
 TURN = "retention"
 
@@ -28,13 +28,14 @@ def prune(conn: psycopg.Connection[Any], status: str, older_than_seconds: float,
     """Up to ``limit`` jobs of the final ``status`` last updated more than ``older_than_seconds``
     ago, oldest first (the partial indexes jobs_finished and jobs_cancelled), except the jobs of a
     batch whose callback has not finished; in the same transaction, their edges and each batch none
-    of whose jobs is left (graph.forget)."""
+    of whose jobs is left (graph.forget), and the steps and signals of durable ones (durable.forget)."""
     check_finished([status], "retention removes")
     with conn.transaction():
         row = conn.execute(PRUNE, {"status": status, "age": older_than_seconds, "limit": limit}).fetchone()
         assert row is not None
-        n, linked, batches = row
+        n, linked, batches, durable_ids = row
         graph.forget(conn, linked, batches)
+        durable.forget(conn, durable_ids)
     return int(n)
 
 
@@ -49,14 +50,15 @@ KEPT_FOR_ITS_CALLBACK = (
 # By status and age: jobs_finished for completed and dead jobs, jobs_cancelled for cancelled ones;
 # then = ANY(ARRAY(...)), the rows by primary key (as IN (...), a hash join that read the whole
 # table to find the few it deletes). Of the rows removed, those with edges (a parent, a child) and
-# their batches, for graph.forget: none for plain jobs.
+# their batches, for graph.forget, and the durable ones, for durable.forget: none for plain jobs.
 PRUNE = (
     "WITH gone AS (DELETE FROM jobs WHERE id = ANY(ARRAY(SELECT id FROM jobs j WHERE status = %(status)s "
     "AND updated_at < now() - %(age)s::float8 * interval '1 second' "
     f"AND (j.batch_id IS NULL OR NOT {KEPT_FOR_ITS_CALLBACK}) ORDER BY updated_at LIMIT %(limit)s "
-    "FOR UPDATE OF j SKIP LOCKED)) RETURNING id, batch_id, has_children IS TRUE OR waiting_for IS NOT NULL AS linked) "
-    "SELECT count(*), coalesce(array_agg(id) FILTER (WHERE linked), '{}'), "
-    "coalesce(array_agg(DISTINCT batch_id) FILTER (WHERE batch_id IS NOT NULL), '{}') FROM gone"
+    "FOR UPDATE OF j SKIP LOCKED)) RETURNING id, batch_id, has_children IS TRUE OR waiting_for IS NOT NULL AS linked, "
+    "durable) SELECT count(*), coalesce(array_agg(id) FILTER (WHERE linked), '{}'), "
+    "coalesce(array_agg(DISTINCT batch_id) FILTER (WHERE batch_id IS NOT NULL), '{}'), "
+    "coalesce(array_agg(id) FILTER (WHERE durable), '{}') FROM gone"
 )
 
 

@@ -3,7 +3,12 @@
 Every process runs :func:`migrate` when it opens the backend. The migrations run in one
 transaction that first takes ``pg_advisory_xact_lock`` on a key of the schema's name, so
 processes starting at once apply them one after the other (the second finds them recorded),
-and a crash mid-way leaves nothing half-done. The tables live in the connection's current
+and a crash mid-way leaves nothing half-done. That transaction waits at most a second for any
+other lock (the writers queue behind a waiting ALTER TABLE), and is tried again while a long
+transaction holds the jobs table. A migration that must read the whole jobs table (an index, a
+check's validation: :class:`Online`) runs in it only while the table is small; on a big one it
+is built online (CONCURRENTLY) once the migrations before it have committed, and every process
+of the new version waits until it is done, while enqueues and outcomes go on. The tables live in the connection's current
 schema (``public`` unless ``?options=-csearch_path%3DNAME`` says otherwise): a database
 shared with an application can keep the pipeline's tables in a schema of their own.
 
@@ -14,11 +19,18 @@ milliseconds, and a stored time must read back as the text it sorts as).
 
 from __future__ import annotations
 
-from typing import Any, Final
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Final, TypeVar
 
+import attrs
 import psycopg
 
 from ...errors import SchemaTooNew, StoreError
+
+log = logging.getLogger("pipeline.postgres")
+T = TypeVar("T")
 
 Migration = tuple[int, str, str]
 
@@ -423,15 +435,171 @@ MIGRATIONS: Final[list[Migration]] = [
         CREATE INDEX IF NOT EXISTS idempotency_keys_expiry ON idempotency_keys (expires_at);
         """,
     ),
+    (
+        11,
+        "durable functions",
+        # Issue 35 (docs/durable.md). Catalog changes and new tables only: nothing here reads the jobs
+        # table, so the ACCESS EXCLUSIVE lock its ALTERs take is held for milliseconds whatever the table
+        # holds (and waited for at most MIGRATION_LOCK_TIMEOUT: see migrate). What must read the table (the
+        # check's validation, two indexes) is version 12's.
+        """
+        -- A status suspended: a job that left its worker in ctx.sleep or ctx.wait_for. The new check is
+        -- looser than the old one, which every row passed: NOT VALID here (no read of the table), validated
+        -- by version 12; new rows are checked either way.
+        ALTER TABLE jobs DROP CONSTRAINT IF EXISTS jobs_status_check;
+        ALTER TABLE jobs ADD CONSTRAINT jobs_status_check
+            CHECK (status IN ('waiting', 'pending', 'running', 'suspended', 'completed', 'dead', 'cancelled')) NOT VALID;
+        -- Without defaults, each ADD COLUMN changes the catalog only; a plain job leaves both NULL.
+        -- awaiting_signal: while suspended in ctx.wait_for, the signal's name. durable: true once the job
+        -- wrote a step or was sent a signal: only such a job has rows in job_steps or job_signals, which go
+        -- with it (delete, cleanup, retention); removing a plain job looks for none.
+        ALTER TABLE jobs ADD COLUMN IF NOT EXISTS awaiting_signal text;
+        ALTER TABLE jobs ADD COLUMN IF NOT EXISTS durable boolean;
+
+        -- A durable job's steps, one row per (job, name), replaced whole when written again under its
+        -- name; position: the order first written (an upsert keeps it), from one sequence for all jobs.
+        -- No foreign key (a check per deleted job, plain ones too): the paths that remove jobs remove them.
+        CREATE TABLE IF NOT EXISTS job_steps (
+            job_id     text NOT NULL,
+            name       text NOT NULL,
+            position   bigint GENERATED ALWAYS AS IDENTITY,
+            status     text NOT NULL,
+            value      text,                         -- JSON text
+            started_at timestamptz NOT NULL,
+            ended_at   timestamptz,
+            PRIMARY KEY (job_id, name)
+        );
+
+        -- Signals sent to a job, consumed by its waits oldest first per name (seq: the order sent). key: a
+        -- signed link's use-once, unique per job when given. Kept once consumed (a key stays used).
+        CREATE TABLE IF NOT EXISTS job_signals (
+            job_id   text NOT NULL,
+            seq      bigint GENERATED ALWAYS AS IDENTITY,
+            name     text NOT NULL,
+            payload  text,                           -- JSON text (NULL: none)
+            key      text,
+            sent_at  timestamptz NOT NULL,
+            consumed boolean NOT NULL DEFAULT false,
+            PRIMARY KEY (job_id, seq)
+        );
+        CREATE UNIQUE INDEX IF NOT EXISTS job_signals_key ON job_signals (job_id, key) WHERE key IS NOT NULL;
+        -- the oldest unconsumed signal of a name (take_signal), and whether one exists (SUSPEND)
+        CREATE INDEX IF NOT EXISTS job_signals_waiting ON job_signals (job_id, name, seq) WHERE NOT consumed;
+        """,
+    ),
 ]
+
+
+@attrs.frozen
+class Online:
+    """A migration that reads the whole jobs table (an index build, a check's validation). On a
+    table of up to ONLINE_ABOVE_BYTES it runs in the migrations' transaction as any other (``sql``:
+    its milliseconds of scan hold up the writers no longer than that). On a bigger one it is built
+    online, after the transaction before it has committed (:func:`_build_online`): each index
+    CONCURRENTLY, the check validated by a statement of its own (neither blocks inserts nor
+    outcomes), then ``swap`` and the version's record in one short transaction."""
+
+    version: int
+    name: str
+    validate: tuple[str, ...]  # constraints of jobs to validate
+    indexes: tuple[tuple[str, str], ...]  # (name, "[UNIQUE] INDEX {name} ON ..."), built in this order
+    swap: str
+
+    def create(self, index: str, *, concurrently: bool) -> str:
+        text = dict(self.indexes)[index]
+        how = "CONCURRENTLY IF NOT EXISTS" if concurrently else "IF NOT EXISTS"
+        return "CREATE " + text.replace("INDEX {name}", f"INDEX {how} {index}")
+
+    @property
+    def sql(self) -> str:
+        return "\n".join([*(f"ALTER TABLE jobs VALIDATE CONSTRAINT {name};" for name in self.validate),
+                          *(self.create(index, concurrently=False) + ";" for index, _ in self.indexes), self.swap])
+
+
+ONLINE: Final = [
+    Online(
+        12,
+        "durable functions: suspended jobs hold their unique key; the wake-up's index",
+        validate=("jobs_status_check",),
+        indexes=(
+            # A suspended job holds its unique key as a pending one: jobs_unique made again with 'suspended'
+            # in its predicate. No row is suspended before this version is recorded (every process of this
+            # version waits in migrate until it is), so it holds the old index's keys and cannot fail. The
+            # ON CONFLICT of a process of version 10 (waiting, pending, running) implies this predicate: its
+            # keyed inserts go on during a rolling upgrade.
+            ("jobs_unique_12", "UNIQUE INDEX {name} ON jobs (job_type, unique_key) "
+             "WHERE unique_key IS NOT NULL AND status IN ('waiting', 'pending', 'running', 'suspended') "
+             "AND (unique_token IS NULL OR unique_token = lease_token)"),
+            # wake_suspended, about once a second in every process: the due suspended jobs and the next
+            # one's time, without reading anything else (empty where nobody suspends)
+            ("jobs_suspended", "INDEX {name} ON jobs (run_after) WHERE status = 'suspended'"),
+        ),
+        swap="DROP INDEX IF EXISTS jobs_unique; ALTER INDEX jobs_unique_12 RENAME TO jobs_unique;",
+    ),
+]
+MIGRATIONS.extend((online.version, online.name, online.sql) for online in ONLINE)
 LATEST: Final = max(v for v, _, _ in MIGRATIONS)
 TABLE: Final = "pipeline_migrations"
+# A jobs table bigger than this has its online migrations built online (Online); a smaller one reads in
+# milliseconds. A module constant: tests lower it.
+ONLINE_ABOVE_BYTES = 8 << 20
+# Each migration transaction waits at most this long for a lock (the jobs table's ACCESS EXCLUSIVE, held
+# by a long transaction: a bulk load, a session idle in a transaction), since the writers queue behind a
+# waiting ALTER; it is tried again MIGRATION_LOCK_TRIES times, MIGRATION_LOCK_PAUSE apart, the writers
+# going on in between. Module constants: tests lower them.
+MIGRATION_LOCK_TIMEOUT = 1.0
+MIGRATION_LOCK_TRIES = 60
+MIGRATION_LOCK_PAUSE = 1.0
+# How often a process waiting for another's online build looks whether it is done (never waiting on the
+# lock itself: a wait holds a snapshot, which the build's CREATE INDEX CONCURRENTLY would wait for)
+ONLINE_POLL = 0.2
 
 
 def migrate(conn: psycopg.Connection[Any], shown: str) -> list[int]:
     """Apply every migration not yet recorded in the current schema; return those applied now.
-    ``shown``: the masked URL, for messages."""
-    with conn.transaction():
+    ``shown``: the masked URL, for messages. ``conn`` is in autocommit (an online build cannot run
+    in a transaction block)."""
+    applied: list[int] = []
+    while True:
+        done, online = _in_transaction(conn, shown)
+        applied += done
+        if online is None:
+            return applied
+        if _build_online(conn, shown, online):
+            applied.append(online.version)
+
+
+_MIGRATIONS_LOCK = "SELECT pg_advisory_xact_lock(hashtext('pipeline migrations ' || current_schema()))"
+_ONLINE_LOCK = "SELECT pg_try_advisory_lock(hashtext('pipeline online migrations ' || current_schema()))"
+_ONLINE_UNLOCK = "SELECT pg_advisory_unlock(hashtext('pipeline online migrations ' || current_schema()))"
+_JOBS_BYTES = "SELECT coalesce(pg_relation_size(to_regclass('jobs')), 0)"
+_INDEX_VALID = ("SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass(%s) "
+                "AND to_regclass(%s) IS NOT NULL")
+
+
+def _bounded(conn: psycopg.Connection[Any], shown: str, fn: Callable[[], T]) -> T:
+    """``fn()`` in a transaction that takes the migrations' lock, then waits at most
+    MIGRATION_LOCK_TIMEOUT for any other lock (see there); tried again while it times out."""
+    for _ in range(MIGRATION_LOCK_TRIES):
+        try:
+            with conn.transaction():
+                conn.execute(_MIGRATIONS_LOCK)
+                conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{max(int(MIGRATION_LOCK_TIMEOUT * 1000), 1)}ms",))
+                return fn()
+        except psycopg.errors.LockNotAvailable:
+            time.sleep(MIGRATION_LOCK_PAUSE)
+    raise StoreError(
+        f"database {shown}: the migrations could not take their lock on the job tables within {MIGRATION_LOCK_TIMEOUT:g} s, "
+        f"{MIGRATION_LOCK_TRIES} times: a long transaction holds them (a bulk load, a session idle in a transaction: see "
+        "pg_stat_activity); start again once it has ended"
+    )
+
+
+def _in_transaction(conn: psycopg.Connection[Any], shown: str) -> tuple[list[int], Online | None]:
+    """The migrations not yet recorded, in one transaction (a crash mid-way leaves nothing
+    half-done), up to the first online one the jobs table is too big to apply here: those applied,
+    and that one (None: none left)."""
+    def apply() -> tuple[list[int], Online | None]:
         row = conn.execute("SELECT current_schema()").fetchone()
         schema = row[0] if row else None
         if schema is None:
@@ -439,7 +607,6 @@ def migrate(conn: psycopg.Connection[Any], shown: str) -> list[int]:
                 f"database {shown}: no schema to create the job tables in (the search_path names none that exists); "
                 "create it (CREATE SCHEMA name) or fix ?options=-csearch_path%3Dname"
             )
-        conn.execute("SELECT pg_advisory_xact_lock(hashtext('pipeline migrations ' || current_schema()))")
         conn.execute(
             f"CREATE TABLE IF NOT EXISTS {TABLE} (version integer PRIMARY KEY, name text NOT NULL, "
             "applied_at timestamptz NOT NULL DEFAULT now())"
@@ -461,11 +628,52 @@ def migrate(conn: psycopg.Connection[Any], shown: str) -> list[int]:
                     "create; give the pipeline a schema of its own: ?options=-csearch_path%3Dpipeline in DATABASE_URL "
                     "(after CREATE SCHEMA pipeline)"
                 )
-        applied = []
+        online = {migration.version: migration for migration in ONLINE}
+        applied: list[int] = []
         for version, name, sql in MIGRATIONS:
             if version in done:
                 continue
+            if version in online:
+                size = conn.execute(_JOBS_BYTES).fetchone()
+                if size is not None and size[0] > ONLINE_ABOVE_BYTES:
+                    return applied, online[version]  # (committed up to here; built online next)
             conn.execute(sql)
             conn.execute(f"INSERT INTO {TABLE} (version, name) VALUES (%s, %s)", (version, name))
             applied.append(version)
-        return applied
+        return applied, None
+
+    return _bounded(conn, shown, apply)
+
+
+def _build_online(conn: psycopg.Connection[Any], shown: str, online: Online) -> bool:
+    """An online migration on a big jobs table, outside any transaction, by one process at a time
+    (a session lock; the others wait for it by looking, see ONLINE_POLL): a leftover of a build that
+    died (an invalid index) dropped, each index built CONCURRENTLY, the checks validated (SHARE
+    UPDATE EXCLUSIVE: inserts and updates go on), then the swap and the record in one transaction.
+    Whether this process applied it (False: another did meanwhile). Safe to run again at any point."""
+    while not conn.execute(_ONLINE_LOCK).fetchone()[0]:  # type: ignore[index]
+        time.sleep(ONLINE_POLL)
+    try:
+        if conn.execute(f"SELECT 1 FROM {TABLE} WHERE version = %s", (online.version,)).fetchone() is not None:
+            return False
+        log.warning("database %s: building %s on the jobs table online (CONCURRENTLY): this process starts once "
+                    "it is done; enqueues and outcomes go on meanwhile", shown, ", ".join(n for n, _ in online.indexes))
+        for index, _ in online.indexes:
+            valid = conn.execute(_INDEX_VALID, (index, index)).fetchone()
+            if valid is not None and not valid[0]:  # a build that died half-way
+                conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {index}")
+            if valid is None or not valid[0]:
+                conn.execute(online.create(index, concurrently=True))
+        for constraint in online.validate:
+            conn.execute(f"ALTER TABLE jobs VALIDATE CONSTRAINT {constraint}")
+
+        def swap() -> None:
+            if conn.execute(f"SELECT 1 FROM {TABLE} WHERE version = %s", (online.version,)).fetchone() is None:
+                conn.execute(online.swap)
+                conn.execute(f"INSERT INTO {TABLE} (version, name) VALUES (%s, %s)", (online.version, online.name))
+
+        _bounded(conn, shown, swap)
+        return True
+    finally:
+        if not conn.closed:
+            conn.execute(_ONLINE_UNLOCK)

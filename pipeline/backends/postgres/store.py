@@ -27,13 +27,16 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import time
 from collections.abc import Callable, Collection, Generator, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import psycopg
 
 from ... import states
+from ...clock import to_epoch
 from ...errors import StoreError
+from .. import base
 from ..base import NewJob, Settlement, cancelled_running_error, expired_error
 
 # the statement's "now", as stored: rounded to the nearest millisecond, as clock.format_ts rounds
@@ -101,11 +104,11 @@ def insert_statement(rows: Sequence[NewJob]) -> str:
     return _INSERT_TRACED if traced(rows) else _INSERT
 
 
-# Which rows hold their unique key: jobs_unique's predicate (schema.py, versions 7 and 8). A job whose
-# key is held only while pending (or waiting) holds it under one lease token (unique_token): a claim
-# moves the token on and frees it; a default job (unique_token NULL) holds it while waiting, pending
-# or running.
-HOLDS = ("unique_key IS NOT NULL AND status IN ('waiting', 'pending', 'running') "
+# Which rows hold their unique key: jobs_unique's predicate (schema.py, versions 7, 8 and 12). A job whose
+# key is held only while pending (or waiting, or suspended) holds it under one lease token (unique_token): a
+# claim moves the token on and frees it; a default job (unique_token NULL) holds it while waiting, pending,
+# running or suspended (a suspended job holds it as a pending one does).
+HOLDS = ("unique_key IS NOT NULL AND status IN ('waiting', 'pending', 'running', 'suspended') "
          "AND (unique_token IS NULL OR unique_token = lease_token)")
 # Rows with a unique key: _INSERT's rows and their keys, none inserted while a job holds its type
 # and key (the partial unique index jobs_unique, named by its columns and WHERE); a duplicate id
@@ -126,7 +129,7 @@ _HOLDERS = f"""
 SELECT j.job_type, j.unique_key, j.id FROM {SCHEMA}jobs j
   JOIN unnest(%(types)s::text[], %(keys)s::text[]) AS k(job_type, unique_key)
     ON j.job_type = k.job_type AND j.unique_key = k.unique_key
- WHERE j.unique_key IS NOT NULL AND j.status IN ('waiting', 'pending', 'running')
+ WHERE j.unique_key IS NOT NULL AND j.status IN ('waiting', 'pending', 'running', 'suspended')
    AND (j.unique_token IS NULL OR j.unique_token = j.lease_token)
 """
 T = TypeVar("T")
@@ -189,21 +192,23 @@ def insert_unique(conn: psycopg.Connection[Any], rows: Sequence[NewJob]) -> dict
 
 
 # A job whose key is held only while pending, back in pending (a retry, a release, a snooze, a
-# rescue, a revive), takes its key again (unique_token = lease_token) if no job holds it; of two
-# with one type and key, the first in claim order. The others go on without it.
+# rescue, a revive) or suspended (which holds it as pending does), takes its key again (unique_token =
+# lease_token) if no job holds it; of two with one type and key, the first in claim order. The others go
+# on without it.
 _RETAKE = """
 UPDATE jobs j SET unique_token = j.lease_token
  WHERE j.id = ANY(ARRAY(
         SELECT DISTINCT ON (c.job_type, c.unique_key) c.id FROM jobs c
-         WHERE c.id = ANY(%(ids)s::text[]) AND c.status = 'pending' AND c.unique_token <> c.lease_token
+         WHERE c.id = ANY(%(ids)s::text[]) AND c.status IN ('pending', 'suspended') AND c.unique_token <> c.lease_token
            AND NOT EXISTS (SELECT 1 FROM jobs h WHERE h.job_type = c.job_type AND h.unique_key = c.unique_key
-                              AND h.status IN ('waiting', 'pending', 'running')
+                              AND h.status IN ('waiting', 'pending', 'running', 'suspended')
                               AND (h.unique_token IS NULL OR h.unique_token = h.lease_token))
          ORDER BY c.job_type, c.unique_key, c.priority, c.run_after, c.id))
-   AND j.status = 'pending' AND j.unique_token <> j.lease_token
+   AND j.status IN ('pending', 'suspended') AND j.unique_token <> j.lease_token
 """
 # whether some of the ids is such a job (in a transaction, before the savepoint the retake takes)
-_RETAKERS = "SELECT 1 FROM jobs WHERE id = ANY(%(ids)s::text[]) AND status = 'pending' AND unique_token <> lease_token LIMIT 1"
+_RETAKERS = ("SELECT 1 FROM jobs WHERE id = ANY(%(ids)s::text[]) AND status IN ('pending', 'suspended') "
+             "AND unique_token <> lease_token LIMIT 1")
 RETAKE_ROUNDS = 5
 
 
@@ -535,8 +540,12 @@ def write_batch(
     per outcome: whether it was written (its lease held). The outcomes of jobs with children are
     left out of that statement: with ``parents`` they are written after it by
     :func:`settle_parents` (a transaction of its own, which applies their edges); without, they
-    are answered False, as stale ones are, for the caller to hand to settle_parents. Raises
-    whatever a statement raised (a duplicate id among the rows: the caller splits the batch)."""
+    are answered False, as stale ones are, for the caller to hand to settle_parents. STEP and
+    SUSPEND outcomes are written by a statement of their own (:func:`settle_durable`), so that
+    the others' is the one it was. Raises whatever a statement raised (a duplicate id among the
+    rows: the caller splits the batch)."""
+    if any(s.transition in DURABLE for s in items):
+        return _write_with_durable(conn, items, rows, notify=notify, parents=parents)
     parts = rounds(items)
     if len(parts) <= 1:
         held = _execute_batch(conn, items, rows, notify=notify)
@@ -561,6 +570,29 @@ def write_batch(
 
 
 _BACK_TO_PENDING = frozenset({states.Transition.RETRY, states.Transition.RELEASE, states.Transition.SNOOZE})
+
+
+def _write_with_durable(conn: psycopg.Connection[Any], items: Sequence[Settlement], rows: Sequence[NewJob], *,
+                        notify: bool, parents: bool) -> list[bool]:
+    """:func:`write_batch` of a batch with STEP or SUSPEND outcomes: the others (and the rows) as
+    before, then those by :func:`settle_durable`. A job with a durable outcome and another in one
+    batch (the engine waits for each of a job's outcomes before the next) is written one outcome at
+    a time, in order."""
+    durable = [n for n, item in enumerate(items) if item.transition in DURABLE]
+    others = [n for n, item in enumerate(items) if item.transition not in DURABLE]
+    answers = [False] * len(items)
+    if {items[n].id for n in durable} & {items[n].id for n in others}:
+        if rows:
+            write_batch(conn, [], rows, notify=notify, parents=parents)
+        for n, item in enumerate(items):
+            answers[n] = write_batch(conn, [item], [], notify=notify, parents=parents)[0]
+        return answers
+    if others or rows:
+        for n, written in zip(others, write_batch(conn, [items[n] for n in others], rows, notify=notify, parents=parents)):
+            answers[n] = written
+    for n, written in zip(durable, settle_durable(conn, [items[n] for n in durable])):
+        answers[n] = written
+    return answers
 
 
 def _execute_batch(conn: psycopg.Connection[Any], items: Sequence[Settlement], rows: Sequence[NewJob], *, notify: bool) -> set[tuple[str, int]]:
@@ -663,7 +695,18 @@ def settle_parents(conn: psycopg.Connection[Any], items: Sequence[Settlement], *
     already: a claim meanwhile skipped them), which it NOTIFYs of unless ``notify`` is False (the
     caller claims them, and NOTIFYs of any it did not claim). One statement (a transaction of its
     own, tried again if Postgres broke a deadlock with it) unless the same job comes twice, or
-    outcomes go back to pending (then a transaction of several, which NOTIFYs whatever ``notify``)."""
+    outcomes go back to pending (then a transaction of several, which NOTIFYs whatever ``notify``).
+    STEP and SUSPEND outcomes left (stale ones: :func:`settle_durable` writes the others) are
+    answered False."""
+    if any(s.transition in DURABLE for s in items):
+        mine = [n for n, s in enumerate(items) if s.transition not in DURABLE]
+        answers = [False] * len(items)
+        if not mine:
+            return answers, 0, []
+        written, woken, pending = settle_parents(conn, [items[n] for n in mine], notify=notify)
+        for n, held in zip(mine, written):
+            answers[n] = held
+        return answers, woken, pending
     parts = rounds(items)
     if len(parts) == 1 and not any(s.transition in _BACK_TO_PENDING for s in items):
         params = {**outcome_params(items), "notify": notify}
@@ -692,6 +735,133 @@ def settle_parents(conn: psycopg.Connection[Any], items: Sequence[Settlement], *
         return answers, woken, []  # (NOTIFYd already)
 
     return deadlocks_retried(conn, write)
+
+
+# -- durable functions (issue 35): STEP and SUSPEND -------------------------------------------------
+
+DURABLE = frozenset({states.Transition.STEP, states.Transition.SUSPEND})
+FOREVER = f"'{base.FOREVER}'::timestamptz"  # a suspended job's run_after without a deadline
+
+# STEP and SUSPEND outcomes, one row each with its step (name NULL: none) and, for a SUSPEND, its delay
+# (NULL: no deadline) and the signal it awaits
+_DURABLE_OUTCOMES = (
+    "SELECT *, 'running'::text AS running FROM unnest(%(ids)s::text[], %(tokens)s::bigint[], %(suspends)s::bool[], "
+    "%(delays)s::float8[], %(awaiting)s::text[], %(names)s::text[], %(statuses)s::text[], %(values)s::text[], "
+    "%(started)s::text[], %(ended)s::text[]) "
+    "AS o(id, token, suspend, delay, awaiting, name, step_status, value, started_at, ended_at) OFFSET 0"
+)
+# Fenced as every outcome (see _settle). STEP: the job keeps running, flagged durable (its steps go with it:
+# delete, cleanup, retention), its step upserted by name (a step written again keeps its position). SUSPEND:
+# SNOOZE to another status: running → suspended, the attempt given back if it was counted, due ``delay``
+# seconds on (or never: FOREVER), awaiting its signal (if any), lease and expires_at cleared, snoozes
+# unchanged; or cancelled, as a snooze is, when its cancel was requested meanwhile (STOPPED). A job that
+# stops running holds no limit slot: the limits count running rows. Whether a signal it awaits came
+# already is the next statement's (_WOKEN_AT_ONCE).
+_SETTLE_DURABLE = f"""
+WITH o AS MATERIALIZED ({_DURABLE_OUTCOMES}),
+settled AS (
+UPDATE jobs j
+   SET status = CASE WHEN NOT o.suspend THEN j.status WHEN j.cancel_requested THEN 'cancelled' ELSE 'suspended' END,
+       attempts = CASE WHEN o.suspend AND j.started_at IS NOT NULL THEN greatest(j.attempts - 1, 0) ELSE j.attempts END,
+       run_after = CASE WHEN NOT o.suspend OR j.cancel_requested THEN j.run_after WHEN o.delay IS NULL THEN {FOREVER}
+                        ELSE {seconds_after('o.delay')} END,
+       error = CASE WHEN o.suspend AND j.cancel_requested THEN '{STOPPED}suspended' ELSE j.error END,
+       awaiting_signal = CASE WHEN o.suspend AND NOT j.cancel_requested THEN o.awaiting END,
+       started_at = CASE WHEN o.suspend THEN NULL ELSE j.started_at END,
+       expires_at = CASE WHEN o.suspend THEN NULL ELSE j.expires_at END,
+       progress = CASE WHEN o.suspend AND NOT j.cancel_requested THEN NULL ELSE j.progress END,
+       progress_message = CASE WHEN o.suspend AND NOT j.cancel_requested THEN NULL ELSE j.progress_message END,
+       cancel_requested = NOT o.suspend AND j.cancel_requested,
+       updated_at = CASE WHEN o.suspend THEN {MS} ELSE j.updated_at END,
+       lease_owner = CASE WHEN o.suspend THEN NULL ELSE j.lease_owner END,
+       lease_expires_at = CASE WHEN o.suspend THEN NULL ELSE j.lease_expires_at END,
+       durable = true
+  FROM o
+ WHERE j.id = ANY(ARRAY(SELECT id FROM o)) AND j.id = o.id AND j.status = o.running AND j.lease_token = o.token
+RETURNING j.id, o.token, j.status, j.has_children IS TRUE AS kids, j.unique_token IS NOT NULL AS keyed),
+stepped AS (
+INSERT INTO job_steps AS s (job_id, name, status, value, started_at, ended_at)
+SELECT o.id, o.name, o.step_status, o.value, o.started_at::timestamptz, o.ended_at::timestamptz
+  FROM o JOIN settled ON settled.id = o.id AND settled.token = o.token
+ WHERE o.name IS NOT NULL
+ON CONFLICT (job_id, name) DO UPDATE
+   SET status = excluded.status, value = excluded.value, started_at = excluded.started_at, ended_at = excluded.ended_at)
+SELECT id, token, status, kids, keyed FROM settled
+"""
+# A job just suspended awaiting a signal that was sent already → pending, due now. A statement of its own,
+# after the SUSPEND's, in its transaction: its snapshot is taken after the SUSPEND locked the job's row, so it
+# sees every signal whose sender locked that row first (send_signal locks it before it inserts); a sender
+# that comes after finds the job suspended under its lock, and wakes it itself. (The SUSPEND's own
+# statement cannot look: its snapshot may be older than a signal whose sender it waited for.)
+_WOKEN_AT_ONCE = f"""
+WITH woken AS (
+UPDATE jobs j SET status = 'pending', awaiting_signal = NULL, run_after = {MS}, updated_at = {MS}
+ WHERE j.id = ANY(%(ids)s::text[]) AND j.status = 'suspended' AND j.awaiting_signal IS NOT NULL
+   AND EXISTS (SELECT 1 FROM job_signals s WHERE s.job_id = j.id AND s.name = j.awaiting_signal AND NOT s.consumed)
+RETURNING j.id)
+SELECT (SELECT count(*) FROM woken), (SELECT pg_notify('{CHANNEL}', current_schema()) WHERE EXISTS (SELECT 1 FROM woken))
+"""
+
+
+def _delay(item: Settlement) -> float | None:
+    """A SUSPEND's delay as bound: None for none (math.inf) or one past FOREVER."""
+    if item.transition is not states.Transition.SUSPEND:
+        return 0.0
+    delay = max(float(item.delay), 0.0)
+    return None if delay >= to_epoch(base.FOREVER) - time.time() else delay
+
+
+def durable_params(items: Sequence[Settlement]) -> dict[str, Any]:
+    items = by_id(items)
+    steps = [item.step for item in items]
+    return {
+        "ids": [s.id for s in items], "tokens": [s.token for s in items],
+        "suspends": [s.transition is states.Transition.SUSPEND for s in items],
+        "delays": [_delay(s) for s in items], "awaiting": [_text(s.awaiting) for s in items],
+        "names": [None if step is None else _text(step.name) for step in steps],
+        "statuses": [None if step is None else step.status for step in steps],
+        "values": [None if step is None else _text(step.value) for step in steps],
+        "started": [None if step is None else step.started_at for step in steps],
+        "ended": [None if step is None else step.ended_at for step in steps],
+    }
+
+
+def settle_durable(conn: psycopg.Connection[Any], items: Sequence[Settlement]) -> list[bool]:
+    """STEP and SUSPEND outcomes (:data:`_SETTLE_DURABLE`); per outcome, whether it was written (its
+    lease held). STEPs alone: that one statement. With SUSPENDs, a transaction (tried again if
+    Postgres broke a deadlock with it) that also wakes at once the jobs whose awaited signal was
+    sent already (:data:`_WOKEN_AT_ONCE`, NOTIFYing), and applies the edges of a job cancelled
+    instead (its cancel was requested); then a job whose key is held only while pending takes it
+    again (:func:`retake`)."""
+    if not items:
+        return []
+    answers = [False] * len(items)
+    for part in rounds(items):  # (one round but for a job twice in a batch)
+        chosen = [items[n] for n in part]
+        for n, written in zip(part, _settle_durable_round(conn, chosen)):
+            answers[n] = written
+    return answers
+
+
+def _settle_durable_round(conn: psycopg.Connection[Any], items: Sequence[Settlement]) -> list[bool]:
+    params = durable_params(items)
+    if not any(params["suspends"]):
+        found = conn.execute(_SETTLE_DURABLE, params).fetchall()
+        held = {(job_id, token) for job_id, token, *_ in found}
+        return [(s.id, s.token) in held for s in items]
+    awaiting = any(s.transition is states.Transition.SUSPEND and s.awaiting is not None for s in items)
+
+    def write() -> list[Any]:
+        found = conn.execute(_SETTLE_DURABLE, params).fetchall()
+        if awaiting:
+            conn.execute(_WOKEN_AT_ONCE, {"ids": [job_id for job_id, _, status, *_ in found if status == "suspended"]})
+        apply_edges(conn, [(job_id, "cancelled") for job_id, _, status, kids, _ in found if kids and status == "cancelled"])
+        return found
+
+    found = deadlocks_retried(conn, write)
+    retake(conn, [job_id for job_id, _, status, _, keyed in found if keyed and status == "suspended"])
+    held = {(job_id, token) for job_id, token, *_ in found}
+    return [(s.id, s.token) in held for s in items]
 
 
 # -- expiry ---------------------------------------------------------------------------------------
