@@ -3,11 +3,13 @@ worker for a sleep or a wait (SUSPEND, the ``suspended`` status) and comes back 
 signals kept and consumed once (signal, take_signal), and what operators do to such jobs (cancel, delete,
 cleanup, prune, revive from a step; get, list, stats). Written from the protocol's contract
 (pipeline/backends/base.py: Settlement, StepRecord, FOREVER and the Backend's durable methods; and
-pipeline/states.py), not from any store's code."""
+pipeline/states.py), not from any store's code. Last, SQLite's own: a file of the schema before
+(version 16) upgrades."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -16,7 +18,9 @@ import trio
 
 from pipeline.backends import Backend, Lease, Settlement
 from pipeline.backends.base import FOREVER, StepRecord, cancelled_error, signal_refused
+from pipeline.backends.sqlite import durable, migrations, open_sqlite_backend, store
 from pipeline.errors import SignalKeyUsed, UsageError
+from pipeline.sqlite_files import apply_migrations
 from pipeline.states import Transition
 
 from .kit import (
@@ -143,7 +147,7 @@ async def test_a_stale_step_writes_nothing(backend: Backend) -> None:
 async def test_steps_and_suspends_ride_one_batch_with_other_outcomes(backend: Backend) -> None:
     one, two, three = await running(backend, "a"), await running(backend, "b"), await running(backend, "c")
     outcomes = [put(one, done_step("s")), suspend(two, FUTURE, step=done_step("before")), succeed(three, "3"),
-                put(three, done_step("late")), suspend(one, FUTURE, token=one.token + 1)]
+                put(three, done_step("stale"), token=three.token + 1), suspend(one, FUTURE, token=one.token + 1)]
     assert await backend.settle(outcomes) == [True, True, True, False, False]
     assert [(await record(backend, j)).status for j in (one.id, two.id, three.id)] == ["running", "suspended", "completed"]
     assert (await names(backend, one.id), await names(backend, two.id), await names(backend, three.id)) == (["s"], ["before"], [])
@@ -533,3 +537,50 @@ async def test_revive_from_a_step_is_refused_while_another_job_holds_the_key(bac
         await backend.revive(done.id, from_step="c")
     assert await record(backend, done.id) == before
     assert await names(backend, done.id) == ["a", "b", "c", "d"]
+
+
+# -- SQLite: a file of the schema before durable functions ----------------------------------------------
+
+
+async def test_a_sqlite_file_of_version_16_upgrades_and_its_jobs_suspend_holding_their_keys(tmp_path: Path) -> None:
+    path = tmp_path / "v16.db"
+    conn = store.connect(path)
+    apply_migrations(conn, [m for m in migrations.MIGRATIONS if m[0] <= 16], table=migrations.TABLE, known=migrations.RETIRED)
+    assert migrations.current_version(conn) == 16
+    conn.execute("INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, created_at, "
+                 "updated_at, unique_key, lease_token, lease_owner, lease_expires_at, started_at) VALUES "
+                 "('old-running', 't', '{}', 'running', 1, 3, '2020-01-01T00:00:00.000Z', '2020', '2020', 'K', 4, 'w', "
+                 "'2999-01-01T00:00:00.000Z', '2020'), "
+                 "('old-done', 't', '{}', 'completed', 1, 3, '2020-01-01T00:00:00.000Z', '2020', '2020', NULL, 3, NULL, NULL, NULL)")
+    conn.close()
+
+    async with open_sqlite_backend(path) as backend:  # migrates
+        # the job running before the upgrade writes a step and suspends, holding its key
+        step = done_step("charge", '"ch_1"')
+        assert await backend.settle([Settlement("old-running", 4, Transition.STEP, step=step),
+                                     Settlement("old-running", 4, Transition.SUSPEND, delay=math.inf, awaiting="approve")]) == [True, True]
+        got = await record(backend, "old-running")
+        assert (got.status, got.awaiting_signal, got.run_after, got.steps, got.attempts) == (
+            "suspended", "approve", FOREVER, (step,), 0)
+        assert await backend.insert([job("t", unique_key="K")]) == ["old-running"]
+        assert (await backend.stats())["by_status"]["suspended"] == 1
+        assert await backend.signal("old-running", "approve", "true") == "woken"
+        with pytest.raises(UsageError, match="no steps"):
+            await backend.revive("old-done", from_step="charge")
+
+    conn = store.connect(path)
+    try:
+        assert migrations.current_version(conn) == migrations.LATEST >= 17
+        assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        (table,) = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'jobs'").fetchone()
+        assert "OR status = 'suspended'" in table and "awaiting_signal TEXT" in table, table
+        (unique,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'idx_jobs_unique'").fetchone()
+        assert "status = 'suspended'" in unique and "unique_token = lease_token" in unique, unique
+        objects = {name for (name,) in conn.execute("SELECT name FROM sqlite_master")}
+        assert {"job_steps", "job_signals", "idx_signals_unconsumed", "idx_signals_key", "idx_jobs_suspended"} <= objects
+        # the idle look of wake_suspended is one seek of its partial index
+        plan = " ".join(row[-1] for row in conn.execute(f"EXPLAIN QUERY PLAN {durable._NEXT_DUE}"))
+        assert "idx_jobs_suspended" in plan, plan
+    finally:
+        conn.close()
+

@@ -40,11 +40,12 @@ from ..base import (
     ParentResult,
     ScheduleRecord,
     Settlement,
+    StepRecord,
     Topology,
     WorkerRecord,
 )
 from ..trays import Tray, Trays
-from . import limits, migrations, queries, retention, schedules, store, workflows
+from . import durable, limits, migrations, queries, retention, schedules, store, workflows
 from .bulk import BulkInsert
 from .checkpoints import WalCheck, run_wal_check
 from .db import Database, begin_immediate, describe, open_database
@@ -188,8 +189,29 @@ class SqliteBackend:
     async def stats(self) -> dict[str, Any]:
         return await self._db.read(lambda conn: queries.operator_stats(conn, now=now_ts()))
 
-    async def revive(self, job_id: str) -> JobRecord:
-        return await self._call("revive", lambda conn, now: queries.revive(conn, job_id, now=now), wakes_poller=True)
+    async def revive(self, job_id: str, *, from_step: str | None = None) -> JobRecord:
+        return await self._call("revive", lambda conn, now: queries.revive(conn, job_id, now=now, from_step=from_step),
+                                wakes_poller=True)
+
+    # -- durable functions (issue 35): writes through the Ledger like revive (a job they make pending
+    # wakes the Poller: durable.woke), reads on the read connections (see durable.py)
+
+    async def steps(self, job_id: str) -> builtins.list[StepRecord]:
+        return await self._db.read(durable.steps, job_id)
+
+    async def take_signal(self, job_id: str, token: int, name: str, step: StepRecord) -> tuple[bool, str | None] | None:
+        return await self._call("take_signal", lambda conn, now: durable.take_signal(conn, job_id, token, name, step))
+
+    async def signal(self, job_id: str, name: str, payload: str | None, *, key: str | None = None) -> str:
+        return await self._call("signal", lambda conn, now: durable.send_signal(conn, job_id, name, payload, key=key, now=now))
+
+    async def wake_suspended(self, *, limit: int = 500) -> tuple[int, float | None]:
+        """A look on a read connection first (every process makes it about once a second): the Ledger's
+        write only when a suspended job is due."""
+        after = await self._db.read(lambda conn: durable.next_due(conn, now=now_ts()))
+        if after is None or after > 0:
+            return 0, after
+        return await self._call("wake_suspended", lambda conn, now: durable.wake_suspended(conn, limit=limit, now=now))
 
     # -- workflows (issue 24): reads on the read connections (see workflows.py)
 

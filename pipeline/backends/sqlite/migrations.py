@@ -240,6 +240,7 @@ MIGRATIONS: Final[list[Migration]] = [
         CREATE INDEX IF NOT EXISTS idx_idempotency_expiry ON idempotency_keys(expires_at);
         """,
     ),
+    (17, "durable functions", lambda conn: _durable(conn)),  # a schema edit as version 13's: see _durable
 ]
 
 # Issue 23's control: a final status "cancelled", what a handler reports and returns, snoozes,
@@ -378,6 +379,69 @@ def _workflows(conn: sqlite3.Connection) -> None:
     "cancelled": see :func:`_edit_status_check`), then :data:`WORKFLOWS`."""
     _edit_status_check(conn, _STATUS_CHECK_CANCELLED, _STATUS_CHECK_WAITING, 15)
     run_statements(conn, WORKFLOWS)
+
+
+# Issue 35's durable functions: a job's steps, the signals sent to it, and the status "suspended".
+DURABLE = """
+-- While a suspended job waits in ctx.wait_for: the signal's name (NULL otherwise, and for every other job).
+ALTER TABLE jobs ADD COLUMN awaiting_signal TEXT;
+-- A durable job's steps, one row per (job, name): written by a STEP or SUSPEND outcome or a take_signal,
+-- under the job's lease, replaced whole when written again (its position kept: the order first written,
+-- which steps() reads and a replay cuts at). Removed with their job (durable.forget) or by a replay.
+CREATE TABLE IF NOT EXISTS job_steps (
+    job_id     TEXT NOT NULL,
+    name       TEXT NOT NULL,
+    position   INTEGER NOT NULL,                 -- 0, 1, ... per job, in the order first written
+    status     TEXT NOT NULL,                    -- base.STEP_STATUSES
+    value      TEXT,                             -- JSON text (NULL: none)
+    started_at TEXT NOT NULL,
+    ended_at   TEXT,
+    PRIMARY KEY (job_id, name)
+) WITHOUT ROWID;
+-- The signals sent to a job (Backend.signal), numbered per job in the order sent (seq); each consumed by
+-- one wait (take_signal: the oldest not consumed of its name). Kept once consumed: a key stays used.
+CREATE TABLE IF NOT EXISTS job_signals (
+    job_id   TEXT NOT NULL,
+    seq      INTEGER NOT NULL,
+    name     TEXT NOT NULL,
+    payload  TEXT,                               -- JSON text (NULL: none)
+    key      TEXT,                               -- a signed link's use-once key (NULL: none)
+    sent_at  TEXT NOT NULL,
+    consumed INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (job_id, seq)
+) WITHOUT ROWID;
+-- the signals waiting to be consumed, by job and name, oldest first: take_signal's and SUSPEND's look
+CREATE INDEX IF NOT EXISTS idx_signals_unconsumed ON job_signals(job_id, name, seq) WHERE consumed = 0;
+-- a key is used once per job (any name)
+CREATE UNIQUE INDEX IF NOT EXISTS idx_signals_key ON job_signals(job_id, key) WHERE key IS NOT NULL;
+-- The suspended jobs by when they are due: wake_suspended's look (every process, once a second) is one
+-- seek that reads nothing while none is due. Partial: no other job is in it.
+CREATE INDEX IF NOT EXISTS idx_jobs_suspended ON jobs(run_after) WHERE status = 'suspended';
+-- A suspended job holds its unique key as a pending one does: idx_jobs_unique with "suspended" (store.HOLDS,
+-- which the inserts' ON CONFLICT names). No job is suspended yet, so the new index holds the old one's
+-- entries and cannot fail. (A process of version 16 still running finds no index matching its ON CONFLICT:
+-- its keyed inserts fail until it is upgraded too, as at versions 14 and 15.)
+DROP INDEX IF EXISTS idx_jobs_unique;
+CREATE UNIQUE INDEX IF NOT EXISTS idx_jobs_unique ON jobs(job_type, unique_key)
+    WHERE unique_key IS NOT NULL
+      AND (status = 'pending' OR status = 'running' OR status = 'waiting' OR status = 'suspended')
+      AND (unique_token IS NULL OR unique_token = lease_token);
+"""
+
+# The status check from version 17 on: "suspended" after the statuses of before 15, so that they compare
+# as before; ahead of "waiting" (both are rare: their order costs nothing), which keeps the check's end
+# as version 15 wrote it, as test_sqlite_workflows reads it
+_STATUS_CHECK_SUSPENDED = (
+    "CHECK (status = 'pending' OR status = 'running' OR status = 'completed' OR status = 'dead' OR status = 'cancelled' "
+    "OR status = 'suspended' OR status = 'waiting')"
+)
+
+
+def _durable(conn: sqlite3.Connection) -> None:
+    """Version 17: the status check takes "suspended" (in place, as version 15's took "waiting": see
+    :func:`_edit_status_check`), then :data:`DURABLE`."""
+    _edit_status_check(conn, _STATUS_CHECK_WAITING, _STATUS_CHECK_SUSPENDED, 17)
+    run_statements(conn, DURABLE)
 
 
 RETIRED: Final = (2, 4)  # the site's, once: known here, no longer applied

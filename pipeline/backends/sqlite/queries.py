@@ -16,8 +16,8 @@ from ...clock import format_ts, to_epoch
 from ...errors import UsageError
 from ...states import Status
 from ..base import CANCELLING, JobRecord, WorkerRecord, cancelled_error, check_list_order, unique_key_held
-from . import store, workflows
-from .retention import FINISHED
+from . import durable, store, workflows
+from .retention import FINISHED, forget_removed
 
 # JobRecord's fields in order, then a workflow's columns (the job's parents and children are read
 # apart, by get: see workflows.relatives). A cancel request is shown only while the job runs:
@@ -27,40 +27,47 @@ COLUMNS = (
     "id, job_type, payload, status, attempts, max_attempts, run_after, error, "
     "created_at, updated_at, priority, lease_owner, lease_expires_at, unique_key, "
     "result, progress, progress_message, snoozes, expires_at, status = 'running' AND cancel_requested = 1, limit_key, "
-    "waiting_for, batch_id, on_parent_failure"
+    "waiting_for, batch_id, on_parent_failure, awaiting_signal"
 )
 
 
 def _record(row: tuple[Any, ...]) -> JobRecord:
     return JobRecord(*row[:19], bool(row[19]), row[20],  # type: ignore[call-arg,misc]
-                     waiting_for=row[21], batch_id=row[22], on_parent_failure=row[23])
+                     waiting_for=row[21], batch_id=row[22], on_parent_failure=row[23], awaiting_signal=row[24])
 
 
 # -- operator actions -----------------------------------------------------------------------
 
 
-def revive(conn: sqlite3.Connection, job_id: str, *, now: str) -> JobRecord:
+def revive(conn: sqlite3.Connection, job_id: str, *, now: str, from_step: str | None = None) -> JobRecord:
     """Admin retry: dead or cancelled → pending, due now; attempts, snoozes, the progress, the
-    result and a cancel request reset, the error kept. UsageError for any other status."""
+    result and a cancel request reset, the error kept, the steps kept (it resumes). UsageError for
+    any other status. ``from_step`` (a replay): a completed job too (REPLAY), and the step of that
+    name and every step first written after it removed; UsageError naming the job's steps if it has
+    none of that name. Either way, nothing is written when it refuses."""
     job = get_job(conn, job_id)
     if job is None:
         raise LookupError(f"no job with id {job_id!r}")
-    if job.status not in states.REVIVABLE:
-        raise UsageError(f"job {job_id} is {job.status}, only dead or cancelled jobs can be retried")
+    if job.status not in states.REVIVABLE and not (from_step is not None and job.status == Status.COMPLETED):
+        which = "dead, cancelled or (from a step) completed" if from_step is not None else "dead or cancelled"
+        raise UsageError(f"job {job_id} is {job.status}, only {which} jobs can be retried")
     if job.unique_key is not None and not _pending_only(conn, job_id):
         holder = store.holder_of(conn, job.job_type, job.unique_key)
         if holder is not None:  # (the Ledger's transaction: nobody takes the key in between)
             raise UsageError(unique_key_held(job, holder))
+    if from_step is not None:
+        durable.replay_from(conn, job_id, from_step)  # (raises before anything is written)
     conn.execute(_REVIVE, (now, now, job_id))
     return get_job_linked(conn, job_id)  # type: ignore[return-value]  # (as get() reads it)
 
 
 # A job holding its key only while pending is revived whoever holds it, and takes it again only if
-# nobody does (store.RETAKE); a default one is refused while another job holds it (above).
+# nobody does (store.RETAKE); a default one is refused while another job holds it (above). (A completed
+# one only with from_step: checked above, under the Ledger's transaction.)
 _REVIVE = (
     "UPDATE jobs SET status = 'pending', attempts = 0, snoozes = 0, progress = NULL, progress_message = NULL, "
-    f"result = NULL, cancel_requested = 0, run_after = ?, updated_at = ?, {store.RETAKE} "
-    "WHERE id = ? AND status IN ('dead', 'cancelled')"
+    f"result = NULL, cancel_requested = 0, awaiting_signal = NULL, run_after = ?, updated_at = ?, {store.RETAKE} "
+    "WHERE id = ? AND status IN ('dead', 'cancelled', 'completed')"
 )
 
 
@@ -71,7 +78,7 @@ def _pending_only(conn: sqlite3.Connection, job_id: str) -> bool:
 
 
 def cancel(conn: sqlite3.Connection, job_ids: Sequence[str], *, reason: str, now: str) -> list[str | None]:
-    """Per id in order, what the job is after it: a pending or waiting one cancelled at once
+    """Per id in order, what the job is after it: a pending, waiting or suspended one cancelled at once
     ("cancelled", its unique key freed: idx_jobs_unique holds no cancelled row; its edges applied
     at once: a job after it in ``job_ids`` that it cancelled answers "cancelled" too); a running
     one asked to stop (``CANCELLING``: its worker reads cancel_requests); a final one's status,
@@ -81,9 +88,10 @@ def cancel(conn: sqlite3.Connection, job_ids: Sequence[str], *, reason: str, now
     for job_id in job_ids:
         row = conn.execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
         status = None if row is None else row[0]
-        if status in (Status.PENDING, Status.WAITING):
-            conn.execute("UPDATE jobs SET status = 'cancelled', error = ?, updated_at = ? "
-                         "WHERE id = ? AND (status = 'pending' OR status = 'waiting')", (error, now, job_id))
+        if status in (Status.PENDING, Status.WAITING, Status.SUSPENDED):
+            conn.execute("UPDATE jobs SET status = 'cancelled', error = ?, updated_at = ?, awaiting_signal = NULL "
+                         "WHERE id = ? AND (status = 'pending' OR status = 'waiting' OR status = 'suspended')",
+                         (error, now, job_id))
             workflows.apply_edges(conn, [(job_id, "cancelled")], now=now)
             status = Status.CANCELLED.value
         elif status == Status.RUNNING:
@@ -117,8 +125,8 @@ def paused_types(conn: sqlite3.Connection) -> set[str]:
 
 def delete_job(conn: sqlite3.Connection, job_id: str, *, now: str) -> None:
     """Delete a job record; LookupError if unknown, UsageError if it is running. A job whose edges
-    have not counted (pending, waiting) applies them first as a parent "deleted"; its edges, both
-    ways, and its batch if no other job of it is left, go with it."""
+    have not counted (pending, waiting, suspended) applies them first as a parent "deleted"; its edges,
+    both ways, its batch if no other job of it is left, its steps and its signals go with it."""
     row = conn.execute("SELECT status, batch_id FROM jobs WHERE id = ?", (job_id,)).fetchone()
     if row is None:
         raise LookupError(f"no job with id {job_id!r}")
@@ -128,20 +136,22 @@ def delete_job(conn: sqlite3.Connection, job_id: str, *, now: str) -> None:
     workflows.apply_edges(conn, [(job_id, status if status in workflows.FINAL else "deleted")], now=now)
     conn.execute("DELETE FROM jobs WHERE id = ? AND status != 'running'", (job_id,))
     workflows.forget(conn, [(job_id, batch_id)])
+    durable.forget(conn, [job_id])
 
 
 def cleanup(conn: sqlite3.Connection, *, statuses: Sequence[str] = ("completed", "dead"), older_than: str | None = None) -> int:
     """Delete finished records (completed, dead, cancelled: ``statuses``), optionally only those last
-    updated before ``older_than``; their edges and emptied batches with them (workflows.forget)."""
+    updated before ``older_than``; their edges, emptied batches, steps and signals with them
+    (retention.forget_removed)."""
     states.check_finished(statuses, "cleanup deletes")
     marks = ",".join("?" for _ in statuses)
     where, params = f"status IN ({marks})", tuple(statuses)
     if older_than is not None:
         where, params = f"{where} AND updated_at < ?", (*params, older_than)
-    if not workflows.in_use(conn):
+    if not (workflows.in_use(conn) or durable.in_use(conn)):
         return conn.execute(f"DELETE FROM jobs WHERE {where}", params).rowcount
     removed = conn.execute(f"DELETE FROM jobs WHERE {where} RETURNING id, batch_id", params).fetchall()
-    workflows.forget(conn, removed)
+    forget_removed(conn, removed)
     return len(removed)
 
 
@@ -155,7 +165,7 @@ def get_job(conn: sqlite3.Connection, job_id: str) -> JobRecord | None:
 
 
 def get_job_linked(conn: sqlite3.Connection, job_id: str) -> JobRecord | None:
-    """The job with its parents and children (Backend.get), read in one read transaction."""
+    """The job with its parents, children and steps (Backend.get), read in one read transaction."""
     own = not conn.in_transaction
     if own:
         conn.execute("BEGIN")
@@ -164,10 +174,12 @@ def get_job_linked(conn: sqlite3.Connection, job_id: str) -> JobRecord | None:
         if job is None:
             return None
         parents, parent_count, children, child_count = workflows.relatives(conn, job_id)
+        steps = tuple(durable.steps(conn, job_id))
     finally:
         if own and conn.in_transaction:
             conn.execute("COMMIT")
-    return attrs.evolve(job, parents=parents, parent_count=parent_count, children=children, child_count=child_count)
+    return attrs.evolve(job, parents=parents, parent_count=parent_count, children=children, child_count=child_count,
+                        steps=steps)
 
 
 def list_jobs(

@@ -7,7 +7,7 @@ import sqlite3
 
 from ...clock import format_ts, to_epoch
 from ...states import check_finished
-from . import workflows
+from . import durable, workflows
 
 TURN = "retention"
 
@@ -25,15 +25,22 @@ def take_turn(conn: sqlite3.Connection, *, now: str, interval_seconds: float) ->
 def prune(conn: sqlite3.Connection, status: str, *, now: str, older_than_seconds: float, limit: int) -> int:
     """Up to ``limit`` jobs of the final ``status`` last updated before now − ``older_than_seconds``,
     oldest first (the partial index idx_jobs_finished: a look that finds none reads nothing), except
-    the jobs of a batch whose callback has not finished; their edges and emptied batches with them
-    (workflows.forget), when the store has any."""
+    the jobs of a batch whose callback has not finished; their edges, emptied batches, steps and
+    signals with them (:func:`forget_removed`), when the store has any."""
     check_finished([status], "retention removes")
     before = format_ts(to_epoch(now) - older_than_seconds)
-    if not workflows.in_use(conn):
+    if not (workflows.in_use(conn) or durable.in_use(conn)):
         return conn.execute(PRUNE, (status, before, limit)).rowcount
     removed = conn.execute(f"{PRUNE} RETURNING id, batch_id", (status, before, limit)).fetchall()
-    workflows.forget(conn, removed)
+    forget_removed(conn, removed)
     return len(removed)
+
+
+def forget_removed(conn: sqlite3.Connection, removed: list[tuple[str, str | None]]) -> None:
+    """After jobs (id, batch id) were removed: their edges and emptied batches (workflows.forget), their
+    steps and signals (durable.forget)."""
+    workflows.forget(conn, removed)
+    durable.forget(conn, [job_id for job_id, _ in removed])
 
 
 # The partial index's own condition is written out as it is, or the planner cannot use it (it

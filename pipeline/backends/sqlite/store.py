@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import random
 import sqlite3
 import time
@@ -22,9 +23,9 @@ import attrs
 from ... import states
 from ...clock import format_ts, to_epoch
 from ...sqlite_files import connect, write_transaction  # noqa: F401 - re-exported: store.connect, store.write_transaction
-from ..base import Lease, NewJob, Settlement, cancelled_running_error, expired_error
+from ..base import FOREVER, Lease, NewJob, Settlement, cancelled_running_error, expired_error
+from . import durable, workflows
 from . import limits as limits_
-from . import workflows
 
 # -- records --------------------------------------------------------------------------------
 
@@ -55,13 +56,14 @@ _INSERT = (
     "INSERT INTO jobs (id, job_type, payload, status, attempts, max_attempts, run_after, "
     "created_at, updated_at, priority) VALUES (?1, ?2, ?3, 'pending', 0, ?4, ?5, ?7, ?7, ?6)"
 )
-# When a row holds its unique key: idx_jobs_unique's condition, as migration 15 wrote it (an ON
+# When a row holds its unique key: idx_jobs_unique's condition, as migration 17 wrote it (an ON
 # CONFLICT names a partial index by its columns and this very condition). A default job (unique_token
-# NULL) holds it while waiting, pending or running; a job holding it only while pending (unique_while
-# "pending"), under one lease token: a claim moves the token on, which frees it (a waiting one holds it
-# as a pending one does: it is inserted with the token it holds it under).
+# NULL) holds it while waiting, pending, running or suspended; a job holding it only while pending
+# (unique_while "pending"), under one lease token: a claim moves the token on, which frees it (a waiting
+# one holds it as a pending one does: it is inserted with the token it holds it under; a suspended one
+# too: SUSPEND takes it back as RELEASE does, see RETAKE).
 HOLDS = (
-    "unique_key IS NOT NULL AND (status = 'pending' OR status = 'running' OR status = 'waiting') "
+    "unique_key IS NOT NULL AND (status = 'pending' OR status = 'running' OR status = 'waiting' OR status = 'suspended') "
     "AND (unique_token IS NULL OR unique_token = lease_token)"
 )
 # a row with a unique key: nothing is inserted while a job holding its type and key is pending or
@@ -444,7 +446,7 @@ def claim_picked(
 _FENCE = "WHERE id = ? AND status = 'running' AND lease_token = ?"
 # Every statement that sends a job back to pending sets this (the job's other columns are as they
 # were): a job holding its unique key only while pending, whose claim freed it, holds it again
-# (unique_token = its lease token, see HOLDS) if no waiting, pending or running job holds it now, and goes on
+# (unique_token = its lease token, see HOLDS) if no waiting, pending, running or suspended job holds it now, and goes on
 # without it (one less: never its token, which only grows) otherwise, never failing for it. A
 # default job's NULL stays NULL: its first test, and nothing else is read (measured: 20,000
 # retries cost what they did). The subquery seeks idx_jobs_unique; the row itself, running under
@@ -452,7 +454,7 @@ _FENCE = "WHERE id = ? AND status = 'running' AND lease_token = ?"
 RETAKE = (
     "unique_token = CASE WHEN unique_token IS NULL THEN NULL WHEN EXISTS (SELECT 1 FROM jobs AS h "
     "WHERE h.job_type = jobs.job_type AND h.unique_key = jobs.unique_key AND h.unique_key IS NOT NULL "
-    "AND (h.status = 'pending' OR h.status = 'running' OR h.status = 'waiting') "
+    "AND (h.status = 'pending' OR h.status = 'running' OR h.status = 'waiting' OR h.status = 'suspended') "
     "AND (h.unique_token IS NULL OR h.unique_token = h.lease_token)) "
     "THEN lease_token - 1 ELSE lease_token END"
 )
@@ -518,6 +520,24 @@ _STOPPED = (
 )
 STOPPED = "cancelled while running (cancel requested); its attempt ended: {}"  # the outcome's error, or 'released'
 _BACK = (states.Transition.RETRY, states.Transition.RELEASE, states.Transition.SNOOZE)
+# SUSPEND (durable functions: ctx.sleep, ctx.wait_for): SNOOZE to another status. The attempt given
+# back as RELEASE gives it back, the lease cleared, expires_at cleared (it applies to the first start
+# only), snoozes and progress as they were; suspended until ?2 (FOREVER: no deadline), waiting for the
+# signal ?1 (NULL: a sleep). Fenced by no cancel request, as the outcomes that send a job back are.
+# The job's key is taken back as RELEASE takes it (RETAKE): a suspended job holds it as a pending one.
+_SUSPEND = (
+    "UPDATE jobs SET status = 'suspended', awaiting_signal = ?1, run_after = ?2, "
+    "attempts = max(attempts - (started_at IS NOT NULL), 0), started_at = NULL, expires_at = NULL, updated_at = ?3, "
+    f"lease_owner = NULL, lease_expires_at = NULL, {RETAKE} "
+    "WHERE id = ?4 AND status = 'running' AND lease_token = ?5 AND cancel_requested = 0"
+)
+# SUSPEND awaiting a signal that was sent already: pending, due now (nothing to wait for)
+_SUSPEND_SIGNALLED = (
+    "UPDATE jobs SET status = 'pending', awaiting_signal = NULL, run_after = ?1, "
+    "attempts = max(attempts - (started_at IS NOT NULL), 0), started_at = NULL, expires_at = NULL, updated_at = ?1, "
+    f"lease_owner = NULL, lease_expires_at = NULL, {RETAKE} "
+    "WHERE id = ?2 AND status = 'running' AND lease_token = ?3 AND cancel_requested = 0"
+)
 # settle's statements for the other outcomes that end a job (or may: a snooze past its limit), for jobs
 # without children (_BURY and _CANCEL as they are: the rescue's, for any job, which looks for children after)
 _ALONE = {sql: f"{sql.rstrip()}{_CHILDLESS}" for sql in (_BURY, _CANCEL, _SNOOZE, _STOPPED)}
@@ -543,6 +563,7 @@ def settle(conn: sqlite3.Connection, items: Sequence[Settlement], *, now: str) -
     by_sql: dict[str, list[tuple[Any, ...]]] = {}
     now_epoch: float | None = None
     params: tuple[Any, ...]
+    suspends: list[Settlement] = []
     for s in items:
         transition = s.transition
         if transition is states.Transition.SUCCEED:
@@ -566,6 +587,13 @@ def settle(conn: sqlite3.Connection, items: Sequence[Settlement], *, now: str) -
             if now_epoch is None:
                 now_epoch = to_epoch(now)
             sql, params = _SNOOZE, (s.snooze_limit, s.error, format_ts(now_epoch + s.delay), now, s.id, s.token)
+        elif transition is states.Transition.STEP:
+            if s.step is None:
+                raise ValueError(f"job {s.id}: a STEP outcome without its step")
+            sql, params = durable.PUT_STEP, durable.step_params(s.id, s.token, s.step)
+        elif transition is states.Transition.SUSPEND:
+            suspends.append(s)
+            continue
         else:
             raise ValueError(f"{transition!r} is not an outcome")
         by_sql.setdefault(sql, []).append(params)
@@ -579,8 +607,37 @@ def settle(conn: sqlite3.Connection, items: Sequence[Settlement], *, now: str) -
                        for s in items if s.transition is kind]
             n += _write(conn, _STOPPED, stopped, ended, expected=len(params_list) - n)
         changed += n
+    if suspends:
+        changed += _suspend(conn, suspends, now=now, ended=ended)
     if ended:
         workflows.after_ended(conn, ended, now=now)
+    return changed
+
+
+def _suspend(conn: sqlite3.Connection, items: Sequence[Settlement], *, now: str, ended: list[str]) -> int:
+    """SUSPEND outcomes (see :data:`_SUSPEND`): each one's step written first, under its lease (not
+    counted: the outcome is the job's row), then the job suspended; or, awaiting a signal sent to it
+    already, pending due now (woken: the Ledger nudges its Poller); or, its cancel requested, cancelled
+    (:data:`_STOPPED`). Returns how many jobs it wrote (fewer than ``items``: stale leases)."""
+    steps = [durable.step_params(s.id, s.token, s.step) for s in items if s.step is not None]
+    if steps:
+        conn.executemany(durable.PUT_STEP, steps)
+    now_epoch = to_epoch(now)
+    plain: list[tuple[Any, ...]] = []
+    changed = 0
+    for s in items:
+        if s.awaiting is not None and durable.has_signal(conn, s.id, s.awaiting):
+            if conn.execute(_SUSPEND_SIGNALLED, (now, s.id, s.token)).rowcount:
+                durable.woke([s.id])
+                changed += 1
+            continue
+        until = FOREVER if math.isinf(s.delay) else format_ts(now_epoch + s.delay)
+        plain.append((s.awaiting, until, now, s.id, s.token))
+    if plain:
+        changed += conn.executemany(_SUSPEND, plain).rowcount
+    if changed < len(items):  # stale, or asked to stop: those asked end cancelled (the others change nothing)
+        stopped = [(STOPPED.format("suspended"), now, s.id, s.token) for s in items]
+        changed += _write(conn, _STOPPED, stopped, ended, expected=len(items) - changed)
     return changed
 
 
