@@ -16,8 +16,9 @@ import attrs
 import pytest
 import trio
 
-from pipeline.backends import Backend, Lease, Settlement
-from pipeline.backends.base import FOREVER, StepRecord, cancelled_error, signal_refused
+from pipeline import Config
+from pipeline.backends import Backend, Lease, Nudge, Settlement, open_backend
+from pipeline.backends.base import FOREVER, NUDGE_BUFFER, StepRecord, cancelled_error, signal_refused
 from pipeline.backends.sqlite import durable, migrations, open_sqlite_backend, store
 from pipeline.errors import SignalKeyUsed, UsageError
 from pipeline.sqlite_files import apply_migrations
@@ -397,6 +398,52 @@ async def test_wake_suspended_takes_the_oldest_due_first_up_to_its_limit(backend
     assert [(await record(backend, lease.id)).status for lease in leases] == ["suspended", "pending", "pending"]
     assert await backend.wake_suspended(limit=5) == (1, None)
     assert await backend.wake_suspended(limit=5) == (0, None)
+
+
+async def test_a_job_a_signal_or_its_time_makes_pending_wakes_this_processs_poller(store_config: Config) -> None:
+    """As an insert does: a signal that wakes its job, a SUSPEND that finds its signal sent, wake_suspended.
+    A settle that makes nothing due is the control: it nudges nobody."""
+    send, recv = trio.open_memory_channel[Nudge](NUDGE_BUFFER)
+    async with open_backend(store_config, nudge_send=send) as backend:
+
+        async def nudged(within: float) -> bool:
+            with trio.move_on_after(within):
+                await recv.receive()
+                while True:  # and whatever else came with it
+                    try:
+                        recv.receive_nowait()
+                    except trio.WouldBlock:
+                        return True
+            return False
+
+        async def quiet() -> None:
+            """Take every nudge in hand until none came for 0.2 s."""
+            with trio.fail_after(5):
+                while await nudged(0.2):
+                    pass
+
+        waiting = await suspended(backend, "w", awaiting="go")
+        sleeping = await running(backend, "s")
+        signalled = await running(backend, "g")
+        control = await running(backend, "c")
+        assert await backend.signal(signalled.id, "go", None) == "kept"
+        assert await settle_one(backend, suspend(sleeping, 0.3))
+        await quiet()
+        assert await settle_one(backend, succeed(control))
+        assert not await nudged(0.2), "a settle that made nothing due nudged the Poller: the checks below prove nothing"
+
+        assert await backend.signal(waiting, "go", None) == "woken"
+        assert await nudged(0.5), "the job a signal woke did not nudge this process's Poller"
+        await quiet()
+        assert await settle_one(backend, suspend(signalled, math.inf, awaiting="go"))
+        assert (await record(backend, signalled.id)).status == "pending"
+        assert await nudged(0.5), "the job whose SUSPEND found its signal did not nudge this process's Poller"
+        await quiet()
+        with trio.fail_after(5):
+            while (await backend.wake_suspended())[0] == 0:
+                await trio.sleep(0.02)
+        assert await nudged(0.5), "the job wake_suspended woke did not nudge this process's Poller"
+    recv.close()
 
 
 # -- operators -------------------------------------------------------------------------------------------

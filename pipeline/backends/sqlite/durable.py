@@ -3,9 +3,9 @@ way back to pending.
 
 A step is a row of ``job_steps`` per (job, name), written under the job's lease by a STEP or SUSPEND
 outcome (store.settle) or by :func:`take_signal`, and replaced whole when written again, keeping its
-``position`` (the order first written). A signal is a row of ``job_signals``, numbered per job in the
-order sent; a wait consumes the oldest of its name. A suspended job goes pending when its signal is
-sent (:func:`send_signal`) or its time comes (:func:`wake_suspended`); either adds it to
+``position`` (its rowid: the order first written). A signal is a row of ``job_signals``, numbered per
+job in the order sent; a wait consumes the oldest of its name. A suspended job goes pending when its
+signal is sent (:func:`send_signal`) or its time comes (:func:`wake_suspended`); either adds it to
 workflows.WOKEN, so that the Ledger nudges its Poller once the batch committed, as for an insert.
 
 Nothing here knows about trio; the functions that write expect the caller's write transaction (a
@@ -28,13 +28,12 @@ from . import workflows
 # -- steps ------------------------------------------------------------------------------------------
 
 # A step upserted under the lease (?6, ?7: the job's id and token): nothing is written unless the job
-# runs under that token. A new name takes the next position of the job's steps (a seek to the last of
-# the primary key's (job_id, ...) range: a job has a few); a name written before keeps its own. (The
-# WHERE clause also settles SQLite's reading of INSERT ... SELECT ... ON CONFLICT.)
+# runs under that token. A new name takes the next position (the rowid: see migration 17); a name
+# written before keeps its own. (The WHERE clause also settles SQLite's reading of INSERT ... SELECT ...
+# ON CONFLICT.)
 PUT_STEP = (
-    "INSERT INTO job_steps (job_id, name, position, status, value, started_at, ended_at) "
-    "SELECT id, ?1, (SELECT coalesce(max(position) + 1, 0) FROM job_steps WHERE job_id = ?6), ?2, ?3, ?4, ?5 "
-    "FROM jobs WHERE id = ?6 AND status = 'running' AND lease_token = ?7 "
+    "INSERT INTO job_steps (job_id, name, status, value, started_at, ended_at) "
+    "SELECT id, ?1, ?2, ?3, ?4, ?5 FROM jobs WHERE id = ?6 AND status = 'running' AND lease_token = ?7 "
     "ON CONFLICT (job_id, name) DO UPDATE SET status = excluded.status, value = excluded.value, "
     "started_at = excluded.started_at, ended_at = excluded.ended_at"
 )

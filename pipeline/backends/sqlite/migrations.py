@@ -389,15 +389,18 @@ ALTER TABLE jobs ADD COLUMN awaiting_signal TEXT;
 -- under the job's lease, replaced whole when written again (its position kept: the order first written,
 -- which steps() reads and a replay cuts at). Removed with their job (durable.forget) or by a replay.
 CREATE TABLE IF NOT EXISTS job_steps (
+    -- the rowid: a step first written is numbered above every step in the table (SQLite's max + 1), so a
+    -- job's steps sort in the order first written; an upsert keeps it. (Not a per-job count: finding a
+    -- job's last number would read all of its steps, at every step of a job of thousands.)
+    position   INTEGER PRIMARY KEY,
     job_id     TEXT NOT NULL,
     name       TEXT NOT NULL,
-    position   INTEGER NOT NULL,                 -- 0, 1, ... per job, in the order first written
     status     TEXT NOT NULL,                    -- base.STEP_STATUSES
     value      TEXT,                             -- JSON text (NULL: none)
     started_at TEXT NOT NULL,
     ended_at   TEXT,
-    PRIMARY KEY (job_id, name)
-) WITHOUT ROWID;
+    UNIQUE (job_id, name)
+);
 -- The signals sent to a job (Backend.signal), numbered per job in the order sent (seq); each consumed by
 -- one wait (take_signal: the oldest not consumed of its name). Kept once consumed: a key stays used.
 CREATE TABLE IF NOT EXISTS job_signals (
