@@ -115,7 +115,8 @@ async def test_stats_counts_by_status_and_type_and_says_how_late_the_queue_is(ba
     stats = await backend.stats()
     assert {"by_status", "by_type", "total", "finished_per_minute", "oldest_due_pending_age_seconds"} <= set(stats)
     assert stats["total"] == 8
-    assert stats["by_status"] == {"waiting": 0, "pending": 5, "running": 1, "completed": 1, "dead": 1, "cancelled": 0}
+    assert stats["by_status"] == {"waiting": 0, "pending": 5, "running": 1, "completed": 1, "dead": 1, "cancelled": 0,
+                                  "suspended": 0}
     assert stats["by_type"]["a"]["pending"] == 3
     assert stats["by_type"]["b"]["pending"] == 2
     assert {k: v for k, v in stats["by_type"]["c"].items() if v} == {"running": 1, "completed": 1, "dead": 1}

@@ -544,7 +544,8 @@ def list_jobs(client: Any, prefix: str, *, status: str | None = None, job_type: 
     return records, total
 
 
-_STATUSES = ("waiting", "pending", "running", "suspended", "completed", "dead", "cancelled")  # as stats.lua counts them
+# as stats.lua counts them (in the order of states.Status)
+_STATUSES = ("waiting", "pending", "running", "completed", "dead", "cancelled", "suspended")
 
 
 def operator_stats(client: Any, prefix: str) -> dict[str, Any]:

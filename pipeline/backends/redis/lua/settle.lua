@@ -51,7 +51,8 @@ for i = 0, n - 1 do
       if f[8] then
         drop_request(id, key)
         if kind == 'retry' or kind == 'release' or string.sub(kind, 1, 7) == 'snooze/' or kind == 'suspend' then
-          err = 'cancelled while running (cancel requested); its attempt ended: ' .. (has_error == '1' and err or 'released')
+          local ended = kind == 'suspend' and 'suspended' or 'released'
+          err = 'cancelled while running (cancel requested); its attempt ended: ' .. (has_error == '1' and err or ended)
           kind, has_error = 'cancel', '1'
         end
       end

@@ -2,7 +2,7 @@
 -- minute over the last hour (60 completed counts, then 60 dead, then 60 cancelled); the oldest due
 -- pending run (or -1).
 local now = now_ms()
-local statuses = {'waiting', 'pending', 'running', 'suspended', 'completed', 'dead', 'cancelled'}
+local statuses = {'waiting', 'pending', 'running', 'completed', 'dead', 'cancelled', 'suspended'}
 local by_status = {}
 for i, s in ipairs(statuses) do by_status[i] = redis.call('ZCARD', P .. 'status:' .. s) end
 local by_type = {}
