@@ -637,12 +637,22 @@ def _in_transaction(conn: psycopg.Connection[Any], shown: str) -> tuple[list[int
                 size = conn.execute(_JOBS_BYTES).fetchone()
                 if size is not None and size[0] > ONLINE_ABOVE_BYTES:
                     return applied, online[version]  # (committed up to here; built online next)
+                _drop_leftovers(conn, online[version], concurrently=False)
             conn.execute(sql)
             conn.execute(f"INSERT INTO {TABLE} (version, name) VALUES (%s, %s)", (version, name))
             applied.append(version)
         return applied, None
 
     return _bounded(conn, shown, apply)
+
+
+def _drop_leftovers(conn: psycopg.Connection[Any], online: Online, *, concurrently: bool) -> None:
+    """The indexes of ``online`` that an online build which died half-way left invalid, dropped (built
+    again next, whichever way)."""
+    for index, _ in online.indexes:
+        valid = conn.execute(_INDEX_VALID, (index, index)).fetchone()
+        if valid is not None and not valid[0]:
+            conn.execute(f"DROP INDEX {'CONCURRENTLY ' if concurrently else ''}IF EXISTS {index}")
 
 
 def _build_online(conn: psycopg.Connection[Any], shown: str, online: Online) -> bool:
@@ -658,11 +668,9 @@ def _build_online(conn: psycopg.Connection[Any], shown: str, online: Online) -> 
             return False
         log.warning("database %s: building %s on the jobs table online (CONCURRENTLY): this process starts once "
                     "it is done; enqueues and outcomes go on meanwhile", shown, ", ".join(n for n, _ in online.indexes))
+        _drop_leftovers(conn, online, concurrently=True)
         for index, _ in online.indexes:
-            valid = conn.execute(_INDEX_VALID, (index, index)).fetchone()
-            if valid is not None and not valid[0]:  # a build that died half-way
-                conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {index}")
-            if valid is None or not valid[0]:
+            if conn.execute(_INDEX_VALID, (index, index)).fetchone() is None:
                 conn.execute(online.create(index, concurrently=True))
         for constraint in online.validate:
             conn.execute(f"ALTER TABLE jobs VALIDATE CONSTRAINT {constraint}")
