@@ -367,5 +367,5 @@ async def test_a_suspend_of_a_job_whose_cancel_was_requested_cancels_it_and_its_
         assert await backend.settle([suspend(lease.id, lease.token)]) == [True]
         got = await record(backend, row.id)
         assert (got.status, got.awaiting_signal, got.cancel_requested, got.attempts) == ("cancelled", None, False, 0)
-        assert got.error is not None and got.error.startswith(store.STOPPED)
+        assert got.error == f"{store.STOPPED}suspended"  # (the text of every store)
         assert (await record(backend, child.id)).status == "cancelled"

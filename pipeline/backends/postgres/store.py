@@ -754,9 +754,9 @@ _DURABLE_OUTCOMES = (
 # delete, cleanup, retention), its step upserted by name (a step written again keeps its position). SUSPEND:
 # SNOOZE to another status: running → suspended, the attempt given back if it was counted, due ``delay``
 # seconds on (or never: FOREVER), awaiting its signal (if any), lease and expires_at cleared, snoozes
-# unchanged; or cancelled, as a release is, when its cancel was requested meanwhile (STOPPED). A job that
-# stops running holds no limit slot: the limits count running rows. Whether a signal it awaits came
-# already is the next statement's (_WOKEN_AT_ONCE).
+# unchanged; or cancelled, as a release is, when its cancel was requested meanwhile (STOPPED + "suspended",
+# every store's text). A job that stops running holds no limit slot: the limits count running rows.
+# Whether a signal it awaits came already is the next statement's (_WOKEN_AT_ONCE).
 _SETTLE_DURABLE = f"""
 WITH o AS MATERIALIZED ({_DURABLE_OUTCOMES}),
 settled AS (
@@ -765,7 +765,7 @@ UPDATE jobs j
        attempts = CASE WHEN o.suspend AND j.started_at IS NOT NULL THEN greatest(j.attempts - 1, 0) ELSE j.attempts END,
        run_after = CASE WHEN NOT o.suspend OR j.cancel_requested THEN j.run_after WHEN o.delay IS NULL THEN {FOREVER}
                         ELSE {seconds_after('o.delay')} END,
-       error = CASE WHEN o.suspend AND j.cancel_requested THEN '{STOPPED}released' ELSE j.error END,
+       error = CASE WHEN o.suspend AND j.cancel_requested THEN '{STOPPED}suspended' ELSE j.error END,
        awaiting_signal = CASE WHEN o.suspend AND NOT j.cancel_requested THEN o.awaiting END,
        started_at = CASE WHEN o.suspend THEN NULL ELSE j.started_at END,
        expires_at = CASE WHEN o.suspend THEN NULL ELSE j.expires_at END,
