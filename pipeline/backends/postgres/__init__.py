@@ -18,6 +18,10 @@ due claims for the Poller in its own transaction (ledger.py).
 Workflows (issue 24): an insert with parents or a batch is a transaction of its own (graph.py),
 not the Ledger's: it locks the parents it names; ending a job applies its edges in the same
 transaction on every path (store.apply_edges).
+
+Durable functions (issue 35, durable.py): STEP and SUSPEND outcomes ride the Ledger's batches, in a
+statement of their own beside the other outcomes' (store.settle_durable); signals, steps and the
+wake-up of suspended jobs run on pooled connections, each one statement or one short transaction.
 """
 
 from __future__ import annotations

@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import attrs
 import psycopg
 
 from ...errors import SignalKeyUsed, UsageError
@@ -180,8 +179,3 @@ def forget_from(conn: psycopg.Connection[Any], job_id: str, name: str) -> None:
         names = [step for (step,) in conn.execute(_NAMES, {"id": job_id})]
         has = f"its steps are {', '.join(repr(n) for n in names)}" if names else "it has no steps"
         raise UsageError(f"job {job_id} has no step named {name!r} to retry from; {has}")
-
-
-def with_steps(conn: psycopg.Connection[Any], job: Any) -> Any:
-    """A JobRecord of a durable job with its steps (queries.get_job)."""
-    return attrs.evolve(job, steps=tuple(steps(conn, job.id)))
