@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 STATUS_STYLE = {"waiting": "cyan", "pending": "blue", "running": "yellow", "completed": "green", "dead": "bold red",
                 "cancelled": "magenta", "suspended": "bright_blue"}
 MAX_STEP_VALUE_CHARS = 120  # of a step's value in `jobs show`'s table (--json has it whole)
+# every Status in the columns' order, as the dashboard's: the live statuses (a suspended job is live), then the
+# final ones (tests/test_signals_cli.py checks that it names each status once)
+SHOWN_STATUSES = ("waiting", "pending", "running", "suspended", "completed", "dead", "cancelled")
 PLAIN_WIDTH = 250  # columns when not on a terminal: wide enough that rows are not wrapped
 
 
@@ -173,7 +176,7 @@ def batch_detail(out: TextIO, view: BatchView) -> None:
     grid.add_column(style="bold")
     grid.add_column()
     counts = Text()
-    for status in [s.value for s in Status if record.counts.get(s.value)]:
+    for status in [s for s in SHOWN_STATUSES if record.counts.get(s)]:
         if counts:
             counts.append(", ")
         counts.append(f"{record.counts[status]} {status}", style=STATUS_STYLE[status])
@@ -211,7 +214,7 @@ def types_table(out: TextIO, types: Sequence[TypeSummary]) -> None:
     if not types:
         message(out, "no job types")
         return
-    statuses = [s.value for s in Status]
+    statuses = list(SHOWN_STATUSES)
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
     table.add_column("TYPE", no_wrap=True)
     table.add_column("STATE", no_wrap=True)
@@ -234,7 +237,7 @@ def _limit(value: int | str | None) -> Text:
 
 
 def stats_view(out: TextIO, stats: dict[str, Any]) -> None:
-    statuses = [s.value for s in Status]
+    statuses = list(SHOWN_STATUSES)
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
     table.add_column("TYPE")
     for s in statuses:

@@ -39,7 +39,6 @@ _ERRORS = {
     404: "No such job (or batch, or schedule, or job type: the message names the known ones).",
     409: "The job is not in a state that allows this (or the schedule name is in use, or the job has finished and "
          "takes no signal).",
-    410: "This link was used already (it works once), or it expired.",
     408: "The declared body did not arrive in time.",
     413: "Body larger than ADMIN_MAX_BODY_BYTES.",
     415: "A POST without Content-Type: application/json.",
@@ -99,19 +98,6 @@ def _bulk(action: str, count: dict[str, Any]) -> tuple[dict[str, Any], dict[str,
 _SIGNAL_NAME = {"name": "name", "in": "path", "required": True,
                 "schema": {"type": "string", "minLength": 1, "maxLength": MAX_SIGNAL_NAME_CHARS},
                 "description": "The signal's name (what ctx.wait_for waits for)."}
-
-
-def _link_responses(ok: int, description: str, *codes: int) -> dict[str, Any]:
-    """A signed link's answers: HTML for people, JSON for a client that asks for it."""
-    either = {"text/html": {"schema": {"type": "string"}}, "application/json": {"schema": {"type": "object"}}}
-    out: dict[str, Any] = {str(ok): {"description": description, "content": either}}
-    for code, text in ((400, _ERRORS[400]),
-                       (403, "Not a valid link: altered, cut short, signed with another key, or this server has no "
-                             "ADMIN_SIGNING_KEY; or a cross-origin POST."),
-                       (404, "The job no longer exists."), (409, "The job has finished: it takes no signal."),
-                       (410, _ERRORS[410]), (503, _ERRORS[503]), *((c, _ERRORS[c]) for c in codes)):
-        out[str(code)] = {"description": text, "content": either}
-    return out
 
 
 def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
@@ -675,27 +661,6 @@ def openapi_document(registry: Registry, *, auth: bool) -> dict[str, Any]:
                 "operationId": "resumeSchedule",
                 "summary": "Fire a paused schedule again, from its first tick after now",
                 "responses": _responses({"200": _json(_ref("Schedule"), "The schedule, active.")}, 404, 415),
-            },
-        },
-        "/signal-links/{token}": {
-            "parameters": [{"name": "token", "in": "path", "required": True, "schema": {"type": "string"},
-                            "description": "The signed token `jobs signal-link` made."}],
-            "get": {
-                "operationId": "showSignalLink",
-                "summary": "An approval link's page: what it sends to which job, and a button (no token needed; "
-                           "changes nothing)",
-                "security": public,
-                "responses": _link_responses(200, "The page (HTML), or {link, job} for Accept: application/json."),
-            },
-            "post": {
-                "operationId": "sendSignalLink",
-                "summary": "Send an approval link's signal, once (the page's button; no token needed)",
-                "security": public,
-                "requestBody": {"required": False, "content": {
-                    "application/x-www-form-urlencoded": {"schema": {"type": "object"}},
-                    "application/json": {"schema": {}}}},
-                "responses": _link_responses(200, "Sent (HTML), or {outcome, job} for Accept: application/json.",
-                                             413, 415),
             },
         },
         "/metrics": {
