@@ -15,14 +15,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 import trio
 
-from .durable import check_signal_name
-from .engine.steps import Durable, Logic, Run, check_step_name, drive_asyncio, drive_thread, drive_trio, seconds_of, sleep_logic, step_logic, wait_logic
 from .errors import UsageError
 
 MAX_PROGRESS_MESSAGE = 500  # characters of a progress message kept
 
 if TYPE_CHECKING:
     from .config import Config
+    from .engine.steps import Durable, Logic, Run
     from .workflows import BatchOutcome
 
 
@@ -112,6 +111,8 @@ class JobContext:
         run. ``await ctx.step(...)`` in an async handler (``fn`` sync or async); a plain call in a sync
         one. At least once: if the process dies after ``fn`` ran and before its value was committed, it
         runs again (give the outside call an idempotency key: ``ctx.id`` and the step's name)."""
+        from .engine.steps import check_step_name, step_logic  # (steps.py reads what imports this module)
+
         check_step_name(name)
         if not callable(fn):
             raise UsageError(f"step {name!r}: fn must be callable, got {type(fn).__name__}")
@@ -121,6 +122,8 @@ class JobContext:
         """Sleep durably: the job leaves its worker and every limit slot, ``suspended`` in the store, and
         runs again from the top when the time comes (this call then returns at once); the attempt is not
         counted. ``await ctx.sleep(3600)`` in an async handler; a plain call in a sync one."""
+        from .engine.steps import seconds_of, sleep_logic
+
         return self._drive(sleep_logic(self._durable_run(), seconds_of(duration, "ctx.sleep's duration")))
 
     def wait_for(self, name: str, *, timeout: float | dt.timedelta | None = None) -> Any:
@@ -129,11 +132,16 @@ class JobContext:
         ``suspended``, holding nothing, until it comes. ``timeout``: seconds (or a timedelta) from the
         first time this wait was reached; past it, pipeline.SignalTimeout is raised here. Each signal is
         consumed by one wait. ``await ctx.wait_for("approval", timeout=86400)``; a plain call in a sync handler."""
+        from .durable import check_signal_name
+        from .engine.steps import seconds_of, wait_logic
+
         check_signal_name(name)
         seconds = None if timeout is None else seconds_of(timeout, "wait_for's timeout")
         return self._drive(wait_logic(self._durable_run(), name, seconds))
 
     def _durable_run(self) -> Run:
+        from .engine.steps import Run
+
         run = self._run
         if run is None:
             if self._durable is None:
@@ -143,6 +151,8 @@ class JobContext:
         return run
 
     def _drive(self, logic: Logic) -> Any:
+        from .engine.steps import drive_asyncio, drive_thread, drive_trio
+
         aio = self._aio
         if aio is not None:
             if aio.on_loop():

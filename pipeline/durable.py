@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from .errors import UsageError
-from .requests import check_text
+from .texts import check_text
 
 MAX_SIGNAL_NAME_CHARS = 200  # a name says what is awaited ("approval", "payment-received"), not data
 MAX_SIGNAL_PAYLOAD_BYTES = 1_000_000  # a signal carries a decision and its details, not a file

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 from .backends.base import PRIORITY_DEFAULT, PRIORITY_MAX, PRIORITY_MIN, UNIQUE_WHILE, NewJob
 from .clock import now_ts, to_ts
 from .errors import UsageError
+from .texts import check_text
 from .ids import UUID7Factory
 from .registry import Registry
 from .workflows import check_on_parent_failure, check_parents
@@ -47,22 +48,6 @@ def check_unique_key(value: Any, what: str = "unique_key") -> str | None:
     if len(value) > MAX_UNIQUE_KEY_CHARS:
         raise UsageError(f"{what} must be at most {MAX_UNIQUE_KEY_CHARS} characters, got {len(value)}")
     return check_text(value, what)
-
-
-def check_text(value: str, what: str) -> str:
-    """``value`` if every store can hold it as text: no NUL, no unpaired UTF-16 surrogate. A Python str
-    holds both (a JSON "\\ud800" escape, bytes decoded with surrogateescape), and no store does: SQLite's
-    driver, Postgres and Redis fail to encode it, and in the Ledger or a Redis pipeline that failure ended
-    the write loop for everyone. So every id, key and trace context a job is written with is checked here,
-    before it is queued for a write (UsageError naming ``what``)."""
-    if "\x00" in value:
-        raise UsageError(f"{what} must not contain a NUL character")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise UsageError(f"{what} contains an unpaired UTF-16 surrogate ({value[exc.start]!r} at character {exc.start}), "
-                         "which is not text: decode bytes before passing them") from None
-    return value
 
 
 def check_job_id(value: Any, what: str = "job id") -> str:

@@ -232,6 +232,11 @@ class TestPipeline:
         """A batch's progress: its jobs counted by status, its callback's status."""
         return await self._runs(lambda e: e.pipeline.batch(batch_id))
 
+    async def signal(self, job_id: str, name: str, payload: Any = None, *, key: str | None = None) -> str:
+        """Send a signal to a job, as :meth:`pipeline.Pipeline.signal` ("woken" or "kept"); then
+        :meth:`drain` or :meth:`result` runs it on."""
+        return await self._runs(lambda e: e.pipeline.signal(job_id, name, payload, key=key))
+
     async def drain(self, *, timeout: float = 30.0) -> list[TestJobRecord]:
         """Run every job until none is pending or running; every job's record, oldest first.
         TimeoutError if jobs are still unfinished after ``timeout`` seconds (a handler that hangs)."""
@@ -286,6 +291,10 @@ class SyncTestPipeline:
     def batch(self, batch_id: str) -> BatchRecord | None:
         """As :meth:`TestPipeline.batch`."""
         return self._remote.call(lambda e: e.pipeline.batch(batch_id))
+
+    def signal(self, job_id: str, name: str, payload: Any = None, *, key: str | None = None) -> str:
+        """As :meth:`TestPipeline.signal`."""
+        return self._remote.call(lambda e: e.pipeline.signal(job_id, name, payload, key=key))
 
     def drain(self, *, timeout: float = 30.0) -> list[TestJobRecord]:
         """As :meth:`TestPipeline.drain`."""

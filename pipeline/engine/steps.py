@@ -31,7 +31,7 @@ import trio
 from ..backends.base import Backend, Settlement, StepRecord
 from ..clock import format_ts, now_ts, to_epoch
 from ..errors import SignalTimeout, UsageError
-from ..requests import check_text
+from ..texts import check_text
 from ..states import Transition
 
 MAX_STEP_NAME_CHARS = 200

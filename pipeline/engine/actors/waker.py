@@ -44,8 +44,6 @@ class Waker:
 async def run_waker(backend: Backend, waker: Waker, *, interval: float,
                     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     task_status.started()
-    if not hasattr(backend, "wake_suspended"):  # TEMPORARY while the stores land their side (issue 35)
-        return
     failing = False
     while True:
         try:
