@@ -23,7 +23,7 @@ from conftest import fast_config
 from test_admin_api import served
 from test_cli import run
 from test_dashboard import _page, browser  # noqa: F401 -- browser: the module's Chromium
-from test_signals_admin import signal_seed, take
+from test_signals_admin import signal_seed, store, take  # noqa: F401 -- store: each backend's fixture
 from test_signals_cli import stored, taken
 
 from pipeline import Config
@@ -140,8 +140,8 @@ def test_durations_read_as_the_cli_writes_them(text: str, seconds: float) -> Non
 # -- the page ----------------------------------------------------------------------------------------------
 
 
-async def test_a_link_is_refused_when_altered_expired_used_or_its_job_unknown_or_finished(tmp_path: Path) -> None:
-    config = link_config(tmp_path / "links.db")
+async def test_a_link_is_refused_when_altered_expired_used_or_its_job_unknown_or_finished(store: Config) -> None:  # noqa: F811
+    config = store.replace(admin=link_config(Path("x.db")).admin)  # on each backend
     ids = await signal_seed(config)
     waiting = ids["waiting"]
     good = token(waiting, payload=True)

@@ -14,8 +14,9 @@ import pytest
 import trio
 from conftest import fast_config
 from test_cli import run
-from test_signals_admin import signal_seed, take
+from test_signals_admin import signal_seed, store, take  # noqa: F401 -- store: each backend's fixture
 
+from pipeline import Config
 from pipeline.backends import JobRecord, open_backend
 
 
@@ -157,3 +158,33 @@ def test_the_tables_show_every_status_suspended_among_the_live_ones(db: Path, se
     assert ["send_email", "0", "1", "0", "2", "1", "1", "1"] in lines
     code, out = run("types", "list")
     assert ["send_email", "active", "0", "1", "0", "2", "1", "1", "1", "2", "-", "-"] in [line.split() for line in out.splitlines()]
+
+
+async def test_signal_show_and_replay_on_each_store(store: Config, tmp_path: Path,  # noqa: F811
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The commands' one path on each backend (the tests above run on SQLite): in a thread, as a shell runs
+    them, on the store DATABASE_URL names."""
+    ids = await signal_seed(store)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DATABASE_URL", store.database_url)
+    monkeypatch.setenv("REDIS_ALLOW_NON_DURABLE", "true")  # (the test server keeps nothing on disk)
+    monkeypatch.setenv("ADMIN_SIGNING_KEY", "k" * 40)
+
+    async def cli(*argv: str) -> tuple[int, str]:
+        return await trio.to_thread.run_sync(lambda: run(*argv))
+
+    waiting, done = ids["waiting"], ids["completed"]
+    code, out = await cli("jobs", "--status", "suspended", "--json")
+    assert (code, sorted(j["id"] for j in json.loads(out)["items"])) == (0, sorted([waiting, ids["sleeping"]]))
+    code, out = await cli("jobs", "show", waiting, "--json")
+    assert [s["name"] for s in json.loads(out)["steps"]] == ["charge", "approval"]
+    code, out = await cli("jobs", "signal-link", waiting, "approval", "--payload", "true")
+    assert code == 0 and out.startswith("http://127.0.0.1:8000/signal-links/")
+    assert await cli("jobs", "signal", waiting, "approval", "--payload", "[1]") == (
+        0, f"job {waiting}: woken (it was waiting for 'approval' and is pending now)\n")
+    assert (await cli("jobs", "signal", done, "approval"))[0] == 1
+    assert (await cli("jobs", "retry", done, "--from-step", "c"))[0] == 0
+    async with open_backend(store) as backend:
+        assert (await backend.get(waiting)).status == "pending"  # type: ignore[union-attr]
+        assert [s.name for s in await backend.steps(done)] == ["a", "b"]
+        assert await take(backend, waiting, "approval", times=2) == [(True, "[1]"), (False, None)]

@@ -2,6 +2,7 @@
 
     from pipeline.admin import create_app            # mount in your own ASGI server, or
     from pipeline.admin import run_admin_server      # serve it with Hypercorn in your nursery
+    from pipeline.admin import signal_link           # a signed approval link to mail (links.py)
 
 ``python -m pipeline`` serves it on ADMIN_HOST:ADMIN_PORT next to the workers.
 """
@@ -21,9 +22,11 @@ _EXPORTS = {
     "create_app": ".server",
     "open_admin_listener": ".server",
     "run_admin_server": ".server",
+    "signal_link": ".links",
 }
 
-__all__ = ["AdminBindError", "AdminListener", "Metrics", "check_bind", "create_app", "open_admin_listener", "run_admin_server"]
+__all__ = ["AdminBindError", "AdminListener", "Metrics", "check_bind", "create_app", "open_admin_listener", "run_admin_server",
+           "signal_link"]
 
 
 def __getattr__(name: str) -> Any:
