@@ -832,9 +832,11 @@ class Backend(Protocol):
         :meth:`take_signal`); if the job is ``suspended`` awaiting this name it goes pending due now
         (RESUME, its ``awaiting_signal`` cleared; waking Pollers as an insert does): "woken"; else "kept"
         (a job not yet at its wait consumes it when it gets there). LookupError if the job is unknown;
-        UsageError (:func:`signal_refused`) if it is completed, dead or cancelled; ``key``: a signal with
-        this key was sent to this job already (any name) → :class:`pipeline.errors.SignalKeyUsed`, nothing
-        written (a signed link's use-once). Signals go with their job (delete, cleanup, retention)."""
+        ``key``: a signal with this key was sent to this job already (any name) →
+        :class:`pipeline.errors.SignalKeyUsed`, nothing written (a signed link's use-once), looked at before
+        the job's status (a link pressed again after its signal finished the job is "used", not "finished");
+        UsageError (:func:`signal_refused`) if it is completed, dead or cancelled. Signals go with their job
+        (delete, cleanup, retention)."""
 
     async def wake_suspended(self, *, limit: int = 500) -> tuple[int, float | None]:
         """Up to ``limit`` suspended jobs whose ``run_after`` passed → pending (RESUME, ``awaiting_signal``

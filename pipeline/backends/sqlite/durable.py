@@ -87,17 +87,19 @@ def has_signal(conn: sqlite3.Connection, job_id: str, name: str) -> bool:
 def send_signal(conn: sqlite3.Connection, job_id: str, name: str, payload: str | None, *, key: str | None,
                 now: str) -> str:
     """Keep the signal for the job; "woken" if the job was suspended waiting for this name (now pending,
-    due now), else "kept". LookupError for an unknown job; UsageError (base.signal_refused) for a
-    finished one; SignalKeyUsed if ``key`` was used for this job already. Nothing written for those."""
+    due now), else "kept". LookupError for an unknown job; SignalKeyUsed if ``key`` was used for this job
+    already (looked at before its status); UsageError (base.signal_refused) for a finished one. Nothing
+    written for those."""
     row = conn.execute("SELECT status, awaiting_signal FROM jobs WHERE id = ?", (job_id,)).fetchone()
     if row is None:
         raise LookupError(f"no job with id {job_id!r}")
     status, awaiting = row
-    if status in workflows.FINAL:
-        raise UsageError(signal_refused(job_id, status))
+    # the key first: a link pressed again after its signal finished the job is "used", not "finished"
     if key is not None and conn.execute("SELECT 1 FROM job_signals WHERE job_id = ? AND key = ?", (job_id, key)).fetchone():
         raise SignalKeyUsed(f"job {job_id}: a signal with key {key!r} was sent to it already (a link works once); "
                             "nothing was sent")
+    if status in workflows.FINAL:
+        raise UsageError(signal_refused(job_id, status))
     conn.execute(_SEND, (job_id, name, payload, key, now))
     if status == "suspended" and awaiting == name and conn.execute(_RESUME_NOW, (now, job_id)).rowcount:
         woke([job_id])
