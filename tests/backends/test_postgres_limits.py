@@ -87,7 +87,7 @@ async def test_a_schema_of_version_6_is_upgraded_in_place_and_its_keys_hold(tmp_
             with mock.patch.object(schema, "MIGRATIONS", schema.MIGRATIONS[:6]), mock.patch.object(schema, "LATEST", 6):
                 assert schema.migrate(conn, "test") == [1, 2, 3, 4, 5, 6]
             conn.execute(_V6_ROWS)
-            assert schema.migrate(conn, "test") == [7, 8, 9, 10]
+            assert schema.migrate(conn, "test") == list(range(7, schema.LATEST + 1))
             assert schema.migrate(conn, "test") == []
             indexes = dict(conn.execute("SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema()")
                            .fetchall())
