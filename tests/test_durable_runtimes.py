@@ -73,3 +73,31 @@ async def test_the_test_pipeline_skips_a_durable_sleep_and_leaves_a_wait_for_its
         assert record is not None and (record.status, record.awaiting_signal) == ("suspended", "approval")
         assert await tp.signal(job_id, "approval", "yes") == "woken"
         assert await tp.result(job_id, timeout=10) == "yes"
+
+
+async def test_metrics_count_steps_suspensions_and_suspended_jobs(tmp_path: Path) -> None:
+    from pipeline.admin.metrics import Metrics
+
+    reg = pipeline.Registry()
+
+    @reg.job
+    async def order(job: Order, ctx: pipeline.JobContext) -> None:
+        await ctx.step("one", lambda: 1)
+        await ctx.step("two", lambda: 2)
+        if job.n == 1:
+            await ctx.wait_for("never")
+
+    config = pipeline.Config.from_env({"DATABASE_URL": f"sqlite:///{tmp_path / 'm.db'}", "WORKER_POLL_INTERVAL_MS": "50"})
+    metrics = Metrics()
+    async with pipeline.open_pipeline(config, reg) as p:
+        p.add_observer(metrics.observe)
+        done = await p.enqueue(Order(0))
+        waiting = await p.enqueue(Order(1))
+        await p.result(done, timeout=10)
+        with trio.fail_after(10):
+            while (await p.backend.get(waiting)).status != "suspended":  # type: ignore[union-attr]
+                await trio.sleep(0.02)
+        text = metrics.render(await p.backend.stats())
+    assert 'pipeline_steps_total{job_type="order"} 4' in text
+    assert 'pipeline_jobs_processed_total{job_type="order",outcome="suspended"} 1' in text
+    assert 'pipeline_jobs{status="suspended"} 1' in text

@@ -27,7 +27,7 @@ WAIT_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # every outcome a job attempt can end with (pools.Outcome's kinds), as pipeline_jobs_processed_total's
 # HELP and docs/operating.md list them; tests/test_round4_cli.py compares this with the kinds the pools make
-OUTCOMES = ("ok", "error", "permanent", "retry_later", "timeout", "cancelled", "snoozed", "released", "lost")
+OUTCOMES = ("ok", "error", "permanent", "retry_later", "timeout", "cancelled", "snoozed", "suspended", "released", "lost")
 
 
 class Histogram:
@@ -74,6 +74,7 @@ class Metrics:
         self.pruned: dict[str, int] = pruned if pruned is not None else {}
         self.durations: dict[str, Histogram] = {}  # job_type -> run time
         self.waits: dict[str, Histogram] = {}  # job_type -> queue wait
+        self.steps: dict[str, int] = {}  # job_type -> ctx.step values committed (durable functions)
         # other processes' counters (the worker processes of a supervisor), added up at scrape time
         self.external = external
         self.processes = processes  # the supervisor's count of live worker processes
@@ -85,6 +86,7 @@ class Metrics:
             "durations": {t: h.snapshot() for t, h in self.durations.items()},
             "waits": {t: h.snapshot() for t, h in self.waits.items()},
             "pruned": dict(self.pruned),
+            "steps": dict(self.steps),
         }
 
     def add(self, snapshot: Mapping[str, Any]) -> None:
@@ -94,6 +96,8 @@ class Metrics:
             self.processed[key] = self.processed.get(key, 0) + n
         for what, n in snapshot.get("pruned", {}).items():
             self.pruned[what] = self.pruned.get(what, 0) + n
+        for job_type, n in snapshot.get("steps", {}).items():
+            self.steps[job_type] = self.steps.get(job_type, 0) + n
         for name, table, bounds in (("durations", self.durations, DURATION_BUCKETS), ("waits", self.waits, WAIT_BUCKETS)):
             for job_type, data in snapshot.get(name, {}).items():
                 self._histogram(table, job_type, bounds).add(data)
@@ -113,6 +117,9 @@ class Metrics:
         job_type, outcome = fields["job_type"], fields["outcome"]
         key = (job_type, outcome)
         self.processed[key] = self.processed.get(key, 0) + 1
+        steps = fields.get("steps")
+        if steps:
+            self.steps[job_type] = self.steps.get(job_type, 0) + steps
         if outcome == "released":
             return  # shutdown handed the job back before or while it ran: not a run
         duration_ms = fields.get("duration_ms")
@@ -151,6 +158,9 @@ class Metrics:
                "Job attempts this process (with --processes: its worker processes) finished, by type and outcome "
                f"({', '.join(OUTCOMES)}).",
                (({"job_type": t, "outcome": o}, n) for (t, o), n in sorted(self.processed.items())))
+        family("pipeline_steps_total", "counter",
+               "Durable steps (ctx.step) whose values this process (with --processes: its worker processes) committed, by type.",
+               (({"job_type": t}, n) for t, n in sorted(self.steps.items())))
         _histograms(lines, "pipeline_job_duration_seconds", "Run time of job attempts in this process, by type.", self.durations)
         _histograms(lines, "pipeline_job_queue_wait_seconds",
                     "Time from a job being due to a worker of this process starting it, by type.", self.waits)

@@ -102,6 +102,7 @@ class Run:
     steps: dict[str, StepRecord] | None = None
     used: set[str] = attrs.field(factory=set)
     counts: dict[str, int] = attrs.field(factory=dict)
+    committed: int = 0  # steps this run committed (the outcome's "steps": metrics)
 
     def next_name(self, prefix: str) -> str:
         n = self.counts.get(prefix, 0) + 1
@@ -194,6 +195,7 @@ def step_logic(run: Run, name: str, fn: Callable[..., Any], args: tuple[Any, ...
         raise StepRefused(f"step {name!r}: its value cannot be stored: {exc}") from None
     yield Store(run.commit, (StepRecord(name, "completed", text, started, now_ts()),))
     run.durable.steps_committed += 1
+    run.committed += 1
     return value
 
 

@@ -301,6 +301,7 @@ class Outcome:
     result: str | None = None  # "ok": the handler's return value as JSON text (None: it returned None)
     step: StepRecord | None = None  # "suspended": the sleep's or the wait's record, written with it
     awaiting: str | None = None  # "suspended": the signal's name its wait awaits
+    steps: int = 0  # ctx.step values the run committed
 
     @classmethod
     def suspended(cls, how: Suspended) -> Outcome:
@@ -397,6 +398,15 @@ class ResultRefused(Exception):
 
 async def _invoke(workers: Workers, spec: JobSpec, pool: Pool, job: Any, ctx: JobContext, thread: _Thread | None,
                   start_by: tuple[float, float] | None = None) -> Outcome:
+    outcome = await _outcome_of(workers, spec, pool, job, ctx, thread, start_by)
+    run = ctx._run
+    if run is not None and run.committed:  # a durable run: its steps counted with its outcome (metrics)
+        return attrs.evolve(outcome, steps=run.committed)
+    return outcome
+
+
+async def _outcome_of(workers: Workers, spec: JobSpec, pool: Pool, job: Any, ctx: JobContext, thread: _Thread | None,
+                      start_by: tuple[float, float] | None = None) -> Outcome:
     try:
         if not spec.middleware:
             value = await _call(workers, spec, pool, job, ctx, thread, start_by)
@@ -917,7 +927,7 @@ async def run_timeouts(pool: Pool, *, task_status: trio.TaskStatus[None] = trio.
 def describe_outcome(lease: Lease, outcome: Outcome, result: str | None, duration: float) -> dict[str, Any]:
     """The fields of the one log line per job outcome."""
     first_line = (outcome.error or "").splitlines()[0] if outcome.error else None
-    return {
+    fields: dict[str, Any] = {
         "job_id": lease.id,
         "job_type": lease.job_type,
         "attempt": lease.attempts,
@@ -930,6 +940,9 @@ def describe_outcome(lease: Lease, outcome: Outcome, result: str | None, duratio
         # the wait before the next attempt (backoff, or what RetryLater asked); None unless retried
         "retry_delay_ms": round(outcome.delay * 1000, 3) if result in ("retry", "snoozed") and outcome.delay is not None else None,
     }
+    if outcome.steps:
+        fields["steps"] = outcome.steps  # (durable runs only: a plain job's line is as it was)
+    return fields
 
 
 @functools.lru_cache(maxsize=256)
