@@ -38,7 +38,7 @@ JSON_ACCEPT = {"Accept": "application/json"}
 
 
 def link_config(db: Path, **overrides: Any) -> Config:
-    return fast_config(db, admin_port=0, worker_enabled=False, admin_signing_key=KEY, **overrides)
+    return fast_config(db, **{"admin_port": 0, "worker_enabled": False, "admin_signing_key": KEY, **overrides})
 
 
 def token(job_id: str, name: str = "approval", payload: Any = None, *, key: str = KEY, **options: Any) -> str:
@@ -281,3 +281,26 @@ def test_the_button_of_the_page_sends_the_signal_in_a_browser(browser: Any,  # n
             return await take(backend, waiting, "approval", times=2)
 
     assert trio.run(consumed) == [(True, '{"approved":true}'), (False, None)]
+
+
+def test_the_signing_key_is_never_shown(db: Path, seeded_links: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """ADMIN_SIGNING_KEY is a secret (docs/security.md): not in a config's repr, nor in the error for a bad
+    value, nor in what signal-link prints (a MAC made with it, not it), nor on the link's page."""
+    from pipeline.errors import ConfigError
+
+    config = link_config(db)
+    assert KEY not in repr(config) and KEY not in repr(config.admin)
+    with pytest.raises(ConfigError) as refused:
+        link_config(db, admin_signing_key="short-" + KEY[:10])
+    assert KEY[:10] not in str(refused.value) and "ADMIN_SIGNING_KEY" in str(refused.value)
+    monkeypatch.setenv("ADMIN_SIGNING_KEY", KEY)
+    code, out = run("jobs", "signal-link", seeded_links["waiting"], "approval", "--json")
+    assert code == 0 and KEY not in out + capsys.readouterr().err
+    link = json.loads(out)["url"]
+
+    async def page() -> str:
+        async with served(link_config(db)) as (_, client):
+            return (await client.get(link.removeprefix("http://127.0.0.1:8000"))).text
+
+    assert KEY not in trio.run(page)
