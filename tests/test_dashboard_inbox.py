@@ -166,6 +166,7 @@ def test_a_durable_jobs_view_shows_its_awaited_signal_and_steps_and_cancels_it(
     page.goto(url + "/admin#job=" + ids["waiting"])
     expect(page.locator("#d-status")).to_have_text("suspended")
     expect(page.locator("#d-awaiting")).to_have_text("approval")
+    expect(page.locator("#d-run-after")).to_have_text("when its signal comes (no timeout)")
     expect(page.locator("#d-steps tr")).to_have_count(2)
     expect(page.locator('#d-steps tr[data-step="charge"] td.value')).to_have_text('{"charge_id":"ch_1"}')
     expect(page.locator("#d-cancel")).to_be_enabled()

@@ -140,8 +140,10 @@ class AdminGuard:
         content_type = headers.get("content-type")
         if method == "POST" and not _is_json(content_type) and not (
                 scope["path"].startswith(LINKS) and _is_form(content_type)):
-            return 415, ("a POST must have Content-Type: application/json" +
-                         ("" if content_type is None else f", not {content_type[:100]!r}")), None
+            what = ("a signed link's POST must be its page's form (Content-Type: application/x-www-form-urlencoded) "
+                    "or say Content-Type: application/json" if scope["path"].startswith(LINKS)
+                    else "a POST must have Content-Type: application/json")
+            return 415, what + ("" if content_type is None else f", not {content_type[:100]!r}"), None
         length = headers.get("content-length")
         if length is not None and length.strip().isdigit() and int(length) > self.max_body:
             return 413, f"request body is larger than {self.max_body} bytes (ADMIN_MAX_BODY_BYTES)", None

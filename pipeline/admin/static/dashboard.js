@@ -399,6 +399,7 @@
       $(id).textContent = utcTime(iso, true);
       $(id).title = iso;
     }
+    if (job.run_after === FOREVER) $("d-run-after").textContent = "when its signal comes (no timeout)";
     for (const id of ["d-awaiting-label", "d-awaiting"]) $(id).hidden = !job.awaiting_signal;
     $("d-awaiting").textContent = job.awaiting_signal || "";
     const steps = job.steps || [];
