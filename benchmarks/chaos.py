@@ -46,6 +46,25 @@ member's completing run ended, every run of it having read a batch whose every m
 waiting, pending or running; and, watched every half second during the run, no job seen waiting
 after every parent of it was seen final (a parent's end wakes or cancels its children in its own
 transaction or script: the repair sweep, once a minute, must find nothing to do).
+
+    python benchmarks/chaos.py --durable [--backend B] [--flows 300] [--duration 30] [--kill-every 2] [--runtime R]
+
+Durable functions (docs/durable.md) under the same kills: a producer enqueues ``--flows`` flows spread
+over the first 80% of the run, each a job that runs step "a", a durable sleep (0.05 to 0.5 s), step
+"b", (every third one) a wait for a signal no one sends with a 0.2 s timeout (SignalTimeout), a wait
+for the signal "go" (no timeout), and step "c"; every fifth one is a plain ``def`` handler (the same
+calls from its thread). The driver sends each flow's "go" once, with a key: half right after the
+enqueue (before the job can reach its wait: answered "kept"), half once the store lists the job
+suspended awaiting "go" (answered "woken"); alternately through a ``pipeline.Client`` and the store's
+own ``Backend.signal``. Each step's function appends a line (job, step, pid, a token it draws) before
+it returns its value, then lingers a little, so that kills land before and after that line; the
+handler notes the value each ``ctx.step`` gave it. The books (``check_durable``): every flow
+completed, nothing left suspended, running or pending; its stored steps as the handler makes them;
+each step's stored value one its function drew, no line of that step after it (a committed step never
+ran again), every earlier run of it repeated because its process was killed after its line and
+before the step's next run began (between its line and its commit); every value the handler got is
+the stored one; step "b" after the sleep's end, step "c" after the signal was sent, the wait's value
+the signal's payload, the result the stored values; the answers as above.
 """
 
 from __future__ import annotations
@@ -62,6 +81,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -72,6 +92,8 @@ import trio
 import pipeline
 from pipeline.backends import Backend, open_backend
 from pipeline.backends.base import BatchRecord
+from pipeline.clock import to_epoch
+from pipeline.durable import encode_signal_payload
 from pipeline.engine import asyncio_host
 from pipeline.requests import JobRequest, prepare_rows
 
@@ -117,6 +139,30 @@ class FanIn:
     size: int
 
 
+@attrs.frozen
+class Flow:
+    """A durable job of the --durable run (docs/durable.md): steps "a" and "b" around a durable sleep of
+    ``sleep`` seconds, a wait for the signal "go" (no timeout), then step "c"; ``timeout_wait``: also a wait
+    for "never" (no one sends it) with a short timeout, before "go", which ends in SignalTimeout."""
+
+    n: int
+    sleep: float
+    timeout_wait: bool
+
+
+@attrs.frozen
+class SyncFlow:
+    """The same flow in a plain ``def`` handler: ctx.step, ctx.sleep, ctx.wait_for as plain calls from its thread."""
+
+    n: int
+    sleep: float
+    timeout_wait: bool
+
+
+FLOW_STEPS = ("a", "b", "c")  # the user's steps of a flow, in order
+NEVER_TIMEOUT = 0.2  # seconds a flow's wait for "never" lasts
+
+
 RUNTIMES = ("trio", "asyncio", "uvloop")  # --runtime: the handlers' (uvloop: asyncio handlers on uvloop's loop)
 
 
@@ -126,8 +172,8 @@ def append(line: str) -> None:
         f.write(line + "\n")
 
 
-def line(ctx: pipeline.JobContext, kind: str, *figures: int) -> str:
-    """A side file's line: kind, id, attempt, pid, time, then any figures."""
+def line(ctx: pipeline.JobContext, kind: str, *figures: int | str) -> str:
+    """A side file's line: kind, id, attempt, pid, time, then any figures (--durable: a step's name and token)."""
     return " ".join([kind, ctx.id, str(ctx.attempt), str(os.getpid()), f"{time.time():.6f}", *map(str, figures)])
 
 
@@ -174,8 +220,68 @@ def registry(runtime: str = "trio") -> pipeline.Registry:
         await sleep(CALLBACK_FIRST_SECONDS if ctx.attempt == 1 else CALLBACK_SECONDS)
         await note(ctx, "end")
 
+    # --durable: a step's function writes its line (with a token no other run can draw) before it returns
+    # its value, then lingers, so that kills land inside steps, before and after their line (a kill after
+    # the line and before the commit is the one case where a step may run again); "got" is the value
+    # ctx.step gave the handler, its own or the one stored by an earlier run
+    async def work(ctx: pipeline.JobContext, name: str) -> Any:
+        await sleep(random.uniform(0.005, 0.04))
+        token = uuid.uuid4().hex[:16]
+        await note(ctx, "step", name, token)
+        await sleep(random.uniform(0.0, 0.03))
+        return {"token": token}
+
+    def work_sync(ctx: pipeline.JobContext, name: str) -> Any:
+        time.sleep(random.uniform(0.005, 0.04))
+        token = uuid.uuid4().hex[:16]
+        append(line(ctx, "step", name, token))
+        time.sleep(random.uniform(0.0, 0.03))
+        return {"token": token}
+
+    async def flow(job: Flow, ctx: pipeline.JobContext) -> Any:
+        await note(ctx, "start")
+        tokens: dict[str, Any] = {}
+        tokens["a"] = (await ctx.step("a", work, ctx, "a"))["token"]
+        await note(ctx, "got", "a", tokens["a"])
+        await ctx.sleep(job.sleep)
+        tokens["b"] = (await ctx.step("b", work, ctx, "b"))["token"]
+        await note(ctx, "got", "b", tokens["b"])
+        if job.timeout_wait:
+            try:
+                await ctx.wait_for("never", timeout=NEVER_TIMEOUT)
+            except pipeline.SignalTimeout:
+                tokens["timed_out"] = True
+        await note(ctx, "wait")
+        tokens["go"] = await ctx.wait_for("go")
+        tokens["c"] = (await ctx.step("c", work, ctx, "c"))["token"]
+        await note(ctx, "got", "c", tokens["c"])
+        await note(ctx, "end")
+        return tokens
+
+    def sync_flow(job: SyncFlow, ctx: pipeline.JobContext) -> Any:
+        append(line(ctx, "start"))
+        tokens: dict[str, Any] = {}
+        tokens["a"] = ctx.step("a", work_sync, ctx, "a")["token"]
+        append(line(ctx, "got", "a", tokens["a"]))
+        ctx.sleep(job.sleep)
+        tokens["b"] = ctx.step("b", work_sync, ctx, "b")["token"]
+        append(line(ctx, "got", "b", tokens["b"]))
+        if job.timeout_wait:
+            try:
+                ctx.wait_for("never", timeout=NEVER_TIMEOUT)
+            except pipeline.SignalTimeout:
+                tokens["timed_out"] = True
+        append(line(ctx, "wait"))
+        tokens["go"] = ctx.wait_for("go")
+        tokens["c"] = ctx.step("c", work_sync, ctx, "c")["token"]
+        append(line(ctx, "got", "c", tokens["c"]))
+        append(line(ctx, "end"))
+        return tokens
+
     reg = pipeline.Registry(runtime="trio" if on_trio else "asyncio")
     reg.register("chaos", Chaos, run, concurrency=16, max_attempts=MAX_ATTEMPTS)
+    reg.register("flow", Flow, flow, concurrency=16, max_attempts=MAX_ATTEMPTS)
+    reg.register("sync_flow", SyncFlow, sync_flow, concurrency=8, max_attempts=MAX_ATTEMPTS)
     reg.register("member", Member, member, concurrency=MEMBER_CONCURRENCY, max_attempts=MAX_ATTEMPTS)
     reg.register("step", Step, step, concurrency=16, max_attempts=MAX_ATTEMPTS)
     reg.register("fan_in", FanIn, fan_in, concurrency=1, max_attempts=MAX_ATTEMPTS)
@@ -710,6 +816,280 @@ def check_workflows(records: dict[str, pipeline.JobRecord], details: dict[str, p
     return result
 
 
+# -- durable functions (--durable) ------------------------------------------------------------------
+
+
+@attrs.define
+class Sent:
+    """The "go" signal of one flow: sent right after its enqueue (``early``: before the job can reach its
+    wait) or once the store lists it suspended awaiting "go"; through a ``pipeline.Client`` or the
+    store's own ``Backend.signal`` (``via``); when, and the answer ("woken", "kept", or the error)."""
+
+    n: int
+    early: bool
+    via: str
+    payload: Any
+    at: float = 0.0
+    answer: str | None = None
+
+
+def flow_job(n: int, rng: random.Random) -> Flow | SyncFlow:
+    """Flow ``n``: every fifth one a sync handler's, every third one with a wait that times out; its
+    durable sleep 0.05 to 0.5 s."""
+    kind = SyncFlow if n % 5 == 4 else Flow
+    return kind(n, round(rng.uniform(0.05, 0.5), 3), n % 3 == 0)
+
+
+def run_durable(flows: int, workers: int, duration: float, kill_every: float, folder: Path, out: Any = sys.stdout, *,
+                backend: str = "sqlite", postgres_url: str = POSTGRES_URL, redis_url: str = REDIS_URL,
+                runtime: str = "trio") -> dict[str, int]:
+    """The --durable run on a fresh store: its books (``check_durable``), printed on ``out``."""
+    stores = open_stores(backend, folder, postgres_url=postgres_url, redis_url=redis_url)
+    try:
+        url = stores.fresh("chaos_durable")
+        stores.migrate(url)
+        return trio.run(functools.partial(_drive_durable, url, stores.settings, flows, workers, duration, kill_every,
+                                          folder, out, backend, runtime))
+    finally:
+        stores.close()
+
+
+async def _drive_durable(url: str, settings: dict[str, str], flows: int, workers: int, duration: float,
+                         kill_every: float, folder: Path, out: Any, backend: str, runtime: str) -> dict[str, int]:
+    log = folder / "runs.log"
+    log.touch()
+    pool = Workers(functools.partial(start_worker, url, log, settings, {"CHAOS_RUNTIME": runtime}))
+    producer = pipeline.Config.from_env({
+        **settings, "DATABASE_URL": url, "LOG_LEVEL": "error", "SQLITE_SYNCHRONOUS": "full", "WORKER_ENABLED": "false",
+        "ADMIN_ENABLED": "false",
+    }, env_file=None)
+    reg = registry(runtime)
+    rng = random.Random()
+    jobs: dict[str, Flow | SyncFlow] = {}
+    sent: dict[str, Sent] = {}
+    late: dict[str, Sent] = {}  # sent once the store lists the job suspended awaiting "go"
+    client: pipeline.Client | None = None
+    _quiet_logs(+1)  # its rescues
+    try:
+        await pool.add(workers)
+        client = await trio.to_thread.run_sync(functools.partial(pipeline.Client, config=producer, registry=reg))
+        async with pipeline.open_pipeline(producer, reg) as p:  # it runs no job: trio's run will do
+            started, started_at = trio.current_time(), time.time()
+
+            async def send(job_id: str, signal_: Sent) -> None:
+                # a key per flow: a send is made once (a retried send would be refused, SignalKeyUsed)
+                signal_.at = time.time()
+                try:
+                    if signal_.via == "client":
+                        assert client is not None
+                        signal_.answer = await trio.to_thread.run_sync(
+                            functools.partial(client.signal, job_id, "go", signal_.payload, key=f"go-{signal_.n}"))
+                    else:
+                        signal_.answer = await p.backend.signal(job_id, "go", encode_signal_payload(signal_.payload),
+                                                                key=f"go-{signal_.n}")
+                except Exception as exc:  # counted as a broken promise, with its text
+                    signal_.answer = f"{type(exc).__name__}: {exc}"
+
+            async def send_late() -> None:
+                while True:
+                    if late:
+                        for job in (await p.backend.list(status="suspended", limit=10_000))[0]:
+                            if job.awaiting_signal == "go" and job.id in late:
+                                await send(job.id, late.pop(job.id))
+                    await trio.sleep(0.05)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(send_late)
+                nursery.start_soon(pool.kill_at_random, started + duration, kill_every, random.Random())
+                # the flows spread over the first 80% of the run (each takes about a second unkilled)
+                for n in range(flows):
+                    await trio.sleep_until(started + duration * 0.8 * n / flows)
+                    job = flow_job(n, rng)
+                    job_id = await p.enqueue(job)
+                    jobs[job_id] = job
+                    sent[job_id] = Sent(n, n % 2 == 0, "client" if n // 2 % 2 == 0 else "store", {"n": n, "pick": rng.random()})
+                    if sent[job_id].early:
+                        await send(job_id, sent[job_id])
+                    else:
+                        late[job_id] = sent[job_id]
+                await trio.sleep_until(started + duration)
+                with trio.move_on_after(120):  # no more kills: wait for leases to expire and the rest to run
+                    while True:
+                        counts = (await p.backend.stats())["by_status"]
+                        if not late and not any(counts.get(status) for status in ("pending", "running", "suspended")):
+                            break
+                        await trio.sleep(0.05)
+                ended = trio.current_time()
+                nursery.cancel_scope.cancel()
+            records = {job_id: await p.backend.get(job_id) for job_id in jobs}
+    finally:
+        _quiet_logs(-1)
+        await stop_workers(pool.procs)
+        if client is not None:
+            await trio.to_thread.run_sync(client.close)
+    figures = {"elapsed": ended - started, "drain": ended - max(pool.last_kill, started + duration), "started_at": started_at}
+    return check_durable(records, jobs, sent, read_lines(log), pool.killed, figures, out, backend=labelled(backend, runtime))
+
+
+@attrs.frozen
+class Line:
+    """One line of the --durable side file: ``name`` and ``token`` on a step's lines ("step": its function
+    ran and drew ``token``; "got": ctx.step gave the handler ``token``)."""
+
+    kind: str
+    job_id: str
+    attempt: int
+    pid: int
+    at: float
+    name: str | None = None
+    token: str | None = None
+
+
+def read_lines(log: Path) -> dict[str, list[Line]]:
+    """The side file's lines by job, in time order."""
+    lines: dict[str, list[Line]] = {}
+    for text in log.read_text().splitlines():
+        kind, job_id, attempt, pid, at, *rest = text.split()
+        lines.setdefault(job_id, []).append(Line(kind, job_id, int(attempt), int(pid), float(at), *rest))
+    for entries in lines.values():
+        entries.sort(key=lambda entry: entry.at)
+    return lines
+
+
+# what breaks a promise of the --durable run (each a count; the summary names those that are not 0)
+DURABLE_FAILURES = (
+    "lost", "not_completed", "left_suspended_running_or_pending", "steps_not_as_recorded", "committed_steps_run_again",
+    "handler_got_an_uncommitted_value", "step_repeats_unexplained", "resumed_before_its_sleep_ended",
+    "passed_its_wait_before_the_signal", "wait_got_the_wrong_payload", "result_not_the_steps", "signals_failed",
+    "signal_answer_wrong",
+)
+
+
+def expected_steps(job: Flow | SyncFlow) -> list[tuple[str, str]]:
+    """(name, status) of a completed flow's stored steps, in order."""
+    never = [("@wait:never#1", "timed_out")] if job.timeout_wait else []
+    return [("a", "completed"), ("@sleep#1", "completed"), ("b", "completed"), *never, ("@wait:go#1", "completed"),
+            ("c", "completed")]
+
+
+def check_durable(records: dict[str, pipeline.JobRecord | None], jobs: dict[str, Flow | SyncFlow], sent: dict[str, Sent],
+                  lines: dict[str, list[Line]], killed: list[tuple[int, float, float]], figures: dict[str, float],
+                  out: Any, *, backend: str = "sqlite") -> dict[str, int]:
+    """The --durable books. For each flow, from the store (``records``: its status, stored steps and
+    result) and the side file (``lines``):
+
+    * it completed, its steps stored as the handler made them (names, order, statuses);
+    * for each of its steps, the stored value's token is one its function drew (a "step" line); no
+      "step" line of that step comes after that one (a committed step never ran again); every earlier
+      one was repeated because its process was killed after the line and before the next run of the
+      step began (the kill landed between the line and the commit: the one way a step runs twice); and
+      every value the handler got from ctx.step ("got") is the stored one;
+    * step "b" ran only after its durable sleep's end, step "c" only after the "go" signal was sent, and
+      the wait got that signal's payload; the result is the stored tokens and the payload;
+    * its signal was answered "woken" when sent once the job was listed suspended in its wait, and "kept"
+      when sent before it (or "woken" only if the job's "wait" line came first).
+    """
+    kills = kills_by_pid(killed)
+    r = dict.fromkeys(DURABLE_FAILURES, 0)
+    r.update(jobs=len(jobs), kills=len(killed), runs=0, steps_run=0, steps_run_twice=0, timed_out=0,
+             early_kept=0, early_woken=0, late_woken=0)
+    problems: dict[str, list[str]] = {}  # job id -> what broke
+
+    def broke(job_id: str, what: str, why: str, n: int = 1) -> None:
+        r[what] += n
+        problems.setdefault(job_id, []).append(f"{what.replace('_', ' ')}: {why}")
+
+    for job_id, job in jobs.items():
+        record, mine, signal_ = records.get(job_id), lines.get(job_id, []), sent[job_id]
+        r["runs"] += sum(entry.kind == "start" for entry in mine)
+        answer = signal_.answer or "never sent"
+        if answer not in ("woken", "kept"):
+            broke(job_id, "signals_failed", answer)
+        elif not signal_.early:
+            r["late_woken"] += answer == "woken"
+            if answer != "woken":
+                broke(job_id, "signal_answer_wrong", f"sent once listed suspended in its wait, answered {answer!r}")
+        else:
+            r["early_kept" if answer == "kept" else "early_woken"] += 1
+            waited = [entry.at for entry in mine if entry.kind == "wait"]
+            if answer == "woken" and not (waited and waited[0] < signal_.at):
+                broke(job_id, "signal_answer_wrong", "sent before its wait was reached, answered 'woken'")
+        if record is None:
+            broke(job_id, "lost", "not in the store")
+            continue
+        if record.status != "completed":
+            broke(job_id, "not_completed", f"{record.status} (error: {record.error})")
+            if record.status in ("suspended", "running", "pending"):
+                r["left_suspended_running_or_pending"] += 1
+        stored = {step.name: step for step in record.steps}
+        shape = [(step.name, step.status) for step in record.steps]
+        if record.status == "completed" and shape != expected_steps(job):
+            broke(job_id, "steps_not_as_recorded", f"stored {shape}")
+        r["timed_out"] += stored.get("@wait:never#1") is not None and stored["@wait:never#1"].status == "timed_out"
+        tokens: dict[str, Any] = {}
+        for name in FLOW_STEPS:
+            ran = [entry for entry in mine if entry.kind == "step" and entry.name == name]
+            got = [entry for entry in mine if entry.kind == "got" and entry.name == name]
+            r["steps_run"] += len(ran)
+            step = stored.get(name)
+            if step is None or step.value is None:
+                if record.status == "completed":
+                    broke(job_id, "steps_not_as_recorded", f"step {name!r} not stored")
+                continue
+            token = tokens[name] = json.loads(step.value)["token"]
+            at = next((i for i, entry in enumerate(ran) if entry.token == token), None)
+            if at is None:
+                broke(job_id, "steps_not_as_recorded", f"step {name!r} stored a token its function never drew ({token})")
+                continue
+            if at + 1 < len(ran):
+                broke(job_id, "committed_steps_run_again", f"step {name!r} ran {len(ran) - at - 1} time(s) after the run "
+                      f"whose value was committed", len(ran) - at - 1)
+            wrong = [entry for entry in got if entry.token != token]
+            if wrong:
+                broke(job_id, "handler_got_an_uncommitted_value", f"step {name!r}: {[e.token for e in wrong]}", len(wrong))
+            for before, following in zip(ran[:at], ran[1:at + 1]):
+                r["steps_run_twice"] += 1
+                if not any(reaped >= before.at and sent_at <= following.at for sent_at, reaped in kills.get(before.pid, [])):
+                    broke(job_id, "step_repeats_unexplained", f"step {name!r} ran at {before.at:.3f} in pid {before.pid} "
+                          f"and again at {following.at:.3f} in pid {following.pid}, no kill of {before.pid} between")
+        sleep, wait = stored.get("@sleep#1"), stored.get("@wait:go#1")
+        first_b = next((entry.at for entry in mine if entry.kind == "step" and entry.name == "b"), None)
+        # (a stored time is cut to the millisecond)
+        if sleep is not None and sleep.ended_at and first_b is not None and first_b < to_epoch(sleep.ended_at) - 0.001:
+            broke(job_id, "resumed_before_its_sleep_ended", f"step 'b' at {first_b:.3f}, the sleep until {sleep.ended_at}")
+        first_c = next((entry.at for entry in mine if entry.kind == "step" and entry.name == "c"), None)
+        if first_c is not None and (not signal_.at or first_c < signal_.at):
+            broke(job_id, "passed_its_wait_before_the_signal", f"step 'c' at {first_c:.3f}, the signal sent at {signal_.at:.3f}")
+        if wait is not None and wait.status == "completed" and json.loads(wait.value or "null") != signal_.payload:
+            broke(job_id, "wait_got_the_wrong_payload", f"{wait.value} for {signal_.payload}")
+        if record.status == "completed":
+            want = {**tokens, "go": signal_.payload, **({"timed_out": True} if job.timeout_wait else {})}
+            if json.loads(record.result or "null") != want:
+                broke(job_id, "result_not_the_steps", f"{record.result} for {json.dumps(want)}")
+    r["failures"] = sum(r[name] for name in DURABLE_FAILURES)
+    wrong = [f"{name.replace('_', ' ')}: {r[name]}" for name in DURABLE_FAILURES if r[name]]
+    early, late = sum(s.early for s in sent.values()), sum(not s.early for s in sent.values())
+    n_sync = sum(isinstance(job, SyncFlow) for job in jobs.values())
+    print(
+        f"chaos --durable ({backend}): {r['jobs']} flows ({r['jobs'] - n_sync} async, {n_sync} sync handlers), "
+        f"{len(killed)} SIGKILLs in {figures['elapsed']:.0f} s (drained {figures['drain']:.1f} s after the last): "
+        f"{r['lost']} lost, {r['not_completed']} not completed, {r['left_suspended_running_or_pending']} left suspended, "
+        f"running or pending; {r['runs']} handler runs, {r['steps_run']} step runs for {3 * len(jobs)} steps, "
+        f"{r['steps_run_twice']} run twice (all after a kill between the step's line and its commit: "
+        f"{'yes' if not r['step_repeats_unexplained'] else 'NO'}), {r['committed_steps_run_again']} committed steps run "
+        f"again; signals: {early} sent before the wait ({r['early_kept']} kept, {r['early_woken']} woken), {late} "
+        f"once it waited ({r['late_woken']} woken), {r['timed_out']} waits timed out; books balance: "
+        f"{'yes' if not r['failures'] else 'NO (' + '; '.join(wrong) + ')'}",
+        file=out,
+    )
+    for job_id, what in list(problems.items())[:5]:  # what a broken promise looks like, with the job's lines
+        print(f"  {job_id} ({type(jobs[job_id]).__name__} {jobs[job_id].n}): {'; '.join(what)}", file=out)
+        for entry in lines.get(job_id, [])[:40]:
+            print(f"    {entry.kind} attempt {entry.attempt} pid {entry.pid} at {entry.at - figures.get('started_at', 0.0):.3f} s"
+                  f"{f' {entry.name} {entry.token}' if entry.name else ''}", file=out)
+    return r
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--role", choices=["chaos", "worker"], default="chaos")
@@ -719,17 +1099,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--redis-url", default=REDIS_URL, help="the server for --backend redis")
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--workers", type=int, default=3)
-    parser.add_argument("--duration", type=float, help="seconds of kills (default 60; 30 with --workflows)")
+    parser.add_argument("--duration", type=float, help="seconds of kills (default 60; 30 with --workflows or --durable)")
     parser.add_argument("--kill-every", type=float, default=2.0)
     parser.add_argument("--workflows", action="store_true", help="a batch with a callback and chains instead of --jobs")
     parser.add_argument("--fan-out", type=int, default=1000, help="--workflows: the batch's jobs (default 1000)")
     parser.add_argument("--chains", type=int, default=100, help="--workflows: three-step chains (default 100)")
+    parser.add_argument("--durable", action="store_true",
+                        help="durable flows (steps, sleeps, signals) instead of --jobs: see the module's docstring")
+    parser.add_argument("--flows", type=int, default=300, help="--durable: the flows (default 300)")
     parser.add_argument("--runtime", choices=RUNTIMES, default="trio",
                         help="the handlers': trio (default), asyncio, or uvloop (asyncio handlers on uvloop's loop)")
     args = parser.parse_args(argv)
     if args.role == "worker":
         worker_main(args.url)
         return 0
+    if args.durable:
+        with tempfile.TemporaryDirectory() as tmp:
+            r = run_durable(args.flows, args.workers, args.duration or 30.0, args.kill_every, Path(tmp), backend=args.backend,
+                            postgres_url=args.postgres_url, redis_url=args.redis_url, runtime=args.runtime)
+        return 0 if r["failures"] == 0 else 1
     if args.workflows:
         with tempfile.TemporaryDirectory() as tmp:
             r = run_workflows(args.fan_out, args.chains, args.workers, args.duration or 30.0, args.kill_every, Path(tmp),
