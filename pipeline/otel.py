@@ -14,8 +14,9 @@ Two things, on one registry, for every producer and worker that uses it:
   that runs the job, however far from the one that enqueued it. Every attempt of one job has the
   same parent, so a job's retries are siblings under the enqueue's span, told apart by their
   ``pipeline.job.attempt``; no span links. A job without a stored context gets a root span.
-  The handler's exception is recorded on the span and sets its status to ERROR; jobs the handler
-  enqueues or emits are children of its attempt's span.
+  The handler's exception is recorded on the span and sets its status to ERROR (a run that leaves
+  in ``ctx.sleep`` or ``ctx.wait_for`` is not an error: its span says ``pipeline.job.suspended``); jobs
+  the handler enqueues or emits are children of its attempt's span.
 
 Only this module imports ``opentelemetry`` (its API: the application brings the SDK and an
 exporter); the rest of the package reaches it through ``Registry.trace_context`` and a middleware.
@@ -28,6 +29,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from .context import JobContext
+from .engine.steps import Suspended
 from .errors import UsageError
 from .registry import Registry
 
@@ -89,8 +91,17 @@ def instrument(registry: Registry, *, tracer_provider: TracerProvider | None = N
             "pipeline.job.max_attempts": ctx.max_attempts,
         }
         with tracer.start_as_current_span(f"process {ctx.job_type}", context=parent, kind=trace.SpanKind.CONSUMER,
-                                          attributes=attributes) as span:
-            yield span
+                                          attributes=attributes, record_exception=False,
+                                          set_status_on_exception=False) as span:
+            try:
+                yield span
+            except Suspended as how:  # ctx.sleep / ctx.wait_for: the run ends, not in error
+                span.set_attribute("pipeline.job.suspended", f"awaiting {how.awaiting}" if how.awaiting else "sleeping")
+                raise
+            except BaseException as exc:  # what the SDK would record by default
+                span.record_exception(exc)
+                span.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+                raise
 
     registry.trace_context = trace_context
     registry.middleware(span_per_attempt)

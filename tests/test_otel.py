@@ -147,6 +147,27 @@ async def test_each_attempt_is_a_child_of_the_enqueue_and_follow_ups_of_the_atte
     assert root.parent is None  # enqueued with no span current: a root, not the worker's context
 
 
+async def test_a_run_that_suspends_is_not_an_error_on_its_span(exported: tuple[TracerProvider, InMemorySpanExporter]) -> None:
+    provider, exporter = exported
+    registry = pipeline.Registry()
+
+    @registry.job
+    async def greet(job: Greet, ctx: pipeline.JobContext) -> str:
+        await ctx.sleep(3600)  # (the test pipeline's drain skips it)
+        return await ctx.wait_for("go")
+
+    pipeline.otel.instrument(registry, tracer_provider=provider)
+    async with pipeline.testing.open_test_pipeline(registry) as p:
+        job_id = await p.enqueue(Greet("g"))
+        await p.drain()
+        await p.signal(job_id, "go", "ok")
+        assert await p.result(job_id) == "ok"
+    runs = [s for s in exporter.get_finished_spans() if s.attributes and s.attributes.get("pipeline.job.id") == job_id]
+    assert [(s.status.status_code, s.attributes.get("pipeline.job.suspended")) for s in runs if s.attributes] == [
+        (StatusCode.UNSET, "sleeping"), (StatusCode.UNSET, "awaiting go"), (StatusCode.UNSET, None)]
+    assert not any(e.name == "exception" for s in runs for e in s.events)
+
+
 async def test_an_emit_and_enqueue_many_carry_the_current_span(exported: tuple[TracerProvider, InMemorySpanExporter]) -> None:
     provider, exporter = exported
     registry = pipeline.Registry()
