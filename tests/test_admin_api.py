@@ -73,7 +73,7 @@ async def test_list_jobs_newest_first_with_filters_and_pages(db_path: Any, seede
         assert set(job) == {"id", "job_type", "payload", "status", "attempts", "max_attempts", "run_after", "error",
                             "created_at", "updated_at", "priority", "unique_key", "result", "progress", "snoozes",
                             "expires_at", "cancel_requested", "limit_key", "parents", "parent_count", "waiting_for",
-                            "children", "child_count", "batch", "on_parent_failure"}
+                            "children", "child_count", "batch", "on_parent_failure", "awaiting_signal", "steps"}
 
         dead = (await client.get("/admin/jobs", params={"status": "dead"})).json()
         assert dead["total"] == 2 and {j["id"] for j in dead["items"]} == set(seeded["dead"])
@@ -488,9 +488,11 @@ async def test_unknown_routes_and_methods(db_path: Any) -> None:
 async def test_stats(db_path: Any, seeded: dict[str, list[str]]) -> None:
     async with served(api_config(db_path)) as (_, client):
         stats = (await client.get("/admin/stats")).json()
-        assert stats["by_status"] == {"waiting": 0, "pending": 2, "running": 0, "completed": 3, "dead": 2, "cancelled": 0}
+        assert stats["by_status"] == {"waiting": 0, "pending": 2, "running": 0, "completed": 3, "dead": 2, "cancelled": 0,
+                                      "suspended": 0}
         assert stats["total"] == 7
-        assert stats["by_type"]["send_email"] == {"waiting": 0, "pending": 0, "running": 0, "completed": 3, "dead": 2, "cancelled": 0}
+        assert stats["by_type"]["send_email"] == {"waiting": 0, "pending": 0, "running": 0, "completed": 3, "dead": 2,
+                                                     "cancelled": 0, "suspended": 0}
         assert stats["by_type"]["generate_sitemap"]["pending"] == 2
         minutes = stats["finished_per_minute"]
         assert len(minutes) == 60

@@ -176,8 +176,8 @@ async def test_bulk_retry_and_delete(store: Config) -> None:
 @pytest.mark.parametrize(
     "path, body, status, words",
     [
-        ("cancel", {}, 422, ["cancel of every matching job needs a filter: status (waiting, pending, running), job_type"]),
-        ("cancel", {"status": "completed"}, 422, ["cancel takes jobs of status waiting or pending or running; status 'completed'"]),
+        ("cancel", {}, 422, ["cancel of every matching job needs a filter: status (waiting, pending, running, suspended), job_type"]),
+        ("cancel", {"status": "completed"}, 422, ["cancel takes jobs of status waiting or pending or running or suspended; status 'completed'"]),
         ("cancel", {"status": None, "job_type": "send_email"}, 422, ["status must be a string, got null"]),
         ("cancel", {"job_type": ""}, 422, ["job_type must be a non-empty string"]),
         ("cancel", {"job_type": 7}, 422, ["job_type must be a non-empty string"]),
@@ -287,7 +287,8 @@ async def test_types_are_listed_paused_and_resumed(store: Config) -> None:
         email_type = types["send_email"]
         assert email_type == {"name": "send_email", "paused": False, "registered": True, "concurrency": 2,
                               "global_limit": 2, "rate_limit": "600/m",
-                              "counts": {"waiting": 0, "pending": 2, "running": 0, "completed": 1, "dead": 2, "cancelled": 0}}
+                              "counts": {"waiting": 0, "pending": 2, "running": 0, "completed": 1, "dead": 2, "cancelled": 0,
+                                         "suspended": 0}}
         assert types["generate_sitemap"]["counts"]["cancelled"] == 1 and types["generate_sitemap"]["concurrency"] == 3
         assert types["invalidate_cache"]["counts"]["running"] == 1 == len(ids["running"])
         assert types["invalidate_cache"]["rate_limit"] == "5/s" and types["generate_sitemap"]["rate_limit"] is None
@@ -373,7 +374,8 @@ async def test_stats_and_metrics_know_cancelled(store: Config) -> None:
     await control_seed(store)
     async with served(store) as (_, client):
         stats = (await client.get("/admin/stats")).json()
-        assert stats["by_status"] == {"waiting": 0, "pending": 3, "running": 1, "completed": 1, "dead": 2, "cancelled": 1}
+        assert stats["by_status"] == {"waiting": 0, "pending": 3, "running": 1, "completed": 1, "dead": 2, "cancelled": 1,
+                                      "suspended": 0}
         assert sum(m["cancelled"] for m in stats["finished_per_minute"]) == 1
         families = {f.name: f for f in text_string_to_metric_families((await client.get("/metrics")).text)}
         jobs = {s.labels["status"]: s.value for s in families["pipeline_jobs"].samples}

@@ -72,7 +72,7 @@ def test_bulk_cancel_retry_and_delete(db: Path, seeded: dict[str, list[str]]) ->
     assert job(db, seeded["pending"][2]).status == "pending"  # type: ignore[union-attr]
 
     code, out = run("jobs", "cancel", "--type", "invalidate_cache")  # pending and running
-    assert (code, out) == (0, "cancelled 0 of 1 waiting or pending or running jobs of type invalidate_cache; "
+    assert (code, out) == (0, "cancelled 0 of 1 waiting or pending or running or suspended jobs of type invalidate_cache; "
                               "1 running: cancel requested (their workers stop them)\n")
 
     code, out = run("jobs", "retry", "--status", "dead", "--json")
@@ -133,15 +133,17 @@ def test_types_list_pause_and_resume(db: Path, seeded: dict[str, list[str]], cap
     types = {t["name"]: t for t in json.loads(out)["types"]}
     assert types["send_email"] == {"name": "send_email", "paused": True, "registered": True, "concurrency": 1,
                                    "global_limit": 1, "rate_limit": "30/h",
-                                   "counts": {"waiting": 0, "pending": 2, "running": 0, "completed": 1, "dead": 2, "cancelled": 0}}
+                                   "counts": {"waiting": 0, "pending": 2, "running": 0, "completed": 1, "dead": 2, "cancelled": 0,
+                                              "suspended": 0}}
     assert types["generate_sitemap"]["concurrency"] == 1  # its own (the site's handler registers concurrency=1)
     assert types["invalidate_cache"]["paused"] is False and types["invalidate_cache"]["counts"]["running"] == 1
 
     code, out = run("types")  # = types list, for people
     lines = {line.split()[0]: line.split() for line in out.splitlines()[2:] if line.strip()}
-    assert lines["send_email"] == ["send_email", "paused", "0", "2", "0", "1", "2", "0", "1", "1", "30/h"]  # waiting first
+    # waiting first, suspended among the live statuses
+    assert lines["send_email"] == ["send_email", "paused", "0", "2", "0", "0", "1", "2", "0", "1", "1", "30/h"]
     assert lines["generate_sitemap"][-1] == "-"  # no rate limit
-    assert lines["generate_sitemap"][1] == "active" and lines["generate_sitemap"][7] == "1"
+    assert lines["generate_sitemap"][1] == "active" and lines["generate_sitemap"][8] == "1"
 
     assert run("types", "resume", "send_email") == (0, "type send_email: resumed\n")
     assert paused(db) == set()

@@ -268,8 +268,8 @@ class AdminApi:
         return JSONResponse({"outcome": outcome, "job": (await self._job(job_id)).to_json()})
 
     async def cancel_job(self, request: Request) -> Response:
-        """POST /admin/jobs/{id}/cancel — a pending or waiting job is cancelled at once (a waiting one's
-        own waiting children with it); a running one is asked to stop (``cancel_requested``; its worker
+        """POST /admin/jobs/{id}/cancel — a pending, waiting or suspended job is cancelled at once (a waiting
+        one's own waiting children with it); a running one is asked to stop (``cancel_requested``; its worker
         cancels its handler and ends it cancelled). The job as it is then; 409 once it has finished
         (completed, dead or cancelled)."""
         job_id = request.path_params["job_id"]

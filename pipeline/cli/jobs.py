@@ -101,10 +101,11 @@ def add_parsers(sub: Any, app: AppSummary, as_json: argparse.ArgumentParser) -> 
     a.add_argument("id", nargs="?", help="the job (or none, with --status and maybe --type)")
     _bulk_flags(a, "delete")
     a = actions.add_parser("cancel", parents=[as_json],
-                           help="cancel jobs: a pending or waiting one at once, a running one is asked to stop; bulk with "
-                           "--type/--status",
-                           description="Cancel jobs by id: a pending or waiting job is cancelled at once (final, never "
-                           "run; the jobs waiting for it are cancelled too, unless enqueued with --on-parent-failure run); "
+                           help="cancel jobs: a pending, waiting or suspended one at once, a running one is asked to stop; "
+                           "bulk with --type/--status",
+                           description="Cancel jobs by id: a pending, waiting or suspended job is cancelled at once (final, "
+                           "never run or resumed; the jobs waiting for it are cancelled too, unless enqueued with "
+                           "--on-parent-failure run); "
                            "a running job's worker is asked to cancel its handler, and ends it cancelled, never retried. "
                            "Or every waiting, pending and/or running job matching --type and --status, in batches. Prints "
                            "per id: cancelled, running: cancel requested, already <status>, or no such job (exit 1 if any).")
