@@ -99,7 +99,7 @@ async def test_cancel_a_pending_job_then_it_is_final(store: Config) -> None:
         assert job["error"] == "cancelled before it started: by an operator through the admin API"
         assert (await pipeline.backend.get(job_id)).status == "cancelled"
         assert_error(await client.post(f"/admin/jobs/{job_id}/cancel"), 409, f"job {job_id} is cancelled",
-                     "only waiting, pending or running jobs can be cancelled")
+                     "only waiting, pending, suspended or running jobs can be cancelled")
         assert_error(await client.post(f"/admin/jobs/{ids['completed'][0]}/cancel"), 409, "is completed")
         assert_error(await client.post(f"/admin/jobs/{ids['dead'][0]}/cancel"), 409, "is dead")
         assert_error(await client.post("/admin/jobs/no-such-job/cancel"), 404, "no job with id 'no-such-job'")

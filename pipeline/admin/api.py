@@ -275,7 +275,7 @@ class AdminApi:
         job_id = request.path_params["job_id"]
         was = await self._job(job_id)
         if was.status in TERMINAL:
-            raise ApiError(409, f"job {job_id} is {was.status}: only waiting, pending or running jobs can be cancelled")
+            raise ApiError(409, f"job {job_id} is {was.status}: only waiting, pending, suspended or running jobs can be cancelled")
         (answer,) = await self.backend.cancel([job_id], reason=CANCEL_REASON)
         if answer is None:  # deleted meanwhile
             raise ApiError(404, f"no job with id {job_id!r}")
