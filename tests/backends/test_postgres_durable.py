@@ -21,7 +21,7 @@ import trio
 from pipeline import Config
 from pipeline.backends import Settlement, open_backend
 from pipeline.backends.base import CANCELLING, FOREVER, StepRecord
-from pipeline.backends.postgres import db, durable, limits, schema, store
+from pipeline.backends.postgres import db, durable, limits, queries, schema, store
 from pipeline.states import Transition
 
 from .kit import LONG, flow_job, job, record, ts
@@ -59,10 +59,11 @@ def suspend(job_id: str, token: int, *, awaiting: str | None = "go", delay: floa
 
 def state(conn: psycopg.Connection[Any], job_id: str) -> tuple[str, str | None, int]:
     """The job's status, the signal it awaits, and how many of its 'go' signals are unconsumed."""
-    row = conn.execute("SELECT status, awaiting_signal, (SELECT count(*) FROM job_signals WHERE job_id = j.id "
-                       "AND name = 'go' AND NOT consumed) FROM jobs j WHERE id = %s", (job_id,)).fetchone()
-    assert row is not None
-    return row[0], row[1], int(row[2])
+    found = queries.get_job(conn, job_id)
+    assert found is not None
+    (unconsumed,) = conn.execute("SELECT count(*) FROM job_signals WHERE job_id = %s AND name = 'go' AND NOT consumed",
+                                 (job_id,)).fetchone()  # type: ignore[misc]
+    return found.status, found.awaiting_signal, int(unconsumed)
 
 
 def waits_for_a_lock(watcher: psycopg.Connection[Any], pid: int, *, within: float = 5.0) -> str:

@@ -3,10 +3,11 @@ it, the wake-up of suspended jobs, and what removing or replaying a job does to 
 STEP and SUSPEND outcomes ride the Ledger's batches: store.settle_durable.)
 
 Tables (schema.py, version 11): ``job_steps``, one row per (job, name) with the position it was
-first written at; ``job_signals``, one row per signal sent, consumed oldest first per name. A job
-that has rows in either is flagged ``durable`` (by the STEP or SUSPEND that wrote a step, or the
-signal sent to it): removing jobs looks for their rows only when one of them is, so a plain job's
-removal costs what it did.
+first written at; ``job_signals``, one row per signal sent, consumed oldest first per name;
+``job_waits``, the signal a job awaited when it last suspended (its ``awaiting_signal`` while it is
+suspended). A job that has rows in any is flagged ``durable`` (by its STEP or SUSPEND, or the signal
+sent to it): removing jobs looks for their rows only when one of them is, so a plain job's removal
+costs what it did.
 
 Signals and suspensions meet on the job's row lock: :func:`send_signal` locks the row before it
 writes the signal, and a SUSPEND's update locks it too; whichever comes second sees the other
@@ -74,7 +75,11 @@ def take_signal(conn: psycopg.Connection[Any], job_id: str, token: int, name: st
     return (True, payload) if taken else (False, None)
 
 
-_LOCK_JOB = "SELECT status, awaiting_signal FROM jobs WHERE id = %(id)s FOR UPDATE"
+_LOCK_JOB = "SELECT status FROM jobs WHERE id = %(id)s FOR UPDATE"
+# (a statement of its own, after the lock: its snapshot sees the job_waits row of a SUSPEND that held the
+# job's row until it committed, which a subquery of _LOCK_JOB, read in that statement's older snapshot,
+# would not)
+_AWAITED = "SELECT signal FROM job_waits WHERE job_id = %(id)s"
 # a signal with a key already used for the job inserts nothing (job_signals_key)
 _SEND = f"""
 INSERT INTO job_signals (job_id, name, payload, key, sent_at) VALUES (%(id)s, %(name)s, %(payload)s, %(key)s, {MS})
@@ -83,7 +88,7 @@ ON CONFLICT (job_id, key) WHERE key IS NOT NULL DO NOTHING RETURNING seq
 _FLAG = "UPDATE jobs SET durable = true WHERE id = %(id)s AND durable IS NOT TRUE"
 # RESUME: the job awaited this signal; due now (its wait consumes the signal when it runs again)
 _WAKE = f"""
-UPDATE jobs SET status = 'pending', awaiting_signal = NULL, run_after = {MS}, updated_at = {MS}, durable = true
+UPDATE jobs SET status = 'pending', run_after = {MS}, updated_at = {MS}, durable = true
  WHERE id = %(id)s AND status = 'suspended'
 """
 
@@ -99,7 +104,7 @@ def send_signal(conn: psycopg.Connection[Any], job_id: str, name: str, payload: 
         row = conn.execute(_LOCK_JOB, {"id": job_id}).fetchone()
         if row is None:
             raise LookupError(f"no job with id {job_id!r}")
-        status, awaiting = row
+        (status,) = row
         if status in ENDED:
             raise UsageError(signal_refused(job_id, status))
         sent = conn.execute(_SEND, {"id": job_id, "name": _text(name), "payload": _text(payload),
@@ -107,7 +112,8 @@ def send_signal(conn: psycopg.Connection[Any], job_id: str, name: str, payload: 
         if sent is None:
             raise SignalKeyUsed(f"job {job_id}: a signal with key {key!r} was sent to it already (a link works once); "
                                 "nothing was sent")
-        if status == "suspended" and awaiting == _text(name):
+        awaited = conn.execute(_AWAITED, {"id": job_id}).fetchone() if status == "suspended" else None
+        if awaited is not None and awaited[0] == _text(name):
             conn.execute(_WAKE, {"id": job_id})
             conn.execute(NOTIFY)
             return "woken"
@@ -127,7 +133,7 @@ WITH due AS MATERIALIZED (
     SELECT id FROM jobs WHERE status = 'suspended' AND run_after <= now()
      ORDER BY run_after LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
 woken AS (
-    UPDATE jobs j SET status = 'pending', awaiting_signal = NULL, updated_at = {MS}
+    UPDATE jobs j SET status = 'pending', updated_at = {MS}
      WHERE j.id = ANY(ARRAY(SELECT id FROM due)) AND j.status = 'suspended'
     RETURNING j.id),
 later AS (
@@ -151,16 +157,16 @@ def wake_suspended(conn: psycopg.Connection[Any], *, limit: int = 500) -> tuple[
 
 # -- removing and replaying -------------------------------------------------------------------------
 
-_FORGET_STEPS = "DELETE FROM job_steps WHERE job_id = ANY(%(ids)s::text[])"
-_FORGET_SIGNALS = "DELETE FROM job_signals WHERE job_id = ANY(%(ids)s::text[])"
+_FORGET = ("WITH steps AS (DELETE FROM job_steps WHERE job_id = ANY(%(ids)s::text[])), "
+           "signals AS (DELETE FROM job_signals WHERE job_id = ANY(%(ids)s::text[])) "
+           "DELETE FROM job_waits WHERE job_id = ANY(%(ids)s::text[])")
 
 
 def forget(conn: psycopg.Connection[Any], ids: Sequence[str]) -> None:
-    """In the transaction that removed jobs: the steps and signals of those of ``ids`` (the removed jobs
-    flagged durable)."""
+    """In the transaction that removed jobs: the steps, signals and wait of those of ``ids`` (the removed
+    jobs flagged durable), one statement."""
     if ids:
-        conn.execute(_FORGET_STEPS, {"ids": list(ids)})
-        conn.execute(_FORGET_SIGNALS, {"ids": list(ids)})
+        conn.execute(_FORGET, {"ids": list(ids)})
 
 
 # the named step and every step first written after it

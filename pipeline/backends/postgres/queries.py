@@ -31,7 +31,9 @@ _COLUMNS = (
     "id, job_type, payload, status, attempts, max_attempts, run_after, error, created_at, updated_at, priority, "
     "lease_owner, lease_expires_at, unique_key, result, progress, progress_message, snoozes, expires_at, "
     "cancel_requested, limit_key, coalesce(waiting_for, 0), batch_id, "
-    "CASE WHEN runs_on_parent_failure THEN 'run' END, awaiting_signal"
+    "CASE WHEN runs_on_parent_failure THEN 'run' END, "
+    # the signal it awaits, only while suspended (durable.py; ``id``: the job's, job_waits has none)
+    f"CASE WHEN status = 'suspended' THEN (SELECT w.signal FROM {store.SCHEMA}job_waits w WHERE w.job_id = id) END"
 )
 _RECORD = f"SELECT {_COLUMNS} FROM jobs"
 
@@ -139,7 +141,7 @@ _HOLDER = f"SELECT id FROM jobs WHERE job_type = %s AND unique_key = %s AND {HOL
 # token), so that it never fails on jobs_unique; then it takes its key if free (store.retake).
 _REVIVE = f"""
 UPDATE jobs SET status = 'pending', attempts = 0, snoozes = 0, run_after = {MS}, updated_at = {MS}, started_at = NULL,
-       progress = NULL, progress_message = NULL, result = NULL, cancel_requested = false, awaiting_signal = NULL,
+       progress = NULL, progress_message = NULL, result = NULL, cancel_requested = false,
        unique_token = CASE WHEN unique_token IS NOT NULL THEN -1 END
  WHERE id = %s AND status = ANY(%s::text[]) RETURNING id
 """
@@ -180,7 +182,7 @@ _LOCK_LIVE = ("SELECT id, status FROM jobs WHERE id = ANY(%(ids)s) "
 # pending, waiting or suspended → cancelled; the ones with children, whose edges are applied next
 _CANCEL_PENDING = f"""
 WITH gone AS (
-UPDATE jobs SET status = 'cancelled', error = %(error)s, updated_at = {MS}, started_at = NULL, awaiting_signal = NULL
+UPDATE jobs SET status = 'cancelled', error = %(error)s, updated_at = {MS}, started_at = NULL
  WHERE id = ANY(%(ids)s) AND status IN ('waiting', 'pending', 'suspended')
 RETURNING id, has_children)
 SELECT coalesce(array_agg(id) FILTER (WHERE has_children), '{{}}') FROM gone

@@ -449,12 +449,22 @@ MIGRATIONS: Final[list[Migration]] = [
         ALTER TABLE jobs DROP CONSTRAINT IF EXISTS jobs_status_check;
         ALTER TABLE jobs ADD CONSTRAINT jobs_status_check
             CHECK (status IN ('waiting', 'pending', 'running', 'suspended', 'completed', 'dead', 'cancelled')) NOT VALID;
-        -- Without defaults, each ADD COLUMN changes the catalog only; a plain job leaves both NULL.
-        -- awaiting_signal: while suspended in ctx.wait_for, the signal's name. durable: true once the job
-        -- wrote a step or was sent a signal: only such a job has rows in job_steps or job_signals, which go
-        -- with it (delete, cleanup, retention); removing a plain job looks for none.
-        ALTER TABLE jobs ADD COLUMN IF NOT EXISTS awaiting_signal text;
+        -- Without a default, ADD COLUMN changes the catalog only; a plain job leaves it NULL. durable: true
+        -- once the job wrote a step, suspended or was sent a signal: only such a job has rows in job_steps,
+        -- job_signals or job_waits, which go with it (delete, cleanup, retention); removing a plain job looks
+        -- for none. A flag, and no text column in jobs (the signal a job awaits is job_waits'): with a text
+        -- column more, the planner's guess of a row's width on a table without statistics made the keyed
+        -- claim read its locked rows through jobs_due, every pending row (as version 8 found; measured again
+        -- by test_postgres_limits).
         ALTER TABLE jobs ADD COLUMN IF NOT EXISTS durable boolean;
+
+        -- The signal a job awaited when it last suspended (NULL: none, a sleep), written by each SUSPEND;
+        -- it is the job's awaiting_signal while the job is suspended, and means nothing once it is not (read
+        -- only under status = 'suspended': a wake changes the job's row alone).
+        CREATE TABLE IF NOT EXISTS job_waits (
+            job_id text PRIMARY KEY,
+            signal text
+        );
 
         -- A durable job's steps, one row per (job, name), replaced whole when written again under its
         -- name; position: the order first written (an upsert keeps it), from one sequence for all jobs.

@@ -753,7 +753,7 @@ _DURABLE_OUTCOMES = (
 # Fenced as every outcome (see _settle). STEP: the job keeps running, flagged durable (its steps go with it:
 # delete, cleanup, retention), its step upserted by name (a step written again keeps its position). SUSPEND:
 # SNOOZE to another status: running → suspended, the attempt given back if it was counted, due ``delay``
-# seconds on (or never: FOREVER), awaiting its signal (if any), lease and expires_at cleared, snoozes
+# seconds on (or never: FOREVER), awaiting its signal (job_waits; NULL: none), lease and expires_at cleared, snoozes
 # unchanged; or cancelled, as a release is, when its cancel was requested meanwhile (STOPPED + "suspended",
 # every store's text). A job that stops running holds no limit slot: the limits count running rows.
 # Whether a signal it awaits came already is the next statement's (_WOKEN_AT_ONCE).
@@ -766,7 +766,6 @@ UPDATE jobs j
        run_after = CASE WHEN NOT o.suspend OR j.cancel_requested THEN j.run_after WHEN o.delay IS NULL THEN {FOREVER}
                         ELSE {seconds_after('o.delay')} END,
        error = CASE WHEN o.suspend AND j.cancel_requested THEN '{STOPPED}suspended' ELSE j.error END,
-       awaiting_signal = CASE WHEN o.suspend AND NOT j.cancel_requested THEN o.awaiting END,
        started_at = CASE WHEN o.suspend THEN NULL ELSE j.started_at END,
        expires_at = CASE WHEN o.suspend THEN NULL ELSE j.expires_at END,
        progress = CASE WHEN o.suspend AND NOT j.cancel_requested THEN NULL ELSE j.progress END,
@@ -779,6 +778,10 @@ UPDATE jobs j
   FROM o
  WHERE j.id = ANY(ARRAY(SELECT id FROM o)) AND j.id = o.id AND j.status = o.running AND j.lease_token = o.token
 RETURNING j.id, o.token, j.status, j.has_children IS TRUE AS kids, j.unique_token IS NOT NULL AS keyed),
+waits AS (
+INSERT INTO job_waits AS w (job_id, signal)
+SELECT o.id, o.awaiting FROM o JOIN settled ON settled.id = o.id AND settled.token = o.token WHERE o.suspend
+ON CONFLICT (job_id) DO UPDATE SET signal = excluded.signal),
 stepped AS (
 INSERT INTO job_steps AS s (job_id, name, status, value, started_at, ended_at)
 SELECT o.id, o.name, o.step_status, o.value, o.started_at::timestamptz, o.ended_at::timestamptz
@@ -795,9 +798,10 @@ SELECT id, token, status, kids, keyed FROM settled
 # statement cannot look: its snapshot may be older than a signal whose sender it waited for.)
 _WOKEN_AT_ONCE = f"""
 WITH woken AS (
-UPDATE jobs j SET status = 'pending', awaiting_signal = NULL, run_after = {MS}, updated_at = {MS}
- WHERE j.id = ANY(%(ids)s::text[]) AND j.status = 'suspended' AND j.awaiting_signal IS NOT NULL
-   AND EXISTS (SELECT 1 FROM job_signals s WHERE s.job_id = j.id AND s.name = j.awaiting_signal AND NOT s.consumed)
+UPDATE jobs j SET status = 'pending', run_after = {MS}, updated_at = {MS}
+ WHERE j.id = ANY(%(ids)s::text[]) AND j.status = 'suspended'
+   AND EXISTS (SELECT 1 FROM job_waits w JOIN job_signals s ON s.job_id = w.job_id AND s.name = w.signal
+                WHERE w.job_id = j.id AND NOT s.consumed)
 RETURNING j.id)
 SELECT (SELECT count(*) FROM woken), (SELECT pg_notify('{CHANNEL}', current_schema()) WHERE EXISTS (SELECT 1 FROM woken))
 """
