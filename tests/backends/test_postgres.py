@@ -20,11 +20,14 @@ pytestmark = pytest.mark.skipif("postgres" not in BACKENDS, reason="no postgres 
 
 
 def _terminate(config: Config) -> int:
-    """pg_terminate_backend on every other session of the store's database; how many."""
+    """pg_terminate_backend on every other session of the pipeline in the store's database; how many.
+    (The pipeline's sessions only, named pipeline-<role>: the test run's own, which prepares the next
+    tests' schemas in the same database, a migration at a time, would die mid-way.)"""
     database = urlsplit(config.database_url).path.lstrip("/")
     with psycopg.connect(config.database_url, autocommit=True) as conn:
         rows = conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid() "
+            "AND application_name LIKE 'pipeline-%%'",
             (database,),
         ).fetchall()
     return len(rows)
