@@ -93,6 +93,13 @@ UPDATE jobs SET status = 'pending', run_after = {MS}, updated_at = {MS}, durable
 """
 
 
+def awaited(conn: psycopg.Connection[Any], job_id: str) -> str | None:
+    """The signal the job awaited when it last suspended (None: none); its awaiting_signal while it is
+    suspended."""
+    row = conn.execute(_AWAITED, {"id": job_id}).fetchone()
+    return None if row is None else row[0]
+
+
 def send_signal(conn: psycopg.Connection[Any], job_id: str, name: str, payload: str | None, *,
                 key: str | None = None) -> str:
     """Send the signal ``name`` to a job, in one transaction: kept for the job, and "woken" if the job
@@ -112,8 +119,7 @@ def send_signal(conn: psycopg.Connection[Any], job_id: str, name: str, payload: 
         if sent is None:
             raise SignalKeyUsed(f"job {job_id}: a signal with key {key!r} was sent to it already (a link works once); "
                                 "nothing was sent")
-        awaited = conn.execute(_AWAITED, {"id": job_id}).fetchone() if status == "suspended" else None
-        if awaited is not None and awaited[0] == _text(name):
+        if status == "suspended" and awaited(conn, job_id) == _text(name):
             conn.execute(_WAKE, {"id": job_id})
             conn.execute(NOTIFY)
             return "woken"

@@ -27,14 +27,15 @@ from ..base import (
 from . import durable, graph, store
 from .store import HOLDS, MS, retake
 
-_COLUMNS = (
+_ROW = (
     "id, job_type, payload, status, attempts, max_attempts, run_after, error, created_at, updated_at, priority, "
     "lease_owner, lease_expires_at, unique_key, result, progress, progress_message, snoozes, expires_at, "
     "cancel_requested, limit_key, coalesce(waiting_for, 0), batch_id, "
-    "CASE WHEN runs_on_parent_failure THEN 'run' END, "
-    # the signal it awaits, only while suspended (durable.py; ``id``: the job's, job_waits has none)
-    f"CASE WHEN status = 'suspended' THEN (SELECT w.signal FROM {store.SCHEMA}job_waits w WHERE w.job_id = id) END"
+    "CASE WHEN runs_on_parent_failure THEN 'run' END"
 )
+# and the signal it awaits, only while suspended (durable.py; ``id``: the job's, job_waits has none)
+_COLUMNS = (f"{_ROW}, CASE WHEN status = 'suspended' "
+            f"THEN (SELECT w.signal FROM {store.SCHEMA}job_waits w WHERE w.job_id = id) END")
 _RECORD = f"SELECT {_COLUMNS} FROM jobs"
 
 
@@ -55,9 +56,11 @@ def _record(row: Sequence[Any]) -> JobRecord:
 # One job and its relatives: its parents in its after's order and its children oldest first (at
 # most MAX_LISTED_RELATIVES of each), and how many of each; read only for a job that has them
 # (inserted with parents: waiting_for not NULL; named as a parent: has_children). Last, whether it
-# has steps to read (durable.py).
+# has steps to read (durable.py). The signal it awaits is read after it, if it is suspended: a
+# subquery of job_waits here would read that table whole while it is small (a plan of this statement
+# reads no table whole: test_postgres_workflows).
 _GET = f"""
-SELECT {_COLUMNS},
+SELECT {_ROW}, NULL::text,
        CASE WHEN waiting_for IS NOT NULL THEN ARRAY(
             SELECT parent_id FROM job_edges WHERE child_id = j.id ORDER BY position LIMIT {MAX_LISTED_RELATIVES}) END,
        CASE WHEN waiting_for IS NOT NULL THEN (SELECT count(*) FROM job_edges WHERE child_id = j.id) ELSE 0 END,
@@ -70,12 +73,16 @@ SELECT {_COLUMNS},
 
 
 def get_job(conn: psycopg.Connection[Any], job_id: str) -> JobRecord | None:
-    """The job with its relatives and its steps (one read more for a durable job)."""
+    """The job with its relatives, its steps and the signal it awaits (a read or two more for a
+    durable job)."""
     row = conn.execute(_GET, (job_id,)).fetchone()
     if row is None:
         return None
     job = _record(row[:-1])
-    return attrs.evolve(job, steps=tuple(durable.steps(conn, job_id))) if row[-1] else job
+    if not row[-1]:
+        return job
+    awaiting = durable.awaited(conn, job_id) if job.status == Status.SUSPENDED else None
+    return attrs.evolve(job, steps=tuple(durable.steps(conn, job_id)), awaiting_signal=awaiting)
 
 
 # A fixed form for each set of filters given and each order, made once here: no statement text
