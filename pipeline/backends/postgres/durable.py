@@ -66,7 +66,7 @@ def take_signal(conn: psycopg.Connection[Any], job_id: str, token: int, name: st
     """If the job runs under ``token``: the oldest unconsumed signal ``name`` consumed and ``step``
     written with its payload as the value, (True, payload); (False, None) if none was sent (nothing
     written). None if the lease is stale (nothing changed)."""
-    row = conn.execute(_TAKE, {"id": job_id, "token": token, "name": name, "step": _text(step.name),
+    row = conn.execute(_TAKE, {"id": job_id, "token": token, "name": _text(name), "step": _text(step.name),
                                "status": step.status, "started": step.started_at, "ended": step.ended_at}).fetchone()
     assert row is not None
     held, taken, payload = row
