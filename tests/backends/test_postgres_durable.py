@@ -22,6 +22,7 @@ from pipeline import Config
 from pipeline.backends import Settlement, open_backend
 from pipeline.backends.base import CANCELLING, FOREVER, StepRecord
 from pipeline.backends.postgres import db, durable, limits, queries, schema, store
+from pipeline.errors import SignalKeyUsed, UsageError
 from pipeline.states import Transition
 
 from .kit import LONG, flow_job, job, record, ts
@@ -352,6 +353,23 @@ async def test_a_job_woken_by_its_signal_or_its_time_notifies_the_pollers(tmp_pa
                 time.sleep(0.01)
                 assert durable.wake_suspended(conn) == (1, None)
                 assert heard(listener, 2.0) == [schema_name]
+
+        await trio.to_thread.run_sync(scenario)
+
+
+async def test_a_used_key_is_refused_as_used_even_once_the_job_has_finished(tmp_path: Path) -> None:
+    # a signed link pressed again after its job ended says "used", not "finished" (the admin's 410, not 409)
+    async with migrated_postgres_store(tmp_path) as config:
+        def scenario() -> None:
+            with connect(config) as conn:
+                job_id, token = running(conn)
+                assert durable.send_signal(conn, job_id, "go", None, key="link") == "kept"
+                assert store.write_batch(conn, [Settlement(job_id, token, Transition.SUCCEED)], [], notify=False) == [True]
+                with pytest.raises(SignalKeyUsed):
+                    durable.send_signal(conn, job_id, "go", None, key="link")
+                with pytest.raises(UsageError, match="is completed") as refused:
+                    durable.send_signal(conn, job_id, "go", None, key="another")
+                assert not isinstance(refused.value, SignalKeyUsed)
 
         await trio.to_thread.run_sync(scenario)
 

@@ -80,6 +80,8 @@ _LOCK_JOB = "SELECT status FROM jobs WHERE id = %(id)s FOR UPDATE"
 # job's row until it committed, which a subquery of _LOCK_JOB, read in that statement's older snapshot,
 # would not)
 _AWAITED = "SELECT signal FROM job_waits WHERE job_id = %(id)s"
+# whether a signal with this key was sent to the job (job_signals_key)
+_KEY_USED = "SELECT 1 FROM job_signals WHERE job_id = %(id)s AND key = %(key)s"
 # a signal with a key already used for the job inserts nothing (job_signals_key)
 _SEND = f"""
 INSERT INTO job_signals (job_id, name, payload, key, sent_at) VALUES (%(id)s, %(name)s, %(payload)s, %(key)s, {MS})
@@ -105,20 +107,24 @@ def send_signal(conn: psycopg.Connection[Any], job_id: str, name: str, payload: 
     """Send the signal ``name`` to a job, in one transaction: kept for the job, and "woken" if the job
     was suspended awaiting it (pending, due now; NOTIFY as an insert does), else "kept" (a job not at
     its wait yet consumes it when it gets there: see module docstring for the race with a SUSPEND).
-    LookupError for an unknown job, UsageError for a finished one (base.signal_refused), SignalKeyUsed
-    if a signal with ``key`` was sent to it already (nothing written)."""
+    LookupError for an unknown job; SignalKeyUsed if a signal with ``key`` was sent to it already,
+    whatever became of the job since (a used link says so, before the job's end); else UsageError for a
+    finished job (base.signal_refused). Nothing is written but the signal (and the wake)."""
+    used = SignalKeyUsed(f"job {job_id}: a signal with key {key!r} was sent to it already (a link works once); "
+                         "nothing was sent")
     with conn.transaction():
         row = conn.execute(_LOCK_JOB, {"id": job_id}).fetchone()
         if row is None:
             raise LookupError(f"no job with id {job_id!r}")
         (status,) = row
         if status in ENDED:
+            if key is not None and conn.execute(_KEY_USED, {"id": job_id, "key": _text(key)}).fetchone() is not None:
+                raise used
             raise UsageError(signal_refused(job_id, status))
         sent = conn.execute(_SEND, {"id": job_id, "name": _text(name), "payload": _text(payload),
                                     "key": _text(key)}).fetchone()
         if sent is None:
-            raise SignalKeyUsed(f"job {job_id}: a signal with key {key!r} was sent to it already (a link works once); "
-                                "nothing was sent")
+            raise used
         if status == "suspended" and awaited(conn, job_id) == _text(name):
             conn.execute(_WAKE, {"id": job_id})
             conn.execute(NOTIFY)
