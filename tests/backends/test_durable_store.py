@@ -359,6 +359,13 @@ async def test_a_signal_key_is_used_once_per_job(backend: Backend) -> None:
     assert await backend.take_signal(waiting_id, lease.token, "note", done_step("n2")) == (False, None)
     with pytest.raises(SignalKeyUsed):  # consumed or not, a key stays used
         await backend.signal(waiting_id, "note", None, key="link-1")
+    # and once the job has finished, a used key is still "used" (a link pressed again: 410), not "finished"
+    assert await settle_one(backend, succeed(lease))
+    with pytest.raises(SignalKeyUsed):
+        await backend.signal(waiting_id, "approve", None, key="link-2")
+    with pytest.raises(UsageError) as refused:  # a key never used: the job's end
+        await backend.signal(waiting_id, "approve", None, key="link-3")
+    assert not isinstance(refused.value, SignalKeyUsed)
 
 
 # -- wake_suspended ----------------------------------------------------------------------------------------
