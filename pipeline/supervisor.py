@@ -321,6 +321,11 @@ async def supervise(config: Config, registry: Registry, count: int, *, command: 
             log.info("pipeline stopped")
     finally:
         supervisor.signal_all(signal.SIGKILL)  # only after an error: a graceful stop has none left
+        # and reaped before this process exits: a killed child is not gone until then (a zombie answers kill -0)
+        with trio.CancelScope(shield=True), trio.move_on_after(5):
+            for child in supervisor.children:
+                if child.process is not None:
+                    await child.process.wait()
         if listener is not None:
             listener.close()
 

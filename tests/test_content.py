@@ -136,7 +136,7 @@ async def test_an_application_of_its_own_gets_only_the_engines_tables(db_path: P
         assert p.resources == {}
     conn = store.connect(db_path)
     assert tables(conn) == {"jobs", "workers", "scheduled_jobs", "upkeep", "schema_migrations", "paused_types",
-                            "rate_claims", "key_cursors", "edges", "batches", "idempotency_keys"}
+                            "rate_claims", "key_cursors", "edges", "batches", "idempotency_keys", "job_steps", "job_signals"}
     conn.close()
 
 
@@ -268,7 +268,7 @@ async def test_scheduled_publish_that_finds_nothing_to_do_completes_and_emits_no
             await p.enqueue(ScheduledPublish(post_id=post_id))
         stats = await settled(p)
     assert stats["by_type"] == {"scheduled_publish": {"waiting": 0, "pending": 0, "running": 0, "completed": 4, "dead": 0,
-                                                      "cancelled": 0}}  # no PostPublished jobs
+                                                      "cancelled": 0, "suspended": 0}}  # no PostPublished jobs
     assert [post_row(conn, pid)[0] for pid in ("draft", "live", "later")] == ["draft", "published", "scheduled"]
     reasons = "\n".join(r.getMessage() for r in caplog.records)
     for why in ("taken back to draft", "already published", "later than now", "no such post"):

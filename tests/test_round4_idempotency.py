@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import threading
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -618,11 +619,23 @@ async def test_an_enqueue_without_a_key_sends_nothing_for_keys(store_config: Con
             sent = statements
             schema = store_config.database_url.rsplit("search_path%3D", 1)[1]
 
+        async def echoed() -> None:
+            """(Redis) every command sent before this call is in ``seen``: the monitor has echoed a marker
+            sent after them (a fixed sleep was too short for a loaded machine's monitor)."""
+            if kind != "redis":
+                await trio.sleep(0.1)
+                return
+            marker = f"marker-{uuid.uuid4().hex}"
+            await trio.to_thread.run_sync(monitor_client.echo, marker)
+            with trio.fail_after(30):
+                while not any(marker in c for c in list(seen)):
+                    await trio.sleep(0.01)
+
         async def sent_by(**kwargs: Any) -> list[str]:
-            await trio.sleep(0.1)  # (the Redis monitor's echo of what came before)
+            await echoed()  # (what came before, out of the way)
             sent.clear()
             await p.enqueue(Echo("x"), **kwargs)
-            await trio.sleep(0.1)
+            await echoed()
             # what an insert sends (the pipeline's other actors write now and then meanwhile)
             if kind == "redis":
                 inserts = {ALL[name].sha for name in ALL if name.startswith("insert")}
