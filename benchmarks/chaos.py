@@ -185,7 +185,7 @@ def registry(runtime: str = "trio") -> pipeline.Registry:
 
     sleep: Callable[[float], Awaitable[Any]] = trio.sleep if on_trio else asyncio.sleep
 
-    async def note(ctx: pipeline.JobContext, kind: str, *figures: int) -> None:
+    async def note(ctx: pipeline.JobContext, kind: str, *figures: int | str) -> None:
         text = line(ctx, kind, *figures)  # the time it is noted, not when a thread gets to write it
         if on_trio:
             append(text)  # one short O_APPEND line, on purpose synchronous
@@ -990,6 +990,7 @@ def check_durable(records: dict[str, pipeline.JobRecord | None], jobs: dict[str,
       when sent before it (or "woken" only if the job's "wait" line came first).
     """
     kills = kills_by_pid(killed)
+    t0 = figures.get("started_at", 0.0)  # times are shown from the run's start
     r = dict.fromkeys(DURABLE_FAILURES, 0)
     r.update(jobs=len(jobs), kills=len(killed), runs=0, steps_run=0, steps_run_twice=0, timed_out=0,
              early_kept=0, early_woken=0, late_woken=0)
@@ -1044,22 +1045,24 @@ def check_durable(records: dict[str, pipeline.JobRecord | None], jobs: dict[str,
             if at + 1 < len(ran):
                 broke(job_id, "committed_steps_run_again", f"step {name!r} ran {len(ran) - at - 1} time(s) after the run "
                       f"whose value was committed", len(ran) - at - 1)
-            wrong = [entry for entry in got if entry.token != token]
-            if wrong:
-                broke(job_id, "handler_got_an_uncommitted_value", f"step {name!r}: {[e.token for e in wrong]}", len(wrong))
+            others = [entry.token for entry in got if entry.token != token]
+            if others:
+                broke(job_id, "handler_got_an_uncommitted_value", f"step {name!r}: {others}", len(others))
             for before, following in zip(ran[:at], ran[1:at + 1]):
                 r["steps_run_twice"] += 1
                 if not any(reaped >= before.at and sent_at <= following.at for sent_at, reaped in kills.get(before.pid, [])):
-                    broke(job_id, "step_repeats_unexplained", f"step {name!r} ran at {before.at:.3f} in pid {before.pid} "
-                          f"and again at {following.at:.3f} in pid {following.pid}, no kill of {before.pid} between")
+                    broke(job_id, "step_repeats_unexplained", f"step {name!r} ran at {before.at - t0:.3f} s in pid "
+                          f"{before.pid} and again at {following.at - t0:.3f} s in pid {following.pid}, no kill of "
+                          f"{before.pid} between")
         sleep, wait = stored.get("@sleep#1"), stored.get("@wait:go#1")
         first_b = next((entry.at for entry in mine if entry.kind == "step" and entry.name == "b"), None)
         # (a stored time is cut to the millisecond)
         if sleep is not None and sleep.ended_at and first_b is not None and first_b < to_epoch(sleep.ended_at) - 0.001:
-            broke(job_id, "resumed_before_its_sleep_ended", f"step 'b' at {first_b:.3f}, the sleep until {sleep.ended_at}")
+            broke(job_id, "resumed_before_its_sleep_ended", f"step 'b' at {first_b - t0:.3f} s, the sleep until {sleep.ended_at}")
         first_c = next((entry.at for entry in mine if entry.kind == "step" and entry.name == "c"), None)
         if first_c is not None and (not signal_.at or first_c < signal_.at):
-            broke(job_id, "passed_its_wait_before_the_signal", f"step 'c' at {first_c:.3f}, the signal sent at {signal_.at:.3f}")
+            broke(job_id, "passed_its_wait_before_the_signal", f"step 'c' at {first_c - t0:.3f} s, the signal sent at "
+                  f"{signal_.at - t0:.3f} s")
         if wait is not None and wait.status == "completed" and json.loads(wait.value or "null") != signal_.payload:
             broke(job_id, "wait_got_the_wrong_payload", f"{wait.value} for {signal_.payload}")
         if record.status == "completed":
@@ -1085,7 +1088,7 @@ def check_durable(records: dict[str, pipeline.JobRecord | None], jobs: dict[str,
     for job_id, what in list(problems.items())[:5]:  # what a broken promise looks like, with the job's lines
         print(f"  {job_id} ({type(jobs[job_id]).__name__} {jobs[job_id].n}): {'; '.join(what)}", file=out)
         for entry in lines.get(job_id, [])[:40]:
-            print(f"    {entry.kind} attempt {entry.attempt} pid {entry.pid} at {entry.at - figures.get('started_at', 0.0):.3f} s"
+            print(f"    {entry.kind} attempt {entry.attempt} pid {entry.pid} at {entry.at - t0:.3f} s"
                   f"{f' {entry.name} {entry.token}' if entry.name else ''}", file=out)
     return r
 

@@ -32,6 +32,7 @@ ratios are the medians' and, in brackets, the range of the rounds' own.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import statistics
@@ -288,6 +289,9 @@ def main() -> None:
     parser.add_argument("--profile", choices=LOADS, help="then one more drain of this load with --processes 1 under "
                         "py-spy: the functions most often on the stack (pip install py-spy)")
     options = parser.parse_args()
+    # this process opens the store to count its jobs many times: not a line each time (Redis's warning that
+    # the shared server keeps nothing on disk, which the run allows)
+    logging.getLogger("pipeline").setLevel(logging.ERROR)
     results: dict[str, list[dict[str, float]]] = {load: [] for load in LOADS}
     with tempfile.TemporaryDirectory() as tmp:
         stores = open_stores(options.backend, Path(tmp))

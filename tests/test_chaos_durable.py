@@ -37,7 +37,7 @@ SUMMARY = re.compile(
     r"(?P<kills>\d+) SIGKILLs .*: 0 lost, 0 not completed, 0 left suspended, running or pending; "
     r"(?P<runs>\d+) handler runs, (?P<step_runs>\d+) step runs for (?P<steps>\d+) steps, (?P<twice>\d+) run twice "
     r"\(all after a kill between the step's line and its commit: yes\), 0 committed steps run again; "
-    r"signals: (?P<early>\d+) sent before the wait \((?P<kept>\d+) kept, 0 woken\), (?P<late>\d+) once it waited "
+    r"signals: (?P<early>\d+) sent before the wait \((?P<kept>\d+) kept, (?P<early_woken>\d+) woken\), (?P<late>\d+) once it waited "
     r"\((?P<woken>\d+) woken\), (?P<timed_out>\d+) waits timed out; books balance: yes$",
     re.MULTILINE,
 )
@@ -50,7 +50,7 @@ def test_kill_9_during_durable_flows_keeps_every_promise(backend: str, tmp_path:
     processes, one SIGKILLed about every 0.8 s (each kill waits for the restart of the one before). It
     exits 0 and its summary says: every flow completed, nothing left suspended, running or pending; no
     committed step ran again and every repeated step was explained by a kill between its line and its
-    commit; early signals kept, late ones woken; every flow's wait for "never" timed out."""
+    commit; the signals sent once the job waited woke it; every flow's wait for "never" timed out."""
     if backend != "sqlite":
         chaos = load_chaos()
         url = urlsplit(chaos.POSTGRES_URL if backend == "postgres" else chaos.REDIS_URL)
@@ -73,7 +73,10 @@ def test_kill_9_during_durable_flows_keeps_every_promise(backend: str, tmp_path:
     assert figures["kills"] >= 1, report  # a loaded machine restarts slowly: one kill may be all 4 s fit
     assert figures["steps"] == 120 and figures["step_runs"] == 120 + figures["twice"], report
     assert figures["runs"] >= 40 * 2, report  # each flow runs at least twice: to its sleep, then on
-    assert figures["early"] == figures["kept"] == 20 and figures["late"] == figures["woken"] == 20, report
+    # an early signal is sent right after the enqueue: "kept", unless a stalled driver let the job reach its
+    # wait first (then "woken" is right, and the books check that its wait came first)
+    assert figures["early"] == figures["kept"] + figures["early_woken"] == 20, report
+    assert figures["late"] == figures["woken"] == 20, report
     assert figures["timed_out"] == 14, report  # flows 0, 3, ..., 39 wait for "never"
 
 
@@ -84,8 +87,8 @@ def test_the_durable_books_catch_each_broken_promise(tmp_path: Path) -> None:
     """check_durable on one flow's store record and side file: the good books balance, a step repeated
     after a kill between its line and its commit is explained; a step run after its value was committed,
     a repeat with no kill to explain it, a handler given a value that was not stored, a value stored that
-    no run drew, a step past its sleep before its end or past its wait before the signal, a late signal answered "kept", and a flow left
-    suspended, are each counted."""
+    no run drew, a step run before its sleep's end or past its wait before the signal, a late signal
+    answered "kept", and a flow left suspended, are each counted."""
     chaos = load_chaos()
     job_id = "j1"
     flow = chaos.Flow(0, 0.1, False)
@@ -108,22 +111,23 @@ def test_the_durable_books_catch_each_broken_promise(tmp_path: Path) -> None:
             ("wait", 100, 2.5), ("step", 100, 2.6, "c", "tc"), ("got", 100, 2.7, "c", "tc"), ("end", 100, 2.7)]
 
     def books(entries: list[tuple[Any, ...]], *, rec: pipeline.JobRecord | None = None,
-              killed: list[tuple[int, float, float]] = (), early: bool = False, answer: str = "woken") -> dict[str, int]:
+              killed: tuple[tuple[int, float, float], ...] = (), early: bool = False,
+              answer: str = "woken") -> dict[str, int]:
         log = tmp_path / "runs.log"
         log.write_text("".join(f"{kind} {job_id} 1 {pid} {start + at:.6f}{''.join(f' {x}' for x in rest)}\n"
                                for kind, pid, at, *rest in entries))
         sent = {job_id: chaos.Sent(0, early, "store", payload, start + 2.0, answer)}
-        killed = [(pid, start + a, start + b) for pid, a, b in killed]
-        return chaos.check_durable({job_id: rec or record()}, {job_id: flow}, sent, chaos.read_lines(log), killed,
+        kills = [(pid, start + a, start + b) for pid, a, b in killed]
+        return chaos.check_durable({job_id: rec or record()}, {job_id: flow}, sent, chaos.read_lines(log), kills,
                                    {"elapsed": 3.0, "drain": 1.0, "started_at": start}, io.StringIO())
 
     assert books(good)["failures"] == 0
     # step "b" ran in pid 100, which was killed after its line and before its commit; pid 200 ran it again
     repeated = [*good[:5], ("step", 100, 1.65, "b", "tx"), ("start", 200, 1.7), ("got", 200, 1.7, "a", "ta"),
                 *[(kind, 200 if pid == 100 else pid, at, *rest) for kind, pid, at, *rest in good[5:]]]
-    explained = books(repeated, killed=[(100, 1.66, 1.67)])
+    explained = books(repeated, killed=((100, 1.66, 1.67),))
     assert explained["failures"] == 0 and explained["steps_run_twice"] == 1
-    assert books(repeated, killed=[(100, 1.0, 1.01)])["step_repeats_unexplained"] == 1  # killed before the line
+    assert books(repeated, killed=((100, 1.0, 1.01),))["step_repeats_unexplained"] == 1  # killed before the line
     assert books(repeated)["step_repeats_unexplained"] == 1  # never killed
     ran_again = [*good, ("step", 100, 2.8, "a", "ty")]
     assert books(ran_again)["committed_steps_run_again"] == 1
