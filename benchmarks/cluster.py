@@ -30,8 +30,9 @@ Rounds alternate the order of the counts (1 2 4, then 4 2 1, ...); the table sho
 more than one round, the range. Then the projection: one server of N cores sustains 0.8 × N × 10^6 /
 (server µs per job) jobs/s at 80 % CPU (N = 8, 16, 32 and this machine's); Redis runs every script
 on one thread, so its ceiling is one core's whatever N. On a machine with few cores the services
-compete with the server for CPU, so the rate does not grow with the services: the server's CPU per
-job is the figure that carries over to a cluster.
+compete with the server for CPU, and the rate grows only until the cores are busy, not with the
+services as it would with a machine each: the server's CPU per job is the figure that carries over
+to a cluster.
 
 ``--profile`` drains once more (the first count of --services, not timed) with the server's own
 accounting on. Postgres: the database's counters over the drain (pg_stat_database: transactions;
@@ -45,7 +46,9 @@ fresh table: time, blocks, WAL and the index blocks each touches, per row. Redis
 
 ``--env NAME=VALUE`` passes a setting to every service (WORKER_PREFETCH=0, ...); ``--set NAME=VALUE``
 sets one on the server for the run's stores: Postgres ``ALTER DATABASE ... SET`` (synchronous_commit=off,
-...), Redis ``CONFIG SET`` on the script's own server (appendfsync=always, ...).
+...), Redis ``CONFIG SET`` on the script's own server (appendfsync=always, ...). ``--drop-index NAME``
+(Postgres) drops an index of the jobs table in each run's database once it is loaded: what the server
+would spend without it, a measure of a lever, not a setting to run with. docs/scaling.md has the figures.
 """
 
 from __future__ import annotations
@@ -228,11 +231,12 @@ class Server:
 class PostgresServer(Server):
     stores: PostgresStores
 
-    def __init__(self, server_url: str, settings: dict[str, str]) -> None:
+    def __init__(self, server_url: str, settings: dict[str, str], drops: Sequence[str] = ()) -> None:
         import psycopg
 
         self.stores = PostgresStores(server_url)
         self.settings = settings
+        self.drops = list(drops)  # --drop-index: what the server would spend without them
         self.database = ""
         self.conn: psycopg.Connection[Any] | None = None
         self.first: dict[int, float] = {}
@@ -261,6 +265,13 @@ class PostgresServer(Server):
         for name, value in self.settings.items():  # before any service connects: each session reads them at its start
             self.stores._admin(f"ALTER DATABASE {self.database} SET {name} = '{value}'")  # noqa: SLF001
         self.conn = psycopg.connect(url, autocommit=True)
+        self.reshape(self.conn)
+
+    def reshape(self, conn: Any) -> None:
+        """The run's store without the indexes --drop-index names (a what-if: the store's own statements
+        that read them would scan instead)."""
+        for index in self.drops:
+            conn.execute(f"DROP INDEX {index}")
 
     def close(self) -> None:
         if self.conn is not None:
@@ -630,9 +641,9 @@ def profile_postgres(server: PostgresServer, folder: Path, services: int, jobs: 
         state["after"] = _pg_counters(conn)
         if state["statements"]:
             state["rows"] = conn.execute(
-                "SELECT query, calls, rows, total_exec_time, shared_blks_hit, shared_blks_read, shared_blks_dirtied, "
+                "SELECT query, calls, rows, total_exec_time, plans, total_plan_time, shared_blks_hit, shared_blks_dirtied, "
                 "wal_records, wal_fpi, wal_bytes FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid "
-                "WHERE d.datname = current_database() ORDER BY total_exec_time DESC LIMIT 14").fetchall()
+                "WHERE d.datname = current_database() ORDER BY total_exec_time + total_plan_time DESC LIMIT 8").fetchall()
         conn.close()
 
     run = one_run(server, folder, services, jobs, concurrency, extra, True, between, after, every=0.05)
@@ -656,14 +667,16 @@ def profile_postgres(server: PostgresServer, folder: Path, services: int, jobs: 
                  f"{per['wal_records']:.1f} records, {per['wal_fpi']:.2f} full-page images, {per['wal_write']:.3f} writes, "
                  f"{per['wal_sync']:.3f} syncs")
     if state.get("rows"):
-        lines.append("  statements (pg_stat_statements, the run's database; time: the statement's execution, wall):")
-        lines.append("  | statement | calls/job | rows/call | µs/job | µs/call | blocks hit/job | dirtied/job | WAL records/job "
-                     "| WAL bytes/job | FPI/job |")
-        lines.append("  |---|---|---|---|---|---|---|---|---|---|")
-        for query, calls, rows, total, hit, read, dirtied, wal_records, wal_fpi, wal_bytes in state["rows"]:
+        lines.append("  statements (pg_stat_statements, the run's database; times: wall, the statement's execution and its "
+                     "planning, which pg_stat_statements.track_planning=on counts):")
+        lines.append("  | statement | calls/job | rows/call | execution µs/job | µs/call | plans/call | planning µs/job | "
+                     "blocks hit/job | dirtied/job | WAL records/job | WAL bytes/job | FPI/job |")
+        lines.append("  |---|---|---|---|---|---|---|---|---|---|---|---|")
+        for query, calls, rows, total, plans, planning, hit, dirtied, wal_records, wal_fpi, wal_bytes in state["rows"]:
             lines.append(f"  | {_label(query)} | {calls / jobs:.3f} | {rows / max(calls, 1):.1f} | {total * 1000 / jobs:.1f} | "
-                         f"{total * 1000 / max(calls, 1):,.0f} | {hit / jobs:.1f} | {dirtied / jobs:.2f} | "
-                         f"{float(wal_records) / jobs:.2f} | {float(wal_bytes) / jobs:,.0f} | {float(wal_fpi) / jobs:.3f} |")
+                         f"{total * 1000 / max(calls, 1):,.0f} | {plans / max(calls, 1):.2f} | {planning * 1000 / jobs:.1f} | "
+                         f"{hit / jobs:.1f} | {dirtied / jobs:.2f} | {float(wal_records) / jobs:.2f} | "
+                         f"{float(wal_bytes) / jobs:,.0f} | {float(wal_fpi) / jobs:.3f} |")
     lines += explain_postgres(server, jobs)
     return lines
 
@@ -706,6 +719,7 @@ def explain_postgres(server: PostgresServer, jobs: int, batch: int = 32, rounds:
     try:
         server.stores.build(url, pending=jobs + batch * rounds)
         conn = psycopg.connect(url, autocommit=True)
+        server.reshape(conn)
         found: dict[str, list[dict[str, float]]] = {}
 
         def explain(name: str, sql: str, params: dict[str, Any]) -> None:
@@ -855,6 +869,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="a setting for every service")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="a server setting for the run: Postgres ALTER DATABASE SET, Redis CONFIG SET (its own server)")
+    parser.add_argument("--drop-index", action="append", default=[], metavar="NAME",
+                        help="Postgres: drop this index of the jobs table in each run's database once loaded: what the "
+                             "server would spend without it (a what-if, not a configuration)")
     parser.add_argument("--profile", action="store_true", help="then one more drain with the server's accounting on")
     parser.add_argument("--postgres-url", default=POSTGRES_URL, help="the Postgres server (a database is made per run)")
     parser.add_argument("--redis-url", help="a Redis server to use instead of one of the script's own (AOF on)")
@@ -866,12 +883,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not counts or min(counts) < 1 or options.jobs < 1 or options.rounds < 1:
         parser.error("--services, --jobs and --rounds must be at least 1")
     extra, settings = pairs(options.env, "--env"), pairs(options.set, "--set")
+    if options.drop_index and options.backend != "postgres":
+        parser.error("--drop-index is for --backend postgres")
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         folder = Path(tmp)
         (folder / "clusterapp.py").write_text(APP)
         server: Server
         if options.backend == "postgres":
-            server = PostgresServer(options.postgres_url, settings)
+            server = PostgresServer(options.postgres_url, settings, options.drop_index)
         else:
             own = options.redis_url is None
             url = stack.enter_context(own_redis(folder, settings)) if own else options.redis_url
@@ -881,7 +900,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs: dict[int, list[Run]] = {count: [] for count in counts}
         print(f"backend {options.backend}, {options.jobs:,} no-op jobs per run, WORKER_CONCURRENCY={options.concurrency}, "
               f"each service `python -m pipeline --app clusterapp:registry --processes 1`, default logging"
-              + "".join(f", {k}={v}" for k, v in extra.items()) + "".join(f"; server {k} = {v}" for k, v in settings.items()),
+              + "".join(f", {k}={v}" for k, v in extra.items()) + "".join(f"; server {k} = {v}" for k, v in settings.items())
+              + "".join(f"; without the index {name}" for name in options.drop_index),
               flush=True)
         print(f"the server's CPU: {server.source}", flush=True)
         for r in range(options.rounds):
@@ -902,9 +922,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(line)
         cores = os.cpu_count() or 1
         if max(counts) + 1 > cores:
-            print(f"\nnote: this machine has {cores} cores, shared by the services and the server: the rate cannot grow with "
-                  "the services here, and falls as they take CPU from the server. The server's CPU per job is the figure "
-                  "that carries over to a cluster of machines.")
+            print(f"\nnote: this machine has {cores} cores, shared by the services and the server: the rate grows only until "
+                  "they are busy, not with the services as it would with a machine each, and the services take CPU from the "
+                  "server. The server's CPU per job is the figure that carries over to a cluster of machines.")
         if options.profile:
             print(flush=True)
             if isinstance(server, PostgresServer):
