@@ -156,7 +156,7 @@ class JobContext:
         aio = self._aio
         if aio is not None:
             if aio.on_loop():
-                return drive_asyncio(logic, aio.run_trio)
+                return drive_asyncio(logic, aio.run_trio, self._attempt_over)
             if not trio.lowlevel.in_trio_run():  # a thread the asyncio handler started
                 return drive_thread(logic, aio.token, self._attempt_over)
         if trio.lowlevel.in_trio_run():

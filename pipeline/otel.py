@@ -48,6 +48,19 @@ def parse(trace: str) -> dict[str, str]:
     return {"traceparent": parent, "tracestate": state} if state else {"traceparent": parent}
 
 
+def _suspension(exc: BaseException) -> Suspended | None:
+    """The suspension ``exc`` is, alone or in a group of the handler's nursery or TaskGroup; else None."""
+    if isinstance(exc, Suspended):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        found, rest = exc.split(Suspended)
+        if found is not None and rest is None:
+            while isinstance(found, BaseExceptionGroup):
+                found = found.exceptions[0]
+            return found  # type: ignore[return-value]
+    return None
+
+
 def instrument(registry: Registry, *, tracer_provider: TracerProvider | None = None) -> None:
     """Trace ``registry``'s jobs: store each producer's trace context with its jobs, and record a
     span per attempt under it (see the module's docstring). ``tracer_provider``: where the spans
@@ -95,12 +108,13 @@ def instrument(registry: Registry, *, tracer_provider: TracerProvider | None = N
                                           set_status_on_exception=False) as span:
             try:
                 yield span
-            except Suspended as how:  # ctx.sleep / ctx.wait_for: the run ends, not in error
-                span.set_attribute("pipeline.job.suspended", f"awaiting {how.awaiting}" if how.awaiting else "sleeping")
-                raise
-            except BaseException as exc:  # what the SDK would record by default
-                span.record_exception(exc)
-                span.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            except BaseException as exc:
+                how = _suspension(exc)
+                if how is not None:  # ctx.sleep / ctx.wait_for: the run ends, not in error
+                    span.set_attribute("pipeline.job.suspended", f"awaiting {how.awaiting}" if how.awaiting else "sleeping")
+                else:  # what the SDK would record by default
+                    span.record_exception(exc)
+                    span.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
                 raise
 
     registry.trace_context = trace_context

@@ -35,6 +35,7 @@ from ..texts import check_text
 from ..states import Transition
 
 MAX_STEP_NAME_CHARS = 200
+MAX_SECONDS = 100 * 365.25 * 86400  # the longest sleep or wait timeout: a stored time stays a four-digit year
 # the records a run writes of its own (a sleep, a wait) are named so that no step of the user's can be
 SLEEP_PREFIX, WAIT_PREFIX = "@sleep#", "@wait:"
 
@@ -103,6 +104,8 @@ class Run:
     used: set[str] = attrs.field(factory=set)
     counts: dict[str, int] = attrs.field(factory=dict)
     committed: int = 0  # steps this run committed (the outcome's "steps": metrics)
+    inside: str | None = None  # the step whose function runs now (a durable call inside it is refused)
+    left: Suspended | None = None  # the suspension this run raised (a handler that swallowed it is told)
 
     def next_name(self, prefix: str) -> str:
         n = self.counts.get(prefix, 0) + 1
@@ -154,6 +157,9 @@ def seconds_of(value: Any, what: str) -> float:
         seconds = float(value)
     if not 0 <= seconds < math.inf:
         raise UsageError(f"{what} must be a finite number of seconds >= 0, got {value!r:.40}")
+    if seconds > MAX_SECONDS:
+        raise UsageError(f"{what} must be at most {MAX_SECONDS:.0f} seconds (a hundred years), got {value!r:.40}"
+                         + (" (for no timeout, leave it None)" if "timeout" in what else ""))
     return seconds
 
 
@@ -178,7 +184,19 @@ def _read_back(durable: Durable, fn: Callable[..., Any], text: str | None) -> An
 # -- the logic of each call ------------------------------------------------------------------------
 
 
+def _not_inside(run: Run, call: str) -> None:
+    if run.inside is not None:
+        raise UsageError(f"{call} inside the function of step {run.inside!r}: a step's function runs once and is not "
+                         "resumed; call it from the handler, between steps")
+
+
+def _leave(run: Run, how: Suspended) -> Suspended:
+    run.left = how
+    return how
+
+
 def step_logic(run: Run, name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Logic:
+    _not_inside(run, f"ctx.step({name!r})")
     if name in run.used:
         raise UsageError(f"step {name!r} is used twice in one run of job {run.job_id}: each step needs a name of its own "
                          "(a loop's steps: put the index in the name)")
@@ -188,7 +206,11 @@ def step_logic(run: Run, name: str, fn: Callable[..., Any], args: tuple[Any, ...
     if found is not None and found.status == "completed":
         return _read_back(run.durable, fn, found.value)
     started = now_ts()
-    value = yield Call(fn, args, kwargs)
+    run.inside = name
+    try:
+        value = yield Call(fn, args, kwargs)
+    finally:
+        run.inside = None
     try:
         text = run.durable.encode(value)
     except Exception as exc:  # ResultRefused (too large, no JSON form): say it is the step's
@@ -200,6 +222,7 @@ def step_logic(run: Run, name: str, fn: Callable[..., Any], args: tuple[Any, ...
 
 
 def sleep_logic(run: Run, seconds: float) -> Logic:
+    _not_inside(run, "ctx.sleep")
     name = run.next_name(SLEEP_PREFIX)
     steps = yield Store(run.load)
     if name in steps:  # written as the job suspended: it slept
@@ -207,10 +230,11 @@ def sleep_logic(run: Run, seconds: float) -> Logic:
     now = time.time()
     until = format_ts(now + seconds)
     # written with the SUSPEND: the job leaves suspended only when this time comes (or it is cancelled)
-    raise Suspended(seconds, None, StepRecord(name, "completed", json.dumps(until), format_ts(now), until))
+    raise _leave(run, Suspended(seconds, None, StepRecord(name, "completed", json.dumps(until), format_ts(now), until)))
 
 
 def wait_logic(run: Run, name: str, timeout: float | None) -> Logic:
+    _not_inside(run, f"ctx.wait_for({name!r})")
     key = run.next_name(WAIT_PREFIX + name)
     steps = yield Store(run.load)
     found = steps.get(key)
@@ -232,11 +256,14 @@ def wait_logic(run: Run, name: str, timeout: float | None) -> Logic:
         yield Store(run.commit, (StepRecord(key, "timed_out", None, started, format_ts(now)),))
         raise SignalTimeout(run.job_id, name, timeout)
     until_text = None if deadline is None else format_ts(deadline)
-    raise Suspended(math.inf if deadline is None else max(deadline - now, 0.0), name,
-                    StepRecord(key, "waiting", json.dumps(until_text), started, None))
+    raise _leave(run, Suspended(math.inf if deadline is None else max(deadline - now, 0.0), name,
+                                StepRecord(key, "waiting", json.dumps(until_text), started, None)))
 
 
 # -- the drivers -------------------------------------------------------------------------------------
+
+_OVER = ("the attempt is over (it ended, or its thread or asyncio task was abandoned at its timeout, a cancel or "
+         "shutdown): its steps, sleeps and waits are refused")
 
 
 async def drive_trio(logic: Logic) -> Any:
@@ -255,17 +282,31 @@ async def drive_trio(logic: Logic) -> Any:
                 sent = await sent
 
 
-async def drive_asyncio(logic: Logic, run_trio: Callable[..., Any]) -> Any:
+async def _kept(fn: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
+    """A store operation on the trio side for an asyncio task: a lost lease comes back as a value (a
+    BaseException raised in the host's trio task would end the whole run, not the handler's)."""
+    try:
+        return True, await fn(*args)
+    except LeaseGone as gone:
+        return False, gone
+
+
+async def drive_asyncio(logic: Logic, run_trio: Callable[..., Any], over: Callable[[], bool]) -> Any:
     """An asyncio handler's: store operations hop to the trio side (``run_trio``), the user's function is
-    awaited on asyncio."""
+    awaited on asyncio. ``over``: the attempt has ended (its task abandoned after its cancellation):
+    nothing more of it runs."""
     sent: Any = None
     while True:
         try:
             ask = logic.send(sent)
         except StopIteration as stop:
             return stop.value
+        if over():
+            raise UsageError(_OVER)
         if isinstance(ask, Store):
-            sent = await run_trio(ask.fn, *ask.args)
+            done, sent = await run_trio(_kept, ask.fn, *ask.args)
+            if not done:
+                raise sent
         else:
             sent = ask.fn(*ask.args, **ask.kwargs)
             if inspect.isawaitable(sent):
@@ -283,8 +324,7 @@ def drive_thread(logic: Logic, token: trio.lowlevel.TrioToken | None, over: Call
             return stop.value
         if isinstance(ask, Store):
             if over():
-                raise UsageError("the attempt is over (it ended, or its thread was abandoned at its timeout, a cancel "
-                                 "or shutdown): its steps are refused")
+                raise UsageError(_OVER)
             sent = trio.from_thread.run(ask.fn, *ask.args, trio_token=token)
         else:
             sent = ask.fn(*ask.args, **ask.kwargs)

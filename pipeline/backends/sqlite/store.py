@@ -631,7 +631,8 @@ def _suspend(conn: sqlite3.Connection, items: Sequence[Settlement], *, now: str,
                 durable.woke([s.id])
                 changed += 1
             continue
-        until = FOREVER if math.isinf(s.delay) else format_ts(now_epoch + s.delay)
+        # (a time past FOREVER would not sort as text: none is stored; the engine refuses such a delay anyway)
+        until = FOREVER if math.isinf(s.delay) or now_epoch + s.delay >= to_epoch(FOREVER) else format_ts(now_epoch + s.delay)
         plain.append((s.awaiting, until, now, s.id, s.token))
     if plain:
         changed += conn.executemany(_SUSPEND, plain).rowcount

@@ -400,9 +400,23 @@ async def _invoke(workers: Workers, spec: JobSpec, pool: Pool, job: Any, ctx: Jo
                   start_by: tuple[float, float] | None = None) -> Outcome:
     outcome = await _outcome_of(workers, spec, pool, job, ctx, thread, start_by)
     run = ctx._run
-    if run is not None and run.committed:  # a durable run: its steps counted with its outcome (metrics)
+    if run is None:
+        return outcome
+    if run.left is not None and outcome.kind not in ("suspended", "lost"):
+        # ctx.sleep or ctx.wait_for left the run, and the handler caught it (except BaseException, gather with
+        # return_exceptions) and went on as if it had slept or been signalled: for good, it would every time
+        outcome = Outcome("permanent", _text(
+            f"job type {spec.name}: the handler caught the suspension of its ctx.sleep or ctx.wait_for (a BaseException, "
+            "as trio's Cancelled) and went on without waiting; let it through (catch Exception, not BaseException)"))
+    if run.committed:  # a durable run: its steps counted with its outcome (metrics)
         return attrs.evolve(outcome, steps=run.committed)
     return outcome
+
+
+def _seen(ctx: JobContext) -> None:
+    """The run's suspension came out of its handler (it was not swallowed)."""
+    if ctx._run is not None:
+        ctx._run.left = None
 
 
 async def _outcome_of(workers: Workers, spec: JobSpec, pool: Pool, job: Any, ctx: JobContext, thread: _Thread | None,
@@ -424,6 +438,7 @@ async def _outcome_of(workers: Workers, spec: JobSpec, pool: Pool, job: Any, ctx
     except StepRefused as exc:  # (as a result that cannot be stored)
         return Outcome("permanent", _text(f"job type {spec.name}: the attempt fails for good: {exc}"))
     except Suspended as how:  # ctx.sleep, ctx.wait_for: not a failure
+        _seen(ctx)
         return Outcome.suspended(how)
     except LeaseGone:
         return Outcome("lost")
@@ -433,14 +448,18 @@ async def _outcome_of(workers: Workers, spec: JobSpec, pool: Pool, job: Any, ctx
             if wrong is not None:
                 return Outcome("permanent", _text(wrong))
         return Outcome.failed(exc)
-    except BaseExceptionGroup as group:  # from a handler's own nursery: a suspension, or a lost lease, alone
-        suspended, rest = group.split(Suspended)
-        if suspended is not None and rest is None:
-            return Outcome.suspended(_leaves(suspended)[0])  # type: ignore[arg-type]
-        gone, rest = group.split(LeaseGone)
-        if gone is not None and rest is None:
+    except BaseExceptionGroup as group:  # from a handler's own nursery or TaskGroup, with a suspension or a lost lease
+        durable, rest = group.split((Suspended, LeaseGone))
+        if durable is None:
+            raise  # trio's Cancelled among them: the worker's scope takes it
+        _seen(ctx)
+        if rest is not None and not all(isinstance(e, Exception | SystemExit) for e in _leaves(rest)):
+            raise rest from None  # a cancellation with them: the worker's scope takes it (and judges the run)
+        if rest is not None:  # a handler's error beside them: the attempt failed
+            return Outcome.failed(rest)
+        if any(isinstance(e, LeaseGone) for e in _leaves(durable)):
             return Outcome("lost")
-        raise  # trio's Cancelled among them: the worker's scope takes it
+        return Outcome.suspended(_leaves(durable)[0])  # type: ignore[arg-type]
     return Outcome("ok", result=result)
 
 

@@ -54,6 +54,9 @@ async def run_waker(backend: Backend, waker: Waker, *, interval: float,
             if not failing:
                 log.warning("could not wake the suspended jobs that are due (%s); trying again", exc)
             failing, woken, next_in = True, 0, None
+        except Exception:  # a bug, or a row it cannot read: said, and tried again, not the end of the process
+            log.exception("waking the suspended jobs that are due failed; trying again")
+            failing, woken, next_in = True, 0, None
         else:
             if failing:
                 log.info("waking suspended jobs again")
