@@ -88,7 +88,9 @@ async def test_a_job_enqueued_here_is_claimed_in_its_inserts_own_transaction(db_
             job_id = await p.enqueue(Echo(str(i)))
             await wait_status(p, job_id, "completed", timeout=QUICK)
         batches = p.backend.ledger_stats.batches - before
-    assert batches <= 2 * 20 + 2, f"{batches} transactions for 20 jobs: claims were not made with the inserts"
+    # two per job, and a few more where a loaded machine's Poller had not sent its offer back in time (a
+    # fresh-clone run under load met 43); without the claim in the insert's transaction it is three per job: 60
+    assert batches <= 2 * 20 + 5, f"{batches} transactions for 20 jobs: claims were not made with the inserts"
 
 
 # -- outcomes the database refused for a while ----------------------------------------------
