@@ -55,9 +55,10 @@ def _suspension(exc: BaseException) -> Suspended | None:
     if isinstance(exc, BaseExceptionGroup):
         found, rest = exc.split(Suspended)
         if found is not None and rest is None:
-            while isinstance(found, BaseExceptionGroup):
-                found = found.exceptions[0]
-            return found  # type: ignore[return-value]
+            leaf: BaseException = found
+            while isinstance(leaf, BaseExceptionGroup):
+                leaf = leaf.exceptions[0]
+            return leaf if isinstance(leaf, Suspended) else None
     return None
 
 
