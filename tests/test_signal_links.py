@@ -85,6 +85,9 @@ def test_a_printed_link_shows_without_sending_then_sends_once(db: Path, monkeypa
         again = httpx.post(link, headers={**FORM, "Origin": url})
         assert again.status_code == 410
         assert "this link was used already: it sends its signal once" in page_text(again)
+        opened = httpx.get(link)  # and opened again: the page says so at once, with no button
+        assert opened.status_code == 410 and "this link was used already" in page_text(opened)
+        assert '<form method="post">' not in opened.text
     assert taken(db, waiting, "approval") == [(True, '{"approved":true}'), (False, None)]  # sent once
 
 
@@ -188,6 +191,9 @@ async def test_a_second_link_for_the_same_job_is_its_own_and_a_kept_signal_waits
         assert r.status_code == 200 and "not waiting for it yet: it takes it when it gets there" in page_text(r)
         assert (await client.post(f"/signal-links/{second}", headers=FORM)).status_code == 200  # another nonce
         assert (await client.post(f"/signal-links/{first}", headers=FORM)).status_code == 410
+        # its page too, while the job still waits for a signal of that name (the job is not finished)
+        assert (await client.get(f"/signal-links/{first}")).status_code == 410
+        assert (await client.get(f"/signal-links/{token(pending, payload='maybe')}")).status_code == 200  # a fresh one
         # two signals kept, taken oldest first, each once
         assert await take(pipeline.backend, pending, "approval", times=3) == [(True, '"yes"'), (True, '"no"'), (False, None)]
 
@@ -270,9 +276,9 @@ def test_the_button_of_the_page_sends_the_signal_in_a_browser(browser: Any,  # n
     page.click("button[type=submit]")
     expect(page.locator("h1")).to_have_text("Sent: approval")
     assert stored(db, waiting).status == "pending"
-    page.goto(link)  # the link opened again from the mail: its page, and its button again
-    page.click("button[type=submit]")
+    page.goto(link)  # the link opened again from the mail: its page says at once that it was used
     expect(page.locator("h1")).to_have_text("This link no longer works")
+    assert page.locator("button[type=submit]").count() == 0
     expect(page.locator("main")).to_contain_text("this link was used already")
     assert violations == [] and page.errors == []  # the CSP let the page's style in, and nothing else was asked
 

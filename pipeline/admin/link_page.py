@@ -101,6 +101,8 @@ class LinkPage:
         """GET /signal-links/{token}: what the link sends, and a button; changes nothing."""
         try:
             claims = self._claims(request)
+            if await self.pipeline.backend.signal_key_used(claims.job_id, claims.key):
+                raise LinkRefused(410, "this link was used already: it sends its signal once")
             job = await self._job(claims)
         except LinkRefused as exc:
             return self._refused(request, exc)

@@ -838,6 +838,11 @@ class Backend(Protocol):
         UsageError (:func:`signal_refused`) if it is completed, dead or cancelled. Signals go with their job
         (delete, cleanup, retention)."""
 
+    async def signal_key_used(self, job_id: str, key: str) -> bool:
+        """Whether a signal with ``key`` was sent to the job (what :meth:`signal` would refuse with
+        SignalKeyUsed): a used approval link's page says so before anyone presses it. False for an
+        unknown job. A read; changes nothing."""
+
     async def wake_suspended(self, *, limit: int = 500) -> tuple[int, float | None]:
         """Up to ``limit`` suspended jobs whose ``run_after`` passed → pending (RESUME, ``awaiting_signal``
         cleared; waking Pollers as an insert does), oldest due first. Returns how many, and the seconds until

@@ -297,6 +297,9 @@ class ServerBackend(Generic[D]):
     async def wake_suspended(self, *, limit: int = 500) -> tuple[int, float | None]:
         return await self._db.run(functools.partial(self.calls.wake_suspended, limit=limit))
 
+    async def signal_key_used(self, job_id: str, key: str) -> bool:
+        return await self._operate(self.operators.signal_key_used, job_id, key)
+
     async def delete(self, job_id: str) -> None:
         await self._operate(self.operators.delete_job, job_id)
 

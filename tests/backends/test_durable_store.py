@@ -344,7 +344,10 @@ async def test_a_signal_to_an_unknown_or_finished_job_is_refused_and_writes_noth
 async def test_a_signal_key_is_used_once_per_job(backend: Backend) -> None:
     waiting_id = await suspended(backend, "w", awaiting="approve")
     other = await running(backend, "o")
+    assert not await backend.signal_key_used(waiting_id, "link-1")
     assert await backend.signal(waiting_id, "note", '"first"', key="link-1") == "kept"
+    assert await backend.signal_key_used(waiting_id, "link-1")  # what a used link's page reads
+    assert not await backend.signal_key_used(other.id, "link-1") and not await backend.signal_key_used(new_id(), "link-1")
     before = await record(backend, waiting_id)
     for name in ("approve", "note"):  # any name
         with pytest.raises(SignalKeyUsed):

@@ -102,6 +102,11 @@ def awaited(conn: psycopg.Connection[Any], job_id: str) -> str | None:
     return None if row is None else row[0]
 
 
+def signal_key_used(conn: psycopg.Connection[Any], job_id: str, key: str) -> bool:
+    """Whether a signal with ``key`` was sent to the job (job_signals_key: one index look)."""
+    return conn.execute(_KEY_USED, {"id": job_id, "key": _text(key)}).fetchone() is not None
+
+
 def send_signal(conn: psycopg.Connection[Any], job_id: str, name: str, payload: str | None, *,
                 key: str | None = None) -> str:
     """Send the signal ``name`` to a job, in one transaction: kept for the job, and "woken" if the job

@@ -244,6 +244,7 @@ def _cancel(conn: psycopg.Connection[Any], job_ids: Sequence[str], *, reason: st
 
 # durable functions (issue 35): a person's or a client's signal (ServerBackend.operators.send_signal)
 send_signal = durable.send_signal
+signal_key_used = durable.signal_key_used
 
 
 def set_type_paused(conn: psycopg.Connection[Any], job_type: str, paused: bool) -> None:

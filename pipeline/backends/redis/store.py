@@ -384,6 +384,11 @@ def take_signal(client: Any, prefix: str, job_id: str, token: int, name: str,
     return True, payload[1:].decode() if payload else None
 
 
+def signal_key_used(client: Any, prefix: str, job_id: str, key: str) -> bool:
+    """Whether a signal with ``key`` was sent to the job: one HEXISTS of its sig:<id> hash (see signal.lua)."""
+    return bool(client.hexists(f"{prefix}sig:{job_id}", f"k:{key}"))
+
+
 def send_signal(client: Any, prefix: str, job_id: str, name: str, payload: str | None, *, key: str | None = None) -> str:
     """Keep the signal for the job; "woken" if it was suspended awaiting it (now pending, Pollers
     woken), else "kept" (lua/signal.lua)."""

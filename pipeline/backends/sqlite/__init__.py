@@ -199,6 +199,9 @@ class SqliteBackend:
     async def steps(self, job_id: str) -> builtins.list[StepRecord]:
         return await self._db.read(durable.steps, job_id)
 
+    async def signal_key_used(self, job_id: str, key: str) -> bool:
+        return await self._db.read(durable.signal_key_used, job_id, key)
+
     async def take_signal(self, job_id: str, token: int, name: str, step: StepRecord) -> tuple[bool, str | None] | None:
         return await self._call("take_signal", lambda conn, now: durable.take_signal(conn, job_id, token, name, step))
 

@@ -47,6 +47,11 @@ def step_params(job_id: str, token: int, step: StepRecord) -> tuple[object, ...]
 _STEPS = "SELECT name, status, value, started_at, ended_at FROM job_steps WHERE job_id = ? ORDER BY position"
 
 
+def signal_key_used(conn: sqlite3.Connection, job_id: str, key: str) -> bool:
+    """Whether a signal with ``key`` was sent to the job (its unique key per job: one index look)."""
+    return conn.execute("SELECT 1 FROM job_signals WHERE job_id = ? AND key = ?", (job_id, key)).fetchone() is not None
+
+
 def steps(conn: sqlite3.Connection, job_id: str) -> list[StepRecord]:
     """The job's steps in the order first written ([] for none, or an unknown job)."""
     return [StepRecord(*row) for row in conn.execute(_STEPS, (job_id,))]
