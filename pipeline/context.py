@@ -151,16 +151,16 @@ class JobContext:
         return run
 
     def _drive(self, logic: Logic) -> Any:
-        from .engine.steps import drive_asyncio, drive_thread, drive_trio
+        from .engine.steps import drive_async, drive_thread
 
         aio = self._aio
         if aio is not None:
             if aio.on_loop():
-                return drive_asyncio(logic, aio.run_trio, self._attempt_over)
+                return drive_async(logic, aio.run_trio, self._attempt_over)
             if not trio.lowlevel.in_trio_run():  # a thread the asyncio handler started
                 return drive_thread(logic, aio.token, self._attempt_over)
         if trio.lowlevel.in_trio_run():
-            return drive_trio(logic)
+            return drive_async(logic)
         thread = self._thread
         if thread is None:
             return drive_thread(logic, None, lambda: False)

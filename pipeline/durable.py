@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from .errors import UsageError
-from .texts import check_text
+from .texts import check_name, check_text
 
 MAX_SIGNAL_NAME_CHARS = 200  # a name says what is awaited ("approval", "payment-received"), not data
 MAX_SIGNAL_PAYLOAD_BYTES = 1_000_000  # a signal carries a decision and its details, not a file
@@ -20,13 +20,7 @@ MAX_SIGNAL_PAYLOAD_BYTES = 1_000_000  # a signal carries a decision and its deta
 def check_signal_name(value: Any) -> str:
     """A signal's name as given: non-empty text of at most MAX_SIGNAL_NAME_CHARS characters that every
     store can hold; UsageError naming the problem otherwise."""
-    if type(value) is not str:
-        raise UsageError(f"a signal's name must be text, got {type(value).__name__}")
-    if not value.strip():
-        raise UsageError("a signal's name must not be empty")
-    if len(value) > MAX_SIGNAL_NAME_CHARS:
-        raise UsageError(f"a signal's name must be at most {MAX_SIGNAL_NAME_CHARS} characters, got {len(value)}")
-    return check_text(value, "the signal's name")
+    return check_name(value, "a signal's name", MAX_SIGNAL_NAME_CHARS)
 
 
 def encode_signal_payload(payload: Any) -> str | None:

@@ -3,7 +3,21 @@ queued for a write. A module of its own, beneath everything that writes (request
 
 from __future__ import annotations
 
+from typing import Any
+
 from .errors import UsageError
+
+
+def check_name(value: Any, what: str, max_chars: int) -> str:
+    """A name as a caller gives it (a step's, a signal's): non-empty text of at most ``max_chars``
+    characters that every store can hold; UsageError naming ``what`` ("a step's name") otherwise."""
+    if type(value) is not str:
+        raise UsageError(f"{what} must be text, got {type(value).__name__}")
+    if not value.strip():
+        raise UsageError(f"{what} must not be empty")
+    if len(value) > max_chars:
+        raise UsageError(f"{what} must be at most {max_chars} characters, got {len(value)}")
+    return check_text(value, what.replace("a ", "the ", 1))
 
 
 def check_text(value: str, what: str) -> str:

@@ -31,7 +31,7 @@ import trio
 from ..backends.base import Backend, Settlement, StepRecord
 from ..clock import format_ts, now_ts, to_epoch
 from ..errors import SignalTimeout, UsageError
-from ..texts import check_text
+from ..texts import check_name
 from ..states import Transition
 
 MAX_STEP_NAME_CHARS = 200
@@ -88,8 +88,6 @@ class Durable:
     encode: Callable[[Any], str | None]  # a value as JSON text (Pipeline.encode_result: its size limit included)
     structure: Callable[[Any, Any], Any]  # the registry's converter's structure
     due: Callable[[float], None] = lambda seconds: None  # a job this process suspends is due in so many seconds
-    steps_committed: int = 0  # ctx.step values committed by this process (metrics)
-    suspended: int = 0  # runs that left their handler suspended (metrics)
 
 
 @attrs.define
@@ -137,15 +135,10 @@ class Run:
 
 
 def check_step_name(value: Any) -> str:
-    if type(value) is not str:
-        raise UsageError(f"a step's name must be text, got {type(value).__name__}")
-    if not value.strip():
-        raise UsageError("a step's name must not be empty")
-    if len(value) > MAX_STEP_NAME_CHARS:
-        raise UsageError(f"a step's name must be at most {MAX_STEP_NAME_CHARS} characters, got {len(value)}")
-    if value.startswith("@"):
-        raise UsageError(f"step name {value!r}: names beginning with '@' are the pipeline's own (sleeps and waits)")
-    return check_text(value, "the step's name")
+    name = check_name(value, "a step's name", MAX_STEP_NAME_CHARS)
+    if name.startswith("@"):
+        raise UsageError(f"step name {name!r}: names beginning with '@' are the pipeline's own (sleeps and waits)")
+    return name
 
 
 def seconds_of(value: Any, what: str) -> float:
@@ -216,7 +209,6 @@ def step_logic(run: Run, name: str, fn: Callable[..., Any], args: tuple[Any, ...
     except Exception as exc:  # ResultRefused (too large, no JSON form): say it is the step's
         raise StepRefused(f"step {name!r}: its value cannot be stored: {exc}") from None
     yield Store(run.commit, (StepRecord(name, "completed", text, started, now_ts()),))
-    run.durable.steps_committed += 1
     run.committed += 1
     return value
 
@@ -266,22 +258,6 @@ _OVER = ("the attempt is over (it ended, or its thread or asyncio task was aband
          "shutdown): its steps, sleeps and waits are refused")
 
 
-async def drive_trio(logic: Logic) -> Any:
-    """A trio handler's: store operations and the user's function awaited here."""
-    sent: Any = None
-    while True:
-        try:
-            ask = logic.send(sent)
-        except StopIteration as stop:
-            return stop.value
-        if isinstance(ask, Store):
-            sent = await ask.fn(*ask.args)
-        else:
-            sent = ask.fn(*ask.args, **ask.kwargs)
-            if inspect.isawaitable(sent):
-                sent = await sent
-
-
 async def _kept(fn: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
     """A store operation on the trio side for an asyncio task: a lost lease comes back as a value (a
     BaseException raised in the host's trio task would end the whole run, not the handler's)."""
@@ -291,10 +267,11 @@ async def _kept(fn: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
         return False, gone
 
 
-async def drive_asyncio(logic: Logic, run_trio: Callable[..., Any], over: Callable[[], bool]) -> Any:
-    """An asyncio handler's: store operations hop to the trio side (``run_trio``), the user's function is
-    awaited on asyncio. ``over``: the attempt has ended (its task abandoned after its cancellation):
-    nothing more of it runs."""
+async def drive_async(logic: Logic, run_trio: Callable[..., Any] | None = None,
+                      over: Callable[[], bool] = lambda: False) -> Any:
+    """An async handler's: the user's function awaited here. A trio handler's store operations are
+    awaited here too; an asyncio handler's hop to the trio side (``run_trio``), and ``over`` says its
+    attempt has ended (its task abandoned after its cancellation): nothing more of it runs."""
     sent: Any = None
     while True:
         try:
@@ -304,6 +281,9 @@ async def drive_asyncio(logic: Logic, run_trio: Callable[..., Any], over: Callab
         if over():
             raise UsageError(_OVER)
         if isinstance(ask, Store):
+            if run_trio is None:
+                sent = await ask.fn(*ask.args)
+                continue
             done, sent = await run_trio(_kept, ask.fn, *ask.args)
             if not done:
                 raise sent

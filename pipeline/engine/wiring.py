@@ -372,10 +372,8 @@ class Pipeline:
         """The one log line per job outcome, and the observers."""
         if self._finished:
             self._wake_waiters(lease)
-        if outcome.kind == "suspended" and result is not None:
-            self.durable.suspended += 1
-            if outcome.delay is not None:
-                self.waker.due(outcome.delay)  # (a sleep of this process resumes on time, not at the next look)
+        if outcome.kind == "suspended" and result is not None and outcome.delay is not None:
+            self.waker.due(outcome.delay)  # (a sleep of this process resumes on time, not at the next look)
         level = logging.INFO if outcome.kind in ("ok", "snoozed", "cancelled", "suspended") else logging.WARNING
         logged = log.isEnabledFor(level)
         if not logged and not self._observers:
