@@ -412,9 +412,9 @@ class RedisServer(Server):
         store.set_type_paused(self.client, self.prefix, JOB_TYPE, paused)
 
     def busy(self) -> bool:
-        pipe = self.client.pipeline(transaction=False)
-        pipe.zcard(self.prefix + "status:pending")
-        pipe.zcard(self.prefix + "status:running")
+        pipe = self.client.pipeline(transaction=False)  # (st:<status>:<type>: every layout keeps it)
+        pipe.zcard(f"{self.prefix}st:pending:{JOB_TYPE}")
+        pipe.zcard(f"{self.prefix}st:running:{JOB_TYPE}")
         return any(pipe.execute())
 
     def _cpu(self) -> float:

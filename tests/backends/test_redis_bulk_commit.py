@@ -47,7 +47,7 @@ def _config(tmp_path: Path, port: int, timeout: float = TIMEOUT) -> Any:
 def _pending(port: int) -> int:
     client = redis.Redis(port=port)
     try:
-        return int(client.zcard("{pipeline}:status:pending"))
+        return sum(int(client.zcard(b"{pipeline}:st:pending:" + t)) for t in client.smembers("{pipeline}:types"))
     finally:
         client.close()
 

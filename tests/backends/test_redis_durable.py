@@ -292,15 +292,16 @@ async def test_wake_suspended_reads_the_due_jobs_not_those_that_wait(tmp_path: P
 @needs_server_binary
 async def test_a_plain_outcome_runs_the_commands_it_ran_and_a_step_costs_the_same_at_any_count(tmp_path: Path) -> None:
     """Each plain outcome runs exactly what it ran before durable functions (measured on 5ff324f's parent,
-    layout 5); a STEP runs 4 commands beside the script's TIME whether the job has 1 step or 300, and a
-    take_signal 5, with 1 signal kept or 300 of its name."""
+    layout 5), less the ZREM from status:running and the ZADD to status:pending or status:completed that
+    layout 7 no longer keeps (a move to dead keeps its ZADD); a STEP runs 4 commands beside the script's
+    TIME whether the job has 1 step or 300, and a take_signal 5, with 1 signal kept or 300 of its name."""
     before_durable = {
-        "succeed": {"hmget": 1, "hdel": 1, "hset": 1, "time": 1, "zadd": 3, "zrem": 3},
-        "result": {"hmget": 1, "hdel": 1, "hset": 1, "time": 1, "zadd": 3, "zrem": 3},
-        "bury": {"hmget": 1, "hdel": 1, "hset": 2, "time": 1, "zadd": 3, "zrem": 3},
-        "retry": {"hmget": 1, "hdel": 2, "hset": 2, "sadd": 1, "time": 1, "zadd": 4, "zrem": 3, "zscore": 1},
-        "release": {"hmget": 1, "hdel": 2, "hset": 1, "publish": 1, "sadd": 1, "time": 1, "zadd": 4, "zrem": 3, "zscore": 1},
-        "snooze": {"hmget": 1, "hdel": 2, "hget": 1, "hset": 1, "sadd": 1, "time": 1, "zadd": 4, "zrem": 3, "zscore": 1},
+        "succeed": {"hmget": 1, "hdel": 1, "hset": 1, "time": 1, "zadd": 2, "zrem": 2},
+        "result": {"hmget": 1, "hdel": 1, "hset": 1, "time": 1, "zadd": 2, "zrem": 2},
+        "bury": {"hmget": 1, "hdel": 1, "hset": 2, "time": 1, "zadd": 3, "zrem": 2},
+        "retry": {"hmget": 1, "hdel": 2, "hset": 2, "sadd": 1, "time": 1, "zadd": 3, "zrem": 2, "zscore": 1},
+        "release": {"hmget": 1, "hdel": 2, "hset": 1, "publish": 1, "sadd": 1, "time": 1, "zadd": 3, "zrem": 2, "zscore": 1},
+        "snooze": {"hmget": 1, "hdel": 2, "hget": 1, "hset": 1, "sadd": 1, "time": 1, "zadd": 3, "zrem": 2, "zscore": 1},
     }
     outcomes: dict[str, Callable[[Lease], Settlement]] = {
         "succeed": succeed, "result": lambda lease: succeed(lease, '{"a": 1}'), "bury": bury,
@@ -387,8 +388,8 @@ async def test_a_woken_job_publishes_wake_as_an_insert_does_and_a_suspend_does_n
 
 async def test_a_store_of_layout_5_is_upgraded_and_older_code_refuses_it(tmp_path: Path) -> None:
     """A store of layout 5 (jobs of every status, before durable functions) opened by this code is of
-    layout 6, and its jobs take steps, suspend and are woken at once; the schema script of code that
-    knows only 5 leaves it at 6, which that code refuses."""
+    its layout (7), and its jobs take steps, suspend and are woken at once; the schema script of code
+    that knows only 5 leaves it at 7, which that code refuses."""
     async with redis_store(tmp_path) as config:
         async with open_backend(config) as backend:
             db = backend.database  # type: ignore[attr-defined]
@@ -401,7 +402,7 @@ async def test_a_store_of_layout_5_is_upgraded_and_older_code_refuses_it(tmp_pat
             db.client.set(f"{db.prefix}schema", "5")
         async with open_backend(config) as backend:
             db = backend.database  # type: ignore[attr-defined]
-            assert SCHEMA_VERSION == "6" and db.client.get(f"{db.prefix}schema") == b"6"
+            assert db.client.get(f"{db.prefix}schema") == SCHEMA_VERSION.encode()
             assert await settle_one(backend, put(held, done_step("a")))
             assert await settle_one(backend, suspend(held, math.inf, awaiting="go"))
             assert await backend.signal(held.id, "go", '"p"') == "woken"
@@ -412,12 +413,12 @@ async def test_a_store_of_layout_5_is_upgraded_and_older_code_refuses_it(tmp_pat
                 await backend.revive(old[0], from_step="a")
             assert await backend.insert([job(unique_key="k")]) != [old[0]]  # (it ended: its key is free)
             assert_durable_in_step(backend)
-            assert _text(run_script(db.client, ALL["schema"], [db.prefix, "5"])) == "6"  # older code's start
+            assert _text(run_script(db.client, ALL["schema"], [db.prefix, "5"])) == SCHEMA_VERSION  # older code's start
     async with redis_store(tmp_path) as config:
         async with open_backend(config) as backend:
             db = backend.database  # type: ignore[attr-defined]
-            db.client.set(f"{db.prefix}schema", "7")
-        with pytest.raises(SchemaTooNew, match="layout version 7; this pipeline knows version 6"):
+            db.client.set(f"{db.prefix}schema", "99")
+        with pytest.raises(SchemaTooNew, match=f"layout version 99; this pipeline knows version {SCHEMA_VERSION}"):
             async with open_backend(config):
                 pass
 

@@ -219,7 +219,8 @@ async def test_a_bulk_load_stages_the_edges_of_every_chunk_and_part(tmp_path: Pa
 async def test_a_plain_settle_runs_the_commands_it_ran_before_workflows(tmp_path: Path) -> None:
     """Counted as the server's own calls, beside jobs with parents and children: a plain job's
     SUCCEED runs what layout 4's settle ran (one HMGET, which reads the kids field too; 3 ZREM,
-    1 HDEL, 1 HSET, 3 ZADD, 1 TIME) and nothing on a workflow key; a parent's runs the SMEMBERS
+    1 HDEL, 1 HSET, 3 ZADD, 1 TIME), less layout 7's ZREM from status:running and ZADD to
+    status:completed, and nothing on a workflow key; a parent's runs the SMEMBERS
     of its down set and more. A sweep with no waiting job reads two keys (GET, ZRANGE)."""
     with own_server(tmp_path) as (port, _):
         config = fast_config(tmp_path / "unused.db").replace(
@@ -241,7 +242,7 @@ async def test_a_plain_settle_runs_the_commands_it_ran_before_workflows(tmp_path
             assert await settle_one(backend, succeed(plain))
             calls = _server_calls(client)
             ran = {name: n - before.get(name, 0) for name, n in calls.items() if n != before.get(name, 0)}
-            assert ran == {"evalsha": 1, "hmget": 1, "zrem": 3, "hdel": 1, "hset": 1, "zadd": 3, "time": 1, "info": 1}, ran
+            assert ran == {"evalsha": 1, "hmget": 1, "zrem": 2, "hdel": 1, "hset": 1, "zadd": 2, "time": 1, "info": 1}, ran
 
             lease = await claim_one(backend, "p")
             before = _server_calls(client)

@@ -38,7 +38,7 @@ log = logging.getLogger("pipeline.redis")
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = "6"
+SCHEMA_VERSION = "7"
 POOL_SIZE = 8  # the Ledger, the Poller's claim, the lease keeper, bulk loads, operator reads
 CONNECT_TIMEOUT = 5.0
 SOCKET_TIMEOUT = 30.0  # a script over a big batch may take a while; a dead server is seen by its socket closing

@@ -40,7 +40,9 @@ one store hashes to one slot). Keys (layout in docs/backends.md, "Key layout"):
                                 k:<key> (each signal key used); steps and signals go with their job
     all, type:<t>, status:<s>, st:<s>:<t>
                           ZSET  every job / of a type / of a status / both (status:waiting: the
-                                waiting jobs, in no ready set), score 0: lexicographic
+                                waiting jobs, in no ready set; no status:<s> for pending, running
+                                and completed, which every job passes through: layout 7 reads
+                                those across types from the types' sets), score 0: lexicographic
                                 by id, which is time-ordered (UUID v7): newest first is a reverse range
                                 (ZCARD of st:running:<t>: what a type's global limit counts)
     done:<s>              ZSET  completed / dead / cancelled jobs, score = when they finished (ms)

@@ -534,20 +534,26 @@ def list_jobs(client: Any, prefix: str, *, status: str | None = None, job_type: 
     if status is not None and status not in set(Status):
         raise UsageError(f"unknown status {status!r}; expected one of {', '.join(Status)}")
     check_list_order(order)
+    across: list[str] = []  # a status of every job's way has no set across types: list.lua unites the types'
     if status is not None and job_type is not None:
         index = f"{prefix}st:{status}:{job_type}"
     elif status is not None:
         index = f"{prefix}status:{status}"
+        if status in HOT_STATUSES:
+            across = [status]
     elif job_type is not None:
         index = f"{prefix}type:{job_type}"
     else:
         index = f"{prefix}all"
     out = run_script(client, ALL["list"], [prefix, index, max(offset, 0), max(limit, 0),
-                                           "" if priority is None else int(priority), order])
+                                           "" if priority is None else int(priority), order, *across])
     total = int(out[0])
     records = [_record(out[i].decode(), out[i + 1]) for i in range(1, len(out), 2)]
     return records, total
 
+
+# the statuses with no status:<s> set across types (the prelude's HOT, layout 7)
+HOT_STATUSES = frozenset({"pending", "running", "completed"})
 
 # as stats.lua counts them (in the order of states.Status)
 _STATUSES = ("waiting", "pending", "running", "completed", "dead", "cancelled", "suspended")

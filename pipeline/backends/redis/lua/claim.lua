@@ -52,9 +52,7 @@ local function take(id, lk)
   redis.call('ZADD', P .. 'leases', expires, id)
   if f[9] then expiring_rem(id, t) end
   if f[11] then free_key(id, t, f[10]) end
-  redis.call('ZREM', P .. 'status:pending', id)
-  redis.call('ZREM', pending_key, id)
-  redis.call('ZADD', P .. 'status:running', 0, id)
+  redis.call('ZREM', pending_key, id)  -- (no status:pending or status:running: the prelude's HOT)
   redis.call('ZADD', running_key, 0, id)
   if lk then
     redis.call('ZREM', P .. 'kpend:' .. t, id)

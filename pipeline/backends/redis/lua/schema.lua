@@ -12,9 +12,14 @@
 -- would end a parent without applying its edges (its waiting children stuck until a sweep), insert
 -- a job over a waiting job's unique key, and delete a waiting job's keys without its edges; code of
 -- layout 5 would insert a job over a suspended job's unique key, delete a suspended job leaving it in
--- the suspended set and its steps and signals behind, and count no suspended job.
+-- the suspended set and its steps and signals behind, and count no suspended job. 6 (before issue 36:
+-- status:<s> sets across types for every status) loses status:pending, status:running and
+-- status:completed (UNLINK: freed off the main thread, a million members or not); code of layout 6
+-- would list and count those statuses from sets no longer kept.
 local stored = redis.call('GET', P .. 'schema')
-if (stored == '1' or stored == '2' or stored == '3' or stored == '4' or stored == '5') and tonumber(ARGV[2]) > tonumber(stored) then
+if (stored == '1' or stored == '2' or stored == '3' or stored == '4' or stored == '5' or stored == '6')
+    and tonumber(ARGV[2]) > tonumber(stored) then
+  redis.call('UNLINK', P .. 'status:pending', P .. 'status:running', P .. 'status:completed')
   if stored == '1' then
     local now = now_ms()
     for _, t in ipairs(redis.call('SMEMBERS', P .. 'ptypes')) do

@@ -3,12 +3,14 @@
 -- pending run (or -1).
 local now = now_ms()
 local statuses = {'waiting', 'pending', 'running', 'completed', 'dead', 'cancelled', 'suspended'}
-local by_status = {}
-for i, s in ipairs(statuses) do by_status[i] = redis.call('ZCARD', P .. 'status:' .. s) end
+local by_status = {0, 0, 0, 0, 0, 0, 0}  -- the sums of the types' counts (no status:<s> of a HOT one)
 local by_type = {}
 for _, t in ipairs(redis.call('SMEMBERS', P .. 'types')) do
   local row = {t}
-  for i, s in ipairs(statuses) do row[i + 1] = redis.call('ZCARD', P .. 'st:' .. s .. ':' .. t) end
+  for i, s in ipairs(statuses) do
+    row[i + 1] = redis.call('ZCARD', P .. 'st:' .. s .. ':' .. t)
+    by_status[i] = by_status[i] + row[i + 1]
+  end
   by_type[#by_type + 1] = row
 end
 local last = math.floor(now / 60000) * 60000
