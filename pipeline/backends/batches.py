@@ -137,11 +137,13 @@ def answer(nudge_send: trio.MemorySendChannel[Nudge], claimed: Claimed) -> None:
 
 @attrs.frozen
 class Command:
-    """A tray of outcomes, or the rows of one insert; answered on ``reply``."""
+    """A tray of outcomes, the rows of one insert, or (Postgres) a claim of the Poller's that
+    rides the Ledger's next transaction; answered on ``reply``."""
 
     reply: Reply
     tray: Tray | None = None
     rows: list[NewJob] | None = None
+    claim: ClaimOffer | None = None  # answered with its leases
 
 
 @attrs.define

@@ -29,7 +29,7 @@ from __future__ import annotations
 import builtins
 import functools
 import logging
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, ClassVar
 
@@ -38,6 +38,7 @@ import trio
 
 from ...clock import now_ts
 from ...errors import CommitUnknown, StoreError, UsageError
+from ...replies import Reply
 from ..base import (
     ASK_AGAIN_PAUSE,
     ASK_AGAIN_TRIES,
@@ -46,6 +47,7 @@ from ..base import (
     BatchRecord,
     ClaimOffer,
     HealthReport,
+    Lease,
     NewBatch,
     NewJob,
     Nudge,
@@ -76,6 +78,24 @@ class PostgresBackend(ServerBackend[Database]):
     scheduling: ClassVar[Any] = schedules
     upkeep: ClassVar[Any] = retention
 
+
+    async def claim(
+        self, wants: Mapping[str, int], *, owner: str, lease_seconds: float, start: Mapping[str, int] | None = None,
+        limits: Mapping[str, int] | None = None, rates: Mapping[str, tuple[int, float]] | None = None,
+        key_limits: Mapping[str, int] | None = None,
+    ) -> builtins.list[Lease]:
+        """Through the Ledger: a claim sent while outcomes wait for it rides their transaction (one
+        commit and WAL flush for both; see ledger.py). Once the Ledger has stopped taking commands (the
+        pipeline going down), on a connection of the pool as before."""
+        request = ClaimOffer(dict(wants), owner, lease_seconds, start, limits, rates or None, key_limits or None)
+        reply = Reply()
+        try:
+            await self._ledger_send.send(Command(reply, claim=request))
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            return await super().claim(wants, owner=owner, lease_seconds=lease_seconds, start=start, limits=limits,
+                                       rates=rates, key_limits=key_limits)
+        leases: builtins.list[Lease] = await reply.wait()
+        return leases
 
     async def insert(self, jobs: Sequence[NewJob], *, batch: NewBatch | None = None) -> builtins.list[str]:
         """Plain rows through the Ledger (batched with other inserts and outcomes); rows with
