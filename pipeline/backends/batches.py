@@ -135,6 +135,18 @@ def answer(nudge_send: trio.MemorySendChannel[Nudge], claimed: Claimed) -> None:
 # -- the server backends' Ledgers (Postgres, Redis) ---------------------------------------------------
 
 
+@attrs.define(eq=False)
+class ClaimRequest:
+    """A claim of the Poller's sent to the Postgres Ledger, to ride its next transaction. The Ledger
+    sets ``taken`` as it takes it into a batch; one not taken in time is ``withdrawn`` by its sender
+    (then made on a connection of its own) and left out by the Ledger: both on the trio thread, so
+    it is made once, one way or the other."""
+
+    offer: ClaimOffer
+    taken: trio.Event = attrs.field(factory=trio.Event)
+    withdrawn: bool = False
+
+
 @attrs.frozen
 class Command:
     """A tray of outcomes, the rows of one insert, or (Postgres) a claim of the Poller's that
@@ -143,7 +155,7 @@ class Command:
     reply: Reply
     tray: Tray | None = None
     rows: list[NewJob] | None = None
-    claim: ClaimOffer | None = None  # answered with its leases
+    claim: ClaimRequest | None = None  # answered with its leases
 
 
 @attrs.define

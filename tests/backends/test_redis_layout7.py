@@ -108,3 +108,18 @@ async def test_a_store_of_layout_6_is_upgraded_and_older_code_refuses_it(tmp_pat
             records, total = await backend.list(status="completed")
             assert sorted(r.id for r in records) == sorted(ids) and total == 3
             assert run_script(db.client, ALL["schema"], [db.prefix, "6"]) == b"7"  # layout 6's start: refused
+
+
+async def test_a_deep_page_across_types_is_the_same_slice_of_the_union(tmp_path: Path) -> None:
+    """Pages found by list.lua's search for the id with ``offset`` ids above it (a bulk action's walk
+    pages deep), against the union sorted here: every offset around the types' borders and the end."""
+    async with redis_store(tmp_path) as config, open_backend(config) as backend:
+        ids: list[str] = []
+        for _ in range(40):  # interleaved: each type's ids between the others'
+            for t, n in (("a", 3), ("b", 1), ("c", 2)):
+                ids += await add(backend, n, t)
+        newest = sorted(ids, reverse=True)
+        for offset in (0, 1, 2, 5, 59, 60, 61, 119, 150, 199, 238, 239, 240, 500):
+            for limit in (1, 7, 50):
+                records, total = await backend.list(status="pending", limit=limit, offset=offset)
+                assert [r.id for r in records] == newest[offset:offset + limit] and total == 240, (offset, limit)

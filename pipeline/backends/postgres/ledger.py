@@ -19,8 +19,12 @@ claim of its own after it (and no nudge, no thread hop, no second commit).
 The Poller's own claims come here too (PostgresBackend.claim): a claim sent while outcomes wait
 rides their transaction, as a second statement after theirs, so that the outcomes of one batch and
 the claim of the jobs that replace them cost one commit and one WAL flush, not two
-(benchmarks/pg_claim_growth.py --one-transaction: 7 to 11 % of the server's CPU per job). A claim
-that comes alone is a transaction of its own, as before.
+(benchmarks/pg_claim_growth.py --one-transaction: 6 to 11 % of the server's CPU per job). A claim
+that comes alone is a transaction of its own, as before. Claims of types with a global, rate or key
+limit never come here: they take the type's lock, which another process's claim may hold, and the
+batch would wait with them. A batch with keyed inserts (which may wait
+for another transaction's key) has its claims made first, alone; and a claim the Ledger has not
+taken within postgres.CLAIM_RIDE_WAIT is withdrawn by its sender and made on a connection of its own.
 
 Inserts with a unique key are written after the rest of the batch has committed, in a
 transaction of their own, and the claim (when an offer was taken) after them: such an insert
@@ -222,27 +226,35 @@ def _apply_with_claims(conn: psycopg.Connection[Any], batch: list[Command], noti
     """Runs in a worker thread: :func:`_apply_batch`, and the claims the Poller sent (``requests``):
     the first in the batch's transaction (the batch's ``offer`` then; the Ledger takes no standing
     offer beside one), any other, or one the batch could not carry (its statement refused for a
-    caller's sake, and written split), alone after it. Their answers come last: (True, leases) or
-    (False, the error)."""
+    caller's sake, and written split), alone after it. A batch with keyed inserts, which may wait for
+    another transaction's key, has its claims made first, each alone: no claim waits behind such a
+    wait. Their answers come last: (True, leases) or (False, the error). The leases returned for the
+    batch are [] when the claims came after its writes (they saw what it made due: no nudge)."""
     if not requests:
         return (*_apply_batch(conn, batch, notify, offer, take), [])
+    keyed = any(command.rows is not None and any(row.unique_key is not None for row in command.rows)
+                for command in batch)
+    answers: list[tuple[bool, Any]] = []
+    if keyed:
+        answers = [_claim_alone(conn, request) for request in requests]
+        return (*_apply_batch(conn, batch, notify, None, None), answers)
     results: list[tuple[bool, Any]] = []
     leases: list[Lease] | None = None
     woke = False
     if batch:
         results, leases, woke = _apply_batch(conn, batch, notify, requests[0], None)
-    answers: list[tuple[bool, Any]] = []
     for n, request in enumerate(requests):
-        if n == 0 and leases is not None:
-            answers.append((True, leases))
-            continue
-        try:
-            answers.append((True, _claim(conn, request)))
-        except psycopg.Error as exc:
-            if _is_outage(exc, conn):
-                raise
-            answers.append((False, exc))
-    return results, None, woke, answers
+        answers.append((True, leases) if n == 0 and leases is not None else _claim_alone(conn, request))
+    return results, [], woke, answers
+
+
+def _claim_alone(conn: psycopg.Connection[Any], request: ClaimOffer) -> tuple[bool, Any]:
+    try:
+        return True, _claim(conn, request)
+    except psycopg.Error as exc:
+        if _is_outage(exc, conn):
+            raise
+        return False, exc
 
 
 def _claim_woken(conn: psycopg.Connection[Any], offer: ClaimOffer, pending: list[str]) -> list[Lease]:
@@ -252,8 +264,8 @@ def _claim_woken(conn: psycopg.Connection[Any], offer: ClaimOffer, pending: list
         leases = limits.claim(conn, offer.wants, owner=offer.owner, lease_seconds=offer.lease_seconds,
                               start=offer.start, limits=offer.limits, rates=offer.rates, key_limits=offer.key_limits)
     except psycopg.Error as exc:
-        if _is_outage(exc, conn):
-            raise
+        if _is_outage(exc, conn) or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            raise  # (in a transaction, the batch's own: it is rolled back, and written again without the claim)
         log.warning("the claim after outcomes of jobs with children failed (%s); the Poller claims on its own", exc)
         leases = []
     if set(pending) - {lease.id for lease in leases}:
@@ -321,14 +333,24 @@ async def run_ledger(
             async for first in inbox_recv:
                 outcomes = gather(first, inbox_recv, batch, batch_limit)
                 claims = [command for command in batch if command.claim is not None]
-                writes = [command for command in batch if command.claim is None] if claims else batch
+                if claims:  # (a claim its sender withdrew is made on its own: left out)
+                    writes = [command for command in batch if command.claim is None]
+                    claims = [command for command in claims if command.claim is not None and not command.claim.withdrawn]
+                    for command in claims:
+                        assert command.claim is not None
+                        command.claim.taken.set()
+                    batch[:] = [*writes, *claims]
+                    if not batch:
+                        continue
+                else:
+                    writes = batch
                 wakes = makes_work_due(writes)
                 offer = take_offer(offers_recv) if wakes and not claims else None
                 taken.clear()
                 try:
                     results, leases, woke, claimed = await db.write(
                         _apply_with_claims, writes, wakes, offer, take_there if offer is None and not claims else None,
-                        [command.claim for command in claims])
+                        [command.claim.offer for command in claims if command.claim is not None])
                 except StoreError as exc:
                     stats.failed_batches += 1
                     stats.trouble = f"the Ledger could not commit: {exc}"
