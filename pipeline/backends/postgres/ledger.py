@@ -113,8 +113,7 @@ def _apply_batch(conn: psycopg.Connection[Any], batch: list[Command], notify: bo
         # a statement of its own after the inserts: their transaction may have waited, and a
         # claim in it would date its leases from the transaction's start (now()), expired already
         try:
-            leases = limits.claim(conn, offer.wants, owner=offer.owner, lease_seconds=offer.lease_seconds,
-                                 start=offer.start, limits=offer.limits, rates=offer.rates, key_limits=offer.key_limits)
+            leases = _claim(conn, offer)
         except psycopg.Error as exc:
             log.warning("the claim after a batch failed (%s); the Poller claims on its own", exc)
     return results, leases, woke
@@ -261,8 +260,7 @@ def _claim_woken(conn: psycopg.Connection[Any], offer: ClaimOffer, pending: list
     """The claim of a taken offer after the outcomes of parents committed (a statement of its
     own), and the NOTIFY of the pending children it left to other processes."""
     try:
-        leases = limits.claim(conn, offer.wants, owner=offer.owner, lease_seconds=offer.lease_seconds,
-                              start=offer.start, limits=offer.limits, rates=offer.rates, key_limits=offer.key_limits)
+        leases = _claim(conn, offer)
     except psycopg.Error as exc:
         if _is_outage(exc, conn) or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             raise  # (in a transaction, the batch's own: it is rolled back, and written again without the claim)
@@ -332,25 +330,25 @@ async def run_ledger(
         try:
             async for first in inbox_recv:
                 outcomes = gather(first, inbox_recv, batch, batch_limit)
-                claims = [command for command in batch if command.claim is not None]
-                if claims:  # (a claim its sender withdrew is made on its own: left out)
-                    writes = [command for command in batch if command.claim is None]
-                    claims = [command for command in claims if command.claim is not None and not command.claim.withdrawn]
-                    for command in claims:
-                        assert command.claim is not None
-                        command.claim.taken.set()
+                writes = [command for command in batch if command.claim is None]
+                requests = [command.claim for command in batch if command.claim is not None]
+                if requests:  # (a claim its sender withdrew is made on its own: left out)
+                    requests = [request for request in requests if not request.withdrawn]
+                    for request in requests:
+                        request.taken.set()
+                    claims = [command for command in batch if command.claim in requests]
                     batch[:] = [*writes, *claims]
                     if not batch:
                         continue
                 else:
-                    writes = batch
+                    claims = []
                 wakes = makes_work_due(writes)
-                offer = take_offer(offers_recv) if wakes and not claims else None
+                offer = take_offer(offers_recv) if wakes and not requests else None
                 taken.clear()
                 try:
                     results, leases, woke, claimed = await db.write(
-                        _apply_with_claims, writes, wakes, offer, take_there if offer is None and not claims else None,
-                        [command.claim.offer for command in claims if command.claim is not None])
+                        _apply_with_claims, writes, wakes, offer, take_there if offer is None and not requests else None,
+                        [request.offer for request in requests])
                 except StoreError as exc:
                     stats.failed_batches += 1
                     stats.trouble = f"the Ledger could not commit: {exc}"

@@ -534,13 +534,11 @@ def list_jobs(client: Any, prefix: str, *, status: str | None = None, job_type: 
     if status is not None and status not in set(Status):
         raise UsageError(f"unknown status {status!r}; expected one of {', '.join(Status)}")
     check_list_order(order)
-    across: list[str] = []  # a status of every job's way has no set across types: list.lua unites the types'
+    across: list[str] = []  # list.lua unites the types' sets of a status that has none across types (its HOT)
     if status is not None and job_type is not None:
         index = f"{prefix}st:{status}:{job_type}"
     elif status is not None:
-        index = f"{prefix}status:{status}"
-        if status in HOT_STATUSES:
-            across = [status]
+        index, across = f"{prefix}status:{status}", [status]
     elif job_type is not None:
         index = f"{prefix}type:{job_type}"
     else:
@@ -551,9 +549,6 @@ def list_jobs(client: Any, prefix: str, *, status: str | None = None, job_type: 
     records = [_record(out[i].decode(), out[i + 1]) for i in range(1, len(out), 2)]
     return records, total
 
-
-# the statuses with no status:<s> set across types (the prelude's HOT, layout 7)
-HOT_STATUSES = frozenset({"pending", "running", "completed"})
 
 # as stats.lua counts them (in the order of states.Status)
 _STATUSES = ("waiting", "pending", "running", "completed", "dead", "cancelled", "suspended")

@@ -3,8 +3,8 @@
 -- id: one snapshot, so the page and total agree. With a priority or in claim order, the page is
 -- chosen from every job of the index, read here (no index orders jobs of every status by
 -- priority): O(jobs of the index), where newest first reads only the page.
--- ARGV[7], when given, is a status of the prelude's HOT (no status:<s> set, layout 7): the index is
--- then the union of st:<s>:<t> over every type that has jobs of it (the key given is not read).
+-- ARGV[7], when given, is the status of the index; one of the prelude's HOT (no status:<s> set, layout
+-- 7) makes the index the union of st:<s>:<t> over every type that has jobs of it (the key given is not read).
 -- Newest first across several types, the page starts at the id with ``offset`` ids above it, found
 -- by a binary search in each type's set (its ids by rank; ZLEXCOUNT of each set counts the ids above
 -- a candidate): O(types² · log² n) commands, whatever the offset, as a bulk action pages deep; then
@@ -12,7 +12,7 @@
 local key, offset, limit, prio, order = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5], ARGV[6]
 local keys = {key}
 local sizes = {}
-if ARGV[7] then
+if ARGV[7] and HOT[ARGV[7]] then
   keys = {}
   for _, t in ipairs(redis.call('SMEMBERS', P .. 'types')) do
     local k = P .. 'st:' .. ARGV[7] .. ':' .. t
@@ -61,11 +61,13 @@ elseif prio == '' and order == 'newest' then
     for i = 1, math.min(limit, #ids) do page[i] = ids[i] end
   end
 else
-  local all = {}
-  for _, k in ipairs(keys) do
-    for _, id in ipairs(redis.call('ZRANGE', k, 0, -1)) do all[#all + 1] = id end
+  local all = #keys == 1 and redis.call('ZRANGE', keys[1], 0, -1) or {}
+  if #keys > 1 then
+    for _, k in ipairs(keys) do
+      for _, id in ipairs(redis.call('ZRANGE', k, 0, -1)) do all[#all + 1] = id end
+    end
+    table.sort(all)
   end
-  if #keys > 1 then table.sort(all) end
   local picked = {}
   for _, id in ipairs(all) do  -- by id, oldest first
     local f = redis.call('HMGET', jkey(id), 'prio', 'run')
